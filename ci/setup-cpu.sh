@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install, into the current Python environment, everything the CPU tiers need
+# (pool tier, embedded reference target, the kit). Idempotent: a second run
+# finds everything satisfied.  torch is pinned first so that nothing pulls a
+# multi-GB CUDA build of a newer release.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+PY="${PYTHON:-python3}"
+TORCH_PIN="${HYBRID_CONFORMANCE_TORCH:-torch==2.14.1 torchvision==0.29.1}"
+SGLANG_PIN="${HYBRID_CONFORMANCE_SGLANG:-sglang==0.5.23}"
+
+pipi() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+# shellcheck disable=SC2086
+pipi $TORCH_PIN
+pipi -r "$here/requirements-cpu.txt" $TORCH_PIN
+# sglang pins CUDA-only packages; its CPU-importable part needs only the list above.
+pipi --no-deps "$SGLANG_PIN"
+pipi --no-deps -e "$root"
+"$PY" - <<'PY'
+import importlib.metadata as md
+for name in ("torch", "transformers", "sglang", "hybrid-conformance"):
+    print(f"setup-cpu: {name}=={md.version(name)}")
+PY

@@ -1,0 +1,260 @@
+"""The ``hybrid-conformance`` command: run | plan | serve | make-twins | mutants | compare.
+
+Bad arguments exit 2 with one line naming the bad value and the allowed ones;
+a :class:`KitError` anywhere exits 2 with its one line; no traceback walls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from conformance import __version__
+from conformance.errors import KitError
+from conformance.matrix import STRATEGIES, TARGETS, Cell, load_matrix
+
+SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg")
+DEFAULT_SUITES = ("leaks", "kl", "prefix_branching", "gsm8k")
+PKG_DIR = Path(__file__).resolve().parent
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        self.exit(2, f"hybrid-conformance: error: {message}\n")
+
+
+def _add_selection(p: argparse.ArgumentParser, *, default_target: str) -> None:
+    p.add_argument("--target", choices=TARGETS, default=default_target, help="who answers (default: %(default)s)")
+    p.add_argument("--models", help="comma list of model ids, families or twin names")
+    p.add_argument("--strategies", help=f"comma list of strategies ({', '.join(STRATEGIES)})")
+    p.add_argument("--faults", help="comma list of faults (e.g. none,lazy_alloc_fail)")
+    p.add_argument("--page-sizes", help="comma list of page sizes")
+    p.add_argument("--tier", choices=("premerge", "nightly"), help="premerge subset or the nightly (full) set")
+    p.add_argument("--matrix", help="matrix file (default: fixtures/matrix.toml)")
+    p.add_argument("--sglang-launcher", default="python -m sglang.launch_server", help="command that starts SGLang")
+    p.add_argument("--gpus-per-worker", type=int, default=1, help="GPUs each xdist worker owns")
+    p.add_argument("--twins", action="store_true", help="with --target sglang: serve the tiny twins")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hybrid-conformance", description="Conformance kit for Mamba state caching in SGLang hybrid models")
+    parser.add_argument("--version", action="version", version=f"hybrid-conformance {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run the suites through pytest and print a summary table")
+    _add_selection(run, default_target="reference")
+    run.add_argument("--suite", help=f"comma list of suites ({', '.join(SUITES)}; default: {', '.join(DEFAULT_SUITES)})")
+    run.add_argument("--report-dir", default="reports/latest", help="where report.json, junit.xml, report.md/html go")
+    run.add_argument("-m", dest="markexpr", help="pytest marker expression, e.g. lazy_alloc_fail")
+    run.add_argument("-k", dest="keyword", help="pytest -k expression")
+    run.add_argument("-n", dest="workers", default="0", help="pytest-xdist workers (cells stay on one worker)")
+    run.add_argument("--timeout", type=int, default=900, help="per-test timeout in seconds (pytest-timeout)")
+    run.add_argument("--gsm8k-dir", help="local GSM8K folder (else env HYBRID_CONFORMANCE_GSM8K_DIR)")
+    run.add_argument("--with-pool", action="store_true", help="also run the pool tier with a server target")
+    run.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest after --")
+
+    plan = sub.add_parser("plan", help="print the cells and, for --target sglang, each exact command and env")
+    _add_selection(plan, default_target="reference")
+    plan.add_argument("--format", choices=("table", "json"), default="table")
+    plan.add_argument("--validate", action="store_true", help="check every sglang command with SGLang's own parser (CPU)")
+
+    serve = sub.add_parser("serve", help="start the embedded reference server", add_help=False)
+    serve.add_argument("serve_args", nargs=argparse.REMAINDER)
+
+    twins = sub.add_parser("make-twins", help="generate the tiny twin models into the cache")
+    twins.add_argument("names", nargs="*", help="twin names (default: all)")
+    twins.add_argument("--force", action="store_true")
+
+    mut = sub.add_parser("mutants", help="run the suites clean and once per seeded fault; print the mutation score")
+    mut.add_argument("--target", choices=("reference", "pool"), default="reference")
+    mut.add_argument("--only", help="comma list of fault names")
+    mut.add_argument("--report-dir", default="reports/mutants")
+    mut.add_argument("--fast", action="store_true", help="the CI subset")
+
+    cmp_ = sub.add_parser("compare", help="what got worse between two report.json files")
+    cmp_.add_argument("old")
+    cmp_.add_argument("new")
+    return parser
+
+
+# ------------------------------------------------------------------ plan
+
+def _selected_cells(args: argparse.Namespace) -> list[Cell]:
+    m = load_matrix(args.matrix)
+    def csv(v: str | None) -> list[str] | None:
+        return [x.strip() for x in v.split(",") if x.strip()] if v else None
+    pages = csv(args.page_sizes)
+    try:
+        page_sizes = [int(p) for p in pages] if pages else None
+    except ValueError:
+        raise KitError(f"--page-sizes: expected integers, got {args.page_sizes!r}") from None
+    return m.select(
+        target=args.target,
+        models=csv(args.models),
+        strategies=csv(args.strategies),
+        faults=csv(args.faults),
+        page_sizes=page_sizes,
+        tiers=("premerge",) if args.tier == "premerge" else None,
+    )
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from conformance.targets.serving import spec_for
+
+    cells = _selected_cells(args)
+    rows = []
+    # A plan shows each command as worker 0 would launch it, with enough GPUs for its tp size.
+    plan_opts = argparse.Namespace(**{**vars(args), "gpus_per_worker": max([args.gpus_per_worker, *(c.model.tp_size for c in cells)])})
+    for i, cell in enumerate(cells):
+        row: dict[str, Any] = {**cell.describe(), "markers": list(cell.markers)}
+        if args.target in ("sglang", "reference"):
+            spec = spec_for(cell, plan_opts, port=30000 + i)
+            row["command"] = spec.argv
+            row["env"] = spec.env
+        rows.append(row)
+    failures = 0
+    if args.validate:
+        if args.target != "sglang":
+            raise KitError("--validate checks sglang commands: use it with --target sglang")
+        failures = _validate_rows(rows, cells, args)
+    if args.format == "json":
+        print(json.dumps({"cells": rows}, indent=2))
+    else:
+        for row in rows:
+            line = f"{row['id']:<58} {','.join(row['markers'])}"
+            if "command" in row:
+                env = " ".join(f"{k}={v}" for k, v in row["env"].items())
+                line += f"\n    {env + ' ' if env else ''}{shlex.join(row['command'])}"
+            if "validation" in row:
+                line += f"\n    validation: {row['validation']}"
+            print(line)
+        print(f"{len(rows)} cells")
+    return 1 if failures else 0
+
+
+def _validate_rows(rows: list[dict[str, Any]], cells: list[Cell], args: argparse.Namespace) -> int:
+    from conformance.targets.sglang import config_folder, strip_launcher, validate_server_args
+
+    failures = 0
+    for row, cell in zip(rows, cells):
+        v = validate_server_args(strip_launcher(row["command"], args.sglang_launcher), cell, config=config_folder(cell, twins=args.twins))
+        row["validation"] = v.message
+        if not v.ok:
+            failures += 1
+            print(f"hybrid-conformance: {cell.id}: SGLang refuses the command: {v.message}", file=sys.stderr)
+    return failures
+
+
+# ------------------------------------------------------------------ run
+
+def pytest_argv_for_run(args: argparse.Namespace) -> list[str]:
+    suites = [s.strip() for s in (args.suite or ",".join(DEFAULT_SUITES)).split(",") if s.strip()]
+    for s in suites:
+        if s not in SUITES:
+            raise KitError(f"--suite: unknown value {s!r}; allowed: {', '.join(SUITES)}")
+    _selected_cells(args)  # validates the selection with one clear line
+    report_dir = Path(args.report_dir)
+    argv = [str(PKG_DIR / s) for s in suites]
+    argv += ["-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={report_dir / 'junit.xml'}", f"--report-dir={report_dir}"]
+    argv += [f"--target={args.target}", f"--timeout={args.timeout}"]
+    for flag in ("models", "strategies", "faults", "page_sizes", "tier", "matrix", "gsm8k_dir"):
+        value = getattr(args, flag, None)
+        if value:
+            argv.append(f"--{flag.replace('_', '-')}={value}")
+    if args.target == "sglang":
+        argv += [f"--sglang-launcher={args.sglang_launcher}", f"--gpus-per-worker={args.gpus_per_worker}"]
+        if args.twins:
+            argv.append("--twins")
+    marks = [e for e in (args.markexpr, None if (args.with_pool or args.target == "pool") else "not pool") if e]
+    if marks:
+        argv += ["-m", " and ".join(f"({e})" for e in marks)]
+    if args.keyword:
+        argv += ["-k", args.keyword]
+    if str(args.workers) not in ("0", ""):
+        argv += ["-n", str(args.workers), "--dist", "loadgroup"]
+    argv += list(args.pytest_args)
+    return argv
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import pytest
+
+    from conformance.summary import print_summary
+
+    argv = pytest_argv_for_run(args)
+    report_dir = Path(args.report_dir)
+    stale = report_dir / "report.json"
+    if stale.exists():
+        stale.unlink()
+    code = int(pytest.main(argv))
+    if code == 5:
+        print("hybrid-conformance: error: no test matched the selection (pytest collected nothing)", file=sys.stderr)
+        return 5
+    if not stale.exists():
+        print(f"hybrid-conformance: error: pytest exited {code} without writing {stale}", file=sys.stderr)
+        return code or 1
+    print_summary(json.loads(stale.read_text()), report_dir)
+    return code
+
+
+# ------------------------------------------------------------------ others
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from conformance.reference.server import main as serve_main
+
+    return int(serve_main(args.serve_args) or 0)
+
+
+def cmd_make_twins(args: argparse.Namespace) -> int:
+    from conformance.reference.twins import make_twins
+
+    for path in make_twins(args.names or None, force=args.force):
+        print(path)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from conformance.report.compare import load_report_file, compare_reports, render_compare
+
+    result = compare_reports(load_report_file(Path(args.old)), load_report_file(Path(args.new)))
+    print(render_compare(result))
+    return 1 if result.regressed else 0
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    from conformance.mutants.command import run_mutants
+
+    return run_mutants(target=args.target, only=args.only, report_dir=Path(args.report_dir), fast=args.fast)
+
+
+COMMANDS = {"run": cmd_run, "plan": cmd_plan, "serve": cmd_serve, "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return COMMANDS[args.command](args)
+    except KitError as e:
+        print(f"hybrid-conformance: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("hybrid-conformance: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `plan | head`
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""HTTP client for SGLang's native API, used against any server target.
+
+Every call has a timeout. A connection failure or a 5xx becomes a one-line
+:class:`ServerDiedError` / :class:`KitError` naming the URL and the cause, never a
+traceback wall. When a ``liveness`` callable is given (the launcher's process
+check), a failed call says whether the server process has exited.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+import httpx
+
+from conformance.errors import KitError, ServerDiedError
+
+_METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: value}, summing a metric's label sets."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_LINE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        out[m.group(1)] = out.get(m.group(1), 0.0) + value
+    return out
+
+
+class SGLangClient:
+    """A thin synchronous client; one instance per server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 120.0,
+        liveness: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._liveness = liveness
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, trust_env=False)
+
+    # -- plumbing -------------------------------------------------------------
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "SGLangClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _dead_reason(self) -> str:
+        if self._liveness is None:
+            return ""
+        reason = self._liveness()
+        return f"; {reason}" if reason else ""
+
+    def request(self, method: str, path: str, *, json: Any = None, timeout: float | None = None, ok: Iterable[int] = (200,)) -> httpx.Response:
+        try:
+            resp = self._http.request(method, path, json=json, timeout=timeout or self.timeout)
+        except httpx.TimeoutException:
+            raise ServerDiedError(f"{method} {self.base_url}{path}: no answer within {timeout or self.timeout:.0f}s{self._dead_reason()}") from None
+        except httpx.HTTPError as e:
+            raise ServerDiedError(f"{method} {self.base_url}{path}: {type(e).__name__}: {e}{self._dead_reason()}") from None
+        if resp.status_code not in set(ok):
+            body = resp.text.strip().replace("\n", " ")[:300]
+            cls = ServerDiedError if resp.status_code >= 500 else KitError
+            raise cls(f"{method} {self.base_url}{path}: HTTP {resp.status_code}: {body}{self._dead_reason()}")
+        return resp
+
+    # -- SGLang's native API ----------------------------------------------------
+    def generate(self, payload: Mapping[str, Any], *, timeout: float | None = None) -> Any:
+        return self.request("POST", "/generate", json=dict(payload), timeout=timeout).json()
+
+    def flush_cache(self, *, attempts: int = 20, pause_s: float = 0.5) -> None:
+        """Flush the radix cache; SGLang refuses while requests run, so retry briefly."""
+        last = ""
+        for _ in range(max(1, attempts)):
+            resp = self.request("POST", "/flush_cache", ok=(200, 400, 503))
+            if resp.status_code == 200:
+                return
+            last = resp.text.strip()[:200]
+            time.sleep(pause_s)
+        raise KitError(f"POST {self.base_url}/flush_cache: refused {attempts} times: {last}")
+
+    def metrics_text(self) -> str:
+        return self.request("GET", "/metrics", timeout=30).text
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(self.metrics_text())
+
+    def server_info(self) -> dict[str, Any]:
+        return self.request("GET", "/server_info", timeout=30).json()
+
+    def health(self) -> bool:
+        try:
+            return self._http.get("/health", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def health_generate(self, timeout: float = 30.0) -> bool:
+        try:
+            return self._http.get("/health_generate", timeout=timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def open_session(self, capacity_of_str_len: int, *, session_id: str | None = None, streaming: bool | None = None, timeout: float | None = None) -> str:
+        body: dict[str, Any] = {"capacity_of_str_len": capacity_of_str_len}
+        if session_id is not None:
+            body["session_id"] = session_id
+        if streaming is not None:
+            body["streaming"] = streaming
+        if timeout is not None:
+            body["timeout"] = timeout
+        out = self.request("POST", "/open_session", json=body).json()
+        return out if isinstance(out, str) else out.get("session_id", session_id)
+
+    def close_session(self, session_id: str) -> None:
+        self.request("POST", "/close_session", json={"session_id": session_id})
+
+    def abort_request(self, rid: str) -> None:
+        self.request("POST", "/abort_request", json={"rid": rid}, ok=(200, 404))
+
+    def wait_gauges(
+        self,
+        names: Iterable[str],
+        *,
+        want: float = 0.0,
+        deadline_s: float = 45.0,
+        poll_s: float = 0.5,
+    ) -> tuple[bool, dict[str, float], float]:
+        """Poll /metrics until every named gauge equals ``want`` or the deadline passes.
+
+        Returns (reached, last values, seconds waited). SGLang refreshes idle
+        gauges lazily (up to every 30 s), hence the generous default deadline.
+        """
+        names = list(names)
+        start = time.monotonic()
+        last: dict[str, float] = {}
+        while True:
+            m = self.metrics()
+            last = {n: m.get(n, float("nan")) for n in names}
+            if all(v == want for v in last.values()):
+                return True, last, time.monotonic() - start
+            if time.monotonic() - start >= deadline_s:
+                return False, last, time.monotonic() - start
+            time.sleep(poll_s)

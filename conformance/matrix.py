@@ -1,0 +1,397 @@
+"""The conformance matrix: fixtures/matrix.toml loaded into validated, frozen cells.
+
+A cell is (model, strategy, page size, track interval, fault, cache variant).
+Every rule violation is a :class:`MatrixError` whose message is one line naming
+the file, the cell (or block) and the rule that was broken.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+try:  # Python >= 3.11
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from conformance.errors import KitError
+
+STRATEGIES = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
+FAMILIES = ("qwen3-next", "nemotron-h", "granite-h", "falcon-h1")
+TARGETS = ("reference", "sglang", "pool")
+TIERS = ("premerge", "nightly")
+CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg")
+
+FIXTURES_DIR = Path(os.environ.get("HYBRID_CONFORMANCE_FIXTURES", Path(__file__).resolve().parents[1] / "fixtures"))
+DEFAULT_MATRIX = FIXTURES_DIR / "matrix.toml"
+
+
+class MatrixError(KitError):
+    """The matrix file is malformed or asks for a combination SGLang refuses."""
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    kl_k3_max: float = 0.002
+    kl_floor_factor: float = 100.0
+    kl_abs_cap: float = 0.005
+    gsm8k_min_accuracy: float = 0.0
+    hit_fraction_min: float = 0.9
+
+
+@dataclass(frozen=True)
+class Model:
+    id: str
+    family: str
+    hf_path: str
+    twin: str
+    tp_size: int
+    mamba_chunk_size: int
+    thresholds: Thresholds = field(default_factory=Thresholds)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    description: str
+    overlap: bool
+    ping_pong_slots: int
+    pd: bool
+    max_page_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    description: str
+    env: tuple[tuple[str, str], ...] = ()
+    strategies: tuple[str, ...] = STRATEGIES
+    effects: tuple[str, ...] = ()
+
+    @property
+    def injected(self) -> bool:
+        return self.name != "none"
+
+
+@dataclass(frozen=True)
+class CacheVariant:
+    name: str
+    description: str
+    args: tuple[str, ...] = ()
+    strategies: tuple[str, ...] = STRATEGIES
+    targets: tuple[str, ...] = TARGETS
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One matrix cell: the unit that gets exactly one server."""
+
+    model: Model
+    strategy: Strategy
+    page_size: int
+    track_interval: int
+    fault: Fault
+    cache_variant: CacheVariant
+    tier: str
+    block: str
+    targets: tuple[str, ...] = TARGETS
+
+    @property
+    def id(self) -> str:
+        parts = [self.model.id, self.strategy.name, f"p{self.page_size}", f"t{self.track_interval}"]
+        if self.fault.injected:
+            parts.append(self.fault.name)
+        if self.cache_variant.name != "radix":
+            parts.append(self.cache_variant.name)
+        return "-".join(parts)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self.fault.env)
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Marker names a test bound to this cell carries (besides its check marker)."""
+        marks = [self.strategy.name]
+        marks += ["premerge", "nightly"] if self.tier == "premerge" else ["nightly"]
+        if self.fault.injected:
+            marks.append(self.fault.name)
+        if self.cache_variant.name != "radix":
+            marks.append(self.cache_variant.name)
+        return tuple(marks)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "model": self.model.id,
+            "family": self.model.family,
+            "strategy": self.strategy.name,
+            "page_size": self.page_size,
+            "track_interval": self.track_interval,
+            "fault": self.fault.name,
+            "cache_variant": self.cache_variant.name,
+            "tier": self.tier,
+        }
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    models: Mapping[str, Model]
+    strategies: Mapping[str, Strategy]
+    faults: Mapping[str, Fault]
+    cache_variants: Mapping[str, CacheVariant]
+    cells: tuple[Cell, ...]
+
+    def select(
+        self,
+        *,
+        target: str | None = None,
+        models: Sequence[str] | None = None,
+        strategies: Sequence[str] | None = None,
+        faults: Sequence[str] | None = None,
+        page_sizes: Sequence[int] | None = None,
+        tiers: Sequence[str] | None = None,
+    ) -> list[Cell]:
+        """Cells matching every given filter (None = no filter), in file order."""
+        if models:
+            _check_choices("--models", models, [*self.models, *(m.family for m in self.models.values()), *(m.twin for m in self.models.values())])
+        if strategies:
+            _check_choices("--strategies", strategies, STRATEGIES)
+        if faults:
+            _check_choices("--faults", faults, self.faults)
+        out = []
+        for cell in self.cells:
+            if target and target not in cell.targets:
+                continue
+            if models and not ({cell.model.id, cell.model.family, cell.model.twin} & set(models)):
+                continue
+            if strategies and cell.strategy.name not in strategies:
+                continue
+            if faults and cell.fault.name not in faults:
+                continue
+            if page_sizes and cell.page_size not in page_sizes:
+                continue
+            if tiers and cell.tier not in tiers:
+                continue
+            out.append(cell)
+        return out
+
+    def baseline_for(self, cell: Cell) -> Cell | None:
+        """The no_buffer cell of the same model (the reference for paired comparisons)."""
+        for other in self.cells:
+            if (
+                other.model.id == cell.model.id
+                and other.strategy.name == "no_buffer"
+                and not other.fault.injected
+                and other.cache_variant.name == "radix"
+            ):
+                return other
+        return None
+
+
+def _check_choices(option: str, values: Iterable[str], allowed: Iterable[str]) -> None:
+    allowed = list(dict.fromkeys(allowed))
+    for v in values:
+        if v not in allowed:
+            raise KitError(f"{option}: unknown value {v!r}; allowed: {', '.join(allowed)}")
+
+
+# ------------------------------------------------------------------ loading
+
+_TOP_KEYS = {"schema", "defaults", "strategies", "faults", "cache_variants", "models", "cells"}
+_MODEL_KEYS = {"id", "family", "hf_path", "twin", "tp_size", "mamba_chunk_size", "thresholds"}
+_STRATEGY_KEYS = {"description", "overlap", "max_page_size", "ping_pong_slots", "pd"}
+_FAULT_KEYS = {"description", "env", "strategies", "effects"}
+_VARIANT_KEYS = {"description", "args", "strategies", "targets"}
+_BLOCK_KEYS = {"name", "tier", "models", "strategies", "page_sizes", "track_intervals", "faults", "cache_variants", "targets"}
+_DEFAULT_KEYS = {"track_interval"}
+
+
+class _Ctx:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, rule: str) -> MatrixError:
+        return MatrixError(f"{self.path}: {where}: {rule}")
+
+    def keys(self, where: str, table: Mapping[str, Any], allowed: set[str], required: Iterable[str] = ()) -> None:
+        if not isinstance(table, Mapping):
+            raise self.fail(where, f"expected a table, got {type(table).__name__}")
+        for k in table:
+            if k not in allowed:
+                raise self.fail(where, f"unknown key {k!r} (allowed: {', '.join(sorted(allowed))})")
+        for k in required:
+            if k not in table:
+                raise self.fail(where, f"missing required key {k!r}")
+
+    def typed(self, where: str, value: Any, kind: type | tuple[type, ...], name: str) -> Any:
+        if isinstance(value, bool) and kind in (int, float, (int, float)):
+            raise self.fail(where, f"{name} must be {kind}, got bool")
+        if not isinstance(value, kind):
+            raise self.fail(where, f"{name} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+        return value
+
+
+def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
+    """Load and validate a matrix file (default: fixtures/matrix.toml)."""
+    p = Path(path or os.environ.get("HYBRID_CONFORMANCE_MATRIX", DEFAULT_MATRIX))
+    ctx = _Ctx(p)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise MatrixError(f"{p}: matrix file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise MatrixError(f"{p}: not valid TOML: {e}") from None
+    ctx.keys("top level", raw, _TOP_KEYS, required=("schema", "models", "cells", "strategies", "faults"))
+    if raw["schema"] != 1:
+        raise ctx.fail("schema", f"unsupported schema {raw['schema']!r} (this kit reads schema 1)")
+    defaults = raw.get("defaults", {})
+    ctx.keys("[defaults]", defaults, _DEFAULT_KEYS)
+
+    strategies: dict[str, Strategy] = {}
+    for name, t in raw["strategies"].items():
+        where = f"[strategies.{name}]"
+        if name not in STRATEGIES:
+            raise ctx.fail(where, f"strategy {name!r} does not exist in SGLang 0.5.23 (it has {', '.join(STRATEGIES)})")
+        ctx.keys(where, t, _STRATEGY_KEYS, required=("overlap", "ping_pong_slots", "pd"))
+        strategies[name] = Strategy(
+            name=name,
+            description=t.get("description", ""),
+            overlap=ctx.typed(where, t["overlap"], bool, "overlap"),
+            ping_pong_slots=ctx.typed(where, t["ping_pong_slots"], int, "ping_pong_slots"),
+            pd=ctx.typed(where, t["pd"], bool, "pd"),
+            max_page_size=t.get("max_page_size"),
+        )
+    if strategies.get("no_buffer") and strategies["no_buffer"].overlap:
+        raise ctx.fail("[strategies.no_buffer]", "SGLang refuses no_buffer with overlap scheduling (overlap must be false)")
+    if strategies.get("extra_buffer_lazy") and strategies["extra_buffer_lazy"].pd:
+        raise ctx.fail("[strategies.extra_buffer_lazy]", "SGLang 0.5.23 refuses extra_buffer_lazy under PD disaggregation (pd must be false)")
+
+    faults: dict[str, Fault] = {}
+    for name, t in raw["faults"].items():
+        where = f"[faults.{name}]"
+        ctx.keys(where, t, _FAULT_KEYS)
+        env = t.get("env", {})
+        if not all(isinstance(v, str) for v in env.values()):
+            raise ctx.fail(where, "env values must be strings")
+        fs = tuple(t.get("strategies", STRATEGIES))
+        for s in fs:
+            if s not in strategies:
+                raise ctx.fail(where, f"unknown strategy {s!r}")
+        faults[name] = Fault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())))
+    if "none" not in faults:
+        raise ctx.fail("[faults]", "a fault named 'none' (no injection) is required")
+
+    variants: dict[str, CacheVariant] = {"radix": CacheVariant("radix", "the device radix cache")}
+    for name, t in raw.get("cache_variants", {}).items():
+        where = f"[cache_variants.{name}]"
+        ctx.keys(where, t, _VARIANT_KEYS)
+        variants[name] = CacheVariant(
+            name, t.get("description", ""), tuple(t.get("args", ())), tuple(t.get("strategies", STRATEGIES)), tuple(t.get("targets", TARGETS))
+        )
+
+    models: dict[str, Model] = {}
+    for i, t in enumerate(raw["models"]):
+        where = f"[[models]] #{i + 1}"
+        ctx.keys(where, t, _MODEL_KEYS, required=("id", "family", "hf_path", "twin", "tp_size", "mamba_chunk_size"))
+        where = f"model {t['id']!r}"
+        if t["family"] not in FAMILIES:
+            raise ctx.fail(where, f"unknown family {t['family']!r} (allowed: {', '.join(FAMILIES)})")
+        if t["id"] in models:
+            raise ctx.fail(where, "duplicate model id")
+        th = t.get("thresholds", {})
+        ctx.keys(f"{where} thresholds", th, set(Thresholds.__dataclass_fields__))
+        models[t["id"]] = Model(
+            id=t["id"],
+            family=t["family"],
+            hf_path=t["hf_path"],
+            twin=t["twin"],
+            tp_size=ctx.typed(where, t["tp_size"], int, "tp_size"),
+            mamba_chunk_size=ctx.typed(where, t["mamba_chunk_size"], int, "mamba_chunk_size"),
+            thresholds=Thresholds(**{k: float(v) for k, v in th.items()}),
+        )
+
+    cells: list[Cell] = []
+    seen: dict[str, str] = {}
+    default_ti = defaults.get("track_interval", 256)
+    for i, b in enumerate(raw["cells"]):
+        bname = b.get("name", f"#{i + 1}") if isinstance(b, Mapping) else f"#{i + 1}"
+        where = f"[[cells]] {bname!r}"
+        ctx.keys(where, b, _BLOCK_KEYS, required=("models", "strategies", "page_sizes"))
+        tier = b.get("tier", "nightly")
+        if tier not in TIERS:
+            raise ctx.fail(where, f"unknown tier {tier!r} (allowed: {', '.join(TIERS)})")
+        block_targets = tuple(b.get("targets", TARGETS))
+        for tg in block_targets:
+            if tg not in TARGETS:
+                raise ctx.fail(where, f"unknown target {tg!r} (allowed: {', '.join(TARGETS)})")
+        mids: list[str] = []
+        for m in b["models"]:
+            hits = [k for k in models if fnmatch.fnmatchcase(k, m) or models[k].family == m]
+            if not hits:
+                raise ctx.fail(where, f"unknown model {m!r} (known: {', '.join(models)})")
+            mids += [h for h in hits if h not in mids]
+        for s in b["strategies"]:
+            if s not in strategies:
+                raise ctx.fail(where, f"strategy {s!r} does not exist in SGLang 0.5.23 (it has {', '.join(STRATEGIES)})")
+        for f in b.get("faults", ["none"]):
+            if f not in faults:
+                raise ctx.fail(where, f"unknown fault {f!r} (known: {', '.join(faults)})")
+        for v in b.get("cache_variants", ["radix"]):
+            if v not in variants:
+                raise ctx.fail(where, f"unknown cache variant {v!r} (known: {', '.join(variants)})")
+        for ps in b["page_sizes"]:
+            ctx.typed(where, ps, int, "page_sizes entries")
+            if ps < 1:
+                raise ctx.fail(where, f"page size must be >= 1, got {ps}")
+        tis = b.get("track_intervals", [default_ti])
+        for ti in tis:
+            ctx.typed(where, ti, int, "track_intervals entries")
+        for mid, s, ps, ti, f, v in itertools.product(
+            mids, b["strategies"], b["page_sizes"], tis, b.get("faults", ["none"]), b.get("cache_variants", ["radix"])
+        ):
+            variant = variants[v]
+            targets = tuple(t for t in block_targets if t in variant.targets)
+            cell = Cell(models[mid], strategies[s], ps, ti, faults[f], variant, tier, bname, targets)
+            _validate_cell(ctx, cell)
+            if cell.id in seen:
+                raise ctx.fail(f"cell {cell.id}", f"defined twice (blocks {seen[cell.id]!r} and {bname!r})")
+            seen[cell.id] = bname
+            cells.append(cell)
+    return Matrix(p, models, strategies, faults, variants, tuple(cells))
+
+
+def _validate_cell(ctx: _Ctx, cell: Cell) -> None:
+    """The combination rules SGLang 0.5.23 enforces (mamba_hook.py) plus the kit's own."""
+    where = f"cell {cell.id}"
+    s = cell.strategy
+    if s.max_page_size is not None and cell.page_size > s.max_page_size:
+        raise ctx.fail(where, f"SGLang refuses {s.name} with page size {cell.page_size} (no_buffer only supports page_size=1)")
+    if s.name != "no_buffer" and cell.track_interval % cell.page_size:
+        raise ctx.fail(where, f"SGLang requires mamba_track_interval % page_size == 0 ({cell.track_interval} % {cell.page_size} != 0)")
+    chunk = cell.model.mamba_chunk_size
+    if max(chunk, cell.page_size) % min(chunk, cell.page_size):
+        raise ctx.fail(where, f"SGLang requires chunk size and page size to divide one another (chunk {chunk}, page {cell.page_size})")
+    if s.name not in cell.fault.strategies:
+        raise ctx.fail(where, f"fault {cell.fault.name!r} only applies to strategies {', '.join(cell.fault.strategies)}")
+    if s.name not in cell.cache_variant.strategies:
+        raise ctx.fail(where, f"cache variant {cell.cache_variant.name!r} only applies to strategies {', '.join(cell.cache_variant.strategies)}")
+    if not cell.targets:
+        raise ctx.fail(where, "no target can serve this cell")
+
+
+def effective_chunk(cell: Cell) -> int:
+    """SGLang's mamba_cache_chunk_size: max(model chunk, page size)."""
+    return max(cell.model.mamba_chunk_size, cell.page_size)
+
+
+def effective_track_interval(cell: Cell) -> int:
+    """SGLang's mamba_track_grid: lcm(chunk grid, page, track interval)."""
+    return math.lcm(math.lcm(effective_chunk(cell), cell.page_size), cell.track_interval)

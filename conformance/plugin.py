@@ -1,0 +1,346 @@
+"""The pytest plugin (entry point ``pytest11``): options, markers, cells, one server per cell.
+
+Order of this module: option help texts, ``pytest_addoption``, ``pytest_configure``
+(markers), option resolution, parametrisation, fixtures, report hooks.
+
+* A test that asks for ``cell`` is parametrised over the selected matrix cells
+  (session scope, so pytest groups a cell's tests together and the cell's server
+  is started once and shared by every check of that cell).
+* ``endpoint`` starts the cell's server on the selected target; every launch is
+  recorded, so a run can prove ``launches == distinct cells``.
+* Tests marked ``pool`` bind to the in-process pool harness and run whatever the
+  server target is; ``--target pool`` runs only them.
+* ``record_verdict`` files a check's :class:`~conformance.records.Verdict` under its
+  cell; at the end of the run the controller writes ``report.json`` (and friends)
+  to ``--report-dir``. Verdicts travel as ``user_properties`` so xdist works.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from conformance.errors import KitError
+from conformance.matrix import CHECKS, STRATEGIES, TARGETS, Cell, Matrix, load_matrix
+from conformance.records import Verdict
+
+HELP_TARGET = "who answers: reference (embedded CPU server, default), sglang (real sglang serve), pool (only the in-process pool tier)"
+HELP_MODELS = "comma list of model ids, families or twin names to run (default: all)"
+HELP_STRATEGIES = f"comma list of strategies ({', '.join(STRATEGIES)})"
+HELP_FAULTS = "comma list of faults from the matrix (e.g. none,lazy_alloc_fail)"
+HELP_PAGE_SIZES = "comma list of page sizes"
+HELP_TIER = "premerge or nightly (premerge cells also run nightly; default: every tier)"
+HELP_LAUNCHER = "the command that starts SGLang (default: python -m sglang.launch_server)"
+HELP_GPUS = "GPUs each xdist worker owns; a cell needs tp_size <= this (default 1)"
+HELP_TWINS = "with --target sglang: serve the tiny twin folders instead of the HF models"
+
+_CHECK_MARKERS = {
+    "kl": "KL divergence between cached and uncached logprobs",
+    "gsm8k": "GSM8K accuracy / agreement",
+    "prefix_branching": "prefix-branching cache hits against the oracle",
+    "leaks": "pool-leak invariants",
+    "disagg": "PD disaggregation",
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("hybrid-conformance", "hybrid-conformance: Mamba state caching conformance")
+    g.addoption("--target", choices=TARGETS, default=None, help=HELP_TARGET)
+    g.addoption("--models", default=None, help=HELP_MODELS)
+    g.addoption("--strategies", default=None, help=HELP_STRATEGIES)
+    g.addoption("--faults", default=None, help=HELP_FAULTS)
+    g.addoption("--page-sizes", default=None, help=HELP_PAGE_SIZES)
+    g.addoption("--tier", choices=("premerge", "nightly"), default=None, help=HELP_TIER)
+    g.addoption("--matrix", default=None, help="matrix file (default: fixtures/matrix.toml)")
+    g.addoption("--report-dir", default=None, help="write report.json / report.md / report.html here")
+    g.addoption("--sglang-launcher", default=None, help=HELP_LAUNCHER)
+    g.addoption("--gpus-per-worker", type=int, default=None, help=HELP_GPUS)
+    g.addoption("--twins", action="store_true", default=False, help=HELP_TWINS)
+    g.addoption("--gsm8k-dir", default=None, help="local GSM8K folder (test.jsonl, train_first8.jsonl); env HYBRID_CONFORMANCE_GSM8K_DIR")
+    g.addoption("--server-log-dir", default=None, help="per-cell server logs (default: <report-dir>/logs or a temp dir)")
+    parser.addini("hybrid_conformance_target", "default --target", default="reference")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "lazy_alloc_fail: cells with SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL=1 injected")
+    config.addinivalue_line("markers", "premerge: cells in the premerge set (they also run nightly)")
+    config.addinivalue_line("markers", "nightly: cells in the nightly set")
+    config.addinivalue_line("markers", "gpu: needs a GPU (target sglang)")
+    config.addinivalue_line("markers", "cpu: runs on CPU (reference target, pool tier)")
+    config.addinivalue_line("markers", "pool: the in-process pool tier over SGLang's real memory classes")
+    config.addinivalue_line("markers", "hicache: cells with --enable-hierarchical-cache")
+    for name, text in _CHECK_MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+    for s in STRATEGIES:
+        config.addinivalue_line("markers", f"{s}: cells of the {s} strategy")
+    config.stash[RUN_KEY] = RunState(options=_resolve_options(config))
+
+
+# ------------------------------------------------------------------ options
+
+@dataclass(frozen=True)
+class Options:
+    target: str
+    models: tuple[str, ...] | None
+    strategies: tuple[str, ...] | None
+    faults: tuple[str, ...] | None
+    page_sizes: tuple[int, ...] | None
+    tier: str | None
+    matrix_path: str | None
+    report_dir: Path | None
+    log_dir: Path | None
+    sglang_launcher: str
+    gpus_per_worker: int
+    twins: bool
+    gsm8k_dir: str | None
+
+
+def _csv(value: str | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = tuple(v.strip() for v in value.split(",") if v.strip())
+    return items or None
+
+
+def _resolve_options(config: pytest.Config) -> Options:
+    """CLI > env > ini, validated; a bad value is one UsageError line."""
+    opt = config.getoption
+    target = opt("--target") or os.environ.get("HYBRID_CONFORMANCE_TARGET") or config.getini("hybrid_conformance_target")
+    if target not in TARGETS:
+        raise pytest.UsageError(f"--target: unknown value {target!r}; allowed: {', '.join(TARGETS)}")
+    strategies = _csv(opt("--strategies"))
+    for s in strategies or ():
+        if s not in STRATEGIES:
+            raise pytest.UsageError(f"--strategies: unknown value {s!r}; allowed: {', '.join(STRATEGIES)}")
+    pages = _csv(opt("--page-sizes"))
+    try:
+        page_sizes = tuple(int(p) for p in pages) if pages else None
+    except ValueError:
+        raise pytest.UsageError(f"--page-sizes: expected integers, got {opt('--page-sizes')!r}") from None
+    report_dir = Path(opt("--report-dir")) if opt("--report-dir") else None
+    log_dir = Path(opt("--server-log-dir")) if opt("--server-log-dir") else (report_dir / "logs" if report_dir else None)
+    return Options(
+        target=target,
+        models=_csv(opt("--models")),
+        strategies=strategies,
+        faults=_csv(opt("--faults")),
+        page_sizes=page_sizes,
+        tier=opt("--tier"),
+        matrix_path=opt("--matrix"),
+        report_dir=report_dir,
+        log_dir=log_dir,
+        sglang_launcher=opt("--sglang-launcher") or os.environ.get("HYBRID_CONFORMANCE_SGLANG_LAUNCHER") or "python -m sglang.launch_server",
+        gpus_per_worker=opt("--gpus-per-worker") or 1,
+        twins=bool(opt("--twins")),
+        gsm8k_dir=opt("--gsm8k-dir") or os.environ.get("HYBRID_CONFORMANCE_GSM8K_DIR"),
+    )
+
+
+@dataclass
+class RunState:
+    """Typed run state kept in ``config.stash``."""
+
+    options: Options
+    started: float = field(default_factory=time.time)
+    matrix: Matrix | None = None
+    launches: dict[str, str] = field(default_factory=dict)  # launch uid -> cell id
+    verdicts: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+    not_applicable: dict[str, str] = field(default_factory=dict)
+
+    def get_matrix(self) -> Matrix:
+        if self.matrix is None:
+            try:
+                self.matrix = load_matrix(self.options.matrix_path)
+            except KitError as e:
+                raise pytest.UsageError(str(e)) from None
+        return self.matrix
+
+
+RUN_KEY = pytest.StashKey[RunState]()
+
+
+def run_state(config: pytest.Config) -> RunState:
+    return config.stash[RUN_KEY]
+
+
+def select_cells(state: RunState, target: str) -> list[Cell]:
+    o = state.options
+    try:
+        return state.get_matrix().select(
+            target=target,
+            models=o.models,
+            strategies=o.strategies,
+            faults=o.faults,
+            page_sizes=o.page_sizes,
+            tiers=("premerge",) if o.tier == "premerge" else None,
+        )
+    except KitError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+# ------------------------------------------------------------------ parametrisation
+
+def _is_pool_test(definition: Any) -> bool:
+    return definition.get_closest_marker("pool") is not None
+
+
+def _parametrizes_cell_itself(metafunc: pytest.Metafunc) -> bool:
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0] if mark.args else mark.kwargs.get("argnames", ())
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",")]
+        if "cell" in names:
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "cell" not in metafunc.fixturenames or _parametrizes_cell_itself(metafunc):
+        return
+    state = run_state(metafunc.config)
+    pool = _is_pool_test(metafunc.definition)
+    target = "pool" if pool else state.options.target
+    cells = select_cells(state, target)
+    params = []
+    for cell in cells:
+        marks = [getattr(pytest.mark, m) for m in cell.markers]
+        marks.append(pytest.mark.cpu if target in ("reference", "pool") else pytest.mark.gpu)
+        marks.append(pytest.mark.xdist_group(cell.id))
+        params.append(pytest.param(cell, id=cell.id, marks=marks))
+    if not params:
+        params = [pytest.param(None, id="no-cell", marks=pytest.mark.skip(reason="no matrix cell matches the selection"))]
+    metafunc.parametrize("cell", params, indirect=True, scope="session")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """--target pool runs only the pool tier; server suites need a server target."""
+    state = run_state(config)
+    keep, drop = [], []
+    for item in items:
+        is_pool = item.get_closest_marker("pool") is not None
+        binds_server = "endpoint" in getattr(item, "fixturenames", ())
+        if state.options.target == "pool" and binds_server and not is_pool:
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    o = run_state(config).options
+    sel = ", ".join(f"{k}={v}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes), ("tier", o.tier)) if v)
+    return [f"hybrid-conformance: target={o.target}" + (f" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
+
+
+# ------------------------------------------------------------------ fixtures
+
+@pytest.fixture(scope="session")
+def cell(request: pytest.FixtureRequest) -> Cell:
+    """The matrix cell this test runs against (session scope: shared by the cell's tests)."""
+    value = getattr(request, "param", None)
+    if value is None:
+        pytest.skip("no matrix cell matches the selection")
+    return value
+
+
+@pytest.fixture(scope="session")
+def conformance_options(pytestconfig: pytest.Config) -> Options:
+    return run_state(pytestconfig).options
+
+
+@pytest.fixture(scope="session")
+def matrix(pytestconfig: pytest.Config) -> Matrix:
+    return run_state(pytestconfig).get_matrix()
+
+
+@pytest.fixture(scope="session")
+def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A healthy server for ``cell`` on the selected target, started once per cell."""
+    from conformance.targets.serving import serve_cell
+
+    state = run_state(request.config)
+    log_dir = state.options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
+    with serve_cell(cell, state.options, log_dir=log_dir) as ep:
+        uid = uuid.uuid4().hex
+        state.launches[uid] = cell.id
+        _launch_node(request).user_properties.append(("hc_launch", json.dumps({"uid": uid, "cell": cell.id})))
+        yield ep
+
+
+def _launch_node(request: pytest.FixtureRequest) -> pytest.Item:
+    node = request.node
+    return node if isinstance(node, pytest.Item) else request._pyfuncitem  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def record_verdict(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdict]:
+    """Callable filing a Verdict under the test's cell (for report.json); returns it."""
+    cell_obj: Cell | None = request.getfixturevalue("cell") if "cell" in request.fixturenames else None
+
+    def record(verdict: Verdict) -> Verdict:
+        payload = {"cell": cell_obj.describe() if cell_obj else None, "check": verdict.check, "verdict": verdict.to_json()}
+        request.node.user_properties.append(("hc_verdict", json.dumps(payload, default=float)))
+        return verdict
+
+    return record
+
+
+# ------------------------------------------------------------------ report hooks
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect verdicts and launches (also from xdist workers) in the controller."""
+    config = _CONFIG_REF.get("config")
+    if config is None:
+        return
+    state = run_state(config)
+    if report.when == "setup":
+        for key, value in report.user_properties:
+            if key == "hc_launch":
+                launch = json.loads(value)
+                state.launches[launch["uid"]] = launch["cell"]
+    if report.when != "call" and not (report.when == "setup" and report.skipped):
+        return
+    seen = state.__dict__.setdefault("_seen_props", set())
+    for key, value in report.user_properties:
+        if key != "hc_verdict" or (report.nodeid, value) in seen:
+            continue
+        seen.add((report.nodeid, value))
+        data = json.loads(value)
+        if not data["cell"]:
+            continue
+        cid = data["cell"]["id"]
+        state.cells[cid] = data["cell"]
+        state.verdicts.setdefault(cid, {}).setdefault(data["check"], []).append(data["verdict"])
+
+
+_CONFIG_REF: dict[str, pytest.Config] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    from conformance.targets.launcher import install_signal_handlers
+
+    _CONFIG_REF["config"] = session.config
+    install_signal_handlers()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput"):  # xdist worker: the controller writes the report
+        return
+    state = run_state(config)
+    if state.options.report_dir is None:
+        return
+    from conformance.runreport import write_run_report
+
+    write_run_report(state, wall_s=time.time() - state.started)

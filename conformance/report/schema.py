@@ -1,0 +1,290 @@
+"""report.json, schema 1: build it from cell verdicts, validate it, load it from disk.
+
+The shape is a contract read by ``compare``, the Markdown/HTML renderers and by
+users' own tooling::
+
+    {"schema": 1, "target", "launches", "wall_s",
+     "cells": [{"id", "model", "family", "strategy", "fault", [page_size, ...],
+                "checks": {name: {"status", "metrics": {...}, ["reason"], ["details"]}}}],
+     ["disagg": [...]], ["pool": ...], ["summary"], ["generated_at"]}
+
+Every metric the contract names for a check is present (``null`` when not
+measured); ``fail`` and ``skip`` carry a ``reason``.  A cell the run declared not
+applicable is ``{"id", "not_applicable": reason, "checks": {}}``.  Non-finite floats become
+``null`` so the file is strict JSON.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from conformance.errors import KitError
+
+SCHEMA_VERSION = 1
+STATUSES = ("pass", "fail", "skip")
+CELL_KEYS = ("id", "model", "family", "strategy", "fault")  # "id" required, the rest strings when present
+OPTIONAL_CELL_KEYS = ("page_size", "track_interval", "cache_variant", "tier")
+
+# The metrics the contract promises per check, in display order.
+CHECK_METRICS: dict[str, tuple[str, ...]] = {
+    "kl": ("tokens", "k3_mean", "topk_kl_mean", "max_token_kl", "hit_fraction", "noise_floor"),
+    "prefix_branching": ("requests", "hits_expected", "hits_observed", "mismatches"),
+    "leaks": ("mamba_used_at_idle", "kv_used_at_idle", "leak_log_lines", "lazy_resident_ratio"),
+    "gsm8k": ("n", "accuracy", "wilson_low", "agreement"),
+}
+CHECK_ORDER = tuple(CHECK_METRICS)
+
+
+class ReportError(KitError):
+    """A report is malformed; the message is one line naming the file and the field."""
+
+
+# ------------------------------------------------------------------ build
+
+
+def build_report(
+    target: str,
+    launches: int,
+    wall_s: float,
+    cells: list[dict],
+    *,
+    disagg: list[dict] | None = None,
+    pool: Any = None,
+) -> dict:
+    """Assemble a schema-1 report from ``Cell.describe()`` dicts with ``"checks"`` added.
+
+    Each ``checks`` value is a ``Verdict.to_json()`` dict (a ``Verdict`` is converted).  Missing contract metrics
+    are filled with ``None``; a ``fail``/``skip`` without a reason gets
+    ``"no reason recorded"``.  The result is validated before it is returned.
+    """
+    report: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "target": target,
+        "launches": launches,
+        "wall_s": wall_s,
+        "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cells": [_normalise_cell(c) for c in _merge_duplicates(cells)],
+    }
+    if disagg is not None:
+        report["disagg"] = [_normalise_cell(c) for c in _merge_duplicates(disagg)]
+    if pool is not None:
+        report["pool"] = _jsonable(pool)
+    report["summary"] = status_counts(report["cells"] + report.get("disagg", []))
+    report = _jsonable(report)
+    validate_report(report)
+    return report
+
+
+def _merge_duplicates(cells: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per cell id: later entries add checks and fields the first one lacks."""
+    by_id: dict[Any, dict[str, Any]] = {}
+    for cell in cells:
+        first = by_id.get(cell.get("id"))
+        if first is None:
+            by_id[cell.get("id")] = dict(cell, checks=dict(cell.get("checks") or {}))
+            continue
+        for key, value in cell.items():
+            if key == "checks":
+                first["checks"] = {**dict(value or {}), **first["checks"]}
+            else:
+                first.setdefault(key, value)
+    return list(by_id.values())
+
+
+def not_applicable(cell: Mapping[str, Any]) -> bool:
+    """A cell the run declared not applicable (no check ran, a ``not_applicable`` reason)."""
+    return not cell.get("checks") and bool(cell.get("not_applicable"))
+
+
+def _normalise_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(cell)
+    checks = {}
+    for name, verdict in dict(cell.get("checks") or {}).items():
+        v = verdict.to_json() if hasattr(verdict, "to_json") else dict(verdict)
+        metrics = dict(v.get("metrics") or {})
+        for key in CHECK_METRICS.get(name, ()):
+            metrics.setdefault(key, None)
+        v["metrics"] = metrics
+        if v.get("status") in ("fail", "skip") and not v.get("reason"):
+            v["reason"] = "no reason recorded"
+        checks[name] = v
+    out["checks"] = checks
+    return out
+
+
+def status_counts(cells: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """How many check verdicts of each status the cells hold."""
+    counts = dict.fromkeys(STATUSES, 0)
+    for cell in cells:
+        for verdict in cell.get("checks", {}).values():
+            if verdict.get("status") in counts:
+                counts[verdict["status"]] += 1
+    return counts
+
+
+def _jsonable(value: Any) -> Any:
+    """Plain JSON types: numpy scalars -> Python, tuples -> lists, NaN/inf -> None."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        return _jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+# ------------------------------------------------------------------ validate
+
+
+def validate_report(report: Any, source: str = "report") -> None:
+    """Raise :class:`ReportError` (one line: source, field, rule) unless ``report`` is schema 1."""
+
+    def fail(where: str, rule: str) -> ReportError:
+        return ReportError(f"{source}: {where}: {rule}")
+
+    if not isinstance(report, Mapping):
+        raise fail("top level", f"expected a JSON object, got {type(report).__name__}")
+    if report.get("schema") != SCHEMA_VERSION:
+        raise fail("schema", f"unsupported schema {report.get('schema')!r} (this kit reads schema {SCHEMA_VERSION})")
+    for key in ("target", "launches", "wall_s", "cells"):
+        if key not in report:
+            raise fail("top level", f"missing required key {key!r}")
+    if not isinstance(report["target"], str):
+        raise fail("target", f"must be a string, got {report['target']!r}")
+    if not _is_int(report["launches"]) or report["launches"] < 0:
+        raise fail("launches", f"must be a non-negative integer, got {report['launches']!r}")
+    if not _is_number(report["wall_s"]) or report["wall_s"] < 0:
+        raise fail("wall_s", f"must be a non-negative number, got {report['wall_s']!r}")
+    for group in ("cells", "disagg"):
+        if group not in report:
+            continue
+        if not isinstance(report[group], list):
+            raise fail(group, "must be a list")
+        seen: set[str] = set()
+        for i, cell in enumerate(report[group]):
+            _validate_cell(cell, f"{group}[{i}]", fail)
+            if cell["id"] in seen:
+                raise fail(f"{group}[{i}]", f"duplicate cell id {cell['id']!r}")
+            seen.add(cell["id"])
+
+
+def _validate_cell(cell: Any, where: str, fail) -> None:
+    if not isinstance(cell, Mapping):
+        raise fail(where, "expected an object")
+    if not isinstance(cell.get("id"), str) or not cell["id"]:
+        raise fail(where, f"'id' must be a non-empty string, got {cell.get('id')!r}")
+    for key in CELL_KEYS[1:]:
+        if key in cell and not isinstance(cell[key], str):
+            raise fail(where, f"{key!r} must be a string, got {cell[key]!r}")
+    where = f"cell {cell['id']}"
+    checks = cell.get("checks")
+    if not isinstance(checks, Mapping):
+        raise fail(where, "'checks' must be an object")
+    for name, verdict in checks.items():
+        at = f"{where} check {name}"
+        if not isinstance(verdict, Mapping):
+            raise fail(at, "expected an object")
+        if verdict.get("status") not in STATUSES:
+            raise fail(at, f"status must be one of {', '.join(STATUSES)}, got {verdict.get('status')!r}")
+        if verdict["status"] != "pass" and not isinstance(verdict.get("reason"), str):
+            raise fail(at, f"a {verdict['status']} needs a 'reason' string")
+        metrics = verdict.get("metrics")
+        if not isinstance(metrics, Mapping):
+            raise fail(at, "'metrics' must be an object")
+        for key in CHECK_METRICS.get(name, ()):
+            if key not in metrics:
+                raise fail(at, f"missing metric {key!r}")
+            if metrics[key] is not None and not _is_number(metrics[key]):
+                raise fail(at, f"metric {key!r} must be a number or null, got {metrics[key]!r}")
+        if "details" in verdict and not isinstance(verdict["details"], Mapping):
+            raise fail(at, "'details' must be an object")
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# ------------------------------------------------------------------ disk
+
+
+def dump_report(report: Mapping[str, Any]) -> str:
+    """Strict-JSON text of a report (indented, key order kept)."""
+    return json.dumps(report, indent=2, allow_nan=False) + "\n"
+
+
+def load_report(path: str | Path) -> dict:
+    """Read and validate a report.json; any problem is one :class:`ReportError` line."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "report.json"
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ReportError(f"{p}: report file not found") from None
+    except OSError as e:
+        raise ReportError(f"{p}: cannot read: {e.strerror or e}") from None
+    try:
+        report = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{p}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    validate_report(report, str(p))
+    return report
+
+
+# ------------------------------------------------------------------ display helpers
+
+
+def check_names(cells: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Check names present in any cell: the contract's order first, then the rest sorted."""
+    present: set[str] = set()
+    for cell in cells:
+        present.update(cell.get("checks", {}))
+    return [c for c in CHECK_ORDER if c in present] + sorted(present - set(CHECK_ORDER))
+
+
+def key_numbers(check: str, verdict: Mapping[str, Any]) -> str:
+    """The few numbers worth a glance in a summary table cell, as short text."""
+    m = verdict.get("metrics") or {}
+    d = verdict.get("details") or {}
+    parts: list[str] = []
+    if check == "kl":
+        parts = [_kv("topk", m.get("topk_kl_mean")), _kv("k3", m.get("k3_mean")), _kv("max", m.get("max_token_kl"))]
+    elif check == "prefix_branching":
+        if m.get("hits_observed") is not None or m.get("hits_expected") is not None:
+            parts = [f"hits {_num(m.get('hits_observed'))}/{_num(m.get('hits_expected'))}"]
+        parts.append(_kv("mism", m.get("mismatches")))
+    elif check == "leaks":
+        parts = [_kv("mamba", m.get("mamba_used_at_idle")), _kv("kv", m.get("kv_used_at_idle")), _kv("lazy", m.get("lazy_resident_ratio"))]
+    elif check == "gsm8k":
+        acc = m.get("accuracy")
+        if acc is not None:
+            low, high = m.get("wilson_low"), d.get("wilson_high")
+            interval = f" [{_num(low)}, {_num(high)}]" if low is not None and high is not None else ""
+            parts = [f"acc {_num(acc)}{interval}", _kv("n", m.get("n"))]
+    else:
+        parts = [_kv(k, v) for k, v in list(m.items())[:3] if _is_number(v)]
+    return " ".join(p for p in parts if p)
+
+
+def _kv(name: str, value: Any) -> str:
+    return "" if value is None else f"{name}={_num(value)}"
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)

@@ -1,0 +1,62 @@
+"""What a server target hands to a suite: a running endpoint for one cell."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from conformance.client import SGLangClient
+from conformance.matrix import Cell
+from conformance.targets.launcher import ServerProcess
+
+
+@dataclass
+class LaunchSpec:
+    """The exact command and environment that start one cell's server."""
+
+    argv: list[str]
+    env: dict[str, str]
+    port: int
+    host: str = "127.0.0.1"
+    health_path: str = "/health"
+    start_timeout_s: float = 120.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass
+class Endpoint:
+    """A healthy server for one cell, shared by every check of that cell."""
+
+    cell: Cell
+    target: str
+    base_url: str
+    client: SGLangClient
+    process: ServerProcess | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.process.log_path if self.process else None
+
+    def log_text(self) -> str:
+        return self.process.log_text() if self.process else ""
+
+    def alive(self) -> bool:
+        return self.process.alive() if self.process else True
+
+
+class ServerTarget(Protocol):
+    """A target that can serve a cell over SGLang's HTTP API."""
+
+    name: str
+
+    def supports(self, cell: Cell) -> str | None:
+        """None if the cell can be served, else the reason it cannot (recorded as n/a)."""
+
+    def launch_spec(self, cell: Cell, *, port: int, gpus: list[int] | None = None) -> LaunchSpec:
+        """The command and env for the cell (launching nothing)."""

@@ -1,0 +1,233 @@
+"""Start a server process, wait until it is healthy, and tear down its whole process group.
+
+Used for every server the kit starts (SGLang, the embedded reference server, the
+PD router). Lifecycle rules:
+
+* the child runs in its own session / process group, stdout+stderr to a log file;
+* start-up polls a health URL with a deadline and tells "exited during start-up"
+  (exit code + log tail) apart from "not healthy in time";
+* teardown sends SIGTERM to the group, waits, then SIGKILLs the group — and every
+  live server is also torn down from an ``atexit`` hook and from SIGTERM/SIGHUP
+  handlers, so a Ctrl-C, a SIGTERM to pytest or a crashed xdist worker leaves no
+  orphans (children additionally get ``PR_SET_PDEATHSIG`` on Linux).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import httpx
+
+from conformance.errors import ServerStartError
+
+_LIVE: "set[ServerProcess]" = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (bind to 0, read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _set_pdeathsig() -> None:  # pragma: no cover - runs in the child
+    """Ask Linux to SIGTERM the child when its parent dies (crashed xdist worker)."""
+    os.setsid()
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class ServerProcess:
+    """One child server: ``start()`` returns once healthy; ``stop()`` kills its group."""
+
+    name: str
+    argv: Sequence[str]
+    health_url: str
+    log_path: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 120.0
+    stop_timeout_s: float = 10.0
+    poll_s: float = 0.25
+    proc: subprocess.Popen | None = None
+    returncode: int | None = None
+
+    # -- lifecycle --------------------------------------------------------------
+    def start(self) -> "ServerProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env}
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                list(self.argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
+                start_new_session=not sys.platform.startswith("linux"),
+            )
+        except OSError as e:
+            raise ServerStartError(f"{self.name}: cannot execute {self.argv[0]!r}: {e.strerror}") from None
+        finally:
+            log.close()
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        with httpx.Client(timeout=5.0, trust_env=False) as http:
+            while True:
+                code = self.proc.poll() if self.proc else None
+                if code is not None:
+                    self.returncode = code
+                    raise ServerStartError(
+                        f"{self.name}: exited during start-up with code {code}; log {self.log_path}: {self.log_tail(5, joiner=' | ')}"
+                    )
+                try:
+                    if http.get(self.health_url).status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() >= deadline:
+                    raise ServerStartError(
+                        f"{self.name}: not healthy at {self.health_url} within {self.start_timeout_s:.0f}s; log {self.log_path}: {self.log_tail(5, joiner=' | ')}"
+                    )
+                time.sleep(self.poll_s)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_reason(self) -> str | None:
+        """None while running; otherwise a short phrase with the exit code and log tail."""
+        if self.proc is None:
+            return "never started"
+        code = self.proc.poll()
+        if code is None:
+            return None
+        self.returncode = code
+        return f"server process exited with code {code}; log tail: {self.log_tail(3, joiner=' | ')}"
+
+    def stop(self) -> int | None:
+        """SIGTERM the process group, wait, then SIGKILL it. Idempotent."""
+        proc = self.proc
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+        if proc is None:
+            return self.returncode
+        try:
+            pgid = os.getpgid(proc.pid)
+        except ProcessLookupError:
+            pgid = None
+        if pgid is not None:
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+            # Kill the rest of the group (grandchildren, or a child ignoring SIGTERM).
+            _signal_group(pgid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable
+            pass
+        if self.returncode is None:
+            self.returncode = proc.returncode
+        return self.returncode
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, n: int = 20, joiner: str = "\n") -> str:
+        lines = [ln for ln in self.log_text().splitlines() if ln.strip()]
+        return joiner.join(lines[-n:]) if lines else "(empty log)"
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_all() -> int:
+    """Tear down every live server; returns how many were stopped."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for sp in live:
+        sp.stop()
+    return len(live)
+
+
+def live_servers() -> list[ServerProcess]:
+    with _LIVE_LOCK:
+        return list(_LIVE)
+
+
+_PREVIOUS: dict[int, object] = {}
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    stop_all()
+    prev = _PREVIOUS.get(signum)
+    if callable(prev):
+        prev(signum, frame)  # type: ignore[misc]
+    elif prev == signal.SIG_IGN:
+        return
+    else:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+def install_signal_handlers() -> None:
+    """Make SIGTERM/SIGHUP tear down live servers before the default action.
+
+    SIGINT is left to Python (KeyboardInterrupt unwinds through fixtures and the
+    ``atexit`` hook), so pytest still reports an interrupted run.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if sig in _PREVIOUS:
+            continue
+        try:
+            _PREVIOUS[sig] = signal.getsignal(sig)
+            signal.signal(sig, _on_signal)
+        except (ValueError, OSError):  # pragma: no cover
+            pass
+
+
+atexit.register(stop_all)

@@ -1,0 +1,48 @@
+"""The embedded reference target: the kit's own CPU server for a cell's tiny twin.
+
+The engine lives in ``conformance/reference/``; this module only builds the
+command that starts it as a child process (the same as ``hybrid-conformance serve``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from conformance.matrix import Cell
+from conformance.targets.base import LaunchSpec
+
+#: The fault env var the reference engine reads (in conformance/reference/faults.py).
+FAULT_ENV = "HYBRID_CONFORMANCE_FAULT"
+#: Advanced/testing: run another module or script as the reference server.
+SERVER_ENV = "HYBRID_CONFORMANCE_REFERENCE_SERVER"
+
+
+class ReferenceTarget:
+    name = "reference"
+
+    def __init__(self, *, python: str | None = None, max_mamba_slots: int | None = None) -> None:
+        self.python = python or sys.executable
+        self.max_mamba_slots = max_mamba_slots
+
+    def supports(self, cell: Cell) -> str | None:
+        if "reference" not in cell.targets:
+            return f"cache variant {cell.cache_variant.name!r} is served by real SGLang only"
+        return None
+
+    def launch_spec(self, cell: Cell, *, port: int, gpus: list[int] | None = None) -> LaunchSpec:
+        server = os.environ.get(SERVER_ENV, "conformance.reference.server")
+        entry = [server] if server.endswith(".py") else ["-m", server]
+        argv = [
+            self.python, *entry,
+            "--model", cell.model.twin,
+            "--strategy", cell.strategy.name,
+            "--page-size", str(cell.page_size),
+            "--track-interval", str(cell.track_interval),
+            "--host", "127.0.0.1",
+            "--port", str(port),
+        ]
+        if self.max_mamba_slots:
+            argv += ["--max-mamba-slots", str(self.max_mamba_slots)]
+        env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **cell.env}
+        return LaunchSpec(argv=argv, env=env, port=port, start_timeout_s=120.0)

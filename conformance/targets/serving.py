@@ -1,0 +1,72 @@
+"""Start one cell's server on the selected target and hand back an :class:`Endpoint`.
+
+The one place that turns (cell, options) into a running, health-checked server:
+free port, per-cell log file, fault env, GPUs for the xdist worker, teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from conformance.client import SGLangClient
+from conformance.errors import KitError
+from conformance.matrix import Cell
+from conformance.targets.base import Endpoint, LaunchSpec
+from conformance.targets.launcher import ServerProcess, free_port
+from conformance.targets.reference import ReferenceTarget
+from conformance.targets.sglang import SGLangTarget, gpus_for_worker
+
+
+def make_target(options: Any) -> Any:
+    if options.target == "sglang":
+        return SGLangTarget(launcher=options.sglang_launcher, twins=options.twins)
+    if options.target == "reference":
+        return ReferenceTarget()
+    raise KitError(f"target {options.target!r} does not serve HTTP cells")
+
+
+def worker_index() -> int:
+    m = re.match(r"gw(\d+)$", os.environ.get("PYTEST_XDIST_WORKER", "gw0"))
+    return int(m.group(1)) if m else 0
+
+
+def spec_for(cell: Cell, options: Any, *, port: int | None = None) -> LaunchSpec:
+    target = make_target(options)
+    reason = target.supports(cell)
+    if reason:
+        raise KitError(f"cell {cell.id}: not applicable on target {options.target}: {reason}")
+    gpus = None
+    if options.target == "sglang":
+        tp = 1 if options.twins else cell.model.tp_size
+        if tp > options.gpus_per_worker:
+            raise KitError(f"cell {cell.id}: needs tp_size {tp} GPUs but --gpus-per-worker is {options.gpus_per_worker}")
+        gpus = gpus_for_worker(worker_index(), options.gpus_per_worker)[:tp]
+    return target.launch_spec(cell, port=port or free_port(), gpus=gpus)
+
+
+@contextlib.contextmanager
+def serve_cell(cell: Cell, options: Any, *, log_dir: Path) -> Iterator[Endpoint]:
+    spec = spec_for(cell, options)
+    proc = ServerProcess(
+        name=f"{options.target} server for {cell.id}",
+        argv=spec.argv,
+        env=spec.env,
+        health_url=spec.base_url + spec.health_path,
+        log_path=Path(log_dir) / f"{cell.id}.log",
+        start_timeout_s=spec.start_timeout_s,
+    )
+    proc.start()
+    client = SGLangClient(spec.base_url, liveness=proc.exit_reason)
+    try:
+        try:
+            info = client.server_info()
+        except KitError:
+            info = {}
+        yield Endpoint(cell=cell, target=options.target, base_url=spec.base_url, client=client, process=proc, info=info)
+    finally:
+        client.close()
+        proc.stop()

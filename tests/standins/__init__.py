@@ -1,0 +1,1 @@
+"""Stand-in servers for the launcher and plugin tests (real child processes)."""

@@ -1,0 +1,83 @@
+"""The hybrid-conformance CLI: plan output contract, bad arguments, README/CI consistency."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.cli import main, pytest_argv_for_run, build_parser
+from conformance.matrix import load_matrix
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "conformance.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_version() -> None:
+    out = run_cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("hybrid-conformance ")
+
+
+def test_plan_sglang_json_contract() -> None:
+    out = run_cli("plan", "--target", "sglang", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    cells = json.loads(out.stdout)["cells"]
+    assert len(cells) == len(load_matrix().select(target="sglang"))
+    for c in cells:
+        assert {"id", "model", "family", "strategy", "page_size", "track_interval", "fault", "markers", "command", "env"} <= set(c)
+        cmd = c["command"]
+        assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
+        assert cmd[cmd.index("--mamba-radix-cache-strategy") + 1] == c["strategy"]
+        assert "--enable-metrics" in cmd and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+        assert ("--disable-overlap-schedule" in cmd) == (c["strategy"] == "no_buffer")
+        if c["fault"] == "lazy_alloc_fail":
+            assert c["env"]["SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL"] == "1"
+            assert "lazy_alloc_fail" in c["markers"]
+        tp = int(cmd[cmd.index("--tp-size") + 1])
+        assert len(c["env"]["CUDA_VISIBLE_DEVICES"].split(",")) == tp
+    pairs = {(c["family"], c["strategy"]) for c in cells}
+    assert len(pairs) == 12
+    ports = [c["command"][c["command"].index("--port") + 1] for c in cells]
+    assert len(set(ports)) == len(ports)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("plan", "--strategies", "bogus"), "--strategies: unknown value 'bogus'; allowed: no_buffer, extra_buffer, extra_buffer_lazy"),
+        (("plan", "--models", "llama-7b"), "--models: unknown value 'llama-7b'"),
+        (("plan", "--target", "gpu"), "argument --target: invalid choice: 'gpu'"),
+        (("plan", "--matrix", "/nonexistent.toml"), "/nonexistent.toml: matrix file not found"),
+        (("run", "--suite", "speed"), "--suite: unknown value 'speed'"),
+    ],
+)
+def test_bad_arguments_are_one_line(args: tuple[str, ...], needle: str) -> None:
+    out = run_cli(*args)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_run_builds_pytest_arguments(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["run", "--tier", "premerge", "-m", "lazy_alloc_fail", "-n", "2", "--report-dir", str(tmp_path)])
+    argv = pytest_argv_for_run(args)
+    assert any(a.endswith("/conformance/kl") for a in argv)
+    assert "--target=reference" in argv and "--tier=premerge" in argv
+    assert argv[argv.index("-m") + 1] == "(lazy_alloc_fail) and (not pool)"
+    assert argv[argv.index("-n") + 1] == "2" and "loadgroup" in argv
+    assert f"--junitxml={tmp_path / 'junit.xml'}" in argv
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    blocks = [b.split("```")[0].strip() for b in readme.split("```bash\n")[1:3]]
+    assert blocks[0].endswith("hybrid-conformance run")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert blocks[1] in ci.splitlines()
