@@ -275,6 +275,51 @@ def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytes
         state.launches[uid] = cell.id
         _launch_node(request).user_properties.append(("hc_launch", json.dumps({"uid": uid, "cell": cell.id})))
         yield ep
+        _teardown_idle_check(ep)
+
+
+def _teardown_idle_check(ep: Any) -> None:
+    """At cell teardown: every scenario's idle probe, and one last one, must read 0."""
+    from conformance.workloads.runners import idle_probe
+
+    if not ep.alive():
+        raise KitError(f"cell {ep.cell.id}: {ep.process.exit_reason() if ep.process else 'server gone'}")
+    probes = list(ep.extra.get("idle_probes", []))
+    probes.append(idle_probe(ep.client, "cell teardown", requests=0))
+    bad = [p for p in probes if not p.reached]
+    if bad:
+        vals = ", ".join(f"{k}={v:g}" for k, v in bad[-1].values.items())
+        raise KitError(f"cell {ep.cell.id}: pools not idle after {', '.join(p.scenario for p in bad[:3])} ({vals})")
+
+
+@pytest.fixture(autouse=True)
+def _scenario_idle_probe(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test bound to a server: flush, wait for the idle gauges, keep the probe."""
+    yield
+    if "endpoint" not in request.fixturenames or request.node.get_closest_marker("leaks"):
+        return
+    ep = request.getfixturevalue("endpoint")
+    if not ep.alive():
+        return
+    from conformance.workloads.runners import idle_probe
+
+    try:
+        probe = idle_probe(ep.client, f"after {request.node.name}", requests=1)
+    except KitError:
+        return
+    ep.extra.setdefault("idle_probes", []).append(probe)
+
+
+@pytest.fixture(scope="session")
+def cell_store(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Recordings shared by the run's cells (also across xdist workers)."""
+    from conformance.workloads.cell_store import CellStore
+
+    o = run_state(pytestconfig).options
+    if o.report_dir is not None:
+        return CellStore(o.report_dir / "shared")
+    base = tmp_path_factory.getbasetemp()
+    return CellStore((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared")
 
 
 def _launch_node(request: pytest.FixtureRequest) -> pytest.Item:

@@ -170,4 +170,4 @@ def render_compare(result: CompareResult, *, width: int = 120) -> str:
         console.print(f"new cells (not compared): {', '.join(result.added_cells)}")
     verdict = f"REGRESSED: {len(result.rows)} regression(s)" if result.regressed else "no regression"
     console.print(f"{verdict} across {result.compared_cells} compared cells")
-    return buf.getvalue()
+    return buf.getvalue().rstrip("\n")

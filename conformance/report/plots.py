@@ -133,11 +133,11 @@ def occupancy_plots(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> list[
 
 def wilson_interval(accuracy: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """The Wilson score interval of a proportion (fallback when a verdict lacks it)."""
-    if n <= 0:
+    if n <= 0 or not math.isfinite(accuracy):
         return 0.0, 1.0
     from scipy.stats import binomtest
 
-    ci = binomtest(round(accuracy * n), n).proportion_ci(confidence_level=confidence, method="wilson")
+    ci = binomtest(min(max(round(accuracy * n), 0), n), n).proportion_ci(confidence_level=confidence, method="wilson")
     return float(ci.low), float(ci.high)
 
 
@@ -151,7 +151,7 @@ def gsm8k_plot(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> Plot:
             continue
         m, d = verdict.get("metrics") or {}, verdict.get("details") or {}
         acc, n = m.get("accuracy"), m.get("n")
-        if not isinstance(acc, (int, float)):
+        if not isinstance(acc, (int, float)) or isinstance(acc, bool) or not math.isfinite(acc):
             continue
         low, high = m.get("wilson_low"), d.get("wilson_high")
         if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):

@@ -57,9 +57,10 @@ def build_report(
 ) -> dict:
     """Assemble a schema-1 report from ``Cell.describe()`` dicts with ``"checks"`` added.
 
-    Each ``checks`` value is a ``Verdict.to_json()`` dict (a ``Verdict`` is converted).  Missing contract metrics
-    are filled with ``None``; a ``fail``/``skip`` without a reason gets
-    ``"no reason recorded"``.  The result is validated before it is returned.
+    Each ``checks`` value is a ``Verdict.to_json()`` dict (a ``Verdict`` is converted).
+    Entries sharing an id are merged.  Missing contract metrics are filled with
+    ``None``; a ``fail``/``skip`` without a reason gets ``"no reason recorded"``.
+    The result is validated (:class:`ReportError` on a contract breach) and returned.
     """
     report: dict[str, Any] = {
         "schema": SCHEMA_VERSION,

@@ -1,0 +1,155 @@
+"""GSM8K check: greedy few-shot answers scored with lm-eval compatible filters, a Wilson
+interval on accuracy and an exact paired McNemar test against the model's baseline
+(``no_buffer``) cell on the same questions.
+
+Two modes:
+
+* ``accuracy`` (real models): fail when the whole Wilson interval lies below the model's
+  minimum accuracy, or when the strategy is significantly worse than the baseline on the
+  paired questions (one-sided exact McNemar, ``p < alpha``). The rule text and the n the
+  rule needs to resolve a 2-point margin are in the verdict's details.
+* ``agreement`` (CPU twins, where accuracy means nothing): every completion must equal
+  the baseline cell's completion for the same question.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from conformance.checks.stats import mcnemar_exact, required_n, standard_error, wilson_interval
+from conformance.errors import KitError
+from conformance.records import Verdict
+
+CHECK = "gsm8k"
+Mode = Literal["accuracy", "agreement"]
+Filter = Literal["strict", "flexible"]
+
+_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
+_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+
+
+@dataclass(frozen=True)
+class GSM8KAnswer:
+    index: int  # the test item's index in test.jsonl
+    gold: str  # the gold number (after "#### ")
+    completion: str
+
+
+@dataclass(frozen=True)
+class GSM8KRecording:
+    answers: tuple[GSM8KAnswer, ...]
+    shots: int = 0
+    label: str = ""
+
+
+def normalize_number(s: str) -> str:
+    """'$1,234.00.' -> '1234'; '-3.50' -> '-3.5'."""
+    s = s.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        v = float(s)
+    except ValueError:
+        return s
+    return str(int(v)) if v == int(v) else repr(v)
+
+
+def extract_strict(completion: str) -> str | None:
+    """lm-eval's strict-match: the first ``#### N``."""
+    m = _STRICT.search(completion)
+    return normalize_number(m.group(1)) if m else None
+
+
+def extract_flexible(completion: str) -> str | None:
+    """lm-eval's flexible-extract: the last number in the completion."""
+    found = _FLEXIBLE.findall(completion)
+    if not found:
+        return None
+    a, b = found[-1]
+    return normalize_number(a or b)
+
+
+def gold_answer(answer_field: str) -> str:
+    """The gold number from a GSM8K ``answer`` field."""
+    if "####" not in answer_field:
+        raise KitError("gsm8k: an answer field has no '####' line")
+    return normalize_number(answer_field.split("####")[-1])
+
+
+def is_correct(a: GSM8KAnswer, filt: Filter) -> bool:
+    got = extract_strict(a.completion) if filt == "strict" else extract_flexible(a.completion)
+    return got is not None and got == normalize_number(a.gold)
+
+
+def gsm8k_verdict(
+    rec: GSM8KRecording,
+    *,
+    mode: Mode,
+    baseline: GSM8KRecording | None = None,
+    min_accuracy: float = 0.0,
+    alpha: float = 0.05,
+    primary: Filter = "flexible",
+    margin: float = 0.02,
+) -> Verdict:
+    """Judge one cell's answers (and, given, the baseline cell's answers to the same items)."""
+    n = len(rec.answers)
+    if mode not in ("accuracy", "agreement"):
+        raise KitError(f"gsm8k: unknown mode {mode!r} (accuracy or agreement)")
+    if n == 0:
+        return Verdict(CHECK, "skip", {"n": 0, "accuracy": None, "wilson_low": None, "agreement": None}, "no question was answered")
+    correct = sum(is_correct(a, primary) for a in rec.answers)
+    acc = correct / n
+    low, high = wilson_interval(correct, n)
+    strict_acc = sum(is_correct(a, "strict") for a in rec.answers) / n
+    flex_acc = sum(is_correct(a, "flexible") for a in rec.answers) / n
+    pairs = _pairs(rec, baseline)
+    agreement = sum(a.completion == b.completion for a, b in pairs) / len(pairs) if pairs else None
+    need = required_n(max(min_accuracy, acc), margin)
+    metrics = {
+        "n": n,
+        "accuracy": acc,
+        "wilson_low": low,
+        "agreement": agreement,
+        "strict_accuracy": strict_acc,
+        "flexible_accuracy": flex_acc,
+        "standard_error": standard_error(acc, n),
+        "paired_n": len(pairs),
+        "mode": mode,
+    }
+    details: dict = {"wilson_high": high, "primary_filter": primary, "required_n_for_margin": need, "margin": margin}
+
+    if mode == "agreement":
+        details["rule"] = "agreement mode (CPU twin, accuracy not meaningful): every completion equals the baseline cell's"
+        if not pairs:
+            return Verdict(CHECK, "skip", metrics, "agreement mode needs the baseline cell's answers to the same questions", details)
+        differing = [a.index for a, b in pairs if a.completion != b.completion]
+        if differing:
+            return Verdict(CHECK, "fail", metrics, f"{len(differing)}/{len(pairs)} completions differ from the baseline (items {differing[:8]})", details)
+        return Verdict(CHECK, "pass", metrics, "", details)
+
+    only_base = sum(1 for a, b in pairs if is_correct(b, primary) and not is_correct(a, primary))
+    only_this = sum(1 for a, b in pairs if is_correct(a, primary) and not is_correct(b, primary))
+    p_worse = mcnemar_exact(only_base, only_this, alternative="greater") if pairs else None
+    metrics["mcnemar_p"] = p_worse
+    details.update({"baseline_only_correct": only_base, "this_only_correct": only_this})
+    details["rule"] = (
+        f"fail if the Wilson {0.95:.0%} upper bound {high:.3f} < min accuracy {min_accuracy:.3f}, or if the "
+        f"baseline is significantly better on the paired questions (one-sided exact McNemar p < {alpha}); "
+        f"at n={n} the standard error is {standard_error(acc, n) * 100:.1f} points, a +-{margin * 100:.0f}-point "
+        f"interval needs n={need}"
+    )
+    fails = []
+    if high < min_accuracy:
+        fails.append(f"accuracy {acc:.3f} (Wilson {low:.3f}-{high:.3f}) is significantly below {min_accuracy:.3f}")
+    if p_worse is not None and p_worse < alpha:
+        fails.append(f"significantly worse than the baseline: {only_base} vs {only_this} discordant, McNemar p={p_worse:.3g}")
+    if fails:
+        return Verdict(CHECK, "fail", metrics, "; ".join(fails), details)
+    return Verdict(CHECK, "pass", metrics, "", details)
+
+
+def _pairs(rec: GSM8KRecording, baseline: GSM8KRecording | None) -> list[tuple[GSM8KAnswer, GSM8KAnswer]]:
+    if baseline is None:
+        return []
+    base = {a.index: a for a in baseline.answers}
+    return [(a, base[a.index]) for a in rec.answers if a.index in base]

@@ -1,0 +1,274 @@
+"""KL check: logprobs served on a cache hit against a cold re-prefill of the same tokens.
+
+Two estimators, both reported:
+
+* SGLang's chosen-token estimator ``k3 = mean(exp(r) - 1 - r)``, ``r = ref - served`` on
+  the sampled tokens (so numbers compare with SGLang's own thresholds);
+* a true top-k KL(reference || served) per position over the union of both top-k sets
+  plus one tail bucket (a token missing from one side's top-k gets that side's k-th
+  logprob or its remaining tail mass, whichever is smaller; both rows are renormalised),
+  which sees the whole distribution move, not only the chosen token.
+
+The threshold on the top-k KL is relative to a measured noise floor (the cold reference
+against a second cold run): ``limit = min(abs_cap, max(floor_factor * floor, min_limit))``.
+Exact mode (deterministic CPU twins) also demands that every served greedy token is the
+one the cold run picks. Statistics are per sequence (the maximum is what fails), not a
+mean that dilutes a bug hitting few sequences. The check never passes vacuously: a
+disabled radix cache skips, too few prompts hitting the cache fails (or skips when the
+caller allows zero hits, e.g. for fault cells).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from conformance.errors import KitError
+from conformance.records import Verdict
+
+CHECK = "kl"
+_TINY = 1e-30
+
+TopK = tuple[tuple[int, float], ...]
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Logprobs at consecutive positions of one sequence: the chosen tokens' and top-k."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    top: tuple[TopK, ...] = ()  # per position: (token_id, logprob), best first
+
+
+@dataclass(frozen=True)
+class KLSequence:
+    """One compared sequence: ``served`` came from the cache-hit run; ``reference`` and
+    ``floor`` from two cold prefills of the same tokens; ``start`` is the absolute
+    position of the first compared token; ``cold_tokens`` a free-running cold generate."""
+
+    scenario: str
+    start: int
+    cached_tokens: int
+    served: TokenLogprobs
+    reference: TokenLogprobs
+    floor: TokenLogprobs | None = None
+    cold_tokens: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class KLRecording:
+    sequences: tuple[KLSequence, ...]
+    cache_enabled: bool = True
+    top_k: int = 0
+
+
+# ------------------------------------------------------------------ estimators
+def k3_terms(reference: Sequence[float], served: Sequence[float]) -> list[float]:
+    """SGLang's per-token estimator ``exp(r) - 1 - r`` with ``r = ref - served``."""
+    out = []
+    for a, b in zip(reference, served):
+        r = float(a) - float(b)
+        out.append(math.expm1(r) - r)
+    return out
+
+
+def _row(top: TopK, ids: Sequence[int]) -> list[float]:
+    given = {int(t): float(lp) for t, lp in top}
+    tail = max(1.0 - sum(math.exp(lp) for lp in given.values()), 0.0)
+    fill = min(min(given.values()), math.log(max(tail, _TINY)))
+    probs = [math.exp(given.get(i, fill)) for i in ids]
+    probs.append(max(1.0 - sum(probs), _TINY))
+    total = sum(probs)
+    return [max(p / total, _TINY) for p in probs]
+
+
+def topk_kl(reference: TopK, served: TopK) -> float:
+    """KL(reference || served) over the union of both top-k sets plus a tail bucket."""
+    if not reference or not served:
+        raise KitError("topk_kl: a position has no top-k logprobs (record with top_logprobs_num >= 1)")
+    ids = list(dict.fromkeys([int(t) for t, _ in reference] + [int(t) for t, _ in served]))
+    p, q = _row(reference, ids), _row(served, ids)
+    return max(sum(pi * (math.log(pi) - math.log(qi)) for pi, qi in zip(p, q)), 0.0)
+
+
+def tail_mass(top: TopK) -> float:
+    return max(1.0 - sum(math.exp(float(lp)) for _, lp in top), 0.0)
+
+
+@dataclass(frozen=True)
+class _SeqStats:
+    k3: float
+    topk_mean: float
+    topk_max: float
+    per_token: tuple[float, ...]
+    argmax_mismatches: int
+    cold_mismatches: int
+    floor_mean: float | None
+    floor_max: float | None
+    tail_max: float
+
+
+def _validate(seq: KLSequence, where: str) -> None:
+    n = len(seq.served.token_ids)
+    for name, tl in (("served", seq.served), ("reference", seq.reference), ("floor", seq.floor)):
+        if tl is None:
+            continue
+        if len(tl.logprobs) != n or len(tl.token_ids) != n or len(tl.top) != n:
+            raise KitError(f"kl: {where}: {name} has {len(tl.logprobs)} logprobs/{len(tl.top)} top-k rows for {n} tokens")
+    if tuple(seq.reference.token_ids) != tuple(seq.served.token_ids):
+        raise KitError(f"kl: {where}: the reference was not prefilled with the served tokens")
+
+
+def _sequence_stats(seq: KLSequence) -> _SeqStats:
+    per_token = tuple(topk_kl(r, s) for r, s in zip(seq.reference.top, seq.served.top))
+    k3 = k3_terms(seq.reference.logprobs, seq.served.logprobs)
+    argmax = sum(1 for tok, top in zip(seq.served.token_ids, seq.reference.top) if top and int(top[0][0]) != int(tok))
+    cold = sum(1 for a, b in zip(seq.served.token_ids, seq.cold_tokens) if int(a) != int(b))
+    cold += max(0, len(seq.served.token_ids) - len(seq.cold_tokens)) if seq.cold_tokens else 0
+    floor_mean = floor_max = None
+    if seq.floor is not None:
+        f = [topk_kl(r, s) for r, s in zip(seq.reference.top, seq.floor.top)]
+        floor_mean, floor_max = (sum(f) / len(f), max(f)) if f else (0.0, 0.0)
+    tails = [tail_mass(t) for t in (*seq.reference.top, *seq.served.top)]
+    return _SeqStats(
+        k3=sum(k3) / len(k3) if k3 else 0.0,
+        topk_mean=sum(per_token) / len(per_token) if per_token else 0.0,
+        topk_max=max(per_token, default=0.0),
+        per_token=per_token,
+        argmax_mismatches=argmax,
+        cold_mismatches=cold,
+        floor_mean=floor_mean,
+        floor_max=floor_max,
+        tail_max=max(tails, default=0.0),
+    )
+
+
+def boundaries_in(lo: int, hi: int, grids: Sequence[int]) -> list[int]:
+    """Every multiple of any of ``grids`` in ``[lo, hi]``, sorted."""
+    out: set[int] = set()
+    for g in grids:
+        if g > 0:
+            out.update(range(-(-lo // g) * g, hi + 1, g))
+    return sorted(out)
+
+
+# ------------------------------------------------------------------ verdict
+def kl_verdict(
+    rec: KLRecording,
+    *,
+    chunk: int,
+    track_interval: int,
+    k3_max: float = 0.002,
+    floor_factor: float = 100.0,
+    abs_cap: float = 0.005,
+    hit_fraction_min: float = 0.9,
+    exact: bool = False,
+    min_limit: float | None = None,
+) -> Verdict:
+    """Judge a KL recording. ``min_limit`` defaults to 1e-9 in exact mode, 1e-6 otherwise."""
+    if not rec.sequences:
+        return Verdict(CHECK, "skip", _empty_metrics(), "no sequence was recorded")
+    if not rec.cache_enabled:
+        return Verdict(CHECK, "skip", _empty_metrics(), "radix cache disabled on the server: no cache hit to compare")
+    for i, seq in enumerate(rec.sequences):
+        _validate(seq, f"sequence {i} ({seq.scenario})")
+    hits = [(i, s) for i, s in enumerate(rec.sequences) if s.cached_tokens > 0]
+    hit_fraction = len(hits) / len(rec.sequences)
+    if not hits:
+        status = "skip" if hit_fraction_min <= 0 else "fail"
+        return Verdict(CHECK, status, {**_empty_metrics(), "hit_fraction": 0.0}, f"no prompt hit the cache (0/{len(rec.sequences)}): nothing was compared")
+
+    stats = {i: _sequence_stats(s) for i, s in hits}
+    tokens = sum(len(s.served.token_ids) for _, s in hits)
+    floors = [st.floor_mean for st in stats.values() if st.floor_mean is not None]
+    floor_token_maxes = [st.floor_max for st in stats.values() if st.floor_max is not None]
+    noise_floor = max(floors) if floors else None
+    lim_floor = min_limit if min_limit is not None else (1e-9 if exact else 1e-6)
+    limit = min(abs_cap, max(floor_factor * (noise_floor or 0.0), lim_floor))
+    token_limit = min(abs_cap, max(floor_factor * max(floor_token_maxes, default=0.0), lim_floor)) if exact else None
+
+    k3_mean = sum(st.k3 for st in stats.values()) / len(stats)
+    topk_mean = sum(st.topk_mean for st in stats.values()) / len(stats)
+    seq_max_i = max(stats, key=lambda i: stats[i].topk_mean)
+    max_token = max(st.topk_max for st in stats.values())
+    argmax_mism = sum(st.argmax_mismatches for st in stats.values())
+    cold_recorded = any(s.cold_tokens for _, s in hits)
+    cold_mism = sum(st.cold_mismatches for st in stats.values())
+
+    metrics = {
+        "tokens": tokens,
+        "k3_mean": k3_mean,
+        "topk_kl_mean": topk_mean,
+        "max_token_kl": max_token,
+        "hit_fraction": hit_fraction,
+        "noise_floor": noise_floor,
+        "sequences": len(rec.sequences),
+        "k3_seq_max": max(st.k3 for st in stats.values()),
+        "topk_kl_seq_max": stats[seq_max_i].topk_mean,
+        "topk_limit": limit,
+        "k3_threshold": k3_max,
+        "noise_floor_max_token": max(floor_token_maxes, default=None),
+        "argmax_mismatch_fraction": argmax_mism / tokens if tokens else 0.0,
+        "greedy_mismatch_fraction": cold_mism / tokens if cold_recorded and tokens else None,
+        "tail_mass_max": max(st.tail_max for st in stats.values()),
+        "exact": exact,
+    }
+    fails: list[str] = []
+    if hit_fraction < hit_fraction_min:
+        fails.append(f"only {len(hits)}/{len(rec.sequences)} prompts hit the cache (need {hit_fraction_min:.0%})")
+    if noise_floor is None:
+        fails.append("no noise floor was measured (record a second cold run)")
+    elif noise_floor > abs_cap:
+        fails.append(f"noise floor {noise_floor:.3g} exceeds the absolute cap {abs_cap:.3g}: the target is too noisy to judge")
+    worst = rec.sequences[seq_max_i]
+    if stats[seq_max_i].topk_mean > limit:
+        fails.append(
+            f"top-k KL {stats[seq_max_i].topk_mean:.3g} > limit {limit:.3g} on sequence {seq_max_i} "
+            f"({worst.scenario}, start {worst.start}, cached {worst.cached_tokens})"
+        )
+    if k3_mean > k3_max:
+        fails.append(f"k3 mean {k3_mean:.3g} > SGLang threshold {k3_max:.3g}")
+    if exact:
+        if token_limit is not None and max_token > token_limit:
+            fails.append(f"exact mode: max per-token KL {max_token:.3g} > {token_limit:.3g}")
+        if argmax_mism:
+            fails.append(f"exact mode: {argmax_mism}/{tokens} served greedy tokens differ from the cold argmax")
+        if cold_mism:
+            fails.append(f"exact mode: {cold_mism}/{tokens} served tokens differ from the cold generate")
+
+    details = _details(rec, stats, limit, chunk, track_interval)
+    if fails:
+        return Verdict(CHECK, "fail", metrics, "; ".join(fails), details)
+    return Verdict(CHECK, "pass", metrics, "", details)
+
+
+def _empty_metrics() -> dict[str, float | int | None]:
+    return {"tokens": 0, "k3_mean": None, "topk_kl_mean": None, "max_token_kl": None, "hit_fraction": None, "noise_floor": None}
+
+
+def _details(rec: KLRecording, stats: dict[int, _SeqStats], limit: float, chunk: int, track_interval: int) -> dict:
+    by_pos: dict[int, list[float]] = {}
+    rows = []
+    for i, st in stats.items():
+        seq = rec.sequences[i]
+        for j, v in enumerate(st.per_token):
+            by_pos.setdefault(seq.start + j, []).append(v)
+        first_over = next((seq.start + j for j, v in enumerate(st.per_token) if v > limit), None)
+        rows.append(
+            {
+                "index": i,
+                "scenario": seq.scenario,
+                "start": seq.start,
+                "cached_tokens": seq.cached_tokens,
+                "k3": st.k3,
+                "topk_kl_mean": st.topk_mean,
+                "topk_kl_max": st.topk_max,
+                "noise_floor": st.floor_mean,
+                "first_position_over_limit": first_over,
+            }
+        )
+    per_position = [[p, sum(v) / len(v)] for p, v in sorted(by_pos.items())]
+    lo, hi = (per_position[0][0], per_position[-1][0]) if per_position else (0, 0)
+    return {"per_position": per_position, "boundaries": boundaries_in(lo, hi, (chunk, track_interval)), "sequences": rows}

@@ -1,0 +1,91 @@
+"""Leaks suite (server targets): idle gauges back to 0 after load and after session
+scenarios, a clean server log, a live process, the occupancy timeline, and the lazy
+resident-slot ratio.  Every other suite's scenario also leaves an idle probe on the
+endpoint (plugin); the cell's teardown fails if any of them did not reach idle.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.checks.leaks import TRACK_SLOTS_GAUGE, lazy_resident_ratio, leak_verdict
+from conformance.suites import grids, note_idle_probe, settle, sizes_for, vocab_size
+from conformance.workloads.cell_store import CellStore, synthetic_eager_timeline
+from conformance.workloads.prompts import decode_cross_lengths, token_prompts
+from conformance.workloads.runners import generate_tokens, idle_probe, record_sessions, sample_occupancy
+from conformance.workloads.sessions import leak_session_scripts
+
+pytestmark = pytest.mark.leaks
+
+LAZY_RATIO_MAX = 0.75  # "about half" of extra_buffer's resident ping-pong slots
+
+
+def _shared_load(endpoint):
+    """Concurrent requests sharing prefixes whose decode crosses a track boundary."""
+    size = sizes_for(endpoint)
+    _, grid = grids(endpoint.cell)
+    lengths = decode_cross_lengths(grid, size.load_new_tokens, n=size.load_requests // 2, max_len=grid + size.load_new_tokens)
+    heads = token_prompts(lengths, vocab_size=vocab_size(endpoint), seed=21)
+    tails = token_prompts([5] * len(heads), vocab_size=vocab_size(endpoint), seed=22)
+    prompts = [*heads, *(h + t for h, t in zip(heads, tails))][: size.load_requests]
+    return lambda: generate_tokens(endpoint.client, prompts, size.load_new_tokens)
+
+
+def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):
+    cell = endpoint.cell
+    size = sizes_for(endpoint)
+    endpoint.client.flush_cache()
+    timeline, _ = sample_occupancy(endpoint.client, _shared_load(endpoint))
+    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, "shared-prefix load", requests=size.load_requests))
+    cell_store.save_timeline(cell, timeline)
+    ratio, method = None, ""
+    if cell.strategy.name == "extra_buffer_lazy":
+        eager = cell_store.sibling_timeline(cell, "extra_buffer")
+        if eager is None:
+            eager, method = synthetic_eager_timeline(timeline), "vs extra_buffer's contract of 2 slots per running request"
+        ratio, how = lazy_resident_ratio(timeline, eager, gauge=TRACK_SLOTS_GAUGE)
+        method = method or f"vs the extra_buffer cell's timeline ({how})"
+    verdict = leak_verdict(
+        [probe],
+        log_text=endpoint.log_text(),
+        alive=endpoint.alive(),
+        timeline=timeline,
+        lazy_resident_ratio=ratio,
+        lazy_ratio_max=LAZY_RATIO_MAX if ratio is not None else None,
+    )
+    if method:
+        verdict = type(verdict)(verdict.check, verdict.status, {**verdict.metrics, "lazy_ratio_method": method}, verdict.reason, verdict.details)
+    settle(record_verdict(verdict))
+
+
+def test_sessions_return_to_idle(endpoint, record_verdict):
+    size = sizes_for(endpoint)
+    _, grid = grids(endpoint.cell)
+    scripts = leak_session_scripts(vocab_size=vocab_size(endpoint), track_interval=grid, turns=max(3, size.session_turns))
+    endpoint.client.flush_cache()
+    errors: list[str] = []
+    try:
+        recording = record_sessions(endpoint.client, scripts)
+        errors += list(recording.errors)
+        sent = recording.requests
+    except Exception as e:  # a failing scenario is a finding, judged below with the gauges
+        errors.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        sent = 1
+    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, "sessions (streaming + non-streaming, abort, branch)", requests=sent))
+    verdict = leak_verdict(
+        [probe],
+        log_text=endpoint.log_text(),
+        alive=endpoint.alive(),
+        require_load_evidence=False,
+        scenario_errors=errors,
+    )
+    settle(record_verdict(verdict))
+
+
+def test_every_scenario_of_the_cell_returned_to_idle(endpoint, record_verdict):
+    """The idle probes other suites left on this cell's endpoint so far (see plugin)."""
+    probes = list(endpoint.extra.get("idle_probes", []))
+    if not probes:
+        pytest.skip("no scenario of this cell has run yet: the cell teardown probe covers the rest")
+    verdict = leak_verdict(probes, log_text=endpoint.log_text(), alive=endpoint.alive(), require_load_evidence=False)
+    settle(record_verdict(verdict))

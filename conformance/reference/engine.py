@@ -1,0 +1,357 @@
+"""The reference engine: the kit's OWN scheduler over tiny CPU models (not SGLang code).
+
+It implements SGLang 0.5.23's Mamba radix-cache semantics: a request matches the deepest
+cached state snapshot (floored to the checkpoint grid), copies it into its own slot, and
+snapshots its state where SGLang would: chunk-aligned in prefill (extra_buffer*), at
+multiples of ``lcm(chunk, page, track_interval)`` in decode, and at finish (no_buffer: the
+full sequence).  Slot accounting per strategy (``no_buffer``: 1 working slot;
+``extra_buffer``: +2 ping-pong; ``extra_buffer_lazy``: +1, a second only across a track
+boundary) lives in :mod:`conformance.reference.slots`.  Continuous batching: each
+:meth:`Engine.step` admits waiting requests (a prefill batch) and decodes one token for every
+running request.  Seeded faults are hooks asking :class:`FaultSwitch` (``faults.py``).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from conformance.errors import KitError
+from conformance.reference.faults import FaultSwitch
+from conformance.reference.pools import MambaSlotPool, PoolCheck, RequestPool, TokenPool, check_pool, leak_message
+from conformance.reference.radix import RadixCache, Snapshot
+from conformance.reference.request import Req, check_finish, sample, top_entries
+from conformance.reference.sessions import SessionStore
+from conformance.reference.slots import SlotKeeper
+
+log = logging.getLogger("sglang.srt.managers.scheduler")
+STRATEGIES = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
+MAX_PREFILL_BATCH = 8
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    strategy: str = "no_buffer"
+    page_size: int = 1
+    track_interval: int = 256
+    max_mamba_slots: int = 64
+    max_running_requests: int = 32
+    kv_tokens: int = 65536
+    disable_radix_cache: bool = False
+
+
+def validate_config(cfg: EngineConfig, model_chunk: int) -> None:
+    """The combinations SGLang refuses, as one-line KitErrors."""
+    if cfg.strategy not in STRATEGIES:
+        raise KitError(f"unknown strategy {cfg.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    for name in ("page_size", "track_interval", "max_mamba_slots", "max_running_requests", "kv_tokens"):
+        if getattr(cfg, name) < 1:
+            raise KitError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.strategy == "no_buffer" and cfg.page_size != 1:
+        raise KitError(f"no_buffer requires --page-size 1 (got {cfg.page_size}), as in SGLang")
+    if cfg.strategy != "no_buffer" and cfg.track_interval % cfg.page_size:
+        raise KitError(f"SGLang requires mamba_track_interval % page_size == 0 ({cfg.track_interval} % {cfg.page_size})")
+    if max(model_chunk, cfg.page_size) % min(model_chunk, cfg.page_size):
+        raise KitError(f"chunk size {model_chunk} and page size {cfg.page_size} must divide one another")
+
+
+class Engine:
+    """Scheduler + pools + radix cache around one model.  Not thread-safe by itself: the
+    server serialises calls with :attr:`lock`."""
+
+    def __init__(self, model, cfg: EngineConfig, faults: FaultSwitch | None = None) -> None:
+        validate_config(cfg, model.mamba_chunk_size)
+        self.model, self.cfg = model, cfg
+        self.faults = faults or FaultSwitch()
+        self.chunk = max(model.mamba_chunk_size, cfg.page_size)
+        self.checkpoint_grid = math.lcm(self.chunk, cfg.page_size)
+        self.track_grid = math.lcm(self.checkpoint_grid, cfg.track_interval)
+        self.mamba_pool = MambaSlotPool(cfg.max_mamba_slots)
+        self.kv_pool = TokenPool(cfg.kv_tokens)
+        self.req_pool = RequestPool(cfg.max_running_requests)
+        self.cache = RadixCache(lambda s: self.mamba_pool.free([s]), self.kv_pool.free)
+        self.cache.stale_evict_locked = self.faults.active("evict_running_slot")
+        self.slots = SlotKeeper(self)
+        self.sessions = SessionStore()
+        self.waiting: collections.deque[Req] = collections.deque()
+        self.running: list[Req] = []
+        self.lock = threading.RLock()
+        self.dead: str | None = None
+        self.counters = collections.Counter()
+        self._was_busy = False
+
+    # ------------------------------------------------------------ public API
+    def submit(self, req: Req) -> None:
+        if self.dead:
+            raise KitError(f"scheduler is dead: {self.dead}")
+        self.waiting.append(req)
+
+    def abort(self, rid: str) -> bool:
+        for req in list(self.waiting):
+            if req.rid == rid:
+                self.waiting.remove(req)
+                self._finish(req, {"type": "abort", "message": "aborted"}, insert=False)
+                return True
+        for req in self.running:
+            if req.rid == rid:
+                self.running.remove(req)
+                self._abort_release(req)
+                return True
+        return False
+
+    def is_idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def step(self) -> bool:
+        """One scheduling round; False when there was nothing to do."""
+        self.sessions.expire(self)
+        if self.is_idle():
+            if self._was_busy:
+                self._was_busy = False
+                self.idle_check()
+            return False
+        self._was_busy = True
+        decoding = list(self.running)
+        batch = self._admit()
+        if batch:
+            self._prefill_batch(batch)
+        for req in decoding:
+            self._decode(req)
+        for req in [r for r in self.running if r.finish_reason]:
+            self.running.remove(req)
+            self.slots.release(req, insert=True)
+            self._done(req)
+        return True
+
+    def flush(self) -> bool:
+        """Drop every evictable cache entry; refused unless idle (as in SGLang)."""
+        if not self.is_idle():
+            return False
+        return self.cache.flush()
+
+    # ------------------------------------------------------------ admission
+    def _admit(self) -> list[Req]:
+        batch: list[Req] = []
+        while self.waiting and len(batch) < MAX_PREFILL_BATCH:
+            req = self.waiting[0]
+            admitted = self._try_admit(req)
+            if admitted is None:  # can never fit
+                self.waiting.popleft()
+                self._finish(req, {"type": "abort", "message": "request does not fit the memory pools"}, insert=False)
+                continue
+            if not admitted:
+                break
+            self.waiting.popleft()
+            batch.append(req)
+            self.running.append(req)
+            self.slots.update_peak()
+        return batch
+
+    def _try_admit(self, req: Req) -> bool | None:
+        """True when admitted, False to retry later, None when it can never fit."""
+        if self.sessions.continues(req):
+            return self.sessions.resume(self, req)
+        need_slots = self.slots.slots_per_request()
+        need_kv = len(req.input_ids) + req.sampling.max_new_tokens
+        if need_slots > self.mamba_pool.size or need_kv > self.kv_pool.size:
+            return None
+        if not self.req_pool.available():
+            return False
+        match = None
+        if not self.cfg.disable_radix_cache:
+            match = self.cache.match(req.input_ids, req.max_prefix_len())
+            self.cache.lock(match.node)
+        prefix = match.hit_len if match else 0
+        if not self.slots.alloc_for(req, need_slots, matched=prefix > 0):
+            if match:
+                self.cache.unlock(match.node)
+            return None if self.running == [] and self._cache_empty() else False
+        need_kv -= prefix
+        if not self.kv_pool.alloc(need_kv):
+            self.cache.evict_tokens(need_kv - self.kv_pool.available())
+            if not self.kv_pool.alloc(need_kv):
+                self.slots.free_request_slots(req)
+                if match:
+                    self.cache.unlock(match.node)
+                return None if self.running == [] and self._cache_empty() else False
+        self.req_pool.alloc()
+        req.holds_row = True
+        req.kv_reserved = need_kv
+        if match:
+            req.lock_node, req.prefix_len, req.kv_hit_len = match.node, prefix, match.kv_hit_len
+            aligned = match.kv_hit_len // self.checkpoint_grid * self.checkpoint_grid
+            req.branching_seqlen = aligned if aligned > prefix else None
+        req.state = self._cow_from_cache(match.node.snapshot if match and prefix else None)
+        req.last_row = match.node.snapshot.last_row if match and prefix else None
+        req.reported_cached_tokens = self._reported_cached_tokens(req)
+        self.counters["cache_hit_tokens"] += req.prefix_len
+        self.counters["prompt_tokens"] += len(req.input_ids)
+        return True
+
+    def _cache_empty(self) -> bool:
+        return not self.cache.root.children
+
+    def _cow_from_cache(self, snapshot: Snapshot | None):
+        """Copy-on-write of the matched state into the request (hook: cow faults)."""
+        if snapshot is None:
+            return self.model.empty_state()
+        state = snapshot.state.clone()
+        if self.faults.active("cow_skipped_zero_state"):
+            state.zero_recurrent()
+        if self.faults.active("state_scaled_1pct"):
+            state.scale_recurrent(state.recurrent_layers()[0], 0.99)
+        return state
+
+    def _reported_cached_tokens(self, req: Req) -> int:
+        """meta_info.cached_tokens (hook: cached_tokens_* faults)."""
+        if self.faults.active("cached_tokens_overreport"):
+            return max(req.kv_hit_len, req.prefix_len + 1) if req.kv_hit_len else 0
+        if self.faults.active("cached_tokens_underreport"):
+            return 0
+        return req.prefix_len
+
+    # ------------------------------------------------------------ forwards
+    def _prefill_batch(self, batch: list[Req]) -> None:
+        for req in batch:
+            self._prefill(req)
+        if self.faults.active("mamba2_index_misalignment"):
+            tracked = [r for r in batch if r.last_track_idx is not None and r.last_track_idx in r.track]
+            for prev, req in zip(tracked, tracked[1:]):
+                req.track[req.last_track_idx].state = prev.track[prev.last_track_idx].state.clone()
+        for req in batch:
+            self.slots.checkpoint_after_prefill(req)
+            check_finish(req, self.model.eos_token_id, self.model.tokenizer.decode)
+
+    def _snapshot_at(self, track_at: int, total: int) -> int:
+        """Where the state keyed at ``track_at`` is really taken (hook: track_boundary_*)."""
+        if self.faults.active("track_boundary_early"):
+            return track_at - 1
+        if self.faults.active("track_boundary_late") and track_at < total:
+            return track_at + 1
+        return track_at
+
+    def _prefill(self, req: Req) -> None:
+        total, p = len(req.input_ids), req.prefix_len
+        track_at = None if self.cfg.disable_radix_cache else self.slots.prefill_track_position(req)
+        snap_pos = None if track_at is None else max(self._snapshot_at(track_at, total), p)
+        cuts = sorted({p, total} | ({snap_pos} if snap_pos is not None else set()))
+        rows, state = [], req.state
+        snapshot = (req.state.clone(), req.last_row) if snap_pos == p else None
+        for a, b in zip(cuts, cuts[1:]):
+            seg_rows, state = self.model.extend(state, req.input_ids[a:b])
+            rows.append(seg_rows)
+            if b == snap_pos:
+                snapshot = (state.clone(), seg_rows[-1])
+        all_rows = torch.cat(rows)
+        if track_at is not None:
+            self.slots.track(req, track_at, *snapshot)
+        self._record_input_logprobs(req, all_rows)
+        req.state, req.last_row = state, all_rows[-1]
+        self.counters["prefill_tokens"] += total - p
+        if req.sampling.max_new_tokens > 0:
+            self._emit(req, all_rows[-1])
+
+    def _record_input_logprobs(self, req: Req, rows: torch.Tensor) -> None:
+        if not req.return_logprob:
+            return
+        p = req.prefix_len
+        for i in range(req.start, len(req.input_ids)):
+            tok = req.input_ids[i]
+            if i == 0:
+                req.input_entries.append((None, tok))
+                req.input_top.append(None)
+                continue
+            row = rows[i - 1 - p] if i - 1 >= p else req.last_row
+            req.input_entries.append((float(row[tok]), tok))
+            req.input_top.append(top_entries(row, req.top_logprobs_num))
+
+    def _decode(self, req: Req) -> None:
+        if req.finish_reason or req not in self.running:
+            return
+        pos_after = req.state.seq_len + 1
+        at_boundary = self.slots.tracks_decode() and pos_after % self.track_grid == 0
+        if at_boundary:
+            self.slots.before_boundary(req)
+        before = req.state
+        rows, req.state = self.model.extend(req.state, [req.output_ids[-1]])
+        if at_boundary:
+            early = self.faults.active("track_boundary_early")
+            self.slots.after_boundary(req, pos_after, before.clone() if early else req.state.clone(), rows[-1], before)
+        self.counters["decode_tokens"] += 1
+        self._emit(req, rows[-1])
+        check_finish(req, self.model.eos_token_id, self.model.tokenizer.decode)
+
+    def _emit(self, req: Req, row: torch.Tensor) -> None:
+        tok = sample(row, req.sampling, req.rid, len(req.output_ids))
+        req.output_ids.append(tok)
+        req.output_rows.append(row)
+        req.last_row = row
+
+    # ------------------------------------------------------------ finishing
+    def _abort_release(self, req: Req) -> None:
+        """An admitted request aborted mid-flight (hook: abort_path_leak)."""
+        req.finish_reason = {"type": "abort", "message": "aborted"}
+        if not self.faults.active("abort_path_leak"):
+            self.slots.release(req, insert=False)
+        self._done(req)
+
+    def _finish(self, req: Req, reason: dict, insert: bool) -> None:
+        req.finish_reason = reason
+        req.error = reason.get("message")
+        self._done(req)
+
+    def _done(self, req: Req) -> None:
+        self.sessions.forget_in_flight(req)
+        self.counters["generation_tokens"] += len(req.output_ids)
+        self.counters["requests_finished"] += 1
+        if req.on_done is not None:
+            req.on_done(req)
+
+    # ------------------------------------------------------------ accounting
+    def pool_checks(self) -> list[PoolCheck]:
+        m_ev, m_pr = self.cache.mamba_counts()
+        k_ev, k_pr = self.cache.kv_counts()
+        sess = self.sessions.held()
+        return [
+            check_pool("mamba", total=self.mamba_pool.size, available=self.mamba_pool.available(),
+                       evictable=m_ev, protected=m_pr, session_held=sum(r.held_slots() for r in sess),
+                       uncached=sum(r.held_slots() for r in self.running)),
+            check_pool("full", total=self.kv_pool.size, available=self.kv_pool.available(),
+                       evictable=k_ev, protected=k_pr, session_held=sum(r.kv_reserved for r in sess),
+                       uncached=sum(r.kv_reserved for r in self.running)),
+            check_pool("req_to_token", total=self.req_pool.size, available=self.req_pool.available(),
+                       evictable=0, protected=0, session_held=sum(r.holds_row for r in sess),
+                       uncached=sum(r.holds_row for r in self.running)),
+        ]
+
+    def idle_check(self) -> str | None:
+        """SGLang's idle invariant; a leak is logged and (strict mode) kills the scheduler."""
+        if self.faults.active("idle_check_disabled_with_leak"):
+            return None
+        checks = self.pool_checks()
+        msg = leak_message(checks)
+        if msg is None and self.mamba_pool.has_duplicates():
+            msg = "pool memory leak detected! mamba double free: " + checks[0].message
+        if msg:
+            log.error(msg)
+            self.dead = msg
+        return msg
+
+    def stats(self) -> dict[str, float]:
+        mamba, kv, rows = self.pool_checks()
+        m_used = mamba.total - mamba.available - mamba.evictable
+        return {
+            "mamba_total": mamba.total, "mamba_available": mamba.available, "mamba_evictable": mamba.evictable,
+            "mamba_protected": mamba.protected, "mamba_used": m_used, "mamba_usage": m_used / mamba.total,
+            "kv_total": kv.total, "kv_available": kv.available, "kv_evictable": kv.evictable,
+            "kv_used": kv.total - kv.available - kv.evictable,
+            "num_running_reqs": len(self.running), "num_queue_reqs": len(self.waiting),
+            "pingpong_resident": self.slots.pingpong_resident(), "pingpong_peak": self.slots.peak,
+            "session_count": len(self.sessions.sessions),
+            **{f"counter_{k}": v for k, v in self.counters.items()},
+        }

@@ -1,0 +1,169 @@
+"""Seeded faults of the reference engine: the ONE place that reads HYBRID_CONFORMANCE_FAULT.
+
+Each fault models a real SGLang bug (or a plausible mutant of one) and is injected at one
+named hook in the engine (``engine.py``, ``radix.py``, ``sessions.py``); the hooks ask
+``active(name)`` of the :class:`FaultSwitch` the engine was built with.  The kit's checks
+must catch every fault over HTTP; ``docs/faults.md`` is generated from :data:`FAULTS`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from conformance.errors import KitError
+
+FAULT_ENV = "HYBRID_CONFORMANCE_FAULT"
+LAZY_ALLOC_FAIL_ENV = "SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL"
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    name: str
+    description: str
+    models: str  # the real bug (PR / issue) the fault stands for
+    injected_at: str  # engine hook where it fires
+    observable: str  # what a check sees
+
+
+FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
+    FaultSpec(
+        "pingpong_leak_on_finish",
+        "When a request finishes (or a streaming session hands its state on and later closes), "
+        "its ping-pong track slots are not returned to the mamba pool: the stale buffer "
+        "reference makes the free step skip them.",
+        "SGLang PR 26941 (extra_buffer + overlap + streaming sessions leaked 3 slots per session)",
+        "engine.Engine._release_slots (ping-pong part)",
+        "mamba slots leak: sglang:mamba_used_tokens > 0 at idle after /flush_cache; idle check fires",
+    ),
+    FaultSpec(
+        "lazy_slot_not_returned",
+        "extra_buffer_lazy: after a decode track boundary the old keep slot is not freed when "
+        "the temporary second slot becomes the keep slot.",
+        "the mamba_lazy_post_decode_at_boundary path of SGLang PR 27118",
+        "engine.Engine._lazy_commit_boundary",
+        "one mamba slot leaked per decode boundary crossed",
+    ),
+    FaultSpec(
+        "lazy_fail_still_inserts",
+        "extra_buffer_lazy: when the boundary allocation fails the request is still inserted "
+        "into the radix cache, keyed at the new boundary but holding the state of the old one.",
+        "SGLang PR 27118 alloc-fail path (mamba_lazy_is_insert must be False)",
+        "engine.Engine._finish_insert",
+        "stale state under a valid prefix: a later hit diverges from a cold run (KL)",
+    ),
+    FaultSpec(
+        "track_boundary_early",
+        "The tracked snapshot is taken one token before the position it is keyed at.",
+        "off-by-one in the track seqlen (the `_force_track_h` +1 logic of SGLang's "
+        "_mamba_radix_cache_v2_req_prepare_for_extend)",
+        "engine.Engine._snapshot_at",
+        "hits continue from a state one token short: logprobs differ from cold",
+    ),
+    FaultSpec(
+        "track_boundary_late",
+        "The tracked snapshot is taken one token after the position it is keyed at.",
+        "off-by-one in the track seqlen (see track_boundary_early)",
+        "engine.Engine._snapshot_at",
+        "hits continue from a state one token too far: logprobs differ from cold",
+    ),
+    FaultSpec(
+        "mamba2_index_misalignment",
+        "In a prefill batch of several requests, every request but the first stores the "
+        "snapshot of the previous request in the batch (source index computed globally, not "
+        "per sequence).",
+        "SGLang issue 31833 / PR 37836 / PR 15829 (Mamba2 track index misalignment)",
+        "engine.Engine._prefill_batch",
+        "hits on prefixes first cached by a non-first request of a batch diverge (KL)",
+    ),
+    FaultSpec(
+        "cow_skipped_zero_state",
+        "On a cache hit the matched snapshot is not copied into the request's slot: the "
+        "request continues from a zeroed recurrent state.",
+        "SGLang PR 26877 (copy-on-write of the matched mamba state skipped)",
+        "engine.Engine._cow_from_cache",
+        "every hit diverges from a cold run",
+    ),
+    FaultSpec(
+        "evict_running_slot",
+        "Eviction frees the mamba slot of a cache node still locked by a running request "
+        "(lock refs ignored), so the slot is freed twice once the request releases it.",
+        "lock_ref handling of the mamba eviction path",
+        "radix.RadixCache.evict_mamba",
+        "pool accounting breaks: available exceeds its share; idle check fires",
+    ),
+    FaultSpec(
+        "double_free",
+        "A finished request's working mamba slot is freed twice.",
+        "double release in release_kv_cache / free_mamba_cache",
+        "engine.Engine._release_slots",
+        "the pool's free list holds a slot twice; the idle check reports available > total",
+    ),
+    FaultSpec(
+        "abort_path_leak",
+        "An aborted or rejected-after-admission request does not free its slots.",
+        "abort paths that skip release_kv_cache",
+        "engine.Engine._abort",
+        "slots leak after requests that are aborted (e.g. too long for the remaining pool)",
+    ),
+    FaultSpec(
+        "sched_fail_leak",
+        "When scheduling a matched request fails for lack of room, the copy-on-write slot "
+        "already allocated for it is not freed.",
+        "the mamba COW allocation in match_prefix before admission can fail",
+        "engine.Engine._try_admit",
+        "mamba slots leak under pool pressure",
+    ),
+    FaultSpec(
+        "idle_check_disabled_with_leak",
+        "Every finished request leaks its working slot AND the server's own idle leak check "
+        "is switched off, so only an external check (/metrics) can see it.",
+        "a leak in a build where SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE is off",
+        "engine.Engine._release_slots and engine.Engine.idle_check",
+        "sglang:mamba_used_tokens > 0 at idle after flush while /health stays 200",
+    ),
+    FaultSpec(
+        "cached_tokens_overreport",
+        "meta_info.cached_tokens reports the KV prefix match instead of the mamba-floored hit.",
+        "reporting the full-KV hit of a hybrid cache",
+        "engine.Engine._reported_cached_tokens",
+        "cached_tokens disagrees with the prefix oracle (too high)",
+    ),
+    FaultSpec(
+        "cached_tokens_underreport",
+        "meta_info.cached_tokens reports 0 for every hit.",
+        "a lost prefix_len in the response path",
+        "engine.Engine._reported_cached_tokens",
+        "cached_tokens disagrees with the prefix oracle (too low)",
+    ),
+    FaultSpec(
+        "state_scaled_1pct",
+        "On a cache hit the first recurrent layer of the copied state is scaled by 0.99.",
+        "a subtle precision bug in a state copy (e.g. a dtype round trip)",
+        "engine.Engine._cow_from_cache",
+        "small logprob drift on hits only: caught by KL, not by greedy token equality",
+    ),
+)}
+
+
+class FaultSwitch:
+    """Which seeded fault is on, and whether SGLang's lazy alloc-fail test switch is on."""
+
+    def __init__(self, name: str | None = None, lazy_alloc_fail: bool = False) -> None:
+        if name and name not in FAULTS:
+            raise KitError(f"unknown fault {name!r} in {FAULT_ENV}; known: {', '.join(FAULTS)}")
+        self.name = name or None
+        self.lazy_alloc_fail = lazy_alloc_fail
+
+    @classmethod
+    def from_env(cls, environ=None) -> "FaultSwitch":
+        env = os.environ if environ is None else environ
+        flag = env.get(LAZY_ALLOC_FAIL_ENV, "").strip().lower() in ("1", "true", "yes")
+        return cls(env.get(FAULT_ENV, "").strip() or None, flag)
+
+    def active(self, name: str) -> bool:
+        assert name in FAULTS, name
+        return self.name == name
+
+    def __repr__(self) -> str:
+        return f"FaultSwitch({self.name!r}, lazy_alloc_fail={self.lazy_alloc_fail})"

@@ -1,0 +1,39 @@
+"""Prometheus text for the reference server's ``/metrics``, with SGLang's metric names.
+
+``sglang:mamba_used_tokens`` is ``total - available - evictable`` mamba slots (held by
+running requests, streaming sessions, or leaked), so a leak keeps it above 0 at idle after
+``/flush_cache``; ``sglang:kv_used_tokens`` is the same for KV tokens.
+"""
+
+from __future__ import annotations
+
+# (metric, kind, help, stats key)
+_METRICS = (
+    ("sglang:mamba_usage", "gauge", "Fraction of mamba slots in use (not free, not evictable)", "mamba_usage"),
+    ("sglang:mamba_used_tokens", "gauge", "Mamba slots held by requests, sessions or leaks", "mamba_used"),
+    ("sglang:mamba_available_tokens", "gauge", "Free mamba slots", "mamba_available"),
+    ("sglang:mamba_evictable_tokens", "gauge", "Mamba slots held by unlocked radix cache entries", "mamba_evictable"),
+    ("sglang:mamba_protected_tokens", "gauge", "Mamba slots held by locked radix cache entries", "mamba_protected"),
+    ("sglang:mamba_total_tokens", "gauge", "Size of the mamba slot pool", "mamba_total"),
+    ("sglang:kv_used_tokens", "gauge", "KV tokens held by requests, sessions or leaks", "kv_used"),
+    ("sglang:kv_available_tokens", "gauge", "Free KV tokens", "kv_available"),
+    ("sglang:kv_evictable_tokens", "gauge", "KV tokens held by unlocked radix cache entries", "kv_evictable"),
+    ("sglang:max_total_num_tokens", "gauge", "Size of the KV token pool", "kv_total"),
+    ("sglang:num_running_reqs", "gauge", "Running requests", "num_running_reqs"),
+    ("sglang:num_queue_reqs", "gauge", "Waiting requests", "num_queue_reqs"),
+    ("sglang:mamba_pingpong_resident_slots", "gauge", "Ping-pong track slots held now", "pingpong_resident"),
+    ("sglang:mamba_pingpong_peak_slots", "gauge", "Most ping-pong track slots held at once", "pingpong_peak"),
+    ("sglang:num_sessions", "gauge", "Open sessions", "session_count"),
+    ("sglang:cached_tokens_total", "counter", "Prompt tokens served from the radix cache", "counter_cache_hit_tokens"),
+    ("sglang:prompt_tokens_total", "counter", "Prompt tokens received", "counter_prompt_tokens"),
+    ("sglang:generation_tokens_total", "counter", "Tokens generated", "counter_generation_tokens"),
+    ("sglang:num_requests_total", "counter", "Requests finished", "counter_requests_finished"),
+)
+
+
+def render_metrics(stats: dict, model_name: str) -> str:
+    lines = []
+    label = f'{{model_name="{model_name}"}}'
+    for name, kind, help_text, key in _METRICS:
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{label} {float(stats.get(key, 0))}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,103 @@
+"""What every suite shares: turning a Verdict into a test outcome, per-target workload
+sizes, the cell's resolved grids, and the idle probe taken after each scenario.
+
+Suites stay three-phase (record, then check, then settle) and import from here rather
+than repeating the binding in each file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from conformance.checks.leaks import IdleProbe
+from conformance.checks.prefix_oracle import PrefixOracle
+from conformance.matrix import Cell, effective_chunk, effective_track_interval
+from conformance.records import Verdict
+
+
+def settle(verdict: Verdict) -> Verdict:
+    """fail -> test failure with the numbers; skip -> test skip with the stated reason."""
+    if verdict.status == "fail":
+        pytest.fail(verdict.summary(), pytrace=False)
+    if verdict.status == "skip":
+        pytest.skip(f"{verdict.check}: {verdict.reason}")
+    return verdict
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Workload sizes: small on the CPU reference target, the anchor's budget on GPUs."""
+
+    kl_prompts: int
+    kl_new_tokens: int
+    kl_max_len: int
+    kl_turn1_tokens: int
+    top_k: int
+    tree_fanout: int
+    tree_depth: int
+    tree_new_tokens: int
+    gsm8k_n: int
+    gsm8k_shots: int
+    gsm8k_new_tokens: int
+    load_requests: int
+    load_new_tokens: int
+    session_turns: int
+
+
+CPU_SIZES = Sizes(
+    kl_prompts=6, kl_new_tokens=12, kl_max_len=600, kl_turn1_tokens=12, top_k=5,
+    tree_fanout=3, tree_depth=2, tree_new_tokens=4,
+    gsm8k_n=12, gsm8k_shots=2, gsm8k_new_tokens=24,
+    load_requests=8, load_new_tokens=24, session_turns=3,
+)
+GPU_SIZES = Sizes(
+    kl_prompts=32, kl_new_tokens=128, kl_max_len=2048, kl_turn1_tokens=64, top_k=20,
+    tree_fanout=4, tree_depth=3, tree_new_tokens=16,
+    gsm8k_n=400, gsm8k_shots=5, gsm8k_new_tokens=384,
+    load_requests=64, load_new_tokens=128, session_turns=5,
+)
+
+
+def sizes_for(endpoint: Any) -> Sizes:
+    return CPU_SIZES if endpoint.target == "reference" else GPU_SIZES
+
+
+def exact_mode(endpoint: Any) -> bool:
+    """The CPU reference target is deterministic: cached and cold must agree exactly."""
+    return endpoint.target == "reference"
+
+
+def vocab_size(endpoint: Any, default: int = 512) -> int:
+    return int(endpoint.info.get("vocab_size") or default)
+
+
+def grids(cell: Cell) -> tuple[int, int]:
+    """(SGLang's mamba cache chunk, SGLang's decode track grid) for the cell."""
+    return effective_chunk(cell), effective_track_interval(cell)
+
+
+def lookahead(endpoint: Any) -> int:
+    """1 when the server overlaps scheduling (one step in flight), else 0."""
+    if endpoint.target == "reference":
+        return 0
+    return 0 if endpoint.info.get("disable_overlap_schedule", not endpoint.cell.strategy.overlap) else 1
+
+
+def oracle_for(endpoint: Any) -> PrefixOracle:
+    cell = endpoint.cell
+    return PrefixOracle(
+        cell.strategy.name,
+        effective_chunk(cell),
+        cell.page_size,
+        cell.track_interval,
+        lazy_alloc_fail=cell.fault.name == "lazy_alloc_fail",
+    )
+
+
+def note_idle_probe(endpoint: Any, probe: IdleProbe) -> IdleProbe:
+    """Keep a scenario's idle probe on the endpoint; the leaks suite judges them all."""
+    endpoint.extra.setdefault("idle_probes", []).append(probe)
+    return probe

@@ -1,0 +1,160 @@
+"""The pool tier's hypothesis state machine, as library code.
+
+``pool_machine(harness_factory, oracle_factory)`` returns a ``RuleBasedStateMachine``
+class that drives a :class:`PoolHarness` (the system under test, passed in) against a
+:class:`~conformance.checks.prefix_oracle.PrefixOracle` (the model).  Rules: arrivals whose
+prompts branch off earlier prompts/outputs (small alphabet, cut points near chunk and
+track boundaries so branching is frequent), chunked prefill, decode bursts that cross
+track boundaries, finish, abort mid-decode, flush, explicit eviction; the pools are small
+so allocations fail and SGLang evicts on its own.  After every step all invariants of
+``invariants.check_all`` hold, and the tree's set of state keys equals the oracle's while
+no eviction happened since the last flush (eviction is not modelled by the oracle; after
+one, a hit must only be one of ``oracle.candidate_hits``).  Every arrival's matched length
+is compared the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from conformance.targets.pool import invariants
+from conformance.targets.pool.harness import PoolExhausted, PoolHarness
+
+
+class OracleMismatch(AssertionError):
+    """SGLang's cache disagrees with the prefix oracle."""
+
+
+def pool_machine(harness_factory: Callable[[], PoolHarness], oracle_factory: Callable[[PoolHarness], object]):
+    """A state-machine class that builds a fresh harness and a fresh oracle per run."""
+
+    class PoolMachine(RuleBasedStateMachine):
+        def __init__(self):
+            super().__init__()
+            self.h = harness_factory()  # fresh pools per example (building them takes ~50 ms)
+            self.h.activate()
+            self.checker = invariants.make_sglang_checker(self.h)
+            self.oracle = oracle_factory(self.h)
+            self.history: list[tuple[int, ...]] = []
+            self.counter = 0
+            self.plans: dict[str, list] = {}
+
+        # ------------------------------------------------------------ helpers
+        def _exact(self) -> bool:
+            return self.h.evictions == 0
+
+        def _compare_hit(self, prompt, matched: int) -> None:
+            want = self.oracle.expected_hit(prompt)
+            if self._exact():
+                if matched != want:
+                    raise OracleMismatch(f"arrival of {len(prompt)} tokens matched {matched}, oracle expects {want}")
+            elif matched not in self.oracle.candidate_hits(prompt):
+                raise OracleMismatch(f"arrival of {len(prompt)} tokens matched {matched}, never a stored length ({sorted(self.oracle.candidate_hits(prompt))})")
+
+        def _prefill(self, run) -> None:
+            plan = dict(self.plans.get(run.rid, []))
+            try:
+                stored = self.h.prefill_chunk(run)
+            except PoolExhausted as e:
+                note(f"prefill of {run.rid} deferred: {e}")
+                return
+            end = run.req.prefix_len
+            if self._exact() and plan.get(end, "n/a") != stored and end in plan:
+                raise OracleMismatch(f"{run.rid} prefill chunk ending at {end} stored {stored}, oracle planned {plan[end]}")
+            self.oracle.store(run.prompt, stored)
+
+        # ------------------------------------------------------------ rules
+        @rule(
+            base=st.integers(0, 7),
+            cut=st.integers(0, 3),
+            jitter=st.sampled_from([0, 0, -1, 1]),
+            suffix_len=st.integers(1, 330),
+            seed=st.integers(0, 3),
+            chunked=st.sampled_from([None, None, 1, 2]),
+        )
+        def arrive(self, base, cut, jitter, suffix_len, seed, chunked):
+            grid = self.h.checkpoint_grid
+            prefix: tuple[int, ...] = ()
+            if self.history:
+                src = self.history[base % len(self.history)]
+                n = min(len(src), max(0, cut * grid + jitter))
+                prefix = src[:n]
+            suffix = tuple(1 + (seed * 7 + i // (1 + seed)) % 3 for i in range(suffix_len))
+            prompt = prefix + suffix
+            chunk_size = None if chunked is None else chunked * grid
+            self.counter += 1
+            rid = f"r{self.counter}"
+            try:
+                run = self.h.admit(rid, prompt, chunked_prefill_size=chunk_size)
+            except PoolExhausted as e:
+                note(f"{rid} ({len(prompt)} tokens) refused: {e}")
+                return
+            note(f"{rid}: {len(prompt)} tokens, matched {run.matched}, chunked {chunk_size}")
+            self._compare_hit(prompt, run.matched)
+            self.plans[rid] = self.oracle.prefill_plan(prompt, chunked_prefill_size=chunk_size) if self._exact() else []
+            self.history.append(prompt)
+            self._prefill(run)
+
+        @precondition(lambda self: any(not r.prefill_done for r in self.h.running.values()))
+        @rule(data=st.data())
+        def prefill_next_chunk(self, data):
+            pending = sorted(r for r, run in self.h.running.items() if not run.prefill_done)
+            self._prefill(self.h.running[data.draw(st.sampled_from(pending))])
+
+        @precondition(lambda self: any(r.prefill_done for r in self.h.running.values()))
+        @rule(data=st.data(), steps=st.sampled_from([1, 2, 63, 64, 65, 127, 128, 129, 255, 256]))
+        def decode(self, data, steps):
+            ready = sorted(r for r, run in self.h.running.items() if run.prefill_done)
+            run = self.h.running[data.draw(st.sampled_from(ready))]
+            for i in range(steps):
+                try:
+                    self.h.decode(run)
+                except PoolExhausted as e:
+                    note(f"decode of {run.rid} stopped after {i} steps: {e}")
+                    break
+
+        @precondition(lambda self: bool(self.h.running))
+        @rule(data=st.data(), abort=st.booleans())
+        def finish(self, data, abort):
+            run = self.h.running[data.draw(st.sampled_from(sorted(self.h.running)))]
+            done = run.prefill_done
+            self.h.finish(run, abort=abort)
+            if done:
+                seq = run.tokens
+                self.history.append(tuple(seq))
+                self.oracle.record_finished(run.prompt, seq[len(run.prompt):], aborted=abort)
+
+        @precondition(lambda self: not self.h.running)
+        @rule()
+        def flush(self):
+            self.h.evict_all()
+            invariants.back_to_totals(self.h)
+            self.h.flush()
+            self.oracle.flush()
+
+        @rule(tokens=st.sampled_from([0, 64, 512]), mamba=st.integers(0, 3))
+        def evict(self, tokens, mamba):
+            self.h.evict(tokens, mamba)
+
+        # ------------------------------------------------------------ invariants
+        @invariant()
+        def pools_consistent(self):
+            invariants.check_all(self.h, self.checker)
+
+        @invariant()
+        def tree_matches_oracle(self):
+            if not self._exact():
+                return
+            real = set(invariants.tree_state_keys(self.h))
+            model = set(self.oracle.stored_keys())
+            if real != model:
+                extra = sorted(len(k) for k in real - model)
+                missing = sorted(len(k) for k in model - real)
+                raise OracleMismatch(f"tree states differ from the oracle: in tree only (lengths)={extra}, in oracle only={missing}")
+
+    PoolMachine.__name__ = "PoolMachine"
+    return PoolMachine

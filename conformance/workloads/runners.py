@@ -1,0 +1,343 @@
+"""Recording runners: send a workload through a :class:`~conformance.client.SGLangClient`
+and return the frozen record its check judges. All requests are greedy; every request
+and wait is bounded (the client's timeout, a deadline, a thread join with a timeout).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
+
+from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording
+from conformance.checks.kl import KLRecording, KLSequence, TokenLogprobs, TopK
+from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, RUNNING_GAUGE, TRACK_SLOTS_GAUGE, IdleProbe, OccupancySample
+from conformance.checks.prefix_branching import TreeRecording, TreeRequestRecord
+from conformance.client import SGLangClient
+from conformance.errors import KitError, ServerDiedError
+from conformance.workloads.gsm8k import STOP, GSM8KItem, few_shot_prompt, trim_completion
+from conformance.workloads.prompts import extension
+from conformance.workloads.sessions import SessionScript
+from conformance.workloads.trees import BranchTree, TreeRequest
+
+Tokens = tuple[int, ...]
+OCCUPANCY_GAUGES = (MAMBA_GAUGE, KV_GAUGE, RUNNING_GAUGE, TRACK_SLOTS_GAUGE)
+
+
+# ------------------------------------------------------------------ plumbing
+def _sampling(max_new_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True, **extra}
+
+
+def _batch(client: SGLangClient, payload: dict[str, Any], n: int, timeout: float | None) -> list[dict[str, Any]]:
+    out = client.generate(payload, timeout=timeout)
+    out = out if isinstance(out, list) else [out]
+    if len(out) != n:
+        raise KitError(f"/generate answered {len(out)} results for a batch of {n}")
+    for r in out:
+        if not isinstance(r, dict) or "meta_info" not in r:
+            raise KitError(f"/generate answered without meta_info: {str(r)[:200]}")
+    return out
+
+
+def generate_tokens(
+    client: SGLangClient, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *, top_k: int = 0, timeout: float | None = None
+) -> list[dict[str, Any]]:
+    """One batched greedy /generate over token prompts (logprobs when ``top_k`` > 0)."""
+    news = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    payload: dict[str, Any] = {"input_ids": [list(p) for p in prompts], "sampling_params": [_sampling(n) for n in news]}
+    if top_k > 0:
+        payload.update({"return_logprob": True, "top_logprobs_num": top_k, "return_text_in_logprobs": False})
+    return _batch(client, payload, len(prompts), timeout)
+
+
+def output_ids(resp: dict[str, Any]) -> Tokens:
+    if "output_ids" in resp:
+        return tuple(int(t) for t in resp["output_ids"])
+    rows = resp["meta_info"].get("output_token_logprobs") or []
+    return tuple(int(r[1]) for r in rows)
+
+
+def cached_tokens(resp: dict[str, Any]) -> int:
+    return int(resp["meta_info"].get("cached_tokens", 0) or 0)
+
+
+def _top(rows: Any) -> TopK:
+    return tuple((int(r[1]), float(r[0])) for r in (rows or []) if r is not None and r[0] is not None)
+
+
+def _served(resp: dict[str, Any]) -> TokenLogprobs:
+    mi = resp["meta_info"]
+    rows, tops = mi.get("output_token_logprobs") or [], mi.get("output_top_logprobs") or []
+    return TokenLogprobs(tuple(int(r[1]) for r in rows), tuple(float(r[0]) for r in rows), tuple(_top(t) for t in tops))
+
+
+def prefill_logprobs(client: SGLangClient, seqs: Sequence[Sequence[int]], starts: Sequence[int], *, top_k: int, timeout: float | None = None) -> list[TokenLogprobs]:
+    """Flush, then prefill whole sequences cold (``logprob_start_len=0``); logprobs from ``starts``."""
+    client.flush_cache()
+    payload = {
+        "input_ids": [list(s) for s in seqs],
+        "sampling_params": _sampling(0),
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": top_k,
+        "return_text_in_logprobs": False,
+    }
+    out = []
+    for seq, start, resp in zip(seqs, starts, _batch(client, payload, len(seqs), timeout)):
+        mi = resp["meta_info"]
+        rows, tops = mi.get("input_token_logprobs") or [], mi.get("input_top_logprobs") or []
+        if len(rows) != len(seq) or len(tops) != len(seq):
+            raise KitError(f"cold prefill returned {len(rows)} input logprobs for {len(seq)} tokens (logprob_start_len=0 not honoured?)")
+        out.append(
+            TokenLogprobs(
+                tuple(int(r[1]) for r in rows[start:]),
+                tuple(float(r[0]) for r in rows[start:]),
+                tuple(_top(t) for t in tops[start:]),
+            )
+        )
+    return out
+
+
+def cache_enabled(client: SGLangClient) -> bool:
+    """False when /server_info says the radix cache is disabled (unknown counts as on)."""
+    try:
+        info = client.server_info()
+    except ServerDiedError:
+        raise
+    except KitError:
+        return True
+    return not bool(info.get("disable_radix_cache", False))
+
+
+# ------------------------------------------------------------------ KL
+def record_kl(
+    client: SGLangClient,
+    prompts: Sequence[Sequence[int]],
+    *,
+    scenario: str = "prefill_hit",
+    new_tokens: int = 16,
+    top_k: int = 5,
+    turn1_tokens: int = 16,
+    ext_len: int = 8,
+    vocab_size: int = 1024,
+    cold_generate: bool = False,
+    timeout: float | None = None,
+) -> KLRecording:
+    """Serve ``prompts`` on a cache hit, then re-prefill served tokens cold twice.
+
+    ``prefill_hit``: warm with ``max_new_tokens=0``, then generate prompt + ``ext_len``
+    new tokens (with ``ext_len=0`` the identical prompt, SGLang's variant, which can never
+    hit under ``no_buffer``: its only state sits at the full prompt, past the key limit).
+    ``decode_hit``: turn one generates ``turn1_tokens``; turn two (prompt + output +
+    ``ext_len`` new tokens) is served, hitting what turn one's decode cached. ``cold_generate`` adds a free-running
+    cold generate (the check's ``greedy_mismatch_fraction``); without it the check still
+    compares every served token with the cold run's argmax at the same position.
+    """
+    if scenario not in ("prefill_hit", "decode_hit"):
+        raise KitError(f"record_kl: unknown scenario {scenario!r} (prefill_hit or decode_hit)")
+    enabled = cache_enabled(client)
+    client.flush_cache()
+    if scenario == "prefill_hit":
+        generate_tokens(client, prompts, 0, timeout=timeout)
+        inputs = [tuple(p) + extension(ext_len, vocab_size=vocab_size, seed=f"kl:{i}") for i, p in enumerate(prompts)]
+    else:
+        first = generate_tokens(client, prompts, turn1_tokens, timeout=timeout)
+        inputs = [tuple(p) + output_ids(r) + extension(ext_len, vocab_size=vocab_size, seed=f"kl:{i}") for i, (p, r) in enumerate(zip(prompts, first))]
+    served = generate_tokens(client, inputs, new_tokens, top_k=top_k, timeout=timeout)
+    hits = [cached_tokens(r) for r in served]
+    served_lp = [_served(r) for r in served]
+    cold: list[Tokens] = [()] * len(inputs)
+    if cold_generate:
+        client.flush_cache()
+        cold = [output_ids(r) for r in generate_tokens(client, inputs, new_tokens, timeout=timeout)]
+    full = [inp + s.token_ids for inp, s in zip(inputs, served_lp)]
+    starts = [len(inp) for inp in inputs]
+    ref = prefill_logprobs(client, full, starts, top_k=top_k, timeout=timeout)
+    floor = prefill_logprobs(client, full, starts, top_k=top_k, timeout=timeout)
+    client.flush_cache()
+    seqs = tuple(KLSequence(scenario, st, h, s, r, f, c) for st, h, s, r, f, c in zip(starts, hits, served_lp, ref, floor, cold))
+    return KLRecording(seqs, enabled, top_k)
+
+
+# ------------------------------------------------------------------ prefix branching
+def _tree_groups(reqs: Sequence[TreeRequest]) -> list[list[TreeRequest]]:
+    out: list[list[TreeRequest]] = []
+    for r in reqs:
+        if out and out[-1][0].group == r.group:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out
+
+
+def record_tree(client: SGLangClient, tree: BranchTree, *, top_k: int = 0, timeout: float | None = None) -> TreeRecording:
+    """Send a tree group by group, then re-run every request that hit the cache cold.
+
+    ``top_k`` > 0 records the first output token's top-k (non-exact mode on GPU).
+    """
+    enabled = cache_enabled(client)
+    sent: dict[str, tuple[Tokens, Tokens]] = {}
+    rows: list[TreeRequestRecord] = []
+    pressured = False
+    for group in _tree_groups(tree.requests):
+        flushed = any(r.flush_before for r in group)
+        if flushed:
+            client.flush_cache()
+            pressured = False
+        if any(r.pressure_before for r in group) and tree.pressure_prompts:
+            generate_tokens(client, tree.pressure_prompts, 1, timeout=timeout)
+            pressured = True
+        prompts = []
+        for r in group:
+            if r.extends is None:
+                prompts.append(r.tokens)
+            elif r.extends not in sent:
+                raise KitError(f"tree {tree.name}: {r.path} extends {r.extends}, which was not sent before it")
+            else:
+                prompts.append(sent[r.extends][0] + sent[r.extends][1] + r.tokens)
+        resps = generate_tokens(client, prompts, [r.max_new_tokens for r in group], top_k=top_k, timeout=timeout)
+        for r, p, resp in zip(group, prompts, resps):
+            out = output_ids(resp)
+            sent[r.path] = (p, out)
+            first = _served(resp).top[0] if top_k > 0 and _served(resp).top else ()
+            rows.append(TreeRequestRecord(r.path, p, out, cached_tokens(resp), r.group, first_top=first, flushed_before=flushed, after_pressure=pressured))
+    final = []
+    for row, r in zip(rows, tree.requests):
+        if row.cached_tokens > 0:
+            client.flush_cache()
+            (resp,) = generate_tokens(client, [row.prompt], r.max_new_tokens, top_k=top_k, timeout=timeout)
+            cold_top = _served(resp).top[0] if top_k > 0 and _served(resp).top else ()
+            row = replace(row, cold_output=output_ids(resp), cold_first_top=cold_top)
+        final.append(row)
+    client.flush_cache()
+    return TreeRecording(tuple(final), enabled, tree.name)
+
+
+# ------------------------------------------------------------------ leaks
+@dataclass(frozen=True)
+class TurnResult:
+    session: str
+    turn: int
+    rid: str
+    finish: str  # the finish reason type ("length", "abort", ...) or "error"
+    cached_tokens: int
+    output_len: int
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class SessionRecording:
+    turns: tuple[TurnResult, ...]
+    errors: tuple[str, ...]
+    requests: int
+
+
+def _turn_payload(turn_tokens: Tokens, max_new: int, rid: str, sid: str, parent: str | None, replace: bool) -> dict[str, Any]:
+    params: dict[str, Any] = {"id": sid}
+    if parent is not None:
+        params["rid"] = parent
+    if replace:
+        params["replace"] = True
+    return {"input_ids": list(turn_tokens), "sampling_params": _sampling(max_new), "rid": rid, "session_params": params}
+
+
+def record_sessions(client: SGLangClient, scripts: Sequence[SessionScript], *, timeout: float = 60.0) -> SessionRecording:
+    """Run each session script (open, turns, close); an aborted turn is aborted by rid."""
+    turns: list[TurnResult] = []
+    errors: list[str] = []
+    sent = 0
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for script in scripts:
+            sid = client.open_session(script.capacity_of_str_len, streaming=script.streaming)
+            rids: list[str] = []
+            last_ok: str | None = None
+            try:
+                for i, turn in enumerate(script.turns):
+                    rid = f"{sid}-t{i}"
+                    rids.append(rid)
+                    parent = None if script.streaming else (rids[turn.parent] if turn.parent is not None else last_ok)
+                    payload = _turn_payload(turn.tokens, turn.max_new_tokens, rid, sid, parent, turn.replace)
+                    sent += 1
+                    try:
+                        if turn.abort_after_s is None:
+                            resp = client.generate(payload, timeout=timeout)
+                        else:
+                            fut = pool.submit(client.generate, payload, timeout=timeout)
+                            time.sleep(turn.abort_after_s)
+                            client.abort_request(rid)
+                            resp = fut.result(timeout=timeout)
+                    except (KitError, FutureTimeout) as e:
+                        if isinstance(e, ServerDiedError) or turn.abort_after_s is None:
+                            raise KitError(f"session {script.name} turn {i}: {e}") from None
+                        turns.append(TurnResult(script.name, i, rid, "abort", 0, 0, str(e)[:200]))
+                        continue
+                    resp = resp[0] if isinstance(resp, list) else resp
+                    fin = (resp.get("meta_info", {}).get("finish_reason") or {}).get("type", "unknown")
+                    turns.append(TurnResult(script.name, i, rid, fin, cached_tokens(resp), len(output_ids(resp))))
+                    if turn.abort_after_s is None and fin == "abort":
+                        errors.append(f"session {script.name} turn {i} was aborted by the server: {resp['meta_info'].get('finish_reason')}")
+                    if fin != "abort":
+                        last_ok = rid
+            finally:
+                client.close_session(sid)
+    return SessionRecording(tuple(turns), tuple(errors), sent)
+
+
+def sample_occupancy(
+    client: SGLangClient,
+    load: Callable[[], Any],
+    *,
+    interval_s: float = 0.02,
+    max_s: float = 120.0,
+    gauges: Sequence[str] = OCCUPANCY_GAUGES,
+) -> tuple[list[OccupancySample], Any]:
+    """Run ``load()`` in a thread while sampling the gauges; returns (timeline, load's result)."""
+    samples: list[OccupancySample] = []
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        fut = pool.submit(load)
+        while True:
+            m = client.metrics()
+            samples.append(OccupancySample(round(time.monotonic() - t0, 4), {g: m[g] for g in gauges if g in m}))
+            if fut.done():
+                break
+            if time.monotonic() - t0 > max_s:
+                raise KitError(f"load still running after {max_s:.0f}s while sampling pool occupancy")
+            time.sleep(interval_s)
+        return samples, fut.result(timeout=max_s)
+
+
+def idle_probe(client: SGLangClient, scenario: str, *, requests: int, deadline_s: float = 45.0, gauges: Sequence[str] = (MAMBA_GAUGE, KV_GAUGE)) -> IdleProbe:
+    """Flush, then wait (bounded) for the idle gauges to read 0."""
+    client.flush_cache()
+    reached, values, waited = client.wait_gauges(gauges, deadline_s=deadline_s)
+    values = {k: v for k, v in values.items() if v == v}  # NaN: gauge absent
+    return IdleProbe(scenario, reached, values, waited, requests)
+
+
+# ------------------------------------------------------------------ GSM8K
+def record_gsm8k(
+    client: SGLangClient,
+    items: Sequence[GSM8KItem],
+    exemplars: Sequence[GSM8KItem],
+    *,
+    shots: int = 2,
+    max_new_tokens: int = 32,
+    batch_size: int = 16,
+    label: str = "",
+    timeout: float | None = None,
+) -> GSM8KRecording:
+    """Greedy few-shot completions for ``items`` (text prompts, batched)."""
+    answers: list[GSM8KAnswer] = []
+    for lo in range(0, len(items), max(1, batch_size)):
+        chunk = items[lo : lo + batch_size]
+        payload = {
+            "text": [few_shot_prompt(it.question, exemplars, shots) for it in chunk],
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "stop": list(STOP)},
+        }
+        for it, resp in zip(chunk, _batch(client, payload, len(chunk), timeout)):
+            answers.append(GSM8KAnswer(it.index, it.gold, trim_completion(str(resp.get("text", "")))))
+    return GSM8KRecording(tuple(answers), shots, label)

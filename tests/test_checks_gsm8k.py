@@ -1,0 +1,66 @@
+"""GSM8K check: extraction filters, accuracy rule, paired McNemar, agreement mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording, extract_flexible, extract_strict, gold_answer, gsm8k_verdict
+from conformance.errors import KitError
+
+
+def answers(correct: list[bool], *, tail: str = "") -> GSM8KRecording:
+    rows = [GSM8KAnswer(i, str(i + 10), f"so {i + 10 if ok else i + 11}{tail}") for i, ok in enumerate(correct)]
+    return GSM8KRecording(tuple(rows), 2, "x")
+
+
+def test_filters_match_lm_eval_strict_and_flexible():
+    text = "She pays $1,200 then 30 more.\n#### 1,230"
+    assert extract_strict(text) == "1230" and extract_flexible(text) == "1230"
+    assert extract_strict("the answer is 5.") is None and extract_flexible("the answer is 5.") == "5"
+    assert extract_flexible("no number") is None
+    assert gold_answer("work\n#### 72") == "72"
+    with pytest.raises(KitError):
+        gold_answer("no marker")
+
+
+def test_accuracy_mode_pass_with_contract_metrics_and_rule():
+    v = gsm8k_verdict(answers([True] * 180 + [False] * 20), mode="accuracy", min_accuracy=0.85, baseline=answers([True] * 180 + [False] * 20))
+    assert v.status == "pass", v.reason
+    assert {"n", "accuracy", "wilson_low", "agreement"} <= set(v.metrics)
+    assert v.metrics["accuracy"] == 0.9 and v.metrics["agreement"] == 1.0
+    assert v.details["wilson_high"] > 0.9 > v.metrics["wilson_low"]
+    assert "needs n=" in v.details["rule"] and v.details["required_n_for_margin"] > 200
+
+
+def test_significantly_worse_than_baseline_fails_even_above_the_threshold():
+    base = answers([True] * 200)
+    worse = answers([True] * 188 + [False] * 12)
+    v = gsm8k_verdict(worse, mode="accuracy", min_accuracy=0.5, baseline=base)
+    assert v.status == "fail" and "McNemar" in v.reason and v.metrics["mcnemar_p"] < 0.05
+
+
+def test_within_noise_of_the_baseline_passes():
+    base = answers([True] * 190 + [False] * 10)
+    close = answers([True] * 188 + [False] * 12)
+    assert gsm8k_verdict(close, mode="accuracy", min_accuracy=0.9, baseline=base).status == "pass"
+
+
+def test_accuracy_interval_below_threshold_fails():
+    v = gsm8k_verdict(answers([True] * 50 + [False] * 50), mode="accuracy", min_accuracy=0.8)
+    assert v.status == "fail" and "significantly below" in v.reason
+
+
+def test_agreement_mode_fails_on_one_differing_completion_and_says_so():
+    base = answers([True, False, True, True])
+    same = gsm8k_verdict(answers([True, False, True, True]), mode="agreement", baseline=base)
+    assert same.status == "pass" and same.metrics["agreement"] == 1.0 and "agreement mode" in same.details["rule"]
+    diff = gsm8k_verdict(answers([True, False, True, True], tail=" ok"), mode="agreement", baseline=base)
+    assert diff.status == "fail" and "4/4 completions differ" in diff.reason
+
+
+def test_refuses_to_pass_vacuously():
+    assert gsm8k_verdict(GSM8KRecording(()), mode="accuracy").status == "skip"
+    v = gsm8k_verdict(answers([True]), mode="agreement", baseline=None)
+    assert v.status == "skip" and "baseline" in v.reason
+    with pytest.raises(KitError):
+        gsm8k_verdict(answers([True]), mode="exactish")  # type: ignore[arg-type]

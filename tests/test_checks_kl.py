@@ -1,0 +1,109 @@
+"""KL check on hand-built recordings: estimators, thresholds, vacuity, details."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.checks.kl import KLRecording, KLSequence, TokenLogprobs, k3_terms, kl_verdict, topk_kl
+from conformance.errors import KitError
+
+CHUNK, TRACK = 64, 256
+
+
+def dist(shift: float = 0.0, k: int = 4) -> tuple[tuple[int, float], ...]:
+    logits = [2.0 - j + (shift if j == 1 else 0.0) for j in range(8)]
+    z = math.log(sum(math.exp(x) for x in logits))
+    lp = sorted(((j, x - z) for j, x in enumerate(logits)), key=lambda t: -t[1])
+    return tuple(lp[:k])
+
+
+def tl(n: int, shift: float = 0.0) -> TokenLogprobs:
+    tops = tuple(dist(shift) for _ in range(n))
+    return TokenLogprobs(tuple(t[0][0] for t in tops), tuple(t[0][1] for t in tops), tops)
+
+
+def seq(start: int, cached: int, shift: float = 0.0, n: int = 8, floor_shift: float = 0.0) -> KLSequence:
+    served = tl(n, shift)
+    ref = TokenLogprobs(served.token_ids, tl(n).logprobs, tl(n).top)
+    floor = TokenLogprobs(served.token_ids, tl(n, floor_shift).logprobs, tl(n, floor_shift).top)
+    return KLSequence("prefill_hit", start, cached, served, ref, floor, served.token_ids)
+
+
+def rec(*seqs: KLSequence, cache: bool = True) -> KLRecording:
+    return KLRecording(tuple(seqs), cache, 4)
+
+
+CONTRACT = {"tokens", "k3_mean", "topk_kl_mean", "max_token_kl", "hit_fraction", "noise_floor"}
+
+
+def test_clean_recording_passes_exact_and_reports_contract_metrics():
+    v = kl_verdict(rec(seq(250, 192), seq(300, 256)), chunk=CHUNK, track_interval=TRACK, exact=True)
+    assert v.status == "pass", v.reason
+    assert CONTRACT <= set(v.metrics)
+    assert v.metrics["max_token_kl"] == 0.0 and v.metrics["noise_floor"] == 0.0
+    assert v.details["boundaries"] == [256]
+    assert [p for p, _ in v.details["per_position"]][:2] == [250, 251]
+
+
+def test_one_bad_sequence_of_many_fails_on_the_per_sequence_maximum():
+    seqs = [seq(200 + i, 192) for i in range(31)] + [seq(260, 256, shift=0.3)]
+    v = kl_verdict(rec(*seqs), chunk=CHUNK, track_interval=TRACK, floor_factor=100, min_limit=1e-4)
+    assert v.status == "fail"
+    assert "sequence 31" in v.reason and "start 260" in v.reason
+    assert v.metrics["topk_kl_seq_max"] > 10 * v.metrics["topk_kl_mean"]
+    assert v.metrics["k3_mean"] < 0.002  # SGLang's averaged chosen-token estimator misses it
+
+
+def test_noise_floor_sets_the_limit():
+    noisy = [seq(200, 192, shift=0.02, floor_shift=0.02)]
+    v = kl_verdict(rec(*noisy), chunk=CHUNK, track_interval=TRACK, floor_factor=100)
+    assert v.status == "pass", v.reason
+    assert v.metrics["topk_limit"] == pytest.approx(100 * v.metrics["noise_floor"])
+
+
+def test_exact_mode_fails_on_a_token_mismatch_even_with_tiny_kl():
+    s = seq(200, 192)
+    served = TokenLogprobs((5,) + s.served.token_ids[1:], s.served.logprobs, s.served.top)
+    bad = KLSequence(s.scenario, s.start, s.cached_tokens, served, TokenLogprobs(served.token_ids, s.reference.logprobs, s.reference.top), s.floor, s.cold_tokens)
+    v = kl_verdict(rec(bad), chunk=CHUNK, track_interval=TRACK, exact=True)
+    assert v.status == "fail" and "cold argmax" in v.reason and "cold generate" in v.reason
+
+
+def test_refuses_to_pass_vacuously():
+    disabled = kl_verdict(rec(seq(200, 192), cache=False), chunk=CHUNK, track_interval=TRACK)
+    assert disabled.status == "skip" and "disabled" in disabled.reason
+    no_hits = kl_verdict(rec(seq(200, 0), seq(201, 0)), chunk=CHUNK, track_interval=TRACK)
+    assert no_hits.status == "fail" and "no prompt hit" in no_hits.reason
+    allowed = kl_verdict(rec(seq(200, 0)), chunk=CHUNK, track_interval=TRACK, hit_fraction_min=0.0)
+    assert allowed.status == "skip"
+    few = kl_verdict(rec(seq(200, 192), seq(201, 0), seq(202, 0)), chunk=CHUNK, track_interval=TRACK)
+    assert few.status == "fail" and "1/3 prompts hit" in few.reason
+    no_floor = KLSequence("prefill_hit", 200, 192, tl(4), tl(4), None)
+    assert "no noise floor" in kl_verdict(rec(no_floor), chunk=CHUNK, track_interval=TRACK).reason
+
+
+def test_malformed_recording_is_one_line_error():
+    s = seq(200, 192)
+    short = KLSequence(s.scenario, s.start, s.cached_tokens, s.served, tl(3), s.floor)
+    with pytest.raises(KitError, match="reference has 3 logprobs"):
+        kl_verdict(rec(short), chunk=CHUNK, track_interval=TRACK)
+
+
+def test_k3_matches_sglang_formula():
+    assert k3_terms([-1.0], [-1.5]) == [pytest.approx(math.exp(0.5) - 1 - 0.5)]
+
+
+@given(st.floats(-3, 3), st.integers(1, 6))
+def test_topk_kl_is_zero_on_identical_rows_and_nonnegative(shift, k):
+    a = dist(0.0, k)
+    assert topk_kl(a, a) == 0.0
+    assert topk_kl(a, dist(shift, k)) >= 0.0
+
+
+def test_topk_kl_grows_with_the_shift():
+    base = dist()
+    assert 0 < topk_kl(base, dist(0.1)) < topk_kl(base, dist(1.0))

@@ -1,0 +1,107 @@
+"""Workload generators: prompt lengths, trees, session scripts, GSM8K data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.errors import KitError
+from conformance.workloads import gsm8k as g
+from conformance.workloads.prompts import boundary_lengths, decode_cross_lengths, prefill_hit_lengths, text_prompts, token_prompts
+from conformance.workloads.sessions import leak_session_scripts
+from conformance.workloads.trees import branch_points, branching_tree
+
+GSM8K_DIR = Path(os.environ.get(g.ENV_DIR, Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"))
+
+
+def test_prefill_lengths_straddle_chunk_and_track_boundaries():
+    lengths = prefill_hit_lengths(64, 256, n=8, min_len=100, max_len=600)
+    assert len(lengths) == 8 and {255, 256, 257} & set(lengths)
+    assert all(min(abs(n - b) for b in range(64, 700, 64)) <= 1 for n in lengths)
+    assert boundary_lengths([64], min_len=60, max_len=130) == [63, 64, 65, 127, 128, 129]
+
+
+def test_decode_lengths_cross_a_track_boundary_while_decoding():
+    for n in decode_cross_lengths(256, 16, n=4, min_len=100, max_len=600):
+        assert (n // 256) < ((n + 15) // 256)
+
+
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=6), st.integers(0, 5))
+def test_token_prompts_are_seeded_exact_length_and_in_vocab(lengths, seed):
+    a = token_prompts(lengths, vocab_size=1024, seed=seed)
+    assert a == token_prompts(lengths, vocab_size=1024, seed=seed)
+    assert [len(p) for p in a] == lengths
+    assert all(3 <= t < 1024 for p in a for t in p)
+    assert len({p[0] for p in a}) == len(a)  # no two prompts share a prefix
+
+
+def test_text_prompts_cut_to_exact_length_with_any_tokenizer():
+    encode = lambda s: [ord(c) for c in s]  # noqa: E731 - a character tokenizer stands in
+    out = text_prompts([50, 300], encode=encode, seed=3)
+    assert [len(p) for p in out] == [50, 300] and out == text_prompts([50, 300], encode=encode, seed=3)
+    with pytest.raises(KitError):
+        text_prompts([10], encode=lambda s: [], max_rounds=2)
+
+
+def test_tree_branch_points_and_request_budget():
+    assert branch_points(64, 256) == [63, 64, 65, 255, 256, 257]
+    tree = branching_tree(chunk=64, track_interval=256, vocab_size=1024)
+    assert 12 <= len(tree.requests) <= 26 and tree.requests[0].flush_before
+    groups = [r.group for r in tree.requests]
+    assert groups == sorted(groups) and len(set(groups)) < len(groups)  # some siblings are concurrent
+    b64 = [r.tokens for r in tree.requests if r.path.startswith("b64/")]
+    assert all(t[:64] == b64[0][:64] and t[64] != b64[0][64] for t in b64[1:])  # branch exactly at 64
+    assert any(r.extends == "decode/0" for r in tree.requests)
+    assert branching_tree(chunk=64, track_interval=256, vocab_size=1024) == tree
+
+
+def test_tree_with_pressure_marks_the_last_group():
+    tree = branching_tree(chunk=64, track_interval=256, vocab_size=1024, pressure=2)
+    assert len(tree.pressure_prompts) == 2 and tree.requests[-1].pressure_before
+    with pytest.raises(KitError):
+        branching_tree(chunk=64, track_interval=256, vocab_size=1024, fanout=1)
+
+
+def test_session_scripts_abort_branch_and_replace_only_where_allowed():
+    streaming, plain = leak_session_scripts(vocab_size=1024, track_interval=256)
+    assert streaming.streaming and not plain.streaming
+    assert sum(t.abort_after_s is not None for t in streaming.turns) == 1
+    assert not any(t.replace or t.parent is not None for t in streaming.turns)
+    assert any(t.replace for t in plain.turns) and any(t.parent == 0 for t in plain.turns)
+    assert sum(len(t.tokens) for t in streaming.turns[:2]) > 256
+    assert leak_session_scripts(vocab_size=1024) == leak_session_scripts(vocab_size=1024)
+
+
+def test_gsm8k_local_data_is_verified_and_exemplars_come_from_train():
+    if not (GSM8K_DIR / g.TEST_FILE).is_file():
+        pytest.fail(f"GSM8K data not found at {GSM8K_DIR}; set {g.ENV_DIR}")
+    data = g.load_local(GSM8K_DIR)
+    assert len(data.test) == 1319 and len(data.train) == 8
+    items = g.select_items(data, 16)
+    prompt = g.few_shot_prompt(items[0].question, data.train, 2)
+    assert prompt.count("Question:") == 3 and prompt.endswith("Answer:")
+    assert items[0].question not in prompt.split("Question:")[1]
+    assert items[0].gold.lstrip("-").isdigit()
+
+
+def test_gsm8k_bad_dir_and_tampered_file_are_one_line_errors(tmp_path, monkeypatch):
+    with pytest.raises(KitError, match="not found"):
+        g.load_local(tmp_path)
+    (tmp_path / g.TEST_FILE).write_text('{"question": "q", "answer": "a\\n#### 1"}\n')
+    (tmp_path / g.TRAIN_FILE).write_text('{"question": "q", "answer": "a\\n#### 1"}\n')
+    with pytest.raises(KitError, match="sha256"):
+        g.load_local(tmp_path)
+    monkeypatch.delenv(g.ENV_DIR, raising=False)
+    with pytest.raises(KitError, match="no data directory"):
+        g.load_gsm8k(None, allow_hub=False)
+    monkeypatch.setenv(g.ENV_DIR, str(tmp_path))
+    with pytest.raises(KitError, match="sha256"):
+        g.load_gsm8k(None)
+
+
+def test_trim_completion_cuts_at_the_next_question():
+    assert g.trim_completion(" 5.\n#### 5\n\nQuestion: more") == " 5.\n#### 5\n\n"
