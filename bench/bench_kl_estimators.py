@@ -50,7 +50,7 @@ def record(fault: str, args: argparse.Namespace, logdir: Path) -> list[KLRecordi
         vocab, chunk, track = int(info.get("vocab_size", 512)), int(info["mamba_cache_chunk_size"]), int(info["mamba_track_interval"])
         lengths = prefill_hit_lengths(chunk, track, n=args.prompts, min_len=args.min_len, max_len=args.max_len)
         lengths = (lengths * math.ceil(args.prompts / len(lengths)))[: args.prompts]
-        recs = [record_kl(client, token_prompts(lengths, vocab_size=vocab, seed=args.seed), new_tokens=args.new_tokens, top_k=args.top_k)]
+        recs = [record_kl(client, token_prompts(lengths, vocab_size=vocab, seed=args.seed), vocab_size=vocab, new_tokens=args.new_tokens, top_k=args.top_k)]
         if args.decode:
             dl = decode_cross_lengths(track, args.new_tokens, n=args.prompts, min_len=args.min_len, max_len=args.max_len)
             dl = (dl * math.ceil(args.prompts / len(dl)))[: args.prompts]

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from conformance import __version__
 from conformance.errors import KitError
-from conformance.matrix import STRATEGIES, TARGETS, Cell, load_matrix
+from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, load_matrix
 
 SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg")
 DEFAULT_SUITES = ("kl", "prefix_branching", "gsm8k", "leaks")  # leaks last: it judges every scenario's idle probe
@@ -34,7 +34,7 @@ def _add_selection(p: argparse.ArgumentParser, *, default_target: str) -> None:
     p.add_argument("--strategies", help=f"comma list of strategies ({', '.join(STRATEGIES)})")
     p.add_argument("--faults", help="comma list of faults (e.g. none,lazy_alloc_fail)")
     p.add_argument("--page-sizes", help="comma list of page sizes")
-    p.add_argument("--tier", choices=("premerge", "nightly"), help="premerge subset or the nightly (full) set")
+    p.add_argument("--tier", choices=TIERS, help=f"premerge < standard < nightly (default {DEFAULT_TIER})")
     p.add_argument("--matrix", help="matrix file (default: fixtures/matrix.toml)")
     p.add_argument("--sglang-launcher", default="python -m sglang.launch_server", help="command that starts SGLang")
     p.add_argument("--gpus-per-worker", type=int, default=1, help="GPUs each xdist worker owns")
@@ -99,7 +99,7 @@ def _selected_cells(args: argparse.Namespace) -> list[Cell]:
         strategies=csv(args.strategies),
         faults=csv(args.faults),
         page_sizes=page_sizes,
-        tiers=("premerge",) if args.tier == "premerge" else None,
+        tier=args.tier or DEFAULT_TIER,
     )
 
 

@@ -25,7 +25,8 @@ from conformance.errors import KitError
 STRATEGIES = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
 FAMILIES = ("qwen3-next", "nemotron-h", "granite-h", "falcon-h1")
 TARGETS = ("reference", "sglang", "pool")
-TIERS = ("premerge", "nightly")
+TIERS = ("premerge", "standard", "nightly")  # each tier includes the ones before it
+DEFAULT_TIER = "standard"
 CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg")
 
 FIXTURES_DIR = Path(os.environ.get("HYBRID_CONFORMANCE_FIXTURES", Path(__file__).resolve().parents[1] / "fixtures"))
@@ -119,7 +120,7 @@ class Cell:
     def markers(self) -> tuple[str, ...]:
         """Marker names a test bound to this cell carries (besides its check marker)."""
         marks = [self.strategy.name]
-        marks += ["premerge", "nightly"] if self.tier == "premerge" else ["nightly"]
+        marks += ["premerge", "nightly"] if self.tier == "premerge" else ["nightly"]  # every cell runs nightly
         if self.fault.injected:
             marks.append(self.fault.name)
         if self.cache_variant.name != "radix":
@@ -157,9 +158,14 @@ class Matrix:
         strategies: Sequence[str] | None = None,
         faults: Sequence[str] | None = None,
         page_sizes: Sequence[int] | None = None,
-        tiers: Sequence[str] | None = None,
+        tier: str | None = None,
     ) -> list[Cell]:
-        """Cells matching every given filter (None = no filter), in file order."""
+        """Cells matching every given filter (None = no filter), in file order.
+
+        ``tier`` selects that tier and the smaller ones: premerge ⊂ standard ⊂ nightly.
+        """
+        if tier is not None:
+            _check_choices("--tier", [tier], TIERS)
         if models:
             _check_choices("--models", models, [*self.models, *(m.family for m in self.models.values()), *(m.twin for m in self.models.values())])
         if strategies:
@@ -178,7 +184,7 @@ class Matrix:
                 continue
             if page_sizes and cell.page_size not in page_sizes:
                 continue
-            if tiers and cell.tier not in tiers:
+            if tier and TIERS.index(cell.tier) > TIERS.index(tier):
                 continue
             out.append(cell)
         return out

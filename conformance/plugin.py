@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import CHECKS, STRATEGIES, TARGETS, Cell, Matrix, load_matrix
+from conformance.matrix import CHECKS, DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
 from conformance.records import Verdict
 
 HELP_TARGET = "who answers: reference (embedded CPU server, default), sglang (real sglang serve), pool (only the in-process pool tier)"
@@ -36,7 +36,7 @@ HELP_MODELS = "comma list of model ids, families or twin names to run (default: 
 HELP_STRATEGIES = f"comma list of strategies ({', '.join(STRATEGIES)})"
 HELP_FAULTS = "comma list of faults from the matrix (e.g. none,lazy_alloc_fail)"
 HELP_PAGE_SIZES = "comma list of page sizes"
-HELP_TIER = "premerge or nightly (premerge cells also run nightly; default: every tier)"
+HELP_TIER = "premerge (fast subset) < standard (every twin x strategy + the lazy fault; default) < nightly (everything)"
 HELP_LAUNCHER = "the command that starts SGLang (default: python -m sglang.launch_server)"
 HELP_GPUS = "GPUs each xdist worker owns; a cell needs tp_size <= this (default 1)"
 HELP_TWINS = "with --target sglang: serve the tiny twin folders instead of the HF models"
@@ -57,7 +57,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--strategies", default=None, help=HELP_STRATEGIES)
     g.addoption("--faults", default=None, help=HELP_FAULTS)
     g.addoption("--page-sizes", default=None, help=HELP_PAGE_SIZES)
-    g.addoption("--tier", choices=("premerge", "nightly"), default=None, help=HELP_TIER)
+    g.addoption("--tier", choices=TIERS, default=None, help=HELP_TIER)
     g.addoption("--matrix", default=None, help="matrix file (default: fixtures/matrix.toml)")
     g.addoption("--report-dir", default=None, help="write report.json / report.md / report.html here")
     g.addoption("--sglang-launcher", default=None, help=HELP_LAUNCHER)
@@ -180,7 +180,7 @@ def select_cells(state: RunState, target: str) -> list[Cell]:
             strategies=o.strategies,
             faults=o.faults,
             page_sizes=o.page_sizes,
-            tiers=("premerge",) if o.tier == "premerge" else None,
+            tier=o.tier or DEFAULT_TIER,
         )
     except KitError as e:
         raise pytest.UsageError(str(e)) from None

@@ -25,7 +25,7 @@ def test_version() -> None:
 
 
 def test_plan_sglang_json_contract() -> None:
-    out = run_cli("plan", "--target", "sglang", "--format", "json")
+    out = run_cli("plan", "--target", "sglang", "--format", "json", "--tier", "nightly")
     assert out.returncode == 0, out.stderr
     cells = json.loads(out.stdout)["cells"]
     assert len(cells) == len(load_matrix().select(target="sglang"))

@@ -49,7 +49,11 @@ def test_effective_chunk_and_grid() -> None:
 
 def test_select_filters_and_rejects_unknown_values() -> None:
     assert {c.strategy.name for c in SHIPPED.select(strategies=["extra_buffer"])} == {"extra_buffer"}
-    assert all(c.tier == "premerge" for c in SHIPPED.select(tiers=["premerge"]))
+    assert all(c.tier == "premerge" for c in SHIPPED.select(tier="premerge"))
+    standard = SHIPPED.select(tier="standard", target="reference")
+    assert len(standard) == 16  # each twin x each strategy + the lazy fault per twin
+    assert {c.tier for c in standard} == {"premerge", "standard"}
+    assert len(SHIPPED.select(tier="nightly")) == len(SHIPPED.cells)
     assert all("reference" in c.targets for c in SHIPPED.select(target="reference"))
     assert not any(c.cache_variant.name == "hicache" for c in SHIPPED.select(target="reference"))
     with pytest.raises(Exception, match=r"--strategies: unknown value 'bogus'; allowed: no_buffer, extra_buffer, extra_buffer_lazy"):
@@ -82,7 +86,7 @@ BAD = [
     ("fault strategy", ('strategies = ["extra_buffer_lazy"]\npage_sizes = [1]\ntrack_intervals = [256]\nfaults = ["lazy_alloc_fail"]',
                         'strategies = ["extra_buffer"]\npage_sizes = [1]\ntrack_intervals = [256]\nfaults = ["lazy_alloc_fail"]'), r"fault 'lazy_alloc_fail' only applies to strategies extra_buffer_lazy"),
     ("unknown family", ('family = "falcon-h1"', 'family = "falcon-h2"'), r"unknown family 'falcon-h2'"),
-    ("duplicate cell", ('name = "lazy-alloc-fail"', 'name = "lazy-alloc-fail"\ntier = "premerge"\nmodels = ["*"]\nstrategies = ["extra_buffer"]\npage_sizes = [1]\n[[cells]]\nname = "dup"'), r"defined twice"),
+    ("duplicate cell", ('name = "lazy-alloc-fail-premerge"', 'name = "lazy-alloc-fail"\ntier = "premerge"\nmodels = ["*"]\nstrategies = ["extra_buffer"]\npage_sizes = [1]\n[[cells]]\nname = "dup"'), r"defined twice"),
 ]
 
 

@@ -10,7 +10,7 @@ import pytest
 from conformance.matrix import load_matrix
 
 STANDIN = Path(__file__).parent / "standins" / "server.py"
-REFERENCE_CELLS = load_matrix().select(target="reference")
+REFERENCE_CELLS = load_matrix().select(target="reference", tier="standard")
 
 
 def test_markers_are_registered(pytester: pytest.Pytester) -> None:
@@ -27,7 +27,7 @@ def test_dash_m_lazy_alloc_fail_selects_exactly_the_fault_cells(pytester: pytest
             assert cell.strategy.name == "extra_buffer_lazy"
         """
     )
-    expected = [c for c in REFERENCE_CELLS if c.fault.name == "lazy_alloc_fail"]
+    expected = [c for c in REFERENCE_CELLS if c.fault.name == "lazy_alloc_fail"]  # the standard tier (default)
     result = pytester.runpytest_subprocess("-m", "lazy_alloc_fail", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=len(expected), deselected=len(REFERENCE_CELLS) - len(expected))
     for c in expected:
@@ -38,6 +38,7 @@ def test_dash_m_lazy_alloc_fail_selects_exactly_the_fault_cells(pytester: pytest
 def test_strategy_and_tier_markers_apply(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_cells="def test_cell(cell):\n    assert cell.strategy.name == 'extra_buffer'\n")
     n = len([c for c in REFERENCE_CELLS if c.strategy.name == "extra_buffer" and c.tier == "premerge"])
+    assert n == 1
     result = pytester.runpytest_subprocess("-m", "extra_buffer and premerge", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=n, deselected=len(REFERENCE_CELLS) - n)
 
@@ -64,10 +65,10 @@ def test_one_launch_per_cell_for_a_multi_check_run(pytester: pytest.Pytester, mo
     )
     report_dir = pytester.path / "rep"
     result = pytester.runpytest_subprocess(
-        "--models", "falcon-h1", "--strategies", "extra_buffer,extra_buffer_lazy", "--tier", "premerge",
+        "--models", "falcon-h1", "--strategies", "extra_buffer,extra_buffer_lazy",
         f"--report-dir={report_dir}", "-p", "no:cacheprovider",
     )
-    cells = load_matrix().select(target="reference", models=["falcon-h1"], strategies=["extra_buffer", "extra_buffer_lazy"], tiers=["premerge"])
+    cells = load_matrix().select(target="reference", models=["falcon-h1"], strategies=["extra_buffer", "extra_buffer_lazy"], tier="standard")
     result.assert_outcomes(passed=3 * len(cells))
     report = json.loads((report_dir / "report.json").read_text())
     assert len(cells) == 3
@@ -96,6 +97,6 @@ def test_target_pool_deselects_server_suites(pytester: pytest.Pytester) -> None:
             assert cell is not None
         """
     )
-    pool_cells = load_matrix().select(target="pool", tiers=["premerge"])
+    pool_cells = load_matrix().select(target="pool", tier="premerge")
     result = pytester.runpytest_subprocess("--target", "pool", "--tier", "premerge", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=len(pool_cells), deselected=len(load_matrix().select(target="pool", tiers=["premerge"])))
+    result.assert_outcomes(passed=len(pool_cells), deselected=len(pool_cells))

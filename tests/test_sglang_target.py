@@ -13,7 +13,7 @@ from conformance.matrix import effective_chunk, load_matrix  # noqa: E402
 from conformance.targets.sglang import SGLangTarget, detect_strategy_flag, strip_launcher, validate_server_args  # noqa: E402
 
 warnings.filterwarnings("ignore")
-CELLS = load_matrix().select(target="sglang")
+CELLS = load_matrix().select(target="sglang", tier="nightly")
 
 
 def test_installed_sglang_takes_the_new_strategy_flag() -> None:

@@ -38,6 +38,7 @@ class FakeSGLang:
         self.leak_per_session = leak_per_session
         self.running = 0
         self.sessions: dict[str, bool] = {}
+        self.opened = 0
         self.aborted: set[str] = set()
         self._lock = threading.Lock()
 
@@ -132,7 +133,8 @@ class FakeSGLang:
             time.sleep(poll_s)
 
     def open_session(self, capacity_of_str_len: int, *, session_id=None, streaming=None, timeout=None) -> str:
-        sid = session_id or f"s{len(self.sessions)}"
+        self.opened += 1
+        sid = session_id or f"s{self.opened}"
         self.sessions[sid] = bool(streaming)
         return sid
 

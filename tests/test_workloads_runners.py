@@ -35,7 +35,7 @@ def small_tree():
 
 
 def _kl(client):
-    return record_kl(client, kl_prompts(), new_tokens=6, top_k=4)
+    return record_kl(client, kl_prompts(), vocab_size=VOCAB, new_tokens=6, top_k=4)
 
 
 # ------------------------------------------------------------------ replayed recordings
@@ -83,7 +83,7 @@ def test_record_kl_on_a_cache_less_server_skips_never_passes():
 
 def test_record_kl_rejects_unknown_scenario():
     with pytest.raises(KitError, match="unknown scenario"):
-        record_kl(FakeSGLang(), kl_prompts(), scenario="warm")
+        record_kl(FakeSGLang(), kl_prompts(), vocab_size=VOCAB, scenario="warm")
 
 
 def test_record_tree_against_wrong_strategy_oracle_reports_hit_mismatches():
@@ -97,7 +97,7 @@ def test_sessions_and_idle_probe_clean_then_leaking():
     for leak, want in ((0, "pass"), (3, "fail")):
         fake = FakeSGLang(step_s=0.001, leak_per_session=leak)
         timeline, rec = sample_occupancy(fake, lambda: record_sessions(fake, [streaming, plain], timeout=10), interval_s=0.002)
-        assert [t.finish for t in rec.turns].count("abort") == 2
+        assert [(t.finish, t.decoding_seen) for t in rec.turns].count(("abort", True)) == 2
         assert not rec.errors
         probe = idle_probe(fake, "sessions", requests=rec.requests, deadline_s=0.05)
         v = leak_verdict([probe], timeline=timeline)

@@ -6,7 +6,7 @@ and wait is bounded (the client's timeout, a deadline, a thread join with a time
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
@@ -117,12 +117,12 @@ def record_kl(
     client: SGLangClient,
     prompts: Sequence[Sequence[int]],
     *,
+    vocab_size: int,
     scenario: str = "prefill_hit",
     new_tokens: int = 16,
     top_k: int = 5,
     turn1_tokens: int = 16,
     ext_len: int = 8,
-    vocab_size: int = 1024,
     cold_generate: bool = False,
     timeout: float | None = None,
 ) -> KLRecording:
@@ -226,6 +226,7 @@ class TurnResult:
     cached_tokens: int
     output_len: int
     error: str = ""
+    decoding_seen: bool | None = None  # abort turns: was it decoding when aborted?
 
 
 @dataclass(frozen=True)
@@ -244,8 +245,26 @@ def _turn_payload(turn_tokens: Tokens, max_new: int, rid: str, sid: str, parent:
     return {"input_ids": list(turn_tokens), "sampling_params": _sampling(max_new), "rid": rid, "session_params": params}
 
 
+def _wait_decoding(
+    client: SGLangClient, fut: Future, kv_before: float | None, new_tokens: int, *, min_s: float, deadline_s: float, poll_s: float = 0.02
+) -> bool:
+    """Wait at least ``min_s``, then until the KV gauge shows two decoded tokens past the
+    turn's prefill, the request ends, or ``deadline_s`` passes; True if decoding was seen."""
+    time.sleep(min_s)
+    if kv_before is None:
+        return False
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and not fut.done():
+        if client.metrics().get(KV_GAUGE, 0.0) >= kv_before + new_tokens + 2:
+            return True
+        time.sleep(poll_s)
+    return False
+
+
 def record_sessions(client: SGLangClient, scripts: Sequence[SessionScript], *, timeout: float = 60.0) -> SessionRecording:
-    """Run each session script (open, turns, close); an aborted turn is aborted by rid."""
+    """Run each session script (open, turns, close). A turn with ``abort_after_s`` is
+    aborted by rid once the KV gauge shows it decoding (at least ``abort_after_s`` after
+    it was sent)."""
     turns: list[TurnResult] = []
     errors: list[str] = []
     sent = 0
@@ -261,22 +280,24 @@ def record_sessions(client: SGLangClient, scripts: Sequence[SessionScript], *, t
                     parent = None if script.streaming else (rids[turn.parent] if turn.parent is not None else last_ok)
                     payload = _turn_payload(turn.tokens, turn.max_new_tokens, rid, sid, parent, turn.replace)
                     sent += 1
+                    seen: bool | None = None
                     try:
                         if turn.abort_after_s is None:
                             resp = client.generate(payload, timeout=timeout)
                         else:
+                            before = client.metrics().get(KV_GAUGE)
                             fut = pool.submit(client.generate, payload, timeout=timeout)
-                            time.sleep(turn.abort_after_s)
+                            seen = _wait_decoding(client, fut, before, len(turn.tokens), min_s=turn.abort_after_s, deadline_s=timeout / 2)
                             client.abort_request(rid)
                             resp = fut.result(timeout=timeout)
                     except (KitError, FutureTimeout) as e:
                         if isinstance(e, ServerDiedError) or turn.abort_after_s is None:
                             raise KitError(f"session {script.name} turn {i}: {e}") from None
-                        turns.append(TurnResult(script.name, i, rid, "abort", 0, 0, str(e)[:200]))
+                        turns.append(TurnResult(script.name, i, rid, "abort", 0, 0, str(e)[:200], seen))
                         continue
                     resp = resp[0] if isinstance(resp, list) else resp
                     fin = (resp.get("meta_info", {}).get("finish_reason") or {}).get("type", "unknown")
-                    turns.append(TurnResult(script.name, i, rid, fin, cached_tokens(resp), len(output_ids(resp))))
+                    turns.append(TurnResult(script.name, i, rid, fin, cached_tokens(resp), len(output_ids(resp)), "", seen))
                     if turn.abort_after_s is None and fin == "abort":
                         errors.append(f"session {script.name} turn {i} was aborted by the server: {resp['meta_info'].get('finish_reason')}")
                     if fin != "abort":

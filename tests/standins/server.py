@@ -60,6 +60,10 @@ def main() -> None:
             else:
                 self._send(404, "{}")
 
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._send(200 if self.path == "/flush_cache" else 404, "{}")
+
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
 
 

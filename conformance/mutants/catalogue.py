@@ -1,0 +1,63 @@
+"""Which cells each seeded fault runs on, for ``hybrid-conformance mutants``.
+
+The faults themselves (name, the real bug, where injected) live with their targets:
+``conformance/reference/faults.py`` (reference engine, env ``HYBRID_CONFORMANCE_FAULT``)
+and ``conformance/mutants/pool_faults.py`` (monkeypatches of SGLang's real functions).
+This module only says where each is exercised: the smallest selection of cells on which
+the fault can show, so the whole catalogue runs in minutes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MutantPlan:
+    """A pytest selection that one fault (or the clean run) is measured on."""
+
+    key: str
+    target: str = "reference"
+    suites: tuple[str, ...] = ("kl", "prefix_branching", "gsm8k", "leaks")
+    models: str | None = None
+    strategies: str | None = None
+    page_sizes: str | None = None
+    tier: str | None = "premerge"
+    faults: str | None = "none"
+    keyword: str | None = None
+    stop_at_first: bool = False
+    timeout_s: float = 900.0
+
+
+EXTRA = MutantPlan("qwen3-next/extra_buffer", models="qwen3-next", strategies="extra_buffer")
+LAZY = MutantPlan("qwen3-next/extra_buffer_lazy", models="qwen3-next", strategies="extra_buffer_lazy")
+LAZY_FAIL = MutantPlan("qwen3-next/extra_buffer_lazy+lazy_alloc_fail", models="qwen3-next", strategies="extra_buffer_lazy", faults="lazy_alloc_fail")
+MAMBA2 = MutantPlan("nemotron-h/extra_buffer", models="nemotron-h", strategies="extra_buffer")
+
+#: reference fault -> the plan it runs on (faults not listed run on EXTRA).
+REFERENCE_CELLS: dict[str, MutantPlan] = {
+    "lazy_slot_not_returned": LAZY,
+    "lazy_fail_still_inserts": LAZY_FAIL,
+    "mamba2_index_misalignment": MAMBA2,
+}
+
+#: The CI subset: one fault per check kind that must catch it.
+FAST_REFERENCE = ("pingpong_leak_on_finish", "cached_tokens_overreport", "state_scaled_1pct", "idle_check_disabled_with_leak")
+FAST_POOL = ("leak_pingpong_on_finish", "skip_copy_on_write", "track_boundary_late")
+
+
+def reference_plans() -> dict[str, MutantPlan]:
+    from conformance.reference.faults import FAULTS
+
+    return {name: REFERENCE_CELLS.get(name, EXTRA) for name in FAULTS}
+
+
+def pool_plans() -> dict[str, MutantPlan]:
+    from conformance.mutants.pool_faults import FAULTS
+
+    plans = {}
+    for name, spec in FAULTS.items():
+        strategies = getattr(spec, "strategies", None)
+        key = f"pool/{strategies or 'all'}"
+        plans[name] = MutantPlan(key, target="pool", suites=(), strategies=",".join(strategies) if strategies else None, tier="premerge", faults=None)
+    return plans

@@ -1,0 +1,130 @@
+"""``hybrid-conformance mutants``: run the suites clean and once per seeded fault, print who caught what.
+
+Reference target: each fault of ``conformance.reference.faults.FAULTS`` is switched on
+with ``HYBRID_CONFORMANCE_FAULT=<name>`` for the server-tier suites on the cells its plan
+names (``catalogue.REFERENCE_PLANS``); caught = some check of report.json failed, or the
+run errored (e.g. the cell teardown found the pools not idle).
+Pool target: each fault of ``conformance.mutants.pool_faults`` is loaded as a pytest
+plugin (``-p conformance.mutants.pool_faults``) into the pool suite; caught = the pool
+suite failed.  The clean run of the same selection must pass, or the score means nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from conformance.errors import KitError
+from conformance.mutants.catalogue import FAST_POOL, FAST_REFERENCE, MutantPlan, pool_plans, reference_plans
+
+PKG = Path(__file__).resolve().parents[1]
+FAULT_ENV = "HYBRID_CONFORMANCE_FAULT"
+
+
+@dataclass
+class Outcome:
+    name: str
+    caught: bool
+    by: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    exit_code: int = 0
+
+
+def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(["-x"] if plan.stop_at_first else [])]
+    if plan.target == "pool":
+        argv += [str(PKG / "leaks"), "--target", "pool", "-m", "pool", "-p", "conformance.mutants.pool_faults"]
+        if plan.keyword:
+            argv += ["-k", plan.keyword]
+    else:
+        argv += [str(PKG / s) for s in plan.suites]
+        argv += ["--target", "reference", "-m", "not pool", f"--report-dir={report_dir}"]
+    for flag, value in (("--models", plan.models), ("--strategies", plan.strategies), ("--page-sizes", plan.page_sizes), ("--tier", plan.tier), ("--faults", plan.faults)):
+        if value:
+            argv.append(f"{flag}={value}")
+    argv.append("--timeout=600")
+    return argv
+
+
+def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
+    found: list[str] = []
+    path = report_dir / "report.json"
+    if path.exists():
+        report = json.loads(path.read_text())
+        for cell in report.get("cells", []):
+            for check, v in cell.get("checks", {}).items():
+                if v.get("status") == "fail":
+                    found.append(f"{check}: {(v.get('reason') or '')[:110]}")
+    for line in output.splitlines():
+        if line.startswith("ERROR ") or "pools not idle" in line:
+            found.append(f"teardown: {line.strip()[:110]}")
+        if line.startswith("FAILED ") and "pool" in line:
+            found.append(f"pool invariants: {line.split(' - ', 1)[-1].strip()[:110]}")
+    if exit_code not in (0, 5) and not found:
+        found.append(f"pytest exit {exit_code}")
+    return list(dict.fromkeys(found))
+
+
+def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
+    report_dir = out_dir / (fault or "clean") / plan.key
+    report_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(FAULT_ENV, None)
+    if fault:
+        env[FAULT_ENV] = fault
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(_pytest_argv(plan, report_dir), env=env, capture_output=True, text=True, timeout=plan.timeout_s)
+        code, output = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired:
+        code, output = -1, f"timed out after {plan.timeout_s}s"
+    (report_dir / "pytest.log").write_text(output)
+    by = _caught_by(report_dir, output, code)
+    return Outcome(fault or "clean", bool(by) or code not in (0, 5), by, time.monotonic() - t0, code)
+
+
+def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None) -> int:
+    console = console or Console(width=200)
+    plans = reference_plans() if target == "reference" else pool_plans()
+    if only:
+        names = [n.strip() for n in only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in plans]
+        if unknown:
+            raise KitError(f"--only: unknown fault {unknown[0]!r}; known: {', '.join(plans)}")
+        plans = {n: plans[n] for n in names}
+    elif fast:
+        keep = FAST_REFERENCE if target == "reference" else FAST_POOL
+        plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in keep}
+    report_dir.mkdir(parents=True, exist_ok=True)
+
+    clean_rows = []
+    clean_ok = True
+    for plan in {p.key: p for p in plans.values()}.values():
+        out = run_plan(plan, None, report_dir)
+        clean_rows.append((plan.key, out))
+        if out.caught:
+            clean_ok = False
+    outcomes = [run_plan(plan, name, report_dir) for name, plan in plans.items()]
+
+    table = Table(title=f"mutants: target={target}")
+    for col in ("fault", "caught by (check: numbers)", "time"):
+        table.add_column(col)
+    for key, out in clean_rows:
+        table.add_row(f"clean [{key}]", "[green]passes[/]" if not out.caught else f"[red]FAILS: {'; '.join(out.by[:3])}[/]", f"{out.seconds:.1f}s")
+    for out in outcomes:
+        table.add_row(out.name, "\n".join(out.by[:4]) if out.caught else "[red]NOT CAUGHT[/]", f"{out.seconds:.1f}s")
+    console.print(table)
+    caught = sum(o.caught for o in outcomes)
+    if not clean_ok:
+        console.print("clean run failed: the score is void")
+    console.print(f"mutation score: {caught}/{len(outcomes)}")
+    return 0 if clean_ok and caught == len(outcomes) else 1
