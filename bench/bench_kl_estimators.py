@@ -10,7 +10,8 @@ and greedy-token disagreement.
         --min-len 128 --max-len 512 --faults state_scaled_1pct,track_boundary_early
 
 Fault names pass straight through to the server; the default list is every reference
-fault whose documented symptom is a divergence on a hit.
+fault whose documented symptom is a divergence on a hit (``lazy_*`` faults run under
+``extra_buffer_lazy`` with SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL=1).
 """
 
 from __future__ import annotations
@@ -42,8 +43,12 @@ def kl_faults() -> list[str]:
 
 def record(fault: str, args: argparse.Namespace, logdir: Path) -> list[KLRecording]:
     port = free_port()
-    argv = [sys.executable, "-m", "conformance.reference.server", "--model", args.model, "--strategy", args.strategy, "--port", str(port)]
+    lazy = fault.startswith("lazy_")  # lazy-path faults only fire under extra_buffer_lazy with alloc failing
+    strategy = "extra_buffer_lazy" if lazy else args.strategy
+    argv = [sys.executable, "-m", "conformance.reference.server", "--model", args.model, "--strategy", strategy, "--port", str(port)]
     env = {"OMP_NUM_THREADS": "1", "HYBRID_CONFORMANCE_FAULT": "" if fault == "none" else fault}
+    if lazy:
+        env["SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL"] = "1"
     srv = ServerProcess(f"ref-{fault}", argv, f"http://127.0.0.1:{port}/health", logdir / f"{fault}.log", env)
     with srv.start(), SGLangClient(f"http://127.0.0.1:{port}", timeout=args.timeout, liveness=srv.exit_reason) as client:
         info = client.server_info()

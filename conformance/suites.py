@@ -47,11 +47,13 @@ class Sizes:
     session_turns: int
 
 
+# A decode step of a tiny twin costs ~10-25 ms on CPU (transformers' per-call overhead),
+# so CPU workloads keep generated tokens few and prompts around the boundaries.
 CPU_SIZES = Sizes(
-    kl_prompts=6, kl_new_tokens=12, kl_max_len=600, kl_turn1_tokens=12, top_k=5,
-    tree_fanout=3, tree_depth=2, tree_new_tokens=4,
-    gsm8k_n=12, gsm8k_shots=2, gsm8k_new_tokens=24,
-    load_requests=8, load_new_tokens=24, session_turns=3,
+    kl_prompts=4, kl_new_tokens=8, kl_max_len=600, kl_turn1_tokens=8, top_k=5,
+    tree_fanout=2, tree_depth=2, tree_new_tokens=3,
+    gsm8k_n=6, gsm8k_shots=2, gsm8k_new_tokens=16,
+    load_requests=6, load_new_tokens=12, session_turns=3,
 )
 GPU_SIZES = Sizes(
     kl_prompts=32, kl_new_tokens=128, kl_max_len=2048, kl_turn1_tokens=64, top_k=20,

@@ -223,3 +223,13 @@ def test_large_page_hits_stay_on_the_grid(toy):
         assert req.reported_cached_tokens == oracle.record_request(req.input_ids, req.output_ids)
     assert req.reported_cached_tokens == 384
     assert_idle_clean(eng)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_disable_radix_cache_never_hits_and_balances(toy, strategy):
+    eng = engine(toy, strategy, disable_radix_cache=True)
+    prompt = [9] * 300
+    reqs = run(eng, [make_req(prompt, 4) for _ in range(3)]) + run(eng, [make_req(prompt, 4)])
+    assert [r.reported_cached_tokens for r in reqs] == [0, 0, 0, 0]
+    assert eng.stats()["mamba_evictable"] == 0
+    assert_idle_clean(eng)

@@ -168,3 +168,24 @@ def test_fault_switch_reads_env_and_rejects_unknown_names():
     assert FaultSwitch.from_env({}).name is None
     with pytest.raises(KitError, match="unknown fault"):
         FaultSwitch.from_env({FAULT_ENV: "nope"})
+
+
+@pytest.mark.parametrize("fault", [None, "pingpong_leak_on_finish"])
+def test_streaming_session_close_path_pr26941(toy, fault):
+    """The PR 26941 path: ping-pong slots moved to a streaming session and on to the next
+    turn must all come back at close."""
+    eng = Engine(toy, EngineConfig(strategy="extra_buffer"), FaultSwitch(fault))
+    sid = eng.sessions.open(None, 10_000, True, None)
+    for n in (120, 20):
+        req = make_req([5 + n % 7] * n, 6)
+        eng.sessions.prepare(req, {"id": sid})
+        try:
+            run(eng, [req])
+        except KitError:
+            break
+    eng.sessions.close(eng, sid)
+    eng.step()  # the idle check after the close
+    if fault:
+        assert eng.dead and "[mamba]" in eng.dead
+    else:
+        assert not eng.dead and eng.flush() and eng.stats()["mamba_used"] == 0

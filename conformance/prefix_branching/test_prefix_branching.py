@@ -15,10 +15,17 @@ from conformance.workloads.trees import branching_tree
 pytestmark = pytest.mark.prefix_branching
 
 SHAPES = {
-    "sequential": dict(concurrent=False, pressure=0),
-    "concurrent": dict(concurrent=True, pressure=0),
-    "eviction_pressure": dict(concurrent=True, pressure=3),
+    "sequential": dict(concurrent=False),
+    "concurrent_then_eviction_pressure": dict(concurrent=True),
 }
+
+
+def _pressure(endpoint, shape: str, chunk: int) -> dict:
+    """Enough short filler prompts to overflow the mamba pool (each stores one state)."""
+    if shape == "sequential":
+        return dict(pressure=0)
+    slots = int(endpoint.info.get("max_mamba_cache_size") or 64)
+    return dict(pressure=min(slots + 8, 160), pressure_len=chunk + 2)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -35,6 +42,7 @@ def test_branching_tree(endpoint, shape, record_verdict):
         max_new_tokens=size.tree_new_tokens,
         seed=len(shape),
         **SHAPES[shape],
+        **_pressure(endpoint, shape, chunk),
     )
     recording = record_tree(endpoint.client, tree, top_k=0 if exact_mode(endpoint) else size.top_k)
     verdict = prefix_branching_verdict(

@@ -95,7 +95,7 @@ class Engine:
         for req in list(self.waiting):
             if req.rid == rid:
                 self.waiting.remove(req)
-                self._finish(req, {"type": "abort", "message": "aborted"}, insert=False)
+                self._finish(req, {"type": "abort", "message": "aborted"})
                 return True
         for req in self.running:
             if req.rid == rid:
@@ -103,6 +103,10 @@ class Engine:
                 self._abort_release(req)
                 return True
         return False
+
+    def request_idle_check(self) -> None:
+        """Run the idle leak check at the next idle step (after a session close, say)."""
+        self._was_busy = True
 
     def is_idle(self) -> bool:
         return not self.waiting and not self.running
@@ -120,8 +124,15 @@ class Engine:
         batch = self._admit()
         if batch:
             self._prefill_batch(batch)
+            self._log_batch("Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d" % (
+                len(batch), sum(len(r.input_ids) - r.prefix_len for r in batch), sum(r.prefix_len for r in batch)))
         for req in decoding:
             self._decode(req)
+        if decoding:
+            self.counters["decode_steps"] += 1
+            if self.counters["decode_steps"] % 40 == 0:
+                self._log_batch("Decode batch. #running-req: %d, #token: %d" % (
+                    len(decoding), sum(r.state.seq_len for r in decoding)))
         for req in [r for r in self.running if r.finish_reason]:
             self.running.remove(req)
             self.slots.release(req, insert=True)
@@ -142,7 +153,7 @@ class Engine:
             admitted = self._try_admit(req)
             if admitted is None:  # can never fit
                 self.waiting.popleft()
-                self._finish(req, {"type": "abort", "message": "request does not fit the memory pools"}, insert=False)
+                self._finish(req, {"type": "abort", "message": "request does not fit the memory pools"})
                 continue
             if not admitted:
                 break
@@ -170,7 +181,7 @@ class Engine:
         if not self.slots.alloc_for(req, need_slots, matched=prefix > 0):
             if match:
                 self.cache.unlock(match.node)
-            return None if self.running == [] and self._cache_empty() else False
+            return None if not self.running else False
         need_kv -= prefix
         if not self.kv_pool.alloc(need_kv):
             self.cache.evict_tokens(need_kv - self.kv_pool.available())
@@ -178,7 +189,7 @@ class Engine:
                 self.slots.free_request_slots(req)
                 if match:
                     self.cache.unlock(match.node)
-                return None if self.running == [] and self._cache_empty() else False
+                return None if not self.running else False
         self.req_pool.alloc()
         req.holds_row = True
         req.kv_reserved = need_kv
@@ -193,18 +204,15 @@ class Engine:
         self.counters["prompt_tokens"] += len(req.input_ids)
         return True
 
-    def _cache_empty(self) -> bool:
-        return not self.cache.root.children
-
     def _cow_from_cache(self, snapshot: Snapshot | None):
         """Copy-on-write of the matched state into the request (hook: cow faults)."""
         if snapshot is None:
             return self.model.empty_state()
         state = snapshot.state.clone()
         if self.faults.active("cow_skipped_zero_state"):
-            state.zero_recurrent()
+            state = state.zero_recurrent()
         if self.faults.active("state_scaled_1pct"):
-            state.scale_recurrent(state.recurrent_layers()[0], 0.99)
+            state = state.scale_recurrent(state.recurrent_layers()[0], 0.99)
         return state
 
     def _reported_cached_tokens(self, req: Req) -> int:
@@ -222,13 +230,15 @@ class Engine:
         if self.faults.active("mamba2_index_misalignment"):
             tracked = [r for r in batch if r.last_track_idx is not None and r.last_track_idx in r.track]
             for prev, req in zip(tracked, tracked[1:]):
-                req.track[req.last_track_idx].state = prev.track[prev.last_track_idx].state.clone()
+                snap = req.track[req.last_track_idx]
+                snap.state = snap.state.with_recurrent_from(prev.track[prev.last_track_idx].state)
         for req in batch:
             self.slots.checkpoint_after_prefill(req)
             check_finish(req, self.model.eos_token_id, self.model.tokenizer.decode)
 
     def _snapshot_at(self, track_at: int, total: int) -> int:
-        """Where the state keyed at ``track_at`` is really taken (hook: track_boundary_*)."""
+        """Where the recurrent state keyed at ``track_at`` is really taken (hook:
+        track_boundary_*); the KV always stays that of ``track_at``."""
         if self.faults.active("track_boundary_early"):
             return track_at - 1
         if self.faults.active("track_boundary_late") and track_at < total:
@@ -239,17 +249,18 @@ class Engine:
         total, p = len(req.input_ids), req.prefix_len
         track_at = None if self.cfg.disable_radix_cache else self.slots.prefill_track_position(req)
         snap_pos = None if track_at is None else max(self._snapshot_at(track_at, total), p)
-        cuts = sorted({p, total} | ({snap_pos} if snap_pos is not None else set()))
+        cuts = sorted({p, total} | ({track_at, snap_pos} if track_at is not None else set()))
         rows, state = [], req.state
-        snapshot = (req.state.clone(), req.last_row) if snap_pos == p else None
+        at = {p: (req.state, req.last_row)}
         for a, b in zip(cuts, cuts[1:]):
             seg_rows, state = self.model.extend(state, req.input_ids[a:b])
             rows.append(seg_rows)
-            if b == snap_pos:
-                snapshot = (state.clone(), seg_rows[-1])
+            at[b] = (state, seg_rows[-1])
         all_rows = torch.cat(rows)
         if track_at is not None:
-            self.slots.track(req, track_at, *snapshot)
+            snap_state, snap_row = at[track_at]
+            snap_state = snap_state.clone() if snap_pos == track_at else snap_state.with_recurrent_from(at[snap_pos][0])
+            self.slots.track(req, track_at, snap_state, snap_row)
         self._record_input_logprobs(req, all_rows)
         req.state, req.last_row = state, all_rows[-1]
         self.counters["prefill_tokens"] += total - p
@@ -281,7 +292,8 @@ class Engine:
         rows, req.state = self.model.extend(req.state, [req.output_ids[-1]])
         if at_boundary:
             early = self.faults.active("track_boundary_early")
-            self.slots.after_boundary(req, pos_after, before.clone() if early else req.state.clone(), rows[-1], before)
+            tracked = req.state.with_recurrent_from(before) if early else req.state.clone()
+            self.slots.after_boundary(req, pos_after, tracked, rows[-1], before)
         self.counters["decode_tokens"] += 1
         self._emit(req, rows[-1])
         check_finish(req, self.model.eos_token_id, self.model.tokenizer.decode)
@@ -300,7 +312,8 @@ class Engine:
             self.slots.release(req, insert=False)
         self._done(req)
 
-    def _finish(self, req: Req, reason: dict, insert: bool) -> None:
+    def _finish(self, req: Req, reason: dict) -> None:
+        """Finish a request that never got resources (aborted in the queue, or too big)."""
         req.finish_reason = reason
         req.error = reason.get("message")
         self._done(req)
@@ -311,6 +324,13 @@ class Engine:
         self.counters["requests_finished"] += 1
         if req.on_done is not None:
             req.on_done(req)
+
+    def _log_batch(self, head: str) -> None:
+        if log.isEnabledFor(logging.INFO):
+            kv = 1 - self.kv_pool.available() / self.kv_pool.size
+            mamba = 1 - self.mamba_pool.available() / self.mamba_pool.size
+            log.info("%s, token usage: %.2f, mamba usage: %.2f, #running-req: %d, #queue-req: %d",
+                     head, kv, mamba, len(self.running), len(self.waiting))
 
     # ------------------------------------------------------------ accounting
     def pool_checks(self) -> list[PoolCheck]:
@@ -352,6 +372,6 @@ class Engine:
             "kv_used": kv.total - kv.available - kv.evictable,
             "num_running_reqs": len(self.running), "num_queue_reqs": len(self.waiting),
             "pingpong_resident": self.slots.pingpong_resident(), "pingpong_peak": self.slots.peak,
-            "session_count": len(self.sessions.sessions),
+            "session_count": len(self.sessions.sessions), "evictions": self.cache.evictions,
             **{f"counter_{k}": v for k, v in self.counters.items()},
         }

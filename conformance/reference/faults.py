@@ -1,7 +1,7 @@
 """Seeded faults of the reference engine: the ONE place that reads HYBRID_CONFORMANCE_FAULT.
 
 Each fault models a real SGLang bug (or a plausible mutant of one) and is injected at one
-named hook in the engine (``engine.py``, ``radix.py``, ``sessions.py``); the hooks ask
+named hook in the engine (``engine.py``, ``slots.py``, ``radix.py``, ``sessions.py``); the hooks ask
 ``active(name)`` of the :class:`FaultSwitch` the engine was built with.  The kit's checks
 must catch every fault over HTTP; ``docs/faults.md`` is generated from :data:`FAULTS`.
 """
@@ -33,7 +33,7 @@ FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "its ping-pong track slots are not returned to the mamba pool: the stale buffer "
         "reference makes the free step skip them.",
         "SGLang PR 26941 (extra_buffer + overlap + streaming sessions leaked 3 slots per session)",
-        "engine.Engine._release_slots (ping-pong part)",
+        "slots.SlotKeeper._free_finished_slots and sessions.SessionStore.resume",
         "mamba slots leak: sglang:mamba_used_tokens > 0 at idle after /flush_cache; idle check fires",
     ),
     FaultSpec(
@@ -41,15 +41,18 @@ FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "extra_buffer_lazy: after a decode track boundary the old keep slot is not freed when "
         "the temporary second slot becomes the keep slot.",
         "the mamba_lazy_post_decode_at_boundary path of SGLang PR 27118",
-        "engine.Engine._lazy_commit_boundary",
+        "slots.SlotKeeper.after_boundary",
         "one mamba slot leaked per decode boundary crossed",
     ),
     FaultSpec(
         "lazy_fail_still_inserts",
-        "extra_buffer_lazy: when the boundary allocation fails the request is still inserted "
-        "into the radix cache, keyed at the new boundary but holding the state of the old one.",
-        "SGLang PR 27118 alloc-fail path (mamba_lazy_is_insert must be False)",
-        "engine.Engine._finish_insert",
+        "extra_buffer_lazy: when the boundary allocation of the second ping-pong slot fails, "
+        "0.5.23 tracks the boundary in place in the keep slot; with this fault that write is lost: "
+        "the tracked length advances but the keep slot still holds the previous recurrent state, "
+        "and that state is inserted at finish.  Fires only when the allocation fails "
+        "(SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL=1 or a full mamba pool).",
+        "SGLang PR 27118 alloc-fail path (tracking must degrade in place or skip the insert)",
+        "slots.SlotKeeper.after_boundary (alloc-failed branch)",
         "stale state under a valid prefix: a later hit diverges from a cold run (KL)",
     ),
     FaultSpec(
@@ -57,14 +60,14 @@ FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "The tracked snapshot is taken one token before the position it is keyed at.",
         "off-by-one in the track seqlen (the `_force_track_h` +1 logic of SGLang's "
         "_mamba_radix_cache_v2_req_prepare_for_extend)",
-        "engine.Engine._snapshot_at",
+        "engine.Engine._snapshot_at (prefill) and engine.Engine._decode (decode tracks)",
         "hits continue from a state one token short: logprobs differ from cold",
     ),
     FaultSpec(
         "track_boundary_late",
         "The tracked snapshot is taken one token after the position it is keyed at.",
         "off-by-one in the track seqlen (see track_boundary_early)",
-        "engine.Engine._snapshot_at",
+        "engine.Engine._snapshot_at (prefill checkpoints)",
         "hits continue from a state one token too far: logprobs differ from cold",
     ),
     FaultSpec(
@@ -87,7 +90,8 @@ FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
     FaultSpec(
         "evict_running_slot",
         "Eviction frees the mamba slot of a cache node still locked by a running request "
-        "(lock refs ignored), so the slot is freed twice once the request releases it.",
+        "(lock refs ignored) while the node keeps referencing it, so the slot is counted twice "
+        "and freed again when the node goes.",
         "lock_ref handling of the mamba eviction path",
         "radix.RadixCache.evict_mamba",
         "pool accounting breaks: available exceeds its share; idle check fires",
@@ -96,14 +100,14 @@ FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "double_free",
         "A finished request's working mamba slot is freed twice.",
         "double release in release_kv_cache / free_mamba_cache",
-        "engine.Engine._release_slots",
+        "slots.SlotKeeper._free_finished_slots",
         "the pool's free list holds a slot twice; the idle check reports available > total",
     ),
     FaultSpec(
         "abort_path_leak",
         "An aborted or rejected-after-admission request does not free its slots.",
         "abort paths that skip release_kv_cache",
-        "engine.Engine._abort",
+        "engine.Engine._abort_release",
         "slots leak after requests that are aborted (e.g. too long for the remaining pool)",
     ),
     FaultSpec(
@@ -111,7 +115,7 @@ FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "When scheduling a matched request fails for lack of room, the copy-on-write slot "
         "already allocated for it is not freed.",
         "the mamba COW allocation in match_prefix before admission can fail",
-        "engine.Engine._try_admit",
+        "slots.SlotKeeper.alloc_for",
         "mamba slots leak under pool pressure",
     ),
     FaultSpec(
@@ -119,7 +123,7 @@ FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "Every finished request leaks its working slot AND the server's own idle leak check "
         "is switched off, so only an external check (/metrics) can see it.",
         "a leak in a build where SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE is off",
-        "engine.Engine._release_slots and engine.Engine.idle_check",
+        "slots.SlotKeeper._free_finished_slots and engine.Engine.idle_check",
         "sglang:mamba_used_tokens > 0 at idle after flush while /health stays 200",
     ),
     FaultSpec(

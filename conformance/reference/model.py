@@ -6,12 +6,15 @@ experts) plus tokenizer and metadata.  ``Twin.extend(state, ids)`` is a pure fun
 and a new ``TwinState``; the input state is never mutated.  A state is the contents of
 transformers' own ``DynamicCache`` for the model (attention KV for ``seq_len`` tokens, conv
 and SSM states of the recurrent layers, float32).  Extending in pieces equals one extend
-and token-by-token decode to ~1e-6 on log-probs (tests/test_twins_model.py).
+and token-by-token decode within 1e-5 on log-probs (measured <= 8e-6; the float32 ulp at
+log-probs of -32..-64 is 3.8e-6; tests/test_twins_model.py).  ``extend`` holds a per-twin
+lock (it hooks the final norm), so threads may share a twin but run one at a time.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -115,6 +118,7 @@ class Twin:
             if any(is_gated_delta_net(m) or is_mamba2_mixer(m) for m in layer.modules())
         )
         self._final_norm, self._norm_eps, self._head_weight = _float64_head(model)
+        self._lock = threading.Lock()
         self._slot_nbytes = 0
         self._slot_nbytes = self._measure_slot_nbytes()
 
@@ -161,19 +165,20 @@ class Twin:
         cache = copy.deepcopy(state.cache)
         start, n = state.seq_len, len(ids)
         captured: list[torch.Tensor] = []
-        hook = self._final_norm.register_forward_hook(lambda mod, args, out: captured.append(args[0]))
-        try:
-            with torch.no_grad():
-                out = self.model.model(
-                    input_ids=torch.tensor([ids], dtype=torch.long),
-                    attention_mask=torch.ones(1, start + n, dtype=torch.long),
-                    position_ids=torch.arange(start, start + n, dtype=torch.long)[None],
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                logprobs = self._head_logprobs(captured.pop()[0])
-        finally:
-            hook.remove()
+        with self._lock:
+            hook = self._final_norm.register_forward_hook(lambda mod, args, out: captured.append(args[0]))
+            try:
+                with torch.no_grad():
+                    out = self.model.model(
+                        input_ids=torch.tensor([ids], dtype=torch.long),
+                        attention_mask=torch.ones(1, start + n, dtype=torch.long),
+                        position_ids=torch.arange(start, start + n, dtype=torch.long)[None],
+                        past_key_values=cache,
+                        use_cache=True,
+                    )
+                    logprobs = self._head_logprobs(captured.pop()[0])
+            finally:
+                hook.remove()
         return logprobs, TwinState(out.past_key_values, start + n, self._recurrent, self._slot_nbytes)
 
     def _head_logprobs(self, prenorm: torch.Tensor) -> torch.Tensor:
@@ -208,6 +213,7 @@ def _load_model(path: Path, architecture: str):
     import transformers
 
     transformers.logging.set_verbosity_error()  # silence "kernel not installed, using PyTorch" notes
+    transformers.logging.disable_progress_bar()
     model_cls = getattr(transformers, architecture)
     model = model_cls.from_pretrained(
         path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager")
@@ -221,8 +227,4 @@ def load_twin(name: str) -> Twin:
     model = _load_model(path, spec.architecture)
     return Twin(spec, path, model, TwinTokenizer(path))
 
-
-def entropy_nats(logprobs: torch.Tensor) -> float:
-    """Mean entropy (nats) of the rows of a log-prob matrix."""
-    return float(-(logprobs.exp() * logprobs).sum(-1).mean())
 

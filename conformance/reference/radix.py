@@ -64,6 +64,7 @@ class RadixCache:
         self._free_slot = free_slot
         self._free_tokens = free_tokens
         self.stale_evict_locked = False
+        self.evictions = 0  # snapshots and leaves evicted under pressure (not flushes)
 
     # ------------------------------------------------------------ lookups
     def match(self, tokens, limit: int) -> Match:
@@ -182,6 +183,7 @@ class RadixCache:
                 victim = min(cands, key=lambda n: n.last_access)
             self._free_slot(victim.snapshot.slot)
             freed += 1
+            self.evictions += 1
             if victim.lock_ref:
                 victim.snapshot.stale = True  # freed while referenced: a later free repeats it
                 continue
@@ -199,6 +201,7 @@ class RadixCache:
                 break
             victim = min(leaves, key=lambda n: n.last_access)
             freed += self._remove_leaf(victim)
+            self.evictions += 1
         return freed
 
     def _remove_leaf(self, leaf: Node) -> int:

@@ -125,7 +125,7 @@ def create_app(runner, args, faults) -> FastAPI:
             "mamba_track_grid": engine.track_grid, "max_mamba_cache_size": args.max_mamba_slots,
             "max_running_requests": args.max_running_requests, "max_total_num_tokens": args.kv_tokens,
             "context_length": model.max_context, "vocab_size": model.vocab_size,
-            "disable_overlap_schedule": True, "seeded_fault": faults.name,
+            "disable_overlap_schedule": True, "chunked_prefill_size": None, "seeded_fault": faults.name,
             "lazy_alloc_fail": faults.lazy_alloc_fail,
         }
 

@@ -56,6 +56,7 @@ class SessionStore:
         if s.held is not None:
             held, s.held = s.held, None
             engine.slots.release(held, insert=True, to_session=False)
+        engine.request_idle_check()
         return True
 
     def expire(self, engine) -> None:

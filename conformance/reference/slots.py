@@ -144,7 +144,7 @@ class SlotKeeper:
         self.update_peak()
 
     def after_boundary(self, req: Req, pos: int, state, row, previous_state) -> None:
-        """Record the boundary state; ``previous_state`` is the one before this step."""
+        """Record the boundary state; ``previous_state`` is the state before this step."""
         if not self.lazy:
             self.track(req, pos, state, row)
             return
@@ -153,8 +153,8 @@ class SlotKeeper:
         if new is None:  # allocation failed: tracking degrades in place into the keep slot
             if not self.engine.faults.active("lazy_fail_still_inserts"):
                 self.track(req, pos, state, row)
-            else:  # the fault: the write is lost, the key still advances
-                self.track(req, pos, previous_state, row)
+            else:  # the fault: the write is lost (old recurrent state), the key still advances
+                self.track(req, pos, state.with_recurrent_from(previous_state), row)
             return
         old = req.next_track_idx
         req.next_track_idx = new

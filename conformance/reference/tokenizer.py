@@ -10,6 +10,8 @@ ChatML chat template) in the form ``transformers.AutoTokenizer`` (hence SGLang) 
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import random
 from pathlib import Path
@@ -21,6 +23,7 @@ PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_e
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END]  # ids 0, 1, 2, 3
 CORPUS_SEED = 1729
 CORPUS_LINES = 3000
+TRAINER_VERSION = 1  # bump when the trainer settings below change
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -32,7 +35,7 @@ CHAT_TEMPLATE = (
 _NAMES = "Ann Ben Carla Dev Emma Farid Gina Hugo Iris Jon Kira Liam Mona Nate Omar Pia Raj Sara Tom Uma".split()
 _ITEMS = ("apples eggs books coins cookies pencils marbles stickers tickets cupcakes shirts "
           "boxes bottles flowers candies cards toys pages miles dollars hours minutes").split()
-_VERBS = "buys sells gives finds makes reads eats collects earns spends loses saves".split()
+_VERBS = "buys sells sold gives gave finds makes made reads eats collects earns spends loses saves pays".split()
 _WORDS = ("the a and of to in is it that for on with as was he she they each more than how many "
           "much total left per day week every half twice three times what does have has had "
           "then after before if so all some her his their there are were at by from one two "
@@ -75,6 +78,14 @@ def synthetic_corpus(n_lines: int = CORPUS_LINES, seed: int = CORPUS_SEED) -> li
     return lines
 
 
+@functools.lru_cache(maxsize=1)
+def tokenizer_fingerprint() -> str:
+    """Digest of the corpus and trainer version; part of every twin's spec hash."""
+    blob = f"{TRAINER_VERSION}\n" + "\n".join(synthetic_corpus())
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=4)
 def train_tokenizer(vocab_size: int) -> Tokenizer:
     """Train the byte-level BPE (digits split one by one) to exactly ``vocab_size`` entries."""
     tok = Tokenizer(models.BPE())

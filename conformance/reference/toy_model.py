@@ -71,12 +71,22 @@ class ToyState:
     def recurrent_layers(self) -> list[int]:
         return list(range(len(self.recurrent)))
 
-    def scale_recurrent(self, layer: int, factor: float) -> None:
-        self.recurrent[layer].mul_(factor)
+    def scale_recurrent(self, layer: int, factor: float) -> "ToyState":
+        """A copy with recurrent layer ``layer`` multiplied by ``factor``."""
+        out = self.clone()
+        out.recurrent[layer].mul_(factor)
+        return out
 
-    def zero_recurrent(self) -> None:
-        for h in self.recurrent:
+    def zero_recurrent(self) -> "ToyState":
+        """A copy with every recurrent state zeroed (attention KV kept)."""
+        out = self.clone()
+        for h in out.recurrent:
             h.zero_()
+        return out
+
+    def with_recurrent_from(self, other: "ToyState") -> "ToyState":
+        """A copy with this state's KV and ``other``'s recurrent states."""
+        return ToyState(self.keys.clone(), self.values.clone(), [h.clone() for h in other.recurrent])
 
     def nbytes_recurrent(self) -> int:
         return sum(h.numel() * h.element_size() for h in self.recurrent)

@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ ARCHITECTURES = {  # architecture -> transformers config class name
     "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig",
     "FalconH1ForCausalLM": "FalconH1Config",
 }
+_SEEDED_INIT = threading.Lock()
 _SPEC_KEYS = {"name", "family", "architecture", "seed", "max_context", "mamba_chunk_size",
               "config", "sglang_config", "init", "recorded"}
 
@@ -56,8 +58,10 @@ class TwinSpec:
     source: Path | None = None
 
     def hashed_fields(self) -> dict[str, Any]:
+        from conformance.reference.tokenizer import tokenizer_fingerprint
+
         return {
-            "generator": GENERATOR_VERSION, "name": self.name, "family": self.family,
+            "generator": GENERATOR_VERSION, "tokenizer": tokenizer_fingerprint(), "name": self.name, "family": self.family,
             "architecture": self.architecture, "seed": self.seed, "max_context": self.max_context,
             "mamba_chunk_size": self.mamba_chunk_size, "config": self.config,
             "sglang_config": self.sglang_config, "init": self.init,
@@ -133,7 +137,7 @@ def build_model(spec: TwinSpec):
 
     config = build_config(spec)
     model_cls = getattr(transformers, spec.architecture)
-    with torch.random.fork_rng(devices=[]):
+    with _SEEDED_INIT, torch.random.fork_rng(devices=[]):  # the global RNG: one thread at a time
         torch.manual_seed(spec.seed)
         model = model_cls(config).to(torch.float32).eval()
     apply_init_recipe(model, spec.init)
@@ -155,6 +159,9 @@ def generate(spec: TwinSpec, dest: Path) -> None:
     """Write the full HF folder of ``spec`` into ``dest`` (which must not exist yet)."""
     from conformance.reference.tokenizer import save_tokenizer
 
+    import transformers
+
+    transformers.logging.disable_progress_bar()
     model = build_model(spec)
     dest.mkdir(parents=True)
     model.save_pretrained(dest, safe_serialization=True)
@@ -168,8 +175,11 @@ def ensure_twin(name: str, force: bool = False) -> Path:
     """The twin's HF folder, generating it (atomically) on first use or when ``force``."""
     spec = load_spec(name)
     folder = twin_folder(spec)
-    if folder.is_dir() and (folder / "twin.json").is_file() and not force:
+    complete = (folder / "twin.json").is_file()  # written last, inside the atomic rename
+    if complete and not force:
         return folder
+    if folder.exists() and not complete:  # left by hand-editing; never by a crashed run
+        shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:

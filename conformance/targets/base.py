@@ -21,6 +21,9 @@ class LaunchSpec:
     host: str = "127.0.0.1"
     health_path: str = "/health"
     start_timeout_s: float = 120.0
+    entry: str | None = None  # "module:function" to fork from the preloaded forkserver
+    entry_argv: list[str] = field(default_factory=list)
+    preload: tuple[str, ...] = ()
 
     @property
     def base_url(self) -> str:

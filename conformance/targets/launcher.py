@@ -6,6 +6,9 @@ PD router). Lifecycle rules:
 * the child runs in its own session / process group, stdout+stderr to a log file;
 * start-up polls a health URL with a deadline and tells "exited during start-up"
   (exit code + log tail) apart from "not healthy in time";
+* ``entry="module:function"`` starts the child from a ``multiprocessing`` forkserver
+  that has already imported the heavy modules (``preload``): the same server code,
+  without paying torch/transformers imports once per cell;
 * teardown sends SIGTERM to the group, waits, then SIGKILLs the group — and every
   live server is also torn down from an ``atexit`` hook and from SIGTERM/SIGHUP
   handlers, so a Ctrl-C, a SIGTERM to pytest or a crashed xdist worker leaves no
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import importlib
+import multiprocessing
 import os
 import signal
 import socket
@@ -25,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import httpx
 
@@ -64,28 +69,34 @@ class ServerProcess:
     start_timeout_s: float = 120.0
     stop_timeout_s: float = 10.0
     poll_s: float = 0.25
-    proc: subprocess.Popen | None = None
+    entry: str | None = None
+    entry_argv: Sequence[str] = ()
+    preload: Sequence[str] = ()
+    proc: "subprocess.Popen | _ForkedChild | None" = None
     returncode: int | None = None
 
     # -- lifecycle --------------------------------------------------------------
     def start(self) -> "ServerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.env}
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(
-                list(self.argv),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
-                start_new_session=not sys.platform.startswith("linux"),
-            )
-        except OSError as e:
-            raise ServerStartError(f"{self.name}: cannot execute {self.argv[0]!r}: {e.strerror}") from None
-        finally:
-            log.close()
+        if self.entry:
+            self.proc = _ForkedChild.start(self.entry, list(self.entry_argv), env, self.log_path, self.preload)
+        else:
+            log = open(self.log_path, "ab")
+            try:
+                self.proc = subprocess.Popen(
+                    list(self.argv),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
+                    start_new_session=not sys.platform.startswith("linux"),
+                )
+            except OSError as e:
+                raise ServerStartError(f"{self.name}: cannot execute {self.argv[0]!r}: {e.strerror}") from None
+            finally:
+                log.close()
         with _LIVE_LOCK:
             _LIVE.add(self)
         try:
@@ -174,6 +185,65 @@ class ServerProcess:
 
     def __hash__(self) -> int:
         return id(self)
+
+
+class _ForkedChild:
+    """A server forked from the kit's forkserver; quacks like ``subprocess.Popen``."""
+
+    _ctx: Any = None
+
+    def __init__(self, process: Any) -> None:
+        self._p = process
+        self.pid = process.pid
+
+    @classmethod
+    def start(cls, entry: str, argv: list[str], env: dict[str, str], log_path: Path, preload: Sequence[str]) -> "_ForkedChild":
+        if cls._ctx is None:
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(list(preload))
+            cls._ctx = ctx
+        p = cls._ctx.Process(target=_forked_main, args=(entry, argv, env, str(log_path)), daemon=False)
+        p.start()
+        return cls(p)
+
+    def poll(self) -> int | None:
+        return None if self._p.is_alive() else self._p.exitcode
+
+    @property
+    def returncode(self) -> int | None:
+        return self.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._p.join(timeout)
+        if self._p.is_alive():
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+        return self._p.exitcode
+
+
+def _forked_main(entry: str, argv: list[str], env: dict[str, str], log_path: str) -> None:  # pragma: no cover - child
+    """In the forked child: own session, parent-death signal, log file, env, then the entry."""
+    _set_pdeathsig()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    os.environ.clear()
+    os.environ.update(env)
+    module, func = entry.split(":")
+    code = 1
+    try:
+        code = int(getattr(importlib.import_module(module), func)(argv) or 0)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

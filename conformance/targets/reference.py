@@ -16,14 +16,31 @@ from conformance.targets.base import LaunchSpec
 FAULT_ENV = "HYBRID_CONFORMANCE_FAULT"
 #: Advanced/testing: run another module or script as the reference server.
 SERVER_ENV = "HYBRID_CONFORMANCE_REFERENCE_SERVER"
+#: Set to 1 to start every reference server with a fresh interpreter instead of the forkserver.
+NO_FORKSERVER_ENV = "HYBRID_CONFORMANCE_NO_FORKSERVER"
+#: Imported once by the forkserver, so each cell's server starts in well under a second.
+PRELOAD = (
+    "torch",
+    "transformers",
+    "transformers.models.qwen3_next.modeling_qwen3_next",
+    "transformers.models.nemotron_h.modeling_nemotron_h",
+    "transformers.models.granitemoehybrid.modeling_granitemoehybrid",
+    "transformers.models.falcon_h1.modeling_falcon_h1",
+    "fastapi",
+    "uvicorn",
+    "conformance.reference.server",
+    "conformance.reference.routes",
+    "conformance.reference.model",
+)
 
 
 class ReferenceTarget:
     name = "reference"
 
-    def __init__(self, *, python: str | None = None, max_mamba_slots: int | None = None) -> None:
+    def __init__(self, *, python: str | None = None, max_mamba_slots: int | None = None, forkserver: bool = True) -> None:
         self.python = python or sys.executable
         self.max_mamba_slots = max_mamba_slots
+        self.forkserver = forkserver and os.environ.get(NO_FORKSERVER_ENV, "") in ("", "0")
 
     def supports(self, cell: Cell) -> str | None:
         if "reference" not in cell.targets:
@@ -45,4 +62,9 @@ class ReferenceTarget:
         if self.max_mamba_slots:
             argv += ["--max-mamba-slots", str(self.max_mamba_slots)]
         env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **cell.env}
-        return LaunchSpec(argv=argv, env=env, port=port, start_timeout_s=120.0)
+        spec = LaunchSpec(argv=argv, env=env, port=port, start_timeout_s=120.0)
+        if self.forkserver and server == "conformance.reference.server":
+            spec.entry = "conformance.reference.server:main"
+            spec.entry_argv = argv[3:]
+            spec.preload = PRELOAD
+        return spec

@@ -58,6 +58,9 @@ def serve_cell(cell: Cell, options: Any, *, log_dir: Path) -> Iterator[Endpoint]
         health_url=spec.base_url + spec.health_path,
         log_path=Path(log_dir) / f"{cell.id}.log",
         start_timeout_s=spec.start_timeout_s,
+        entry=spec.entry,
+        entry_argv=spec.entry_argv,
+        preload=spec.preload,
     )
     proc.start()
     client = SGLangClient(spec.base_url, liveness=proc.exit_reason)

@@ -293,7 +293,9 @@ def record_sessions(client: SGLangClient, scripts: Sequence[SessionScript], *, t
                     except (KitError, FutureTimeout) as e:
                         if isinstance(e, ServerDiedError) or turn.abort_after_s is None:
                             raise KitError(f"session {script.name} turn {i}: {e}") from None
-                        turns.append(TurnResult(script.name, i, rid, "abort", 0, 0, str(e)[:200], seen))
+                        if not seen:  # failed before it was ever seen decoding: not our abort
+                            errors.append(f"session {script.name} turn {i} failed before decoding: {str(e)[:200]}")
+                        turns.append(TurnResult(script.name, i, rid, "abort" if seen else "error", 0, 0, str(e)[:200], seen))
                         continue
                     resp = resp[0] if isinstance(resp, list) else resp
                     fin = (resp.get("meta_info", {}).get("finish_reason") or {}).get("type", "unknown")

@@ -39,12 +39,13 @@ def leak_session_scripts(
     track_interval: int = 256,
     turns: int = 4,
     new_tokens: int = 16,
-    abort_new_tokens: int = 4096,
+    abort_new_tokens: int = 1024,
     abort_after_s: float = 0.3,
     seed: int = 0,
 ) -> tuple[SessionScript, SessionScript]:
     """(streaming, non-streaming) scripts; turn lengths make the context cross a track
-    boundary by the second turn."""
+    boundary by the second turn. ``abort_new_tokens`` keeps the aborted turn decoding
+    long enough to be aborted mid-decode; keep context + it under the context length."""
     if turns < 3:
         raise KitError(f"leak_session_scripts: need at least 3 turns (one aborted, one branched), got {turns}")
     turn_len = max(8, track_interval // 2 + 7)
@@ -60,7 +61,8 @@ def leak_session_scripts(
     plain = [turn(i, "n") for i in range(turns)]
     plain[abort_at] = turn(abort_at, "n", max_new_tokens=abort_new_tokens, abort_after_s=abort_after_s)
     plain.append(turn(turns, "n", parent=0))  # branch from the first turn by rid
-    plain.append(turn(turns + 1, "n", parent=1, replace=True))  # replace turn 1's subtree
+    done = next(i for i in range(turns) if i not in (0, abort_at))  # a completed turn, not the aborted one
+    plain.append(turn(turns + 1, "n", parent=done, replace=True))  # replace that turn's subtree
     return (
         SessionScript(f"streaming-s{seed}", True, streaming),
         SessionScript(f"non-streaming-s{seed}", False, tuple(plain)),

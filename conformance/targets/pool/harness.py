@@ -63,16 +63,13 @@ class PoolSizes:
 class Running:
     """A request the harness drives: the real ``Req`` plus what the kit knows of it."""
 
+    rid: str
     req: object
     prompt: tuple[int, ...]
     matched: int
     chunked_prefill_size: int | None
     prefill_done: bool = False
     stored: list[int] = field(default_factory=list)
-
-    @property
-    def rid(self) -> str:
-        return self.req.rid
 
     @property
     def tokens(self) -> list[int]:
@@ -223,15 +220,23 @@ class PoolHarness:
         """Match, COW, lock and allocate a new request; raise PoolExhausted if refused."""
         if rid in self.running:
             raise ValueError(f"request {rid} already running")
+        if not prompt:
+            raise ValueError(f"request {rid} has an empty prompt")
         tracking = self.rtp.mamba_initial_tracking_slots if self.extra else 0
         if self.rtp.available_size() < 1 or not self._mamba_room(1 + tracking + 1):
             raise PoolExhausted("no request row or mamba slot")
         req = self.make_req(rid, prompt)
         req.init_next_round_input(self.tree)
+        return self.adopt(rid, req, prompt, chunked_prefill_size=chunked_prefill_size)
+
+    def adopt(self, rid: str, req, prompt: Sequence[int], *, chunked_prefill_size: int | None = None) -> Running:
+        """Lock and allocate a request whose ``init_next_round_input`` already ran (a new
+        request, or a reused ``Req`` object as streaming sessions do)."""
+        tracking = self.rtp.mamba_initial_tracking_slots if self.extra else 0
         matched = req.prefix_len
         req.lock = self.tree.lock(req.last_node)
-        first = chunked_prefill_size or len(prompt)
-        if not self._mamba_room(tracking) or not self._kv_room(min(first, len(prompt) - matched)):
+        first = self._chunk_end(matched, len(prompt), chunked_prefill_size) - matched
+        if self.rtp.available_size() < 1 or not self._mamba_room(tracking + 1) or not self._kv_room(first):
             self.tree.unlock(req.lock)
             req.lock = None
             self.api.release_kv_cache(req, self.tree, checkpoint=False)
@@ -240,18 +245,22 @@ class PoolHarness:
         prefix = self.tree.prefix_device_indices(req)
         if len(prefix):
             self.rtp.write((req.kv.req_pool_idx, slice(0, len(prefix))), prefix.to(torch.int32))
-        run = Running(req, tuple(prompt), matched, chunked_prefill_size)
+        run = Running(rid, req, tuple(prompt), matched, chunked_prefill_size)
         self.running[rid] = run
         return run
+
+    def _chunk_end(self, start: int, prompt_len: int, chunked_prefill_size: int | None) -> int:
+        """Where the PrefillAdder cuts the next chunk (page-aligned)."""
+        if not chunked_prefill_size or prompt_len - start <= chunked_prefill_size:
+            return prompt_len
+        ps = self.key.page_size
+        return (start + max(chunked_prefill_size // ps * ps, ps)) // ps * ps
 
     def prefill_chunk(self, run: Running) -> int | None:
         """Run the next prefill chunk; returns the length the tree stored (None if nothing)."""
         req, prompt = run.req, run.prompt
         start = req.prefix_len
-        end = len(prompt)
-        if run.chunked_prefill_size and end - start > run.chunked_prefill_size:
-            ps = self.key.page_size
-            end = (start + max(run.chunked_prefill_size // ps * ps, ps)) // ps * ps
+        end = self._chunk_end(start, len(prompt), run.chunked_prefill_size)
         if not self._kv_room(end - start) or not self._mamba_room(1):
             # the checkpoint after the chunk copies (no_buffer) or donates-and-refills a slot
             raise PoolExhausted("no KV or mamba room for the prefill chunk")

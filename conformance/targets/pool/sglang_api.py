@@ -61,6 +61,7 @@ def _import() -> SimpleNamespace:
         from sglang.srt.managers.scheduler_components.invariant_checker import SchedulerInvariantChecker
         from sglang.srt.managers.scheduler_components.pool_stats_observer import SchedulerPoolStatsObserver
         from sglang.srt.mem_cache import allocation as mem_allocation
+        from sglang.srt.mem_cache import common as mem_cache_common
         from sglang.srt.mem_cache.allocation import alloc_req_slots
         from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
         from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator

@@ -1,0 +1,63 @@
+"""Recording for the PD suite: one workload through the PD router and through the same
+cell's non-PD server, as the frozen records the KL / GSM8K / leak checks judge."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from conformance.checks.kl import KLRecording, KLSequence
+from conformance.client import SGLangClient
+from conformance.workloads.prompts import extension
+from conformance.workloads.runners import _served as served_logprobs  # the runners' response parser
+from conformance.workloads.runners import cache_enabled, cached_tokens, generate_tokens, idle_probe, output_ids, prefill_logprobs
+
+SCENARIO = "pd_prefill_hit"
+
+
+def record_pd_logprobs(
+    pd: SGLangClient,
+    baseline: SGLangClient,
+    prompts: Sequence[Sequence[int]],
+    *,
+    new_tokens: int,
+    top_k: int,
+    vocab_size: int,
+    ext_len: int = 8,
+    cold_generate: bool = False,
+    timeout: float | None = None,
+) -> KLRecording:
+    """PD-served logprobs against the NON-PD server's cold re-prefill of the same tokens.
+
+    Served: through the PD router on a prefill-side cache hit (each prompt warmed through
+    the router, then prompt + ``ext_len`` new tokens generated), so the decode server
+    continues from a shipped state that the prefill server partly took from its cache.
+    Reference and noise floor: two cold teacher-forced prefills of the served tokens on
+    the non-PD server; ``cold_generate`` adds the non-PD server's free-running greedy
+    tokens (exact mode).
+    """
+    enabled = cache_enabled(pd)
+    pd.flush_cache()
+    generate_tokens(pd, prompts, 0, timeout=timeout)
+    inputs = [tuple(p) + extension(ext_len, vocab_size=vocab_size, seed=f"pd:{i}") for i, p in enumerate(prompts)]
+    served = generate_tokens(pd, inputs, new_tokens, top_k=top_k, timeout=timeout)
+    hits = [cached_tokens(r) for r in served]
+    served_lp = [served_logprobs(r) for r in served]
+    pd.flush_cache()
+    cold: list[tuple[int, ...]] = [()] * len(inputs)
+    if cold_generate:
+        baseline.flush_cache()
+        cold = [output_ids(r) for r in generate_tokens(baseline, inputs, new_tokens, timeout=timeout)]
+    full = [inp + s.token_ids for inp, s in zip(inputs, served_lp)]
+    starts = [len(inp) for inp in inputs]
+    ref = prefill_logprobs(baseline, full, starts, top_k=top_k, timeout=timeout)
+    floor = prefill_logprobs(baseline, full, starts, top_k=top_k, timeout=timeout)
+    baseline.flush_cache()
+    seqs = tuple(KLSequence(SCENARIO, st, h, s, r, f, c) for st, h, s, r, f, c in zip(starts, hits, served_lp, ref, floor, cold))
+    return KLRecording(seqs, enabled, top_k)
+
+
+def probe_both(pd: Any, scenario: str, *, requests: int, gauges: Sequence[str]) -> list:
+    """Flush each PD server and wait for its idle gauges; the probes are kept on ``pd.extra``."""
+    probes = [idle_probe(client, f"{role} {scenario}", requests=requests, gauges=gauges) for role, client in (("prefill", pd.prefill), ("decode", pd.decode))]
+    pd.extra.setdefault("idle_probes", []).extend(probes)
+    return probes

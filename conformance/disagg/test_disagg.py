@@ -1,0 +1,123 @@
+"""PD disaggregation suite: per cell, a prefill server, a decode server and a router started
+together as one unit (``conformance.targets.disagg.serve_pd``), compared with the same
+cell's NON-PD server (the plugin's ``endpoint``, started for the cell if no other suite did).
+
+* logprobs: PD-served tokens on a prefill-side cache hit against two cold re-prefills on the
+  non-PD server (``checks.kl.kl_verdict``: exact on the CPU reference, KL-bounded on GPU);
+* GSM8K: the PD answers against the non-PD answers to the same questions (agreement mode on
+  CPU twins; on GPU accuracy with a Wilson interval, a paired McNemar test and SGLang's PD
+  threshold history);
+* leaks: idle gauges on BOTH servers after every scenario, a load timeline, and a scan of all
+  three logs.
+
+Each test files a ``disagg`` verdict; the report merges them per cell.  ``extra_buffer_lazy``
+cells are refused under PD by SGLang 0.5.23: recorded as a stated skip, never a pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from conformance.checks.disagg import CHECK, disagg_verdict, threshold_history
+from conformance.checks.gsm8k import gsm8k_verdict, is_correct
+from conformance.checks.kl import kl_verdict
+from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, leak_verdict
+from conformance.disagg.record import probe_both, record_pd_logprobs
+from conformance.errors import KitError
+from conformance.records import Verdict
+from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
+from conformance.targets.disagg import not_applicable, serve_pd
+from conformance.workloads.gsm8k import load_gsm8k, select_items
+from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
+from conformance.workloads.runners import generate_tokens, record_gsm8k, sample_occupancy
+
+pytestmark = pytest.mark.disagg
+SEEDS = {"logprobs": 21, "load": 22}
+
+
+def _gauges(pd) -> tuple[str, ...]:
+    from conformance.reference.pd import PENDING_GAUGE
+
+    return (MAMBA_GAUGE, KV_GAUGE, PENDING_GAUGE) if pd.target == "reference" else (MAMBA_GAUGE, KV_GAUGE)
+
+
+@pytest.fixture(scope="session")
+def pd_endpoint(cell, conformance_options, tmp_path_factory):
+    """The cell's PD unit (prefill + decode + router), started once per cell."""
+    log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
+    stack = contextlib.ExitStack()
+    try:
+        pd = stack.enter_context(serve_pd(cell, conformance_options, log_dir=log_dir))
+    except KitError as e:
+        problem = str(e)
+    else:
+        with stack:
+            yield pd
+        return
+    pytest.fail(problem, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def pd_gsm8k_data(conformance_options):
+    try:
+        return load_gsm8k(conformance_options.gsm8k_dir)
+    except KitError as e:
+        problem = str(e)
+    pytest.fail(problem, pytrace=False)
+
+
+def _bind(cell, request, record_verdict):
+    """(PD unit, non-PD endpoint) for the cell; a cell without a PD variant is a stated skip."""
+    reason = not_applicable(cell)
+    if reason:
+        settle(record_verdict(Verdict(CHECK, "skip", reason=reason)))
+    pd = request.getfixturevalue("pd_endpoint")
+    return pd, request.getfixturevalue("endpoint")
+
+
+def test_pd_logprobs(cell, request, record_verdict):
+    pd, base = _bind(cell, request, record_verdict)
+    size = sizes_for(pd)
+    chunk, grid = grids(cell)
+    vocab = vocab_size(base)
+    prompts = token_prompts(prefill_hit_lengths(chunk, grid, n=size.kl_prompts, max_len=size.kl_max_len), vocab_size=vocab, seed=SEEDS["logprobs"])
+    rec = record_pd_logprobs(pd.router, base.client, prompts, new_tokens=size.kl_new_tokens, top_k=size.top_k, vocab_size=vocab, cold_generate=exact_mode(pd))
+    probe_both(pd, "after pd_logprobs", requests=len(prompts), gauges=_gauges(pd))
+    th = cell.model.thresholds
+    kl = kl_verdict(rec, chunk=chunk, track_interval=grid, k3_max=th.kl_k3_max, floor_factor=th.kl_floor_factor, abs_cap=th.kl_abs_cap,
+                    hit_fraction_min=th.hit_fraction_min, exact=exact_mode(pd))
+    settle(record_verdict(disagg_verdict([kl])))
+
+
+def test_pd_gsm8k(cell, request, pd_gsm8k_data, record_verdict):
+    pd, base = _bind(cell, request, record_verdict)
+    size = sizes_for(pd)
+    items = select_items(pd_gsm8k_data, size.gsm8k_n)
+    kw = dict(shots=size.gsm8k_shots, max_new_tokens=size.gsm8k_new_tokens)
+    pd.router.flush_cache()
+    served = record_gsm8k(pd.router, items, pd_gsm8k_data.train, label=f"{cell.id} PD", **kw)
+    probe_both(pd, "after pd_gsm8k", requests=len(items), gauges=_gauges(pd))
+    base.client.flush_cache()
+    baseline = record_gsm8k(base.client, items, pd_gsm8k_data.train, label=f"{cell.id} non-PD", **kw)
+    base.client.flush_cache()
+    if exact_mode(pd):  # CPU twins: accuracy means nothing, every answer must equal the non-PD one
+        verdict = disagg_verdict([gsm8k_verdict(served, mode="agreement", baseline=baseline)])
+    else:
+        correct = sum(is_correct(a, "flexible") for a in served.answers)
+        v = gsm8k_verdict(served, mode="accuracy", baseline=baseline, min_accuracy=cell.model.thresholds.gsm8k_min_accuracy)
+        verdict = disagg_verdict([v], history=threshold_history(correct, len(served.answers)))
+    settle(record_verdict(verdict))
+
+
+def test_pd_leaks(cell, request, record_verdict):
+    pd, base = _bind(cell, request, record_verdict)
+    size = sizes_for(pd)
+    chunk, _grid = grids(cell)
+    prompts = token_prompts([chunk + 1 + 7 * i for i in range(size.load_requests)], vocab_size=vocab_size(base), seed=SEEDS["load"])
+    timeline, _out = sample_occupancy(pd.decode, lambda: generate_tokens(pd.router, prompts, size.load_new_tokens))
+    probes = list(pd.extra.get("idle_probes", [])) + probe_both(pd, "after load", requests=len(prompts), gauges=_gauges(pd))
+    logs = "\n".join(pd.log_texts().values())
+    verdict = leak_verdict(probes, log_text=logs, alive=pd.alive(), timeline=timeline, gauges=_gauges(pd))
+    settle(record_verdict(disagg_verdict([verdict])))

@@ -1,0 +1,301 @@
+"""Seeded pool faults: monkeypatches of SGLang's REAL memory-management functions.
+
+Each fault re-creates a known class of bug so the kit can show its pool tier catches it.
+Use as a pytest plugin: ``HYBRID_CONFORMANCE_FAULT=<name> pytest -p conformance.mutants.
+pool_faults ...`` (``FAULT_ENV`` is read in one place: :func:`selected_fault`), or in
+process with ``with apply(name): ...``.  ``FAULTS`` maps name -> :class:`PoolFault`
+(description, real bug modelled, patch function, strategies it applies to).  A patch function takes the
+``sglang_api`` namespace and a ``setattr``-like ``patch(obj, name, value)`` callable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from conformance.errors import KitError
+
+FAULT_ENV = "HYBRID_CONFORMANCE_FAULT"
+
+
+@dataclass(frozen=True)
+class PoolFault:
+    name: str
+    description: str
+    real_bug: str
+    patch: Callable[[object, Callable], None]
+    strategies: tuple[str, ...] = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
+
+
+def _pingpong_leak_on_finish(api, patch):
+    pool_cls = api.HybridReqToTokenPool
+    original = pool_cls.free_mamba_cache
+
+    def free_mamba_cache(self, req, mamba_ping_pong_track_buffer_to_keep=None):
+        if req.kv.mamba_ping_pong_track_buffer is None:
+            return original(self, req, mamba_ping_pong_track_buffer_to_keep)
+        self.mamba_allocator.free(req.kv.mamba_pool_idx.unsqueeze(0))
+        req.kv.mamba_pool_idx = None
+        req.kv.mamba_ping_pong_track_buffer = None  # slots forgotten, never freed
+        req.kv.mamba_ping_pong_empty = None
+        req.kv.mamba_next_track_idx = req.kv.mamba_last_track_idx = None
+        req.kv.mamba_last_track_seqlen = req.kv.mamba_prev_track_seqlen = None
+
+    patch(pool_cls, "free_mamba_cache", free_mamba_cache)
+
+
+def _pingpong_stale_reference(api, patch):
+    pool_cls = api.HybridReqToTokenPool
+    original = pool_cls.free_mamba_cache
+
+    def free_mamba_cache(self, req, mamba_ping_pong_track_buffer_to_keep=None):
+        buf, empty, nxt = req.kv.mamba_ping_pong_track_buffer, req.kv.mamba_ping_pong_empty, req.kv.mamba_next_track_idx
+        original(self, req, mamba_ping_pong_track_buffer_to_keep)
+        if buf is not None:  # pre-fix behaviour: the finished Req keeps naming freed slots
+            req.kv.mamba_ping_pong_track_buffer, req.kv.mamba_ping_pong_empty = buf, list(empty)
+            req.kv.mamba_next_track_idx = nxt
+
+    patch(pool_cls, "free_mamba_cache", free_mamba_cache)
+
+
+def _lazy_second_slot_kept(api, patch):
+    cls = api.SchedulerBatchResultProcessor
+
+    def mamba_lazy_post_decode_at_boundary(self, req, batch, track_idx):
+        req.kv.mamba_last_track_idx = track_idx
+        req.kv.mamba_next_track_idx = track_idx  # the old slot is never given back
+
+    patch(cls, "mamba_lazy_post_decode_at_boundary", mamba_lazy_post_decode_at_boundary)
+
+
+def _lazy_alloc_fail_tracks_empty_slot(api, patch):
+    cls = api.ScheduleBatch
+    original = cls.mamba_lazy_prealloc_at_boundary
+
+    def mamba_lazy_prealloc_at_boundary(self, mamba_track_interval):
+        before = {id(r): r.kv.mamba_next_track_idx for r in self.reqs}
+        original(self, mamba_track_interval)
+        for i, req in enumerate(self.reqs):
+            other = 1 - before[id(req)]
+            if self.seq_lens_cpu[i].item() % mamba_track_interval == 0 and req.kv.mamba_ping_pong_empty[other]:
+                req.kv.mamba_next_track_idx = other  # failure path still switches to the missing slot
+
+    patch(cls, "mamba_lazy_prealloc_at_boundary", mamba_lazy_prealloc_at_boundary)
+
+
+def _track_shift(delta: int):
+    def apply(api, patch):
+        cls = api.ScheduleBatch
+        original = cls._mamba_radix_cache_v2_req_prepare_for_extend
+
+        def prepare(self, req):
+            entry = original(self, req)
+            if entry.track_mask and req.kv.mamba_last_track_seqlen is not None:
+                req.kv.mamba_last_track_seqlen += delta
+            return entry
+
+        patch(cls, "_mamba_radix_cache_v2_req_prepare_for_extend", prepare)
+
+    return apply
+
+
+def _cow_skipped(api, patch):
+    cls = api.MambaComponent
+    original = cls.finalize_match_result_in_cache
+
+    def finalize(self, params, result):
+        out = original(self, params, result)
+        if params.req is not None:
+            params.req.kv.mamba_cow_src_index = None  # the hit continues from a stale/zeroed slot
+        return out
+
+    patch(cls, "finalize_match_result_in_cache", finalize)
+
+
+def _donate_keeps_reference(api, patch):
+    pool_cls = api.HybridReqToTokenPool
+
+    def donate(self, req, new_slot):
+        idx = self.get_mamba_ping_pong_keep_idx(req)
+        self.mamba_allocator.free(new_slot)  # the refill is dropped: the request keeps the donated slot
+        return req.kv.mamba_ping_pong_track_buffer[idx].unsqueeze(-1).clone()
+
+    patch(pool_cls, "donate_mamba_ping_pong_slot", donate)
+
+
+def _mamba_double_free(api, patch):
+    pool_cls = api.HybridReqToTokenPool
+    original = pool_cls.free_mamba_cache
+
+    def free_mamba_cache(self, req, mamba_ping_pong_track_buffer_to_keep=None):
+        idx = req.kv.mamba_pool_idx
+        original(self, req, mamba_ping_pong_track_buffer_to_keep)
+        self.mamba_allocator.free(idx.unsqueeze(0))
+
+    patch(pool_cls, "free_mamba_cache", free_mamba_cache)
+
+
+def _mamba_freed_into_kv_pool(api, patch):
+    module = api.mem_cache_common
+    original = module.release_kv_cache
+
+    def release_kv_cache(req, tree_cache, *, checkpoint):
+        idx = req.kv.mamba_pool_idx
+        mamba_allocator = tree_cache.req_to_token_pool.mamba_allocator
+        real_free = mamba_allocator.free
+        diverted = []
+
+        def free(slots):
+            if idx is not None and slots.numel() == 1 and int(slots.view(-1)[0]) == int(idx):
+                diverted.append(slots.view(-1).to(torch.int64))
+                return None
+            return real_free(slots)
+
+        mamba_allocator.free = free
+        try:
+            return original(req, tree_cache, checkpoint=checkpoint)
+        finally:
+            del mamba_allocator.free
+            for slots in diverted:  # handed to the KV allocator instead
+                tree_cache.token_to_kv_pool_allocator.free(slots)
+
+    patch(module, "release_kv_cache", release_kv_cache)
+    patch(api, "release_kv_cache", release_kv_cache)
+
+
+def _leak_on_abort(api, patch):
+    module = api.mem_cache_common
+    original = module.release_kv_cache
+
+    def release_kv_cache(req, tree_cache, *, checkpoint):
+        if not isinstance(req.finished_reason, api.FINISH_ABORT):
+            return original(req, tree_cache, checkpoint=checkpoint)
+        allocator = tree_cache.req_to_token_pool.mamba_allocator
+        allocator.free = lambda slots: None  # the abort path forgets its mamba slots
+        try:
+            return original(req, tree_cache, checkpoint=checkpoint)
+        finally:
+            del allocator.free
+
+    patch(module, "release_kv_cache", release_kv_cache)
+    patch(api, "release_kv_cache", release_kv_cache)
+
+
+def _refused_after_match_leak(api, patch):
+    module = api.mem_cache_common
+    original = module.release_kv_cache
+
+    def release_kv_cache(req, tree_cache, *, checkpoint):
+        if not req.kv.holds_kv and req.kv.holds_mamba:
+            req.kv.mamba_pool_idx = None  # the COW slot of a refused request is dropped, not freed
+            return None
+        return original(req, tree_cache, checkpoint=checkpoint)
+
+    patch(module, "release_kv_cache", release_kv_cache)
+    patch(api, "release_kv_cache", release_kv_cache)
+
+
+BUFFERED = ("extra_buffer", "extra_buffer_lazy")
+FAULTS: dict[str, PoolFault] = {
+    f.name: f
+    for f in (
+        PoolFault("pingpong_leak_on_finish", "finishing requests never return their ping-pong track slots",
+                  "PR 26941 class: ping-pong slots leaked per finished request until the idle check killed the server",
+                  _pingpong_leak_on_finish, BUFFERED),
+        PoolFault("pingpong_stale_reference", "a finished Req keeps naming its freed ping-pong slots",
+                  "PR 26941 itself: the stale mamba_ping_pong_track_buffer made the next alloc of a reused Req skip",
+                  _pingpong_stale_reference, BUFFERED),
+        PoolFault("lazy_second_slot_kept", "the transient lazy slot is never returned after a boundary step",
+                  "PR 27118 class: mamba_lazy_post_decode_at_boundary not freeing the old slot",
+                  _lazy_second_slot_kept, ("extra_buffer_lazy",)),
+        PoolFault("lazy_alloc_fail_tracks_empty_slot", "a failed lazy boundary allocation still tracks into the missing slot, which is then inserted",
+                  "PR 27118 class: alloc-fail path inserting a state that was never written",
+                  _lazy_alloc_fail_tracks_empty_slot, ("extra_buffer_lazy",)),
+        PoolFault("track_boundary_early", "prefill records its tracked state one token before where it was taken",
+                  "PR 15829 class: track index/length misalignment caches wrong states",
+                  _track_shift(-1), BUFFERED),
+        PoolFault("track_boundary_late", "prefill records its tracked state one token after where it was taken",
+                  "PR 15829 class: track index/length misalignment caches wrong states",
+                  _track_shift(+1), BUFFERED),
+        PoolFault("cow_skipped", "a cache hit does not copy the matched state into the request's slot",
+                  "PR 26877 class: a hit continues from a zeroed or stale state",
+                  _cow_skipped),
+        PoolFault("donate_keeps_reference", "a donated track slot stays referenced by the running request",
+                  "eviction then frees a slot a running request still writes",
+                  _donate_keeps_reference, BUFFERED),
+        PoolFault("mamba_double_free", "a finished request's mamba slot is freed twice",
+                  "double free: the slot is later handed to two owners",
+                  _mamba_double_free),
+        PoolFault("mamba_freed_into_kv_pool", "a finished request's mamba slot is returned to the wrong pool (the KV allocator)",
+                  "PR 27256 class: frees routed to the wrong allocator/device",
+                  _mamba_freed_into_kv_pool),
+        PoolFault("leak_on_abort", "aborted requests never return their mamba slots",
+                  "leak only on the abort path",
+                  _leak_on_abort),
+        PoolFault("refused_after_match_leak", "a request refused after its match keeps its copy-on-write slot",
+                  "matched-request scheduling failure leak (scheduler's revert of the matched mamba idx)",
+                  _refused_after_match_leak),
+    )
+}
+
+
+def get(name: str) -> PoolFault:
+    if name not in FAULTS:
+        raise KitError(f"{FAULT_ENV}={name!r}: unknown pool fault (known: {', '.join(FAULTS)})")
+    return FAULTS[name]
+
+
+@contextlib.contextmanager
+def apply(name: str) -> Iterator[PoolFault]:
+    """Install one fault for the duration of the block (undone in reverse order)."""
+    from conformance.targets.pool import sglang_api
+
+    fault = get(name)
+    api = sglang_api.load()
+    undo: list[tuple[object, str, object, bool]] = []
+
+    def patch(obj, attr, value):
+        had = attr in vars(obj)
+        undo.append((obj, attr, getattr(obj, attr, None), had))
+        setattr(obj, attr, value)
+
+    fault.patch(api, patch)
+    try:
+        yield fault
+    finally:
+        for obj, attr, old, had in reversed(undo):
+            if had:
+                setattr(obj, attr, old)
+            else:
+                delattr(obj, attr)
+
+
+def selected_fault() -> str | None:
+    """The one place the fault env var is read."""
+    return os.environ.get(FAULT_ENV) or None
+
+
+_ACTIVE: contextlib.ExitStack | None = None
+
+
+def pytest_configure(config) -> None:
+    global _ACTIVE
+    name = selected_fault()
+    if name is None:
+        return
+    _ACTIVE = contextlib.ExitStack()
+    _ACTIVE.enter_context(apply(name))
+
+
+def pytest_unconfigure(config) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE.close()
+
+
+def pytest_report_header(config) -> list[str]:
+    name = selected_fault()
+    return [f"pool fault injected: {name} ({get(name).description})"] if name else []

@@ -1,0 +1,147 @@
+"""The PD launch commands: SGLang's three commands per cell, checked by SGLang's own parser
+(``extra_buffer_lazy`` refused on the prefill side, as 0.5.23 does), the router command's
+shape (and ``sglang_router``'s parser when installed), and the reference PD commands."""
+
+from __future__ import annotations
+
+import shlex
+from types import SimpleNamespace
+
+import pytest
+
+from conformance.errors import KitError
+from conformance.matrix import load_matrix
+from conformance.targets.disagg import (
+    LAZY_REFUSAL,
+    ROUTER_LAUNCHER,
+    PDPorts,
+    not_applicable,
+    pd_spec_for,
+    reference_pd_spec,
+    sglang_pd_spec,
+    validate_pd_spec,
+    validate_router_argv,
+)
+from conformance.targets.sglang import SGLangTarget
+
+PORTS = PDPorts(prefill=30000, decode=30001, router=30100, bootstrap=8998)
+
+
+def _cells(strategy=None, family=None):
+    m = load_matrix()
+    return [c for c in m.cells if c.fault.name == "none" and c.cache_variant.name == "radix" and c.page_size == 1
+            and c.track_interval == 256 and (strategy is None or c.strategy.name == strategy)
+            and (family is None or c.model.family == family)]
+
+
+def _flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_sglang_pd_commands_share_the_bootstrap_port_and_split_the_gpus():
+    cell = _cells("extra_buffer", "qwen3-next")[0]  # tp 4
+    spec = sglang_pd_spec(cell, target=SGLangTarget(), ports=PORTS, gpus=list(range(8)), transfer_backend="nixl")
+    pre, dec = spec.prefill.argv, spec.decode.argv
+    assert _flag(pre, "--disaggregation-mode") == "prefill" and _flag(dec, "--disaggregation-mode") == "decode"
+    assert _flag(pre, "--disaggregation-bootstrap-port") == _flag(dec, "--disaggregation-bootstrap-port") == "8998"
+    assert _flag(pre, "--disaggregation-transfer-backend") == _flag(dec, "--disaggregation-transfer-backend") == "nixl"
+    assert _flag(pre, "--base-gpu-id") == "0" and _flag(dec, "--base-gpu-id") == "4"
+    assert spec.prefill.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    assert _flag(pre, "--port") == "30000" and _flag(dec, "--port") == "30001"
+    assert _flag(pre, "--mamba-radix-cache-strategy") == "extra_buffer"
+    router = shlex.join(spec.router.argv)
+    assert router.startswith(ROUTER_LAUNCHER + " --pd-disaggregation")
+    assert "--prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001" in router
+    assert spec.prefill.health_path == spec.decode.health_path == "/health"
+
+
+def test_sglang_pd_without_a_backend_leaves_sglangs_default():
+    spec = sglang_pd_spec(_cells("no_buffer", "nemotron-h")[0], target=SGLangTarget(), ports=PORTS)
+    assert "--disaggregation-transfer-backend" not in spec.prefill.argv
+    assert "--disable-overlap-schedule" in spec.prefill.argv and "CUDA_VISIBLE_DEVICES" not in spec.prefill.env
+
+
+def test_bad_backend_and_too_few_gpus_are_one_line_errors():
+    cell = _cells("extra_buffer", "qwen3-next")[0]
+    with pytest.raises(KitError, match="unknown value 'tcp'"):
+        sglang_pd_spec(cell, target=SGLangTarget(), ports=PORTS, transfer_backend="tcp")
+    with pytest.raises(KitError, match="PD needs 8 GPUs"):
+        sglang_pd_spec(cell, target=SGLangTarget(), ports=PORTS, gpus=[0, 1, 2, 3])
+    opts = SimpleNamespace(target="sglang", twins=False, gpus_per_worker=8, sglang_launcher="python -m sglang.launch_server")
+    with pytest.raises(KitError, match=r"PD needs 12 GPUs per worker \(tp 4 each for the non-PD server, prefill and decode\)"):
+        pd_spec_for(cell, opts)
+
+
+def test_pd_gpus_follow_the_non_pd_servers_gpus(monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    cell = _cells("no_buffer", "nemotron-h")[0]  # tp 1
+    opts = SimpleNamespace(target="sglang", twins=False, gpus_per_worker=3, sglang_launcher="python -m sglang.launch_server")
+    spec = pd_spec_for(cell, opts, ports=PORTS)
+    assert spec.prefill.env["CUDA_VISIBLE_DEVICES"] == "4,5"  # worker gw1 owns 3-5; its non-PD server has 3
+    assert _flag(spec.prefill.argv, "--base-gpu-id") == "0" and _flag(spec.decode.argv, "--base-gpu-id") == "1"
+
+
+def test_lazy_cells_are_not_applicable_in_one_line():
+    lazy = _cells("extra_buffer_lazy", "granite-h")[0]
+    assert not_applicable(lazy) == LAZY_REFUSAL and "\n" not in LAZY_REFUSAL
+    assert not_applicable(_cells("extra_buffer", "granite-h")[0]) is None
+    with pytest.raises(KitError, match="extra_buffer_lazy is refused under PD"):
+        pd_spec_for(lazy, SimpleNamespace(target="reference"))
+
+
+def test_reference_pd_commands_start_the_roles_and_the_router():
+    cell = _cells("extra_buffer", "falcon-h1")[0]
+    spec = reference_pd_spec(cell, ports=PORTS, role_env={"prefill": {"HYBRID_CONFORMANCE_FAULT": "pd_state_off_by_one"}})
+    pre = spec.prefill.argv
+    assert pre[1:3] == ["-m", "conformance.reference.pd"] and _flag(pre, "--disaggregation-mode") == "prefill"
+    assert _flag(pre, "--decode-url") == "http://127.0.0.1:30001" and _flag(pre, "--model") == cell.model.twin
+    assert _flag(spec.decode.argv, "--disaggregation-mode") == "decode" and "--decode-url" not in spec.decode.argv
+    assert spec.prefill.env["HYBRID_CONFORMANCE_FAULT"] == "pd_state_off_by_one" and "HYBRID_CONFORMANCE_FAULT" not in spec.decode.env
+    assert spec.router.argv[1:3] == ["-m", "conformance.reference.router"]
+    assert _flag(spec.router.argv, "--prefill") == "http://127.0.0.1:30000" and _flag(spec.router.argv, "--port") == "30100"
+
+
+# ------------------------------------------------------------------ parsers
+def test_router_command_shape_and_parser():
+    spec = sglang_pd_spec(_cells("no_buffer", "qwen3-next")[0], target=SGLangTarget(), ports=PORTS)
+    ok = validate_router_argv(spec.router.argv)
+    assert ok.ok, ok.message
+    try:
+        import sglang_router.router_args  # noqa: F401
+
+        assert ok.message == "ok (sglang_router's parser)"
+    except ImportError:
+        assert ok.message.startswith("ok (shape only")
+    base = shlex.split(ROUTER_LAUNCHER)
+    assert not validate_router_argv([*base, "--prefill", "http://a:1", "--decode", "http://b:2"]).ok
+    two = validate_router_argv([*base, "--pd-disaggregation", "--prefill", "http://a:1", "--prefill", "http://c:3", "--decode", "http://b:2"])
+    assert not two.ok and "exactly one --prefill" in two.message
+    assert "takes a URL" in validate_router_argv([*base, "--pd-disaggregation", "--prefill", "a:1", "--decode", "http://b:2"]).message
+
+
+def test_router_parser_rejects_an_unknown_flag():
+    pytest.importorskip("sglang_router.router_args", reason="sglang_router not installed: its parser cannot be asked")
+    base = shlex.split(ROUTER_LAUNCHER)
+    v = validate_router_argv([*base, "--pd-disaggregation", "--prefill", "http://a:1", "--decode", "http://b:2", "--no-such-flag"])
+    assert not v.ok and "sglang_router's parser rejected" in v.message
+
+
+@pytest.fixture(scope="module")
+def sglang_parser():
+    pytest.importorskip("sglang.srt.server_args", reason="SGLang is not importable here")
+
+
+@pytest.mark.parametrize("family", ["qwen3-next", "nemotron-h", "granite-h", "falcon-h1"])
+def test_sglangs_parser_accepts_pd_for_no_buffer_and_extra_buffer_and_refuses_lazy(sglang_parser, family):
+    for cell in _cells(family=family):
+        spec = sglang_pd_spec(cell, target=SGLangTarget(), ports=PORTS, transfer_backend="mooncake")
+        result = validate_pd_spec(spec, cell)
+        assert result["decode"].ok, (cell.id, result["decode"].message)  # decode: radix cache off, lazy resolves
+        assert result["router"].ok, (cell.id, result["router"].message)
+        if cell.strategy.pd:
+            assert result["prefill"].ok, (cell.id, result["prefill"].message)
+            assert not_applicable(cell) is None
+        else:  # the kit's n/a line agrees with SGLang's own refusal
+            assert not result["prefill"].ok
+            assert "extra_buffer_lazy unsupported under PD disaggregation" in result["prefill"].message
+            assert not_applicable(cell) == LAZY_REFUSAL
