@@ -20,7 +20,7 @@ from conformance.errors import KitError, ServerStartError
 from conformance.matrix import load_matrix
 from conformance.reference.faults import FAULT_ENV
 from conformance.reference.launch import start_reference
-from conformance.reference.pd import PENDING_GAUGE, Shipment, pack, read_faults, unpack
+from conformance.reference.pd import PD_FAULT_ENV, PENDING_GAUGE, Shipment, pack, read_faults, unpack
 from conformance.targets.disagg import PDPorts, reference_pd_spec, serve_pd
 from conformance.targets.launcher import live_servers
 from conformance.workloads.prompts import token_prompts
@@ -133,5 +133,8 @@ def test_state_transfer_round_trips_and_garbage_is_one_line():
 def test_pd_fault_is_read_in_one_place():
     faults, pd_fault = read_faults({FAULT_ENV: "pd_state_off_by_one"})
     assert pd_fault == "pd_state_off_by_one" and faults.name is None
-    faults, pd_fault = read_faults({FAULT_ENV: "double_free"})
-    assert pd_fault is None and faults.name == "double_free"
+    faults, pd_fault = read_faults({FAULT_ENV: "double_free", PD_FAULT_ENV: "pd_state_off_by_one"})
+    assert pd_fault == "pd_state_off_by_one" and faults.name == "double_free"
+    assert read_faults({FAULT_ENV: "double_free"})[1] is None
+    with pytest.raises(KitError, match="unknown PD fault 'nope' in HYBRID_CONFORMANCE_PD_FAULT"):
+        read_faults({PD_FAULT_ENV: "nope"})

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from conformance.errors import KitError
@@ -119,9 +120,9 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
     for col in ("fault", "caught by (check: numbers)", "time"):
         table.add_column(col)
     for key, out in clean_rows:
-        table.add_row(f"clean [{key}]", "[green]passes[/]" if not out.caught else f"[red]FAILS: {'; '.join(out.by[:3])}[/]", f"{out.seconds:.1f}s")
+        table.add_row(escape(f"clean [{key}]"), "[green]passes[/]" if not out.caught else f"[red]FAILS: {escape('; '.join(out.by[:3]))}[/]", f"{out.seconds:.1f}s")
     for out in outcomes:
-        table.add_row(out.name, "\n".join(out.by[:4]) if out.caught else "[red]NOT CAUGHT[/]", f"{out.seconds:.1f}s")
+        table.add_row(escape(out.name), escape("\n".join(out.by[:4])) if out.caught else "[red]NOT CAUGHT[/]", f"{out.seconds:.1f}s")
     console.print(table)
     caught = sum(o.caught for o in outcomes)
     if not clean_ok:

@@ -16,10 +16,13 @@ def start_reference(log_dir: Path, *args: str, env: dict | None = None,
     The caller must ``stop()`` the process (a failed start is already stopped)."""
     port = free_port()
     argv = [sys.executable, "-m", "conformance.reference.server", *args, "--port", str(port)]
+    from conformance.targets.reference import PRELOAD
+
     sp = ServerProcess(name="reference", argv=argv, health_url=f"http://127.0.0.1:{port}/health",
                        log_path=Path(log_dir) / f"reference-{port}.log",
                        env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})},
-                       start_timeout_s=start_timeout_s)
+                       start_timeout_s=start_timeout_s,
+                       entry="conformance.reference.server:main", entry_argv=argv[3:], preload=PRELOAD)
     sp.start()
     return sp, f"http://127.0.0.1:{port}"
 

@@ -15,7 +15,8 @@ but unclaimed on the decode side): it must read 0 at idle.  Requests come throug
 
 Start: ``python -m conformance.reference.pd --disaggregation-mode prefill --decode-url URL
 --model tiny-qwen3-next --port N`` (and ``--disaggregation-mode decode``).
-Seeded PD fault ``HYBRID_CONFORMANCE_FAULT=pd_state_off_by_one``: the prefill ships the
+Seeded PD fault ``HYBRID_CONFORMANCE_PD_FAULT=pd_state_off_by_one`` (or the engine's
+``HYBRID_CONFORMANCE_FAULT``): the prefill ships the
 recurrent state of one token before the end of the prompt with the right KV, as a
 mis-indexed state transfer would (read in :func:`read_faults`, the one place).
 """
@@ -47,6 +48,7 @@ ROLES = ("prefill", "decode")
 TRANSFER_PATH = "/pd/transfer"
 ROOM_HEADER = "x-bootstrap-room"
 PENDING_GAUGE = "sglang:pd_pending_transfers"
+PD_FAULT_ENV = "HYBRID_CONFORMANCE_PD_FAULT"
 PD_FAULTS = {
     "pd_state_off_by_one": "the prefill role ships the recurrent state of one token before the end of the "
     "prompt (KV correct): a mis-indexed mamba state transfer (cf. SGLang PR 15829's failing PD test)",
@@ -54,13 +56,21 @@ PD_FAULTS = {
 
 
 def read_faults(environ: dict | None = None) -> tuple[FaultSwitch, str | None]:
-    """(the engine's fault switch, the PD fault name or None) from the environment."""
+    """(the engine's fault switch, the PD fault name or None) from the environment.
+
+    A PD fault is named by ``HYBRID_CONFORMANCE_PD_FAULT`` (seen by the PD roles only, so a
+    whole run can carry it while its non-PD servers stay clean) or by the engine's
+    ``HYBRID_CONFORMANCE_FAULT``.
+    """
     env = dict(os.environ if environ is None else environ)
+    pd_name = env.get(PD_FAULT_ENV, "").strip() or None
+    if pd_name is not None and pd_name not in PD_FAULTS:
+        raise KitError(f"unknown PD fault {pd_name!r} in {PD_FAULT_ENV}; known: {', '.join(PD_FAULTS)}")
     name = env.get(FAULT_ENV, "").strip()
     if name in PD_FAULTS:
         env.pop(FAULT_ENV)
-        return FaultSwitch.from_env(env), name
-    return FaultSwitch.from_env(env), None
+        pd_name = pd_name or name
+    return FaultSwitch.from_env(env), pd_name
 
 
 def rid_for(room: int) -> str:

@@ -1,0 +1,29 @@
+"""The disagg suite through the CLI, for the cells that start no server: an
+``extra_buffer_lazy`` cell is a stated skip with SGLang's refusal in one line (never a
+pass), and nothing is launched for it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conformance.targets.disagg import LAZY_REFUSAL
+
+
+def test_lazy_cells_are_recorded_as_not_applicable_without_a_launch(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "conformance.cli", "run", "--suite", "disagg", "--models", "qwen3-next", "--tier", "premerge",
+         "--strategies", "extra_buffer_lazy", "--report-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert f"disagg: {LAZY_REFUSAL}" in out.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["launches"] == 0
+    cells = {c["id"]: c for c in report["cells"]}
+    assert cells and all(c["strategy"] == "extra_buffer_lazy" for c in cells.values())
+    for c in cells.values():
+        v = c["checks"]["disagg"]
+        assert v["status"] == "skip" and v["reason"] == LAZY_REFUSAL
