@@ -17,6 +17,8 @@ pipi $TORCH_PIN
 pipi -r "$here/requirements-cpu.txt" $TORCH_PIN
 # sglang pins CUDA-only packages; its CPU-importable part needs only the list above.
 pipi --no-deps "$SGLANG_PIN"
+# Optional: sglang-router's own argument parser validates the PD router command.
+pipi --no-deps "${HYBRID_CONFORMANCE_SGLANG_ROUTER:-sglang-router==0.3.2}" || echo "setup-cpu: sglang-router not installed; PD router commands are checked by shape only"
 pipi --no-deps -e "$root"
 "$PY" - <<'PY'
 import importlib.metadata as md

@@ -53,6 +53,9 @@ def test_sglang_pd_commands_share_the_bootstrap_port_and_split_the_gpus():
     assert router.startswith(ROUTER_LAUNCHER + " --pd-disaggregation")
     assert "--prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001" in router
     assert spec.prefill.health_path == spec.decode.health_path == "/health"
+    plan = spec.describe()
+    assert plan["prefill"]["command"] == pre and plan["router"]["health"] == "http://127.0.0.1:30100/health"
+    assert plan["bootstrap_port"] == 8998 and plan["transfer_backend"] == "nixl"
 
 
 def test_sglang_pd_without_a_backend_leaves_sglangs_default():

@@ -77,6 +77,11 @@ class PDSpec:
     def specs(self) -> dict[str, LaunchSpec]:
         return {"prefill": self.prefill, "decode": self.decode, "router": self.router}
 
+    def describe(self) -> dict[str, Any]:
+        """JSON-able commands for ``plan`` output: each role's argv, env and health URL."""
+        roles = {role: {"command": list(s.argv), "env": dict(s.env), "health": s.base_url + s.health_path} for role, s in self.specs().items()}
+        return {**roles, "bootstrap_port": self.bootstrap_port, "transfer_backend": self.transfer_backend}
+
 
 # ------------------------------------------------------------------ SGLang
 def sglang_pd_spec(
