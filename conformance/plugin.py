@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import CHECKS, DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
+from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
 from conformance.records import Verdict
 
 HELP_TARGET = "who answers: reference (embedded CPU server, default), sglang (real sglang serve), pool (only the in-process pool tier)"
@@ -239,7 +239,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_report_header(config: pytest.Config) -> list[str]:
     o = run_state(config).options
     sel = ", ".join(f"{k}={v}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes), ("tier", o.tier)) if v)
-    return [f"hybrid-conformance: target={o.target}" + (f" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
+    return [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
 
 
 # ------------------------------------------------------------------ fixtures
@@ -256,6 +256,18 @@ def cell(request: pytest.FixtureRequest) -> Cell:
 @pytest.fixture(scope="session")
 def conformance_options(pytestconfig: pytest.Config) -> Options:
     return run_state(pytestconfig).options
+
+
+@pytest.fixture(scope="session")
+def gsm8k_data(conformance_options: Options) -> Any:
+    """GSM8K from --gsm8k-dir / HYBRID_CONFORMANCE_GSM8K_DIR (sha256-checked), else datasets."""
+    from conformance.workloads.gsm8k import load_gsm8k
+
+    try:
+        return load_gsm8k(conformance_options.gsm8k_dir)
+    except KitError as e:
+        problem = str(e)
+    pytest.fail(problem, pytrace=False)
 
 
 @pytest.fixture(scope="session")

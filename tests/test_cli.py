@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import main, pytest_argv_for_run, build_parser
+from conformance.cli import build_parser, pytest_argv_for_run
 from conformance.matrix import load_matrix
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,6 @@ SIGTERM-ignoring servers, and zero orphans after SIGINT/SIGTERM/crash of the par
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

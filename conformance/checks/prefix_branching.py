@@ -12,6 +12,8 @@ under a cap. A mismatch fails with the request's path in the tree.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import copy
 from dataclasses import dataclass
 from typing import Sequence
@@ -21,6 +23,7 @@ from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
 from conformance.records import Verdict
 
+T = TypeVar("T")
 CHECK = "prefix_branching"
 
 
@@ -47,8 +50,9 @@ class TreeRecording:
     tree: str = ""
 
 
-def _groups(reqs: Sequence[TreeRequestRecord]) -> list[list[TreeRequestRecord]]:
-    out: list[list[TreeRequestRecord]] = []
+def consecutive_groups(reqs: Sequence[T]) -> list[list[T]]:
+    """Runs of requests sharing ``.group`` (sent together), in order."""
+    out: list[list[T]] = []
     for r in reqs:
         if out and out[-1][0].group == r.group:
             out[-1].append(r)
@@ -115,7 +119,7 @@ def prefix_branching_verdict(
     oracle = copy.deepcopy(oracle)
     rows, problems = [], []
     hits_expected = hits_observed = hit_mism = out_mism = exp_tokens = obs_tokens = 0
-    for group in _groups(rec.requests):
+    for group in consecutive_groups(rec.requests):
         if any(m.flushed_before for m in group):
             oracle.flush()
         verdicts = []

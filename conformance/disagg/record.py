@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from conformance.checks.kl import KLRecording, KLSequence
+from conformance.checks.kl import KLRecording
 from conformance.client import SGLangClient
 from conformance.workloads.prompts import extension
-from conformance.workloads.runners import _served as served_logprobs  # the runners' response parser
-from conformance.workloads.runners import cache_enabled, cached_tokens, generate_tokens, idle_probe, output_ids, prefill_logprobs
+from conformance.workloads.runners import cache_enabled, generate_tokens, idle_probe, judge_against_cold
 
 SCENARIO = "pd_prefill_hit"
 
@@ -40,20 +39,11 @@ def record_pd_logprobs(
     generate_tokens(pd, prompts, 0, timeout=timeout)
     inputs = [tuple(p) + extension(ext_len, vocab_size=vocab_size, seed=f"pd:{i}") for i, p in enumerate(prompts)]
     served = generate_tokens(pd, inputs, new_tokens, top_k=top_k, timeout=timeout)
-    hits = [cached_tokens(r) for r in served]
-    served_lp = [served_logprobs(r) for r in served]
     pd.flush_cache()
-    cold: list[tuple[int, ...]] = [()] * len(inputs)
-    if cold_generate:
-        baseline.flush_cache()
-        cold = [output_ids(r) for r in generate_tokens(baseline, inputs, new_tokens, timeout=timeout)]
-    full = [inp + s.token_ids for inp, s in zip(inputs, served_lp)]
-    starts = [len(inp) for inp in inputs]
-    ref = prefill_logprobs(baseline, full, starts, top_k=top_k, timeout=timeout)
-    floor = prefill_logprobs(baseline, full, starts, top_k=top_k, timeout=timeout)
-    baseline.flush_cache()
-    seqs = tuple(KLSequence(SCENARIO, st, h, s, r, f, c) for st, h, s, r, f, c in zip(starts, hits, served_lp, ref, floor, cold))
-    return KLRecording(seqs, enabled, top_k)
+    return judge_against_cold(
+        served, inputs, baseline, scenario=SCENARIO, enabled=enabled, new_tokens=new_tokens,
+        top_k=top_k, cold_generate=cold_generate, timeout=timeout,
+    )
 
 
 def probe_both(pd: Any, scenario: str, *, requests: int, gauges: Sequence[str]) -> list:

@@ -29,7 +29,7 @@ from conformance.errors import KitError
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
 from conformance.targets.disagg import not_applicable, serve_pd
-from conformance.workloads.gsm8k import load_gsm8k, select_items
+from conformance.workloads.gsm8k import select_items
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import generate_tokens, record_gsm8k, sample_occupancy
 
@@ -59,15 +59,6 @@ def pd_endpoint(cell, conformance_options, tmp_path_factory):
     pytest.fail(problem, pytrace=False)
 
 
-@pytest.fixture(scope="session")
-def pd_gsm8k_data(conformance_options):
-    try:
-        return load_gsm8k(conformance_options.gsm8k_dir)
-    except KitError as e:
-        problem = str(e)
-    pytest.fail(problem, pytrace=False)
-
-
 def _bind(cell, request, record_verdict):
     """(PD unit, non-PD endpoint) for the cell; a cell without a PD variant is a stated skip."""
     reason = not_applicable(cell)
@@ -93,15 +84,15 @@ def test_pd_logprobs(cell, request, record_verdict):
 
 def test_pd_gsm8k(cell, request, record_verdict):
     pd, base = _bind(cell, request, record_verdict)
-    pd_gsm8k_data = request.getfixturevalue("pd_gsm8k_data")  # after the n/a check: a lazy cell needs no data
+    gsm8k_data = request.getfixturevalue("gsm8k_data")  # after the n/a check: a lazy cell needs no data
     size = sizes_for(pd)
-    items = select_items(pd_gsm8k_data, size.gsm8k_n)
+    items = select_items(gsm8k_data, size.gsm8k_n)
     kw = dict(shots=size.gsm8k_shots, max_new_tokens=size.gsm8k_new_tokens)
     pd.router.flush_cache()
-    served = record_gsm8k(pd.router, items, pd_gsm8k_data.train, label=f"{cell.id} PD", **kw)
+    served = record_gsm8k(pd.router, items, gsm8k_data.train, label=f"{cell.id} PD", **kw)
     probe_both(pd, "after pd_gsm8k", requests=len(items), gauges=_gauges(pd))
     base.client.flush_cache()
-    baseline = record_gsm8k(base.client, items, pd_gsm8k_data.train, label=f"{cell.id} non-PD", **kw)
+    baseline = record_gsm8k(base.client, items, gsm8k_data.train, label=f"{cell.id} non-PD", **kw)
     base.client.flush_cache()
     if exact_mode(pd):  # CPU twins: accuracy means nothing, every answer must equal the non-PD one
         verdict = disagg_verdict([gsm8k_verdict(served, mode="agreement", baseline=baseline)])

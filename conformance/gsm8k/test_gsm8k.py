@@ -9,23 +9,13 @@ from __future__ import annotations
 import pytest
 
 from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording, gsm8k_verdict
-from conformance.errors import KitError
-from conformance.records import Verdict, merge
+from conformance.records import merge
 from conformance.suites import exact_mode, settle, sizes_for
 from conformance.workloads.cell_store import sibling_key
-from conformance.workloads.gsm8k import load_gsm8k, select_items
+from conformance.workloads.gsm8k import select_items
 from conformance.workloads.runners import record_gsm8k
 
 pytestmark = pytest.mark.gsm8k
-
-
-@pytest.fixture(scope="session")
-def gsm8k_data(conformance_options):
-    try:
-        return load_gsm8k(conformance_options.gsm8k_dir)
-    except KitError as e:
-        problem = str(e)
-    pytest.fail(problem, pytrace=False)
 
 
 def _to_json(rec: GSM8KRecording) -> list[list]:

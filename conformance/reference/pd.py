@@ -23,7 +23,6 @@ mis-indexed state transfer would (read in :func:`read_faults`, the one place).
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
@@ -327,7 +326,7 @@ def build_role_engine(args, faults: FaultSwitch, pd_fault: str | None) -> Engine
 
 
 def main(argv: list[str] | None = None) -> int:
-    from conformance.reference.server import EngineRunner, _configure_logging, _serve
+    from conformance.reference.server import _configure_logging, run_app
 
     args = build_parser().parse_args(argv)
     _configure_logging(args.log_level)
@@ -347,19 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     log.info("PD %s role, strategy %s, radix cache %s", role, args.strategy, "off" if args.disable_radix_cache else "on")
     from conformance.reference.routes import create_app
 
-    runner = EngineRunner(engine)
-    runner.start()
-    app = install_pd_routes(create_app(runner, args, faults), runner, args, role, pd_fault)
-    try:
-        asyncio.run(_serve(app, args.host, args.port, args.log_level))
-    except KitError as exc:
-        print(f"python -m conformance.reference.pd: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        pass
-    finally:
-        runner.stop()
-    return 0
+    return run_app(
+        engine,
+        lambda runner: install_pd_routes(create_app(runner, args, faults), runner, args, role, pd_fault),
+        args,
+        prog="python -m conformance.reference.pd",
+    )
 
 
 if __name__ == "__main__":

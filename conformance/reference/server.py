@@ -15,6 +15,7 @@ import asyncio
 import logging
 import sys
 import threading
+import time
 import uuid
 
 from conformance.errors import KitError
@@ -57,6 +58,10 @@ class EngineRunner:
                     busy = False
                 if not busy:
                     self._wake.wait(timeout=0.05)
+            if busy:
+                # Let /metrics, /flush_cache and session calls take the (unfair) lock between
+                # steps, as SGLang answers them between scheduler iterations.
+                time.sleep(0.0005)
 
     def _fail_all(self, msg: str) -> None:
         for req in [*self.engine.waiting, *self.engine.running]:
@@ -174,13 +179,18 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("seeded fault active: %r", faults)
     from conformance.reference.routes import create_app
 
+    return run_app(engine, lambda runner: create_app(runner, args, faults), args, prog="hybrid-conformance serve")
+
+
+def run_app(engine: Engine, make_app, args: argparse.Namespace, *, prog: str) -> int:
+    """Run the engine's scheduler thread and serve ``make_app(runner)`` until shutdown."""
     runner = EngineRunner(engine)
     runner.start()
-    app = create_app(runner, args, faults)
+    app = make_app(runner)
     try:
         asyncio.run(_serve(app, args.host, args.port, args.log_level))
     except KitError as exc:
-        print(f"hybrid-conformance serve: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         pass

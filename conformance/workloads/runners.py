@@ -14,13 +14,13 @@ from typing import Any, Callable, Sequence
 from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording
 from conformance.checks.kl import KLRecording, KLSequence, TokenLogprobs, TopK
 from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, RUNNING_GAUGE, TRACK_SLOTS_GAUGE, IdleProbe, OccupancySample
-from conformance.checks.prefix_branching import TreeRecording, TreeRequestRecord
+from conformance.checks.prefix_branching import TreeRecording, TreeRequestRecord, consecutive_groups
 from conformance.client import SGLangClient
 from conformance.errors import KitError, ServerDiedError
 from conformance.workloads.gsm8k import STOP, GSM8KItem, few_shot_prompt, trim_completion
 from conformance.workloads.prompts import extension
 from conformance.workloads.sessions import SessionScript
-from conformance.workloads.trees import BranchTree, TreeRequest
+from conformance.workloads.trees import BranchTree
 
 Tokens = tuple[int, ...]
 OCCUPANCY_GAUGES = (MAMBA_GAUGE, KV_GAUGE, RUNNING_GAUGE, TRACK_SLOTS_GAUGE)
@@ -68,7 +68,7 @@ def _top(rows: Any) -> TopK:
     return tuple((int(r[1]), float(r[0])) for r in (rows or []) if r is not None and r[0] is not None)
 
 
-def _served(resp: dict[str, Any]) -> TokenLogprobs:
+def served_logprobs(resp: dict[str, Any]) -> TokenLogprobs:
     mi = resp["meta_info"]
     rows, tops = mi.get("output_token_logprobs") or [], mi.get("output_top_logprobs") or []
     return TokenLogprobs(tuple(int(r[1]) for r in rows), tuple(float(r[0]) for r in rows), tuple(_top(t) for t in tops))
@@ -147,32 +147,44 @@ def record_kl(
         first = generate_tokens(client, prompts, turn1_tokens, timeout=timeout)
         inputs = [tuple(p) + output_ids(r) + extension(ext_len, vocab_size=vocab_size, seed=f"kl:{i}") for i, (p, r) in enumerate(zip(prompts, first))]
     served = generate_tokens(client, inputs, new_tokens, top_k=top_k, timeout=timeout)
+    return judge_against_cold(
+        served, inputs, client, scenario=scenario, enabled=enabled, new_tokens=new_tokens,
+        top_k=top_k, cold_generate=cold_generate, timeout=timeout,
+    )
+
+
+def judge_against_cold(
+    served: Sequence[dict[str, Any]],
+    inputs: Sequence[Tokens],
+    reference: SGLangClient,
+    *,
+    scenario: str,
+    enabled: bool,
+    new_tokens: int,
+    top_k: int,
+    cold_generate: bool = False,
+    timeout: float | None = None,
+) -> KLRecording:
+    """The cold half of a KL recording: re-prefill the served tokens twice on ``reference``
+    (flushed; reference and noise floor) and, with ``cold_generate``, its free-running tokens."""
     hits = [cached_tokens(r) for r in served]
-    served_lp = [_served(r) for r in served]
+    served_lp = [served_logprobs(r) for r in served]
     cold: list[Tokens] = [()] * len(inputs)
     if cold_generate:
-        client.flush_cache()
-        cold = [output_ids(r) for r in generate_tokens(client, inputs, new_tokens, timeout=timeout)]
-    full = [inp + s.token_ids for inp, s in zip(inputs, served_lp)]
+        reference.flush_cache()
+        cold = [output_ids(r) for r in generate_tokens(reference, inputs, new_tokens, timeout=timeout)]
+    full = [tuple(inp) + s.token_ids for inp, s in zip(inputs, served_lp)]
     starts = [len(inp) for inp in inputs]
-    ref = prefill_logprobs(client, full, starts, top_k=top_k, timeout=timeout)
-    floor = prefill_logprobs(client, full, starts, top_k=top_k, timeout=timeout)
-    client.flush_cache()
+    reference.flush_cache()
+    ref = prefill_logprobs(reference, full, starts, top_k=top_k, timeout=timeout)
+    reference.flush_cache()
+    floor = prefill_logprobs(reference, full, starts, top_k=top_k, timeout=timeout)
+    reference.flush_cache()
     seqs = tuple(KLSequence(scenario, st, h, s, r, f, c) for st, h, s, r, f, c in zip(starts, hits, served_lp, ref, floor, cold))
     return KLRecording(seqs, enabled, top_k)
 
 
 # ------------------------------------------------------------------ prefix branching
-def _tree_groups(reqs: Sequence[TreeRequest]) -> list[list[TreeRequest]]:
-    out: list[list[TreeRequest]] = []
-    for r in reqs:
-        if out and out[-1][0].group == r.group:
-            out[-1].append(r)
-        else:
-            out.append([r])
-    return out
-
-
 def record_tree(client: SGLangClient, tree: BranchTree, *, top_k: int = 0, timeout: float | None = None) -> TreeRecording:
     """Send a tree group by group, then re-run every request that hit the cache cold.
 
@@ -182,7 +194,7 @@ def record_tree(client: SGLangClient, tree: BranchTree, *, top_k: int = 0, timeo
     sent: dict[str, tuple[Tokens, Tokens]] = {}
     rows: list[TreeRequestRecord] = []
     pressured = False
-    for group in _tree_groups(tree.requests):
+    for group in consecutive_groups(tree.requests):
         flushed = any(r.flush_before for r in group)
         if flushed:
             client.flush_cache()
@@ -202,14 +214,14 @@ def record_tree(client: SGLangClient, tree: BranchTree, *, top_k: int = 0, timeo
         for r, p, resp in zip(group, prompts, resps):
             out = output_ids(resp)
             sent[r.path] = (p, out)
-            first = _served(resp).top[0] if top_k > 0 and _served(resp).top else ()
+            first = served_logprobs(resp).top[0] if top_k > 0 and served_logprobs(resp).top else ()
             rows.append(TreeRequestRecord(r.path, p, out, cached_tokens(resp), r.group, first_top=first, flushed_before=flushed, after_pressure=pressured))
     final = []
     for row, r in zip(rows, tree.requests):
         if row.cached_tokens > 0:
             client.flush_cache()
             (resp,) = generate_tokens(client, [row.prompt], r.max_new_tokens, top_k=top_k, timeout=timeout)
-            cold_top = _served(resp).top[0] if top_k > 0 and _served(resp).top else ()
+            cold_top = served_logprobs(resp).top[0] if top_k > 0 and served_logprobs(resp).top else ()
             row = replace(row, cold_output=output_ids(resp), cold_first_top=cold_top)
         final.append(row)
     client.flush_cache()

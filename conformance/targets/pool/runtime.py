@@ -92,8 +92,14 @@ def model_dir(key: PoolKey) -> Path:
     return folder
 
 
+_RESOLVED: dict[PoolKey, object] = {}
+
+
 def publish_for(api, key: PoolKey):
-    """Resolve and publish ServerArgs for ``key``; returns the resolved ServerArgs."""
+    """Resolve (once per key and process) and publish ServerArgs for ``key``; returns them."""
+    if key in _RESOLVED:
+        api.publish(_RESOLVED[key], role="test")
+        return _RESOLVED[key]
     argv = [
         "--model-path", str(model_dir(key)), "--device", "cpu", "--skip-tokenizer-init",
         "--mamba-radix-cache-strategy", key.strategy, "--page-size", str(key.page_size),
@@ -108,4 +114,5 @@ def publish_for(api, key: PoolKey):
     except (AssertionError, ValueError) as e:
         raise KitError(f"pool cell {key.id}: SGLang refuses the configuration: {e}") from None
     api.publish(sa, role="test")
+    _RESOLVED[key] = sa
     return sa

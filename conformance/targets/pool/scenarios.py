@@ -33,26 +33,29 @@ def oracle_for(h: PoolHarness) -> PrefixOracle:
     return PrefixOracle(h.key.strategy, h.chunk, h.key.page_size, h.key.track_interval, h.key.lazy_alloc_fail)
 
 
-def machine_settings(examples: int | None = None, steps: int | None = None):
-    from hypothesis import HealthCheck, settings
+def machine_settings(examples: int | None = None, steps: int | None = None, *, shrink: bool = True):
+    from hypothesis import HealthCheck, Phase, settings
 
     return settings(
-        max_examples=examples or int(os.environ.get("HYBRID_CONFORMANCE_POOL_EXAMPLES", "12")),
-        stateful_step_count=steps or int(os.environ.get("HYBRID_CONFORMANCE_POOL_STEPS", "30")),
+        max_examples=examples or int(os.environ.get("HYBRID_CONFORMANCE_POOL_EXAMPLES", "25")),
+        stateful_step_count=steps or int(os.environ.get("HYBRID_CONFORMANCE_POOL_STEPS", "25")),
         deadline=None,
         derandomize=True,
         database=None,
         print_blob=False,
         suppress_health_check=list(HealthCheck),
+        phases=list(Phase) if shrink else [p for p in Phase if p not in (Phase.shrink, Phase.explain)],
     )
 
 
-def run_machine(key: PoolKey, sizes: PoolSizes = PoolSizes(), *, examples: int | None = None, steps: int | None = None) -> None:
-    """Run the state machine for one pool key; raises with the shrunk steps on failure."""
+def run_machine(
+    key: PoolKey, sizes: PoolSizes = PoolSizes(), *, examples: int | None = None, steps: int | None = None, shrink: bool = True
+) -> None:
+    """Run the state machine for one pool key; raises with the (shrunk) steps on failure."""
     from hypothesis.stateful import run_state_machine_as_test
 
     machine = pool_machine(lambda: PoolHarness(key, sizes), oracle_for)
-    run_state_machine_as_test(machine, settings=machine_settings(examples, steps))
+    run_state_machine_as_test(machine, settings=machine_settings(examples, steps, shrink=shrink))
 
 
 class _Driver:

@@ -15,6 +15,7 @@ counts never show.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Sequence
@@ -43,6 +44,11 @@ CLEARED = Marker(0, 0, 0)
 
 def marker_for(tokens: Sequence[int]) -> Marker:
     """The marker of the state after ``tokens`` (the empty prefix is the cleared state)."""
+    return _marker(tuple(tokens))
+
+
+@functools.lru_cache(maxsize=8192)
+def _marker(tokens: tuple[int, ...]) -> Marker:
     if len(tokens) == 0:
         return CLEARED
     digest = hashlib.blake2b(",".join(map(str, tokens)).encode(), digest_size=8).digest()
