@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report-dir", default="reports/latest", help="where report.json, junit.xml, report.md/html go")
     run.add_argument("-m", dest="markexpr", help="pytest marker expression, e.g. lazy_alloc_fail")
     run.add_argument("-k", dest="keyword", help="pytest -k expression")
-    run.add_argument("-n", dest="workers", default="0", help="pytest-xdist workers (cells stay on one worker)")
+    run.add_argument("-n", dest="workers", default=str(min(2, os.cpu_count() or 1)), help="pytest-xdist workers; a cell's tests stay on one worker (default: %(default)s)")
     run.add_argument("--timeout", type=int, default=900, help="per-test timeout in seconds (pytest-timeout)")
     run.add_argument("--gsm8k-dir", help="local GSM8K folder (else env HYBRID_CONFORMANCE_GSM8K_DIR)")
     run.add_argument("--with-pool", action="store_true", help="also run the pool tier with a server target")
@@ -140,13 +140,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _validate_rows(rows: list[dict[str, Any]], cells: list[Cell], args: argparse.Namespace) -> int:
     from conformance.targets.sglang import config_folder, strip_launcher, validate_server_args
 
+    from conformance.targets.disagg import not_applicable, pd_spec_for, validate_pd_spec
+
     failures = 0
+    pd_opts = argparse.Namespace(**{**vars(args), "gpus_per_worker": 3 * max(c.model.tp_size for c in cells)}) if cells else args
     for row, cell in zip(rows, cells):
-        v = validate_server_args(strip_launcher(row["command"], args.sglang_launcher), cell, config=config_folder(cell, twins=args.twins))
+        config = config_folder(cell, twins=args.twins)
+        v = validate_server_args(strip_launcher(row["command"], args.sglang_launcher), cell, config=config)
         row["validation"] = v.message
         if not v.ok:
             failures += 1
             print(f"hybrid-conformance: {cell.id}: SGLang refuses the command: {v.message}", file=sys.stderr)
+        if not_applicable(cell):
+            row["pd"] = not_applicable(cell)
+            continue
+        if cell.cache_variant.name != "radix":
+            continue
+        pd = validate_pd_spec(pd_spec_for(cell, pd_opts), cell, config=config)
+        row["pd"] = {role: val.message for role, val in pd.items()}
+        for role, val in pd.items():
+            if not val.ok:
+                failures += 1
+                print(f"hybrid-conformance: {cell.id}: PD {role} command refused: {val.message}", file=sys.stderr)
     return failures
 
 

@@ -78,6 +78,17 @@ def test_run_builds_pytest_arguments(tmp_path: Path) -> None:
 def test_ci_runs_the_readme_test_command() -> None:
     readme = (ROOT / "README.md").read_text()
     blocks = [b.split("```")[0].strip() for b in readme.split("```bash\n")[1:3]]
-    assert blocks[0].endswith("hybrid-conformance run")
+    assert blocks[0].startswith("bash ci/setup-cpu.sh && ") and blocks[0].endswith("hybrid-conformance run")
     ci = (ROOT / ".ci" / "run").read_text()
     assert blocks[1] in ci.splitlines()
+
+
+def test_plan_validate_runs_sglangs_parser_on_server_and_pd_commands() -> None:
+    pytest.importorskip("sglang", reason="sglang is not installed: run ci/setup-cpu.sh")
+    out = run_cli("plan", "--target", "sglang", "--validate", "--format", "json", "--models", "falcon-h1", "--strategies", "no_buffer,extra_buffer_lazy", "--faults", "none")
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {r["strategy"]: r for r in json.loads(out.stdout)["cells"]}
+    assert rows["no_buffer"]["validation"] == "ok"
+    assert set(rows["no_buffer"]["pd"]) == {"prefill", "decode", "router"}
+    assert rows["no_buffer"]["pd"]["prefill"] == "ok" and rows["no_buffer"]["pd"]["decode"] == "ok"
+    assert "extra_buffer_lazy is refused under PD" in rows["extra_buffer_lazy"]["pd"]

@@ -34,8 +34,11 @@ def test_unknown_fault_is_one_line(tmp_path: Path) -> None:
 def test_every_reference_fault_has_a_plan_and_doc() -> None:
     from conformance.reference.faults import FAULTS
 
+    from conformance.reference.pd import PD_FAULTS
+
     plans = catalogue.reference_plans()
-    assert set(plans) == set(FAULTS) and len(FAULTS) >= 12
+    assert set(plans) == set(FAULTS) | set(PD_FAULTS) and len(FAULTS) >= 12
+    assert all(plans[name].suites == ("disagg",) and plans[name].fault_env == "HYBRID_CONFORMANCE_PD_FAULT" for name in PD_FAULTS)
     assert all(len(spec.description) > 40 and spec.models for spec in FAULTS.values())
 
 

@@ -96,3 +96,31 @@ def test_missing_sglang_skips_with_the_cause(monkeypatch):
     monkeypatch.setattr(sglang_api, "_ERROR", "sglang is not importable (ImportError: nope)")
     with pytest.raises(pytest.skip.Exception, match="pool tier needs sglang: sglang is not importable"):
         sglang_api.require()
+
+
+def test_miscounted_pool_fails_counts_and_leak_fails_back_to_totals(make, monkeypatch):
+    h = make("extra_buffer_lazy")
+    run = _prefill(h, "A", [1] * 70)
+    invariants.counts(h)
+    real = h.tree.mamba_evictable_size
+    monkeypatch.setattr(h.tree, "mamba_evictable_size", lambda: real() + 1)
+    with pytest.raises(invariants.PoolInvariantError, match=r"counts.*\[mamba\]"):
+        invariants.counts(h)
+    monkeypatch.undo()
+    h.finish(run)
+    h.rtp.mamba_allocator.alloc(1)
+    h.evict_all()
+    with pytest.raises(invariants.PoolInvariantError, match="back_to_totals"):
+        invariants.back_to_totals(h)
+
+
+def test_pin_memory_guard_makes_pin_memory_a_noop_without_cuda():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA driver is present: the guard leaves pin_memory alone")
+    t = torch.ones(3)
+    with pytest.raises(RuntimeError):
+        t.pin_memory()
+    with sglang_api.cpu_pin_memory_guard():
+        assert t.pin_memory() is t

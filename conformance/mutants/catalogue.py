@@ -27,12 +27,14 @@ class MutantPlan:
     keyword: str | None = None
     stop_at_first: bool = False
     timeout_s: float = 900.0
+    fault_env: str = "HYBRID_CONFORMANCE_FAULT"
 
 
 EXTRA = MutantPlan("qwen3-next/extra_buffer", models="qwen3-next", strategies="extra_buffer")
 LAZY = MutantPlan("qwen3-next/extra_buffer_lazy", models="qwen3-next", strategies="extra_buffer_lazy")
 LAZY_FAIL = MutantPlan("qwen3-next/extra_buffer_lazy+lazy_alloc_fail", models="qwen3-next", strategies="extra_buffer_lazy", faults="lazy_alloc_fail")
 MAMBA2 = MutantPlan("nemotron-h/extra_buffer", models="nemotron-h", strategies="extra_buffer")
+PD = MutantPlan("qwen3-next/extra_buffer:disagg", suites=("disagg",), models="qwen3-next", strategies="extra_buffer", fault_env="HYBRID_CONFORMANCE_PD_FAULT")
 
 #: reference fault -> the plan it runs on (faults not listed run on EXTRA).
 REFERENCE_CELLS: dict[str, MutantPlan] = {
@@ -48,8 +50,11 @@ FAST_POOL = ("leak_pingpong_on_finish", "skip_copy_on_write", "track_boundary_la
 
 def reference_plans() -> dict[str, MutantPlan]:
     from conformance.reference.faults import FAULTS
+    from conformance.reference.pd import PD_FAULTS
 
-    return {name: REFERENCE_CELLS.get(name, EXTRA) for name in FAULTS}
+    plans = {name: REFERENCE_CELLS.get(name, EXTRA) for name in FAULTS}
+    plans.update({name: PD for name in PD_FAULTS})
+    return plans
 
 
 def pool_plans() -> dict[str, MutantPlan]:

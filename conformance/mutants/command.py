@@ -80,8 +80,9 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
     report_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop(FAULT_ENV, None)
+    env.pop(plan.fault_env, None)
     if fault:
-        env[FAULT_ENV] = fault
+        env[plan.fault_env] = fault
     t0 = time.monotonic()
     try:
         proc = subprocess.run(_pytest_argv(plan, report_dir), env=env, capture_output=True, text=True, timeout=plan.timeout_s)

@@ -12,6 +12,9 @@ from typing import Any, Iterable
 
 def _rows(registry: dict[str, Any]) -> Iterable[tuple[str, str, str, str]]:
     for name, spec in registry.items():
+        if isinstance(spec, str):
+            yield name, spec, "", "conformance.reference.pd.PrefillEngine._shipped_state"
+            continue
         yield (
             name,
             getattr(spec, "description", "") or "",
@@ -23,6 +26,7 @@ def _rows(registry: dict[str, Any]) -> Iterable[tuple[str, str, str, str]]:
 def render() -> str:
     from conformance.mutants.pool_faults import FAULTS as POOL
     from conformance.reference.faults import FAULTS as REFERENCE
+    from conformance.reference.pd import PD_FAULTS
 
     out = [
         "# Seeded faults: what the kit guards against",
@@ -33,6 +37,7 @@ def render() -> str:
     ]
     for title, how, registry in (
         ("Reference engine", "switched on with `HYBRID_CONFORMANCE_FAULT=<name>` (read once, in `conformance/reference/faults.py`)", REFERENCE),
+        ("Reference PD roles", "switched on with `HYBRID_CONFORMANCE_PD_FAULT=<name>` (read in `conformance/reference/pd.py`, seen by the PD roles only)", PD_FAULTS),
         ("Pool tier (SGLang's real classes)", "monkeypatches loaded with `pytest -p conformance.mutants.pool_faults` and `HYBRID_CONFORMANCE_FAULT=<name>`", POOL),
     ):
         out += [f"## {title}", "", f"Injection: {how}.", ""]

@@ -48,7 +48,6 @@ def _import() -> SimpleNamespace:
         from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
         from sglang.srt.disaggregation.utils import DisaggregationMode
         from sglang.srt.environ import envs
-        from sglang.srt.managers import schedule_batch as schedule_batch_module
         from sglang.srt.managers.schedule_batch import (
             FINISH_ABORT,
             FINISH_LENGTH,
