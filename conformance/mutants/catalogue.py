@@ -45,7 +45,7 @@ REFERENCE_CELLS: dict[str, MutantPlan] = {
 
 #: The CI subset: one fault per check kind that must catch it.
 FAST_REFERENCE = ("pingpong_leak_on_finish", "cached_tokens_overreport", "state_scaled_1pct", "idle_check_disabled_with_leak")
-FAST_POOL = ("leak_pingpong_on_finish", "skip_copy_on_write", "track_boundary_late")
+FAST_POOL = ("pingpong_leak_on_finish", "cow_skipped", "track_boundary_late")
 
 
 def reference_plans() -> dict[str, MutantPlan]:
