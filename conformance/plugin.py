@@ -290,14 +290,29 @@ def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytes
         _teardown_idle_check(ep)
 
 
+def _dead_reason(ep: Any) -> str | None:
+    """None while the cell's server answers /health; else the exit status or the log's last error."""
+    if not ep.alive():
+        return ep.process.exit_reason() if ep.process else "server gone"
+    if ep.client.health():
+        return None
+    from conformance.checks.leaks import scan_log
+
+    bad = scan_log(ep.log_text())
+    return f"/health is failing; {bad[-1][:300] if bad else 'no error in its log'}"
+
+
 def _teardown_idle_check(ep: Any) -> None:
     """At cell teardown: every scenario's idle probe, and one last one, must read 0."""
     from conformance.workloads.runners import idle_probe
 
-    if not ep.alive():
-        raise KitError(f"cell {ep.cell.id}: {ep.process.exit_reason() if ep.process else 'server gone'}")
+    dead = _dead_reason(ep)
+    if dead:
+        raise KitError(f"cell {ep.cell.id}: server is not serving at teardown: {dead}")
     probes = list(ep.extra.get("idle_probes", []))
-    probes.append(idle_probe(ep.client, "cell teardown", requests=0))
+    from conformance.suites import idle_deadline
+
+    probes.append(idle_probe(ep.client, "cell teardown", requests=0, deadline_s=idle_deadline(ep)))
     bad = [p for p in probes if not p.reached]
     if bad:
         vals = ", ".join(f"{k}={v:g}" for k, v in bad[-1].values.items())
@@ -306,17 +321,25 @@ def _teardown_idle_check(ep: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def _scenario_idle_probe(request: pytest.FixtureRequest) -> Iterator[None]:
-    """After each test bound to a server: flush, wait for the idle gauges, keep the probe."""
+    """Before each test bound to a server: fail at once if it is dead (with why).
+    After it: flush, wait for the idle gauges, keep the probe for the leaks suite."""
+    if "endpoint" in request.fixturenames:
+        ep = request.getfixturevalue("endpoint")
+        dead = _dead_reason(ep)
+        if dead:
+            pytest.fail(f"cell {ep.cell.id}: server is not serving: {dead}", pytrace=False)
     yield
     if "endpoint" not in request.fixturenames or request.node.get_closest_marker("leaks"):
         return
     ep = request.getfixturevalue("endpoint")
-    if not ep.alive():
+    if _dead_reason(ep):
         return
     from conformance.workloads.runners import idle_probe
 
     try:
-        probe = idle_probe(ep.client, f"after {request.node.name}", requests=1)
+        from conformance.suites import idle_deadline
+
+        probe = idle_probe(ep.client, f"after {request.node.name}", requests=1, deadline_s=idle_deadline(ep))
     except KitError:
         return
     ep.extra.setdefault("idle_probes", []).append(probe)

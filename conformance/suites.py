@@ -99,6 +99,14 @@ def oracle_for(endpoint: Any) -> PrefixOracle:
     )
 
 
+def idle_deadline(endpoint: Any) -> float:
+    """How long to wait for idle gauges: SGLang refreshes them lazily (up to 30 s); the
+    reference server at once. Once a probe of the cell has failed, later ones wait briefly."""
+    if any(not p.reached for p in endpoint.extra.get("idle_probes", [])):
+        return 1.0
+    return 5.0 if endpoint.target == "reference" else 45.0
+
+
 def note_idle_probe(endpoint: Any, probe: IdleProbe) -> IdleProbe:
     """Keep a scenario's idle probe on the endpoint; the leaks suite judges them all."""
     endpoint.extra.setdefault("idle_probes", []).append(probe)

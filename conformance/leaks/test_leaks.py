@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.checks.leaks import TRACK_SLOTS_GAUGE, lazy_resident_ratio, leak_verdict
-from conformance.suites import grids, note_idle_probe, settle, sizes_for, vocab_size
+from conformance.suites import grids, idle_deadline, note_idle_probe, settle, sizes_for, vocab_size
 from conformance.workloads.cell_store import CellStore, synthetic_eager_timeline
 from conformance.workloads.prompts import decode_cross_lengths, token_prompts
 from conformance.workloads.runners import generate_tokens, idle_probe, record_sessions, sample_occupancy
@@ -36,7 +36,7 @@ def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):
     size = sizes_for(endpoint)
     endpoint.client.flush_cache()
     timeline, _ = sample_occupancy(endpoint.client, _shared_load(endpoint))
-    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, "shared-prefix load", requests=size.load_requests))
+    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, "shared-prefix load", requests=size.load_requests, deadline_s=idle_deadline(endpoint)))
     cell_store.save_timeline(cell, timeline)
     ratio, method = None, ""
     if cell.strategy.name == "extra_buffer_lazy":
@@ -71,7 +71,7 @@ def test_sessions_return_to_idle(endpoint, record_verdict):
     except Exception as e:  # a failing scenario is a finding, judged below with the gauges
         errors.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
         sent = 1
-    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, "sessions (streaming + non-streaming, abort, branch)", requests=sent))
+    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, "sessions (streaming + non-streaming, abort, branch)", requests=sent, deadline_s=idle_deadline(endpoint)))
     verdict = leak_verdict(
         [probe],
         log_text=endpoint.log_text(),

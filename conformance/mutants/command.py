@@ -41,7 +41,7 @@ class Outcome:
 
 
 def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(["-x"] if plan.stop_at_first else [])]
+    argv = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *(["-x"] if plan.stop_at_first else [])]
     if plan.target == "pool":
         argv += [str(PKG / "leaks"), "--target", "pool", "-m", "pool", "-p", "conformance.mutants.pool_faults"]
         if plan.keyword:
@@ -66,10 +66,17 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
                 if v.get("status") == "fail":
                     found.append(f"{check}: {(v.get('reason') or '')[:110]}")
     for line in output.splitlines():
-        if line.startswith("ERROR ") or "pools not idle" in line:
-            found.append(f"teardown: {line.strip()[:110]}")
-        if line.startswith("FAILED ") and "pool" in line:
-            found.append(f"pool invariants: {line.split(' - ', 1)[-1].strip()[:110]}")
+        if not line.startswith(("ERROR ", "FAILED ")):
+            continue
+        why = line.split(" - ", 1)[-1].strip() if " - " in line else line.strip()
+        if "server is not serving" in why:
+            found.append(f"server died: {why.split('server is not serving: ', 1)[-1][:110]}")
+        elif "pools not idle" in why:
+            found.append(f"cell teardown: {why.split(': ', 1)[-1][:110]}")
+        elif "/leaks/test_pool" in line or "test_pool_" in line:
+            found.append(f"pool invariants: {why[:110]}")
+        elif line.startswith("ERROR "):
+            found.append(f"error: {why[:110]}")
     if exit_code not in (0, 5) and not found:
         found.append(f"pytest exit {exit_code}")
     return list(dict.fromkeys(found))
@@ -78,7 +85,7 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
 def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
     report_dir = out_dir / (fault or "clean") / plan.key
     report_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}  # keep the short summary's reasons
     env.pop(FAULT_ENV, None)
     env.pop(plan.fault_env, None)
     if fault:
