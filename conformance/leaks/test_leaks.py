@@ -11,7 +11,7 @@ import pytest
 from conformance.checks.leaks import TRACK_SLOTS_GAUGE, lazy_resident_ratio, leak_verdict
 from conformance.suites import grids, idle_deadline, note_idle_probe, settle, sizes_for, vocab_size
 from conformance.workloads.cell_store import CellStore, synthetic_eager_timeline
-from conformance.workloads.prompts import decode_cross_lengths, token_prompts
+from conformance.workloads.prompts import token_prompts
 from conformance.workloads.runners import generate_tokens, idle_probe, record_sessions, sample_occupancy
 from conformance.workloads.sessions import leak_session_scripts
 
@@ -20,23 +20,28 @@ pytestmark = pytest.mark.leaks
 LAZY_RATIO_MAX = 0.75  # "about half" of extra_buffer's resident ping-pong slots
 
 
-def _shared_load(endpoint):
-    """Concurrent requests sharing prefixes whose decode crosses a track boundary."""
+def _burst_load(endpoint):
+    """A burst of requests that all match one cached prefix, sized to exceed the mamba pool
+    when the server says how big it is (admissions then fail after their match and must
+    give back what they took), else the per-target default."""
+    cell = endpoint.cell
     size = sizes_for(endpoint)
-    _, grid = grids(endpoint.cell)
-    lengths = decode_cross_lengths(grid, size.load_new_tokens, n=size.load_requests // 2, max_len=grid + size.load_new_tokens)
-    heads = token_prompts(lengths, vocab_size=vocab_size(endpoint), seed=21)
-    tails = token_prompts([5] * len(heads), vocab_size=vocab_size(endpoint), seed=22)
-    prompts = [*heads, *(h + t for h, t in zip(heads, tails))][: size.load_requests]
-    return lambda: generate_tokens(endpoint.client, prompts, size.load_new_tokens)
+    chunk, _ = grids(cell)
+    slots = int(endpoint.info.get("max_mamba_cache_size") or 0)
+    burst = min(slots // (1 + cell.strategy.ping_pong_slots) + 4, 96) if slots else size.load_requests
+    (prefix,) = token_prompts([chunk + 5], vocab_size=vocab_size(endpoint), seed=21)
+    tails = token_prompts([2] * burst, vocab_size=vocab_size(endpoint), seed=22)
+    prompts = [prefix + t for t in tails]
+    generate_tokens(endpoint.client, [prefix], 1)  # cache the shared prefix first
+    return len(prompts), lambda: generate_tokens(endpoint.client, prompts, size.load_new_tokens)
 
 
 def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):
     cell = endpoint.cell
-    size = sizes_for(endpoint)
     endpoint.client.flush_cache()
-    timeline, _ = sample_occupancy(endpoint.client, _shared_load(endpoint))
-    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, "shared-prefix load", requests=size.load_requests, deadline_s=idle_deadline(endpoint)))
+    sent, load = _burst_load(endpoint)
+    timeline, _ = sample_occupancy(endpoint.client, load)
+    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, f"burst of {sent} requests on one cached prefix", requests=sent, deadline_s=idle_deadline(endpoint)))
     cell_store.save_timeline(cell, timeline)
     ratio, method = None, ""
     if cell.strategy.name == "extra_buffer_lazy":

@@ -33,7 +33,7 @@ class MutantPlan:
 EXTRA = MutantPlan("qwen3-next/extra_buffer", models="qwen3-next", strategies="extra_buffer")
 LAZY = MutantPlan("qwen3-next/extra_buffer_lazy", models="qwen3-next", strategies="extra_buffer_lazy")
 LAZY_FAIL = MutantPlan("qwen3-next/extra_buffer_lazy+lazy_alloc_fail", models="qwen3-next", strategies="extra_buffer_lazy", faults="lazy_alloc_fail")
-MAMBA2 = MutantPlan("nemotron-h/extra_buffer", models="nemotron-h", strategies="extra_buffer")
+MAMBA2 = MutantPlan("nemotron-h/extra_buffer", models="nemotron-h", strategies="extra_buffer", tier="standard")
 PD = MutantPlan("qwen3-next/extra_buffer:disagg", suites=("disagg",), models="qwen3-next", strategies="extra_buffer", fault_env="HYBRID_CONFORMANCE_PD_FAULT")
 
 #: reference fault -> the plan it runs on (faults not listed run on EXTRA).
@@ -64,5 +64,6 @@ def pool_plans() -> dict[str, MutantPlan]:
     for name, spec in FAULTS.items():
         strategies = getattr(spec, "strategies", None)
         key = f"pool/{strategies or 'all'}"
-        plans[name] = MutantPlan(key, target="pool", suites=(), strategies=",".join(strategies) if strategies else None, tier="premerge", faults=None)
+        # -x: a pool fault is caught by the first failing invariant (its shrunk program is the numbers)
+        plans[name] = MutantPlan(key, target="pool", suites=(), strategies=",".join(strategies) if strategies else None, tier="premerge", faults=None, stop_at_first=True)
     return plans

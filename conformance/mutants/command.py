@@ -98,7 +98,9 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
         code, output = -1, f"timed out after {plan.timeout_s}s"
     (report_dir / "pytest.log").write_text(output)
     by = _caught_by(report_dir, output, code)
-    return Outcome(fault or "clean", bool(by) or code not in (0, 5), by, time.monotonic() - t0, code)
+    if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
+        return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code)
+    return Outcome(fault or "clean", bool(by) or code != 0, by, time.monotonic() - t0, code)
 
 
 def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None) -> int:

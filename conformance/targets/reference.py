@@ -37,7 +37,13 @@ PRELOAD = (
 class ReferenceTarget:
     name = "reference"
 
-    def __init__(self, *, python: str | None = None, max_mamba_slots: int | None = None, forkserver: bool = True) -> None:
+    #: 66 mamba slots: one is held by the leaks burst's locked prefix, and 65 is a multiple of
+    #: neither 3 (extra_buffer) nor 2 (extra_buffer_lazy) slots per request, so a burst that
+    #: saturates the pool leaves one or two slots free and the next matched admission fails
+    #: after taking its working slot -- the "scheduling a matched request fails" path.
+    DEFAULT_MAMBA_SLOTS = 66
+
+    def __init__(self, *, python: str | None = None, max_mamba_slots: int | None = DEFAULT_MAMBA_SLOTS, forkserver: bool = True) -> None:
         self.python = python or sys.executable
         self.max_mamba_slots = max_mamba_slots
         self.forkserver = forkserver and os.environ.get(NO_FORKSERVER_ENV, "") in ("", "0")
