@@ -206,7 +206,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     stale = report_dir / "report.json"
     if stale.exists():
         stale.unlink()
-    code = int(pytest.main(argv))
+    from conformance.progress import ProgressPlugin, wanted
+
+    code = int(pytest.main(argv, plugins=[ProgressPlugin()] if wanted() else []))
     if code == 5:
         print("hybrid-conformance: error: no test matched the selection (pytest collected nothing)", file=sys.stderr)
         return 5
