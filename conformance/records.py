@@ -56,9 +56,10 @@ def merge(check: str, verdicts: list[Verdict]) -> Verdict:
     passes = [v for v in verdicts if v.status == "pass"]
     pick = fails[0] if fails else (passes[-1] if passes else verdicts[0])
     metrics: dict[str, Any] = {}
-    for v in verdicts:
-        metrics.update(v.metrics)
-    metrics.update(pick.metrics)
+    for v in [*verdicts, pick]:  # later (and the deciding one) win; a missing number never hides a measured one
+        for key, value in v.metrics.items():
+            if value is not None or key not in metrics:
+                metrics[key] = value
     details: dict[str, Any] = {}
     for v in verdicts:
         details.update(v.details)

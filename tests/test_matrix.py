@@ -106,3 +106,16 @@ def test_malformed_toml_and_missing_file(tmp_path: Path) -> None:
         load_matrix(_write(tmp_path, "schema = [1"))
     with pytest.raises(MatrixError, match="matrix file not found"):
         load_matrix(tmp_path / "nope.toml")
+
+
+def test_merge_keeps_measured_numbers_and_lets_failures_decide() -> None:
+    from conformance.records import Verdict, merge
+
+    load = Verdict("leaks", "pass", {"lazy_resident_ratio": 0.5, "mamba_used_at_idle": 0})
+    sessions = Verdict("leaks", "pass", {"lazy_resident_ratio": None, "mamba_used_at_idle": 0})
+    merged = merge("leaks", [load, sessions])
+    assert merged.status == "pass" and merged.metrics["lazy_resident_ratio"] == 0.5
+    leak = Verdict("leaks", "fail", {"mamba_used_at_idle": 3, "lazy_resident_ratio": None}, reason="idle gauges not 0")
+    merged = merge("leaks", [load, leak, sessions])
+    assert merged.status == "fail" and merged.metrics["mamba_used_at_idle"] == 3 and merged.reason == "idle gauges not 0"
+    assert merge("leaks", []).status == "skip"
