@@ -63,7 +63,7 @@ def pool_plans() -> dict[str, MutantPlan]:
     plans = {}
     for name, spec in FAULTS.items():
         strategies = getattr(spec, "strategies", None)
-        key = f"pool/{strategies or 'all'}"
+        key = f"pool/{','.join(strategies) if strategies else 'all'}"
         # -x: a pool fault is caught by the first failing invariant (its shrunk program is the numbers)
         plans[name] = MutantPlan(key, target="pool", suites=(), strategies=",".join(strategies) if strategies else None, tier="premerge", faults=None, stop_at_first=True)
     return plans
