@@ -154,6 +154,7 @@ class RunState:
     verdicts: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
     cells: dict[str, dict[str, Any]] = field(default_factory=dict)
     not_applicable: dict[str, str] = field(default_factory=dict)
+    seen_verdicts: set[tuple[str, str]] = field(default_factory=set)  # (nodeid, payload) already filed
 
     def get_matrix(self) -> Matrix:
         if self.matrix is None:
@@ -390,7 +391,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
                 state.launches[launch["uid"]] = launch["cell"]
     if report.when != "call" and not (report.when == "setup" and report.skipped):
         return
-    seen = state.__dict__.setdefault("_seen_props", set())
+    seen = state.seen_verdicts
     for key, value in report.user_properties:
         if key != "hc_verdict" or (report.nodeid, value) in seen:
             continue

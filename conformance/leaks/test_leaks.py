@@ -6,6 +6,8 @@ endpoint (plugin); the cell's teardown fails if any of them did not reach idle.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conformance.checks.leaks import TRACK_SLOTS_GAUGE, lazy_resident_ratio, leak_verdict
@@ -61,7 +63,7 @@ def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):
         lazy_ratio_max=LAZY_RATIO_MAX if ratio is not None else None,
     )
     if extra:
-        verdict = type(verdict)(verdict.check, verdict.status, {**verdict.metrics, **extra}, verdict.reason, verdict.details)
+        verdict = dataclasses.replace(verdict, metrics={**verdict.metrics, **extra})
     settle(record_verdict(verdict))
 
 
