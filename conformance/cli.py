@@ -39,6 +39,7 @@ def _add_selection(p: argparse.ArgumentParser, *, default_target: str) -> None:
     p.add_argument("--sglang-launcher", default="python -m sglang.launch_server", help="command that starts SGLang")
     p.add_argument("--gpus-per-worker", type=int, default=1, help="GPUs each xdist worker owns")
     p.add_argument("--twins", action="store_true", help="with --target sglang: serve the tiny twins")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="with --target sglang-cpu: SGLang's --dtype (default float32)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,7 +178,7 @@ def pytest_argv_for_run(args: argparse.Namespace) -> list[str]:
     argv = [str(PKG_DIR / s) for s in suites]
     argv += ["-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={report_dir / 'junit.xml'}", f"--report-dir={report_dir}"]
     argv += [f"--target={args.target}", f"--timeout={args.timeout}"]
-    for flag in ("models", "strategies", "faults", "page_sizes", "tier", "matrix", "gsm8k_dir"):
+    for flag in ("models", "strategies", "faults", "page_sizes", "tier", "matrix", "gsm8k_dir", "dtype"):
         value = getattr(args, flag, None)
         if value:
             argv.append(f"--{flag.replace('_', '-')}={value}")

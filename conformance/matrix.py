@@ -24,7 +24,7 @@ from conformance.errors import KitError
 
 STRATEGIES = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
 FAMILIES = ("qwen3-next", "nemotron-h", "granite-h", "falcon-h1")
-TARGETS = ("reference", "sglang", "pool")
+TARGETS = ("reference", "sglang", "sglang-cpu", "pool")
 TIERS = ("premerge", "standard", "nightly")  # each tier includes the ones before it
 DEFAULT_TIER = "standard"
 CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg")

@@ -31,7 +31,7 @@ from conformance.errors import KitError
 from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
 from conformance.records import Verdict
 
-HELP_TARGET = "who answers: reference (embedded CPU server, default), sglang (real sglang serve), pool (only the in-process pool tier)"
+HELP_TARGET = "who answers: reference (the kit's embedded CPU engine, default), sglang-cpu (real SGLang on CPU serving the twins), sglang (real sglang serve on GPUs), pool (only the in-process pool tier)"
 HELP_MODELS = "comma list of model ids, families or twin names to run (default: all)"
 HELP_STRATEGIES = f"comma list of strategies ({', '.join(STRATEGIES)})"
 HELP_FAULTS = "comma list of faults from the matrix (e.g. none,lazy_alloc_fail)"
@@ -63,6 +63,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--sglang-launcher", default=None, help=HELP_LAUNCHER)
     g.addoption("--gpus-per-worker", type=int, default=None, help=HELP_GPUS)
     g.addoption("--twins", action="store_true", default=False, help=HELP_TWINS)
+    g.addoption("--dtype", choices=("float32", "bfloat16"), default=None, help="with --target sglang-cpu: SGLang's --dtype (default float32)")
     g.addoption("--gsm8k-dir", default=None, help="local GSM8K folder (test.jsonl, train_first8.jsonl); env HYBRID_CONFORMANCE_GSM8K_DIR")
     g.addoption("--server-log-dir", default=None, help="per-cell server logs (default: <report-dir>/logs or a temp dir)")
     parser.addini("hybrid_conformance_target", "default --target", default="reference")
@@ -100,6 +101,7 @@ class Options:
     gpus_per_worker: int
     twins: bool
     gsm8k_dir: str | None
+    dtype: str | None = None
 
 
 def _csv(value: str | None) -> tuple[str, ...] | None:
@@ -140,6 +142,7 @@ def _resolve_options(config: pytest.Config) -> Options:
         gpus_per_worker=opt("--gpus-per-worker") or 1,
         twins=bool(opt("--twins")),
         gsm8k_dir=opt("--gsm8k-dir") or os.environ.get("HYBRID_CONFORMANCE_GSM8K_DIR"),
+        dtype=opt("--dtype"),
     )
 
 
@@ -213,7 +216,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     params = []
     for cell in cells:
         marks = [getattr(pytest.mark, m) for m in cell.markers]
-        marks.append(pytest.mark.cpu if target in ("reference", "pool") else pytest.mark.gpu)
+        marks.append(pytest.mark.gpu if target == "sglang" else pytest.mark.cpu)
         marks.append(pytest.mark.xdist_group(cell.id))
         params.append(pytest.param(cell, id=cell.id, marks=marks))
     if not params:

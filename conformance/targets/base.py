@@ -24,6 +24,7 @@ class LaunchSpec:
     entry: str | None = None  # "module:function" to fork from the preloaded forkserver
     entry_argv: list[str] = field(default_factory=list)
     preload: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = ()  # kit plugins that must prove they ran inside the server
 
     @property
     def base_url(self) -> str:

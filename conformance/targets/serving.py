@@ -17,13 +17,17 @@ from conformance.errors import KitError
 from conformance.matrix import Cell
 from conformance.targets.base import Endpoint, LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
+from conformance.targets.plugin_proof import check_plugins
 from conformance.targets.reference import ReferenceTarget
 from conformance.targets.sglang import SGLangTarget, gpus_for_worker
+from conformance.targets.sglang_cpu import SGLangCpuTarget
 
 
 def make_target(options: Any) -> Any:
     if options.target == "sglang":
         return SGLangTarget(launcher=options.sglang_launcher, twins=options.twins)
+    if options.target == "sglang-cpu":
+        return SGLangCpuTarget(dtype=getattr(options, "dtype", None) or "float32")
     if options.target == "reference":
         return ReferenceTarget()
     raise KitError(f"target {options.target!r} does not serve HTTP cells")
@@ -51,12 +55,22 @@ def spec_for(cell: Cell, options: Any, *, port: int | None = None) -> LaunchSpec
 @contextlib.contextmanager
 def serve_cell(cell: Cell, options: Any, *, log_dir: Path) -> Iterator[Endpoint]:
     spec = spec_for(cell, options)
+    log_path = Path(log_dir) / f"{cell.id}.log"
+    env = dict(spec.env)
+    plugin_report = log_path.with_suffix(".plugins.jsonl")
+    if spec.plugins:
+        from conformance.sglang_plugins.activation import REPORT_ENV
+
+        plugin_report.parent.mkdir(parents=True, exist_ok=True)
+        plugin_report.unlink(missing_ok=True)
+        env[REPORT_ENV] = str(plugin_report)
+    name = f"{options.target} server for {cell.id}"
     proc = ServerProcess(
-        name=f"{options.target} server for {cell.id}",
+        name=name,
         argv=spec.argv,
-        env=spec.env,
+        env=env,
         health_url=spec.base_url + spec.health_path,
-        log_path=Path(log_dir) / f"{cell.id}.log",
+        log_path=log_path,
         start_timeout_s=spec.start_timeout_s,
         entry=spec.entry,
         entry_argv=spec.entry_argv,
@@ -65,6 +79,12 @@ def serve_cell(cell: Cell, options: Any, *, log_dir: Path) -> Iterator[Endpoint]
     proc.start()
     client = SGLangClient(spec.base_url, liveness=proc.exit_reason)
     try:
+        if spec.plugins:
+            try:
+                check_plugins(name, plugin_report, spec.plugins, log_path)
+            except BaseException:
+                proc.stop()
+                raise
         try:
             info = client.server_info()
         except KitError:

@@ -1,0 +1,46 @@
+"""How a CPU stand-in declares what it provides to a real SGLang server.
+
+An ops module (``gdn_ops``, ``mamba2_ops``, ...) exports two tuples:
+
+* ``TORCH_OPS``: :class:`TorchOp` records, ops SGLang reaches as ``torch.ops.sgl_kernel.<name>``;
+  registered into the ``sgl_kernel`` torch library namespace with their schema.
+* ``BINDINGS``: :class:`Binding` records, Python symbols SGLang imports or calls:
+  ``how="standin"`` becomes an attribute of the ``sgl_kernel`` stand-in module
+  (``target`` = ``"sgl_kernel.mamba.causal_conv1d_fn_cpu"``); ``how="replace"`` is a
+  REPLACE hook in SGLang's own hook registry (``target`` = SGLang's dotted path);
+  ``how="bind"`` defines a module global that SGLang leaves unbound on CPU (its
+  ``if is_cuda(): from ... import ...`` blocks), so the hook registry cannot resolve it.
+
+Nothing here imports SGLang: the records are plain data, read by
+``conformance.sglang_plugins.cpu.install`` inside the servers the kit launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+HOW = ("standin", "replace", "bind")
+
+
+@dataclass(frozen=True)
+class TorchOp:
+    """``torch.ops.sgl_kernel.<name>``: schema as in sgl-kernel's CPU extension, torch impl."""
+
+    name: str
+    schema: str  # e.g. "fused_gdn_gating_cpu(Tensor A_log, Tensor a, Tensor dt_bias, float beta, float threshold) -> Tensor"
+    impl: Callable
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A Python-level symbol SGLang uses, provided by the kit."""
+
+    target: str
+    impl: Callable
+    how: str = "replace"
+    why: str = ""
+
+    def __post_init__(self) -> None:
+        if self.how not in HOW:
+            raise ValueError(f"Binding {self.target}: how={self.how!r}, allowed {HOW}")

@@ -1,0 +1,36 @@
+"""Torch behaviour a CUDA build of torch shows on a machine without a GPU, made CPU-like
+inside the ``sglang-cpu`` servers only.
+
+* ``torch.get_device_module()`` with no argument returns ``torch.cuda`` on a CUDA build
+  even without a driver; SGLang's Qwen3-Next layers call ``.current_device()`` on it.
+  Without a usable CUDA device it now returns ``torch.cpu``.
+* ``Tensor.pin_memory()`` needs a CUDA driver; SGLang pins host buffers while preparing
+  extra_buffer tracking.  Without a usable CUDA device it returns the tensor itself
+  (pinning is a transfer optimisation, not semantics).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_PATCHED: list[str] = []
+
+
+def install() -> list[str]:
+    if _PATCHED or torch.cuda.is_available():
+        return list(_PATCHED)
+    original_get_device_module = torch.get_device_module
+
+    def get_device_module(device=None):  # noqa: ANN001
+        if device is None:
+            return torch.cpu
+        return original_get_device_module(device)
+
+    torch.get_device_module = get_device_module
+
+    def pin_memory(self, *args, **kwargs):  # noqa: ANN001
+        return self
+
+    torch.Tensor.pin_memory = pin_memory
+    _PATCHED.extend(["torch.get_device_module", "torch.Tensor.pin_memory"])
+    return list(_PATCHED)

@@ -1,0 +1,147 @@
+"""Torch paths for the Triton-only helpers SGLang's hybrid models reach on every platform.
+
+Each is a REPLACE hook in SGLang's hook registry (the function keeps SGLang's signature):
+
+* ``_launch_track_mamba_states``: copies the conv and SSM state rows of the requests whose
+  ``mamba_track_mask`` is set from their working slot (``cache_indices``) to their track
+  slot (``mamba_track_indices``), in every layer; the layouts are described by SGLang's
+  (layer stride, row stride) pairs, with each (layer, slot) entry contiguous;
+* ``fused_gate_sigmoid_mul_add``: the shared-expert gate of Qwen2-MoE style blocks,
+  ``final += sigmoid(hidden @ w) * shared``;
+* ``layernorm_fn`` / ``rms_norm_gated``: (RMS or layer) norm with an output gate, the
+  FLA helpers the gated delta net's output norm calls when AMX is absent.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from conformance.sglang_plugins.cpu.spec import Binding
+
+TORCH_OPS = ()
+
+
+def _rows_view(states: torch.Tensor, num_layers: int, strides: tuple, numel: int, rows: int) -> torch.Tensor:
+    layer_stride, row_stride = int(strides[0]), int(strides[1])
+    return states.as_strided((num_layers, rows, numel), (layer_stride, row_stride, 1), states.storage_offset())
+
+
+def launch_track_mamba_states(
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    cache_indices: torch.Tensor,
+    mamba_track_mask: torch.Tensor,
+    mamba_track_indices: torch.Tensor,
+    batch_size: int,
+    num_layers: int,
+    conv_strides: tuple,
+    ssm_strides: tuple,
+    conv_state_numel_per_row: int,
+    ssm_state_numel_per_row: int,
+    check_freed_slots: bool,
+) -> None:
+    if batch_size == 0:
+        return
+    mask = mamba_track_mask[:batch_size].to(torch.bool)
+    src = cache_indices[:batch_size][mask].to(torch.long)
+    dst = mamba_track_indices[:batch_size][mask].to(torch.long)
+    if check_freed_slots:
+        keep = (src >= 0) & (dst >= 0)
+        src, dst = src[keep], dst[keep]
+    if src.numel() == 0:
+        return
+    rows = int(torch.maximum(src.max(), dst.max())) + 1
+    for states, strides, numel in (
+        (conv_states, conv_strides, conv_state_numel_per_row),
+        (ssm_states, ssm_strides, ssm_state_numel_per_row),
+    ):
+        view = _rows_view(states, num_layers, strides, int(numel), rows)
+        view[:, dst] = view[:, src].clone()
+
+
+def fused_gate_sigmoid_mul_add(
+    hidden_states: torch.Tensor,
+    gate_weight: torch.Tensor,
+    shared_output: torch.Tensor,
+    final_hidden_states: torch.Tensor,
+) -> None:
+    gate = torch.sigmoid(hidden_states @ gate_weight.reshape(-1).to(hidden_states.dtype))
+    final_hidden_states += gate.unsqueeze(-1).to(shared_output.dtype) * shared_output
+
+
+def _gate(y: torch.Tensor, g: torch.Tensor | None, activation: str) -> torch.Tensor:
+    if g is None:
+        return y
+    g = g.float()
+    if activation in ("swish", "silu"):
+        return y * F.silu(g)
+    if activation == "sigmoid":
+        return y * torch.sigmoid(g)
+    raise NotImplementedError(f"hybrid-conformance sglang-cpu: gated norm activation {activation!r}")
+
+
+def _norm(x: torch.Tensor, weight, bias, eps: float, is_rms_norm: bool, group_size: int | None) -> torch.Tensor:
+    d = x.shape[-1]
+    gs = group_size or d
+    xg = x.reshape(*x.shape[:-1], d // gs, gs)
+    if not is_rms_norm:
+        xg = xg - xg.mean(dim=-1, keepdim=True)
+    y = (xg * torch.rsqrt(xg.square().mean(dim=-1, keepdim=True) + eps)).reshape(x.shape)
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y
+
+
+def layernorm_fn(x, weight, bias, z=None, eps=1e-6, group_size=None, norm_before_gate=True, is_rms_norm=False, activation: str = "swish"):
+    shape, dtype = x.shape, x.dtype
+    x2 = x.reshape(-1, shape[-1]).float()
+    z2 = z.reshape(-1, shape[-1]) if z is not None else None
+    if z2 is not None and not norm_before_gate:
+        x2 = _gate(x2, z2, activation)
+        z2 = None
+    y = _gate(_norm(x2, weight, bias, eps, is_rms_norm, group_size), z2, activation)
+    return y.to(dtype).reshape(shape)
+
+
+def rms_norm_gated(x, g, weight, bias, activation: str = "swish", residual=None, prenorm: bool = False, residual_in_fp32: bool = False, eps: float = 1e-6):
+    shape, dtype = x.shape, x.dtype
+    x2 = x.reshape(-1, shape[-1])
+    residual_out = None
+    if residual is not None:
+        x2 = x2.float() + residual.reshape(-1, shape[-1]).float()
+        residual_out = x2.to(residual.dtype)
+    elif prenorm:
+        residual_out = x2.to(torch.float32 if residual_in_fp32 else dtype)
+    y = _gate(_norm(x2.float(), weight, bias, eps, True, None), g.reshape(x2.shape), activation).to(dtype).reshape(shape)
+    return y if not prenorm else (y, residual_out.reshape(shape))
+
+
+BINDINGS = (
+    Binding(
+        "sglang.kernels.ops.mamba.mamba_state_scatter_triton._launch_track_mamba_states",
+        launch_track_mamba_states,
+        "replace",
+        "Triton copy of conv/SSM rows into track slots (extra_buffer tracking)",
+    ),
+    Binding(
+        "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add",
+        fused_gate_sigmoid_mul_add,
+        "replace",
+        "Triton shared-expert gate of the Qwen2-MoE block Qwen3-Next uses",
+    ),
+    Binding(
+        "sglang.kernels.ops.attention.fla.layernorm_gated.layernorm_fn",
+        layernorm_fn,
+        "replace",
+        "Triton gated norm; the CPU op path is taken only with AMX",
+    ),
+    Binding(
+        "sglang.kernels.ops.attention.fla.fused_norm_gate.rms_norm_gated",
+        rms_norm_gated,
+        "replace",
+        "Triton fused gated RMSNorm; the CPU op path is taken only with AMX",
+    ),
+)

@@ -1,0 +1,102 @@
+"""The ``sglang-cpu`` target: SGLang's own server, scheduler, radix cache and pools, on CPU,
+serving the tiny twins.
+
+The command is the ``sglang`` target's (``SGLangTarget.server_args`` with the twin folder
+as model path) plus the CPU flags that SGLang needs here; what differs is the
+environment that switches the kit's code inside SGLang on, through SGLang's extension
+points only (``conformance.sglang_plugins``):
+
+* ``SGLANG_PLATFORM`` selects the kit's out-of-tree CPU platform;
+* ``SGLANG_PLUGINS`` loads the kit's general plugins (CPU stand-ins, seeded faults) and
+  no other, ``HYBRID_CONFORMANCE_SGLANG_CPU=1`` switches the CPU plugin on;
+* ``PYTHONPATH`` starts with the folder holding the ``sgl_kernel`` stand-in;
+* ``HYBRID_CONFORMANCE_PLUGIN_REPORT`` is where each plugin proves it ran (set per launch
+  by ``conformance.targets.serving``, checked by ``conformance.targets.plugin_proof``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conformance.matrix import Cell
+from conformance.sglang_plugins import activation
+from conformance.targets.base import LaunchSpec
+from conformance.targets.sglang import SGLangTarget
+
+STANDIN_PATH = Path(__file__).resolve().parents[1] / "sglang_plugins" / "standin"
+DTYPES = ("float32", "bfloat16")
+
+#: Pool sizes small enough that a burst of a few requests exercises eviction and
+#: refused admissions, and a context long enough for the suites' prompts.
+MAX_TOTAL_TOKENS = 8192
+CONTEXT_LENGTH = 4096
+MAX_MAMBA_CACHE_SIZE = 48
+
+
+@dataclass
+class SGLangCpuTarget:
+    """Real ``python -m sglang.launch_server`` serving a twin on CPU."""
+
+    dtype: str = "float32"
+    python: str = field(default_factory=lambda: sys.executable)
+    max_mamba_cache_size: int = MAX_MAMBA_CACHE_SIZE
+    name: str = "sglang-cpu"
+
+    def supports(self, cell: Cell) -> str | None:
+        if "sglang-cpu" not in cell.targets:
+            return f"cache variant {cell.cache_variant.name!r} is served on GPUs only"
+        return None
+
+    def server_args(self, cell: Cell, *, port: int) -> list[str]:
+        base = SGLangTarget(twins=True, launcher=f"{self.python} -m sglang.launch_server")
+        from conformance.reference.model import load_twin  # generates the twin on first use
+
+        args = base.server_args(cell, model_path=str(load_twin(cell.model.twin).path), port=port)
+        args += [
+            "--device", "cpu",
+            "--attention-backend", "torch_native",
+            "--disable-cuda-graph",
+            "--dtype", self.dtype,
+            "--mamba-ssm-dtype", "float32",
+            "--max-total-tokens", str(MAX_TOTAL_TOKENS),
+            "--context-length", str(CONTEXT_LENGTH),
+            "--max-mamba-cache-size", str(self.max_mamba_cache_size),
+            "--mem-fraction-static", "0.05",
+        ]
+        return args
+
+    def env(self, cell: Cell) -> dict[str, str]:
+        path = os.pathsep.join(p for p in (str(STANDIN_PATH), os.environ.get("PYTHONPATH", "")) if p)
+        env = {
+            "PYTHONPATH": path,
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "SGLANG_PLATFORM": activation.PLATFORM_NAME,
+            "SGLANG_PLUGINS": f"{activation.CPU_PLUGIN},{activation.FAULT_PLUGIN}",
+            activation.CPU_ENV: "1",
+            "SGLANG_MAMBA_CONV_DTYPE": "float32",
+            "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+            "OMP_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **cell.env,
+        }
+        return env
+
+    def expected_plugins(self, cell: Cell) -> tuple[str, ...]:
+        plugins = [activation.CPU_PLUGIN]
+        if cell.env.get(activation.FAULT_ENV):
+            plugins.append(activation.FAULT_PLUGIN)
+        return tuple(plugins)
+
+    def launch_spec(self, cell: Cell, *, port: int, gpus: list[int] | None = None) -> LaunchSpec:
+        argv = [self.python, "-m", "sglang.launch_server", *self.server_args(cell, port=port)]
+        return LaunchSpec(
+            argv=argv,
+            env=self.env(cell),
+            port=port,
+            health_path="/health_generate",
+            start_timeout_s=600.0,
+            plugins=self.expected_plugins(cell),
+        )
