@@ -63,13 +63,23 @@ GPU_SIZES = Sizes(
 )
 
 
+CPU_TARGETS = ("reference", "sglang-cpu")
+
+
+def on_cpu(endpoint: Any) -> bool:
+    return endpoint.target in CPU_TARGETS
+
+
 def sizes_for(endpoint: Any) -> Sizes:
-    return CPU_SIZES if endpoint.target == "reference" else GPU_SIZES
+    return CPU_SIZES if on_cpu(endpoint) else GPU_SIZES
 
 
 def exact_mode(endpoint: Any) -> bool:
-    """The CPU reference target is deterministic: cached and cold must agree exactly."""
-    return endpoint.target == "reference"
+    """Deterministic CPU targets in float32 (the reference engine; real SGLang on CPU with
+    ``--dtype float32``): cached and cold runs must give the same tokens."""
+    if endpoint.target == "reference":
+        return True
+    return endpoint.target == "sglang-cpu" and str(endpoint.info.get("dtype", "float32")) == "float32"
 
 
 def vocab_size(endpoint: Any, default: int = 512) -> int:
@@ -104,7 +114,9 @@ def idle_deadline(endpoint: Any) -> float:
     reference server at once. Once a probe of the cell has failed, later ones wait briefly."""
     if any(not p.reached for p in endpoint.extra.get("idle_probes", [])):
         return 1.0
-    return 5.0 if endpoint.target == "reference" else 45.0
+    if endpoint.target == "reference":
+        return 5.0
+    return 45.0
 
 
 def note_idle_probe(endpoint: Any, probe: IdleProbe) -> IdleProbe:

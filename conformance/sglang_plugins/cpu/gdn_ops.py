@@ -32,7 +32,6 @@ Everything is computed in float32 (float64 when given float64) and cast back.
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -200,9 +199,7 @@ def _chunk_prefill(q, k, v, g, beta, initial_state, cu_seqlens, head_first, use_
         q[0], k[0], v[0], g[0], beta[0], cu_seqlens, initial_state, indices,
         use_qk_l2norm=use_l2, eps=eps, want_h=want_h,
     )
-    o = o.to(q.dtype).unsqueeze(0)
-    final = final.to(torch.float32) if final.dtype != torch.float64 else final
-    return o, final, (h.unsqueeze(0) if h is not None else None)
+    return o.to(q.dtype).unsqueeze(0), final, (h.unsqueeze(0) if h is not None else None)
 
 
 def _gating(A_log, a, dt_bias, softplus_beta=1.0, softplus_threshold=20.0):

@@ -8,6 +8,7 @@ Each is a REPLACE hook in SGLang's hook registry (the function keeps SGLang's si
   (layer stride, row stride) pairs, with each (layer, slot) entry contiguous;
 * ``fused_gate_sigmoid_mul_add``: the shared-expert gate of Qwen2-MoE style blocks,
   ``final += sigmoid(hidden @ w) * shared``;
+* ``topk_softmax``: the MoE router's top-k (bound only on GPU platforms);
 * ``layernorm_fn`` / ``rms_norm_gated``: (RMS or layer) norm with an output gate, the
   FLA helpers the gated delta net's output norm calls when AMX is absent.
 """
@@ -119,7 +120,23 @@ def rms_norm_gated(x, g, weight, bias, activation: str = "swish", residual=None,
     return y if not prenorm else (y, residual_out.reshape(shape))
 
 
+def topk_softmax(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_output: torch.Tensor, renormalize: bool = False, *args, **kwargs) -> None:
+    """MoE router: softmax over experts, top-k, optional renormalisation, written in place."""
+    k = topk_weights.shape[-1]
+    weights, ids = torch.topk(gating_output.float().softmax(dim=-1), k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    topk_weights.copy_(weights)
+    topk_ids.copy_(ids.to(topk_ids.dtype))
+
+
 BINDINGS = (
+    Binding(
+        "sglang.srt.layers.moe.topk.topk_softmax",
+        topk_softmax,
+        "bind",
+        "MoE router top-k, bound only on CUDA/HIP/XPU/MUSA (sgl_kernel or Triton)",
+    ),
     Binding(
         "sglang.kernels.ops.mamba.mamba_state_scatter_triton._launch_track_mamba_states",
         launch_track_mamba_states,
