@@ -118,6 +118,7 @@ def create_app(runner, args, faults) -> FastAPI:
     def server_info() -> dict:
         return {
             "model_path": args.model, "served_model_name": args.model, "engine": "hybrid-conformance reference",
+            "tokenizer_path": str(getattr(model, "path", "")) or None,
             "version": "0.5.23-reference", "mamba_radix_cache_strategy": args.strategy,
             "mamba_scheduler_strategy": args.strategy, "disable_radix_cache": args.disable_radix_cache,
             "page_size": args.page_size, "mamba_track_interval": args.track_interval,
