@@ -22,6 +22,6 @@ pipi --no-deps "${HYBRID_CONFORMANCE_SGLANG_ROUTER:-sglang-router==0.3.2}" || ec
 pipi --no-deps -e "$root"
 "$PY" - <<'PY'
 import importlib.metadata as md
-for name in ("torch", "transformers", "sglang", "hybrid-conformance"):
+for name in ("torch", "transformers", "sglang", "lm_eval", "hybrid-conformance"):
     print(f"setup-cpu: {name}=={md.version(name)}")
 PY

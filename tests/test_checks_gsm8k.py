@@ -1,32 +1,34 @@
-"""GSM8K check: extraction filters, accuracy rule, paired McNemar, agreement mode."""
+"""GSM8K check: accuracy rule, paired McNemar, agreement mode, the engine it names (the
+extraction filters are lm-eval's; tests/test_gsm8k_lm_eval.py runs them)."""
 
 from __future__ import annotations
 
 import pytest
 
-from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording, extract_flexible, extract_strict, gold_answer, gsm8k_verdict
+from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording, gsm8k_verdict
 from conformance.errors import KitError
 
 
+ENGINE = "lm-eval 0.4.13"
+
+
 def answers(correct: list[bool], *, tail: str = "") -> GSM8KRecording:
-    rows = [GSM8KAnswer(i, str(i + 10), f"so {i + 10 if ok else i + 11}{tail}") for i, ok in enumerate(correct)]
-    return GSM8KRecording(tuple(rows), 2, "x")
+    rows = [GSM8KAnswer(i, f"so {i + 10 if ok else i + 11}{tail}", strict=False, flexible=ok) for i, ok in enumerate(correct)]
+    return GSM8KRecording(tuple(rows), 2, "x", ENGINE)
 
 
-def test_filters_match_lm_eval_strict_and_flexible():
-    text = "She pays $1,200 then 30 more.\n#### 1,230"
-    assert extract_strict(text) == "1230" and extract_flexible(text) == "1230"
-    assert extract_strict("the answer is 5.") is None and extract_flexible("the answer is 5.") == "5"
-    assert extract_flexible("no number") is None
-    assert gold_answer("work\n#### 72") == "72"
-    with pytest.raises(KitError):
-        gold_answer("no marker")
+def test_primary_filter_decides_and_both_accuracies_are_reported():
+    rec = GSM8KRecording(tuple(GSM8KAnswer(i, "x", strict=i < 3, flexible=i < 7) for i in range(10)), 2, "x", ENGINE)
+    flex = gsm8k_verdict(rec, mode="accuracy")
+    strict = gsm8k_verdict(rec, mode="accuracy", primary="strict")
+    assert flex.metrics["accuracy"] == 0.7 and strict.metrics["accuracy"] == 0.3
+    assert flex.metrics["strict_accuracy"] == 0.3 and flex.metrics["flexible_accuracy"] == 0.7
 
 
 def test_accuracy_mode_pass_with_contract_metrics_and_rule():
     v = gsm8k_verdict(answers([True] * 180 + [False] * 20), mode="accuracy", min_accuracy=0.85, baseline=answers([True] * 180 + [False] * 20))
     assert v.status == "pass", v.reason
-    assert {"n", "accuracy", "wilson_low", "agreement"} <= set(v.metrics)
+    assert {"n", "accuracy", "wilson_low", "agreement"} <= set(v.metrics) and v.metrics["engine"] == ENGINE
     assert v.metrics["accuracy"] == 0.9 and v.metrics["agreement"] == 1.0
     assert v.details["wilson_high"] > 0.9 > v.metrics["wilson_low"]
     assert "needs n=" in v.details["rule"] and v.details["required_n_for_margin"] > 200
@@ -59,8 +61,14 @@ def test_agreement_mode_fails_on_one_differing_completion_and_says_so():
 
 
 def test_refuses_to_pass_vacuously():
-    assert gsm8k_verdict(GSM8KRecording(()), mode="accuracy").status == "skip"
+    empty = gsm8k_verdict(GSM8KRecording((), engine=ENGINE), mode="accuracy")
+    assert empty.status == "skip" and empty.metrics["engine"] == ENGINE
     v = gsm8k_verdict(answers([True]), mode="agreement", baseline=None)
     assert v.status == "skip" and "baseline" in v.reason
     with pytest.raises(KitError):
         gsm8k_verdict(answers([True]), mode="exactish")  # type: ignore[arg-type]
+
+
+def test_a_recording_that_names_no_engine_is_refused():
+    with pytest.raises(KitError, match="engine"):
+        gsm8k_verdict(GSM8KRecording(answers([True]).answers, 2, "x", ""), mode="accuracy")

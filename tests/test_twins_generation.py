@@ -54,7 +54,7 @@ def test_make_twins_generates_all_once(fresh_cache):
     stamp = [(p / "model.safetensors").stat().st_mtime_ns for p in paths]
     assert twins.make_twins() == paths
     assert [(p / "model.safetensors").stat().st_mtime_ns for p in paths] == stamp
-    assert all((p / "model.safetensors").stat().st_size < 4_000_000 for p in paths)
+    assert all((p / "model.safetensors").stat().st_size < 24_000_000 for p in paths)  # 32k x 64 embedding and head
 
 
 def test_spec_hash_covers_the_spec_but_not_the_record():
@@ -105,6 +105,10 @@ def test_tokenizer_is_deterministic_and_byte_complete():
     ids = twin.tokenizer.encode(GSM8K_LIKE)
     assert twin.tokenizer.decode(ids) == GSM8K_LIKE
     assert len(ids) < len(GSM8K_LIKE)  # merges learned
+    big = train_tokenizer(32000)  # the twins' size: fills the vocabulary SGLang's radix-cache kit addresses
+    assert big.get_vocab_size() == 32000 and twin.tokenizer.vocab_size == 32000
+    assert twin.tokenizer.encode("hi") == big.encode("hi").ids and len(twin.tokenizer.encode("hi")) == 1
+    assert len(twin.tokenizer.encode("hi" * 257)) == 257  # SGLang's branching kit counts its prefix in "hi"s
     assert twin.tokenizer.decode(twin.tokenizer.encode("naïve – 東京 ✓")) == "naïve – 東京 ✓"
 
 

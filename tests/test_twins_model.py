@@ -17,7 +17,8 @@ from conformance.reference.twin_metrics import path_error, random_prompt
 torch.set_num_threads(1)
 
 TWINS = ["tiny-qwen3-next", "tiny-nemotron-h", "tiny-granite-h", "tiny-falcon-h1"]
-PATH_TOL = 1e-5  # float32 log-probs: split, chunked and token-by-token runs agree within this
+PATH_TOL = 2e-5  # float32 log-probs: split, chunked and token-by-token runs agree within this
+# (a 32k vocabulary under the sharpened head puts tail log-probs at -64..-128, one float32 ulp = 7.6e-6)
 
 
 @pytest.fixture(scope="module", params=TWINS)
@@ -53,9 +54,9 @@ def test_unknown_twin_is_one_line_listing_known_twins():
 
 
 def test_metadata(twin):
-    assert twin.vocab_size == 512 and twin.tokenizer.vocab_size <= twin.vocab_size
+    assert twin.vocab_size == 32000 and twin.tokenizer.vocab_size == twin.vocab_size
     assert (twin.eos_token_id, twin.pad_token_id) == (3, 0)
-    assert twin.max_context == 4096
+    assert twin.max_context == 131072 == twin.model.config.max_position_embeddings
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (twin.path / name).is_file()
     state = twin.empty_state()

@@ -1,21 +1,16 @@
-"""Workload generators: prompt lengths, trees, session scripts, GSM8K data."""
+"""Workload generators: prompt lengths, trees, session scripts (GSM8K data: tests/test_gsm8k_lm_eval.py)."""
 
 from __future__ import annotations
-
-import os
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.errors import KitError
-from conformance.workloads import gsm8k as g
 from conformance.workloads.prompts import boundary_lengths, decode_cross_lengths, prefill_hit_lengths, text_prompts, token_prompts
 from conformance.workloads.sessions import leak_session_scripts
 from conformance.workloads.trees import branch_points, branching_tree
 
-GSM8K_DIR = Path(os.environ.get(g.ENV_DIR, Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"))
 
 
 def test_prefill_lengths_straddle_chunk_and_track_boundaries():
@@ -74,34 +69,3 @@ def test_session_scripts_abort_branch_and_replace_only_where_allowed():
     assert any(t.replace for t in plain.turns) and any(t.parent == 0 for t in plain.turns)
     assert sum(len(t.tokens) for t in streaming.turns[:2]) > 256
     assert leak_session_scripts(vocab_size=1024) == leak_session_scripts(vocab_size=1024)
-
-
-def test_gsm8k_local_data_is_verified_and_exemplars_come_from_train():
-    if not (GSM8K_DIR / g.TEST_FILE).is_file():
-        pytest.fail(f"GSM8K data not found at {GSM8K_DIR}; set {g.ENV_DIR}")
-    data = g.load_local(GSM8K_DIR)
-    assert len(data.test) == 1319 and len(data.train) == 8
-    items = g.select_items(data, 16)
-    prompt = g.few_shot_prompt(items[0].question, data.train, 2)
-    assert prompt.count("Question:") == 3 and prompt.endswith("Answer:")
-    assert items[0].question not in prompt.split("Question:")[1]
-    assert items[0].gold.lstrip("-").isdigit()
-
-
-def test_gsm8k_bad_dir_and_tampered_file_are_one_line_errors(tmp_path, monkeypatch):
-    with pytest.raises(KitError, match="not found"):
-        g.load_local(tmp_path)
-    (tmp_path / g.TEST_FILE).write_text('{"question": "q", "answer": "a\\n#### 1"}\n')
-    (tmp_path / g.TRAIN_FILE).write_text('{"question": "q", "answer": "a\\n#### 1"}\n')
-    with pytest.raises(KitError, match="sha256"):
-        g.load_local(tmp_path)
-    monkeypatch.delenv(g.ENV_DIR, raising=False)
-    with pytest.raises(KitError, match="no data directory"):
-        g.load_gsm8k(None, allow_hub=False)
-    monkeypatch.setenv(g.ENV_DIR, str(tmp_path))
-    with pytest.raises(KitError, match="sha256"):
-        g.load_gsm8k(None)
-
-
-def test_trim_completion_cuts_at_the_next_question():
-    assert g.trim_completion(" 5.\n#### 5\n\nQuestion: more") == " 5.\n#### 5\n\n"

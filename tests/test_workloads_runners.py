@@ -16,9 +16,8 @@ from conformance.checks.leaks import OccupancySample, leak_verdict
 from conformance.checks.prefix_branching import prefix_branching_verdict
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
-from conformance.workloads.gsm8k import GSM8KItem
 from conformance.workloads.prompts import decode_cross_lengths, prefill_hit_lengths, token_prompts
-from conformance.workloads.runners import idle_probe, record_gsm8k, record_kl, record_sessions, record_tree, sample_occupancy
+from conformance.workloads.runners import idle_probe, record_kl, record_sessions, record_tree, sample_occupancy
 from conformance.workloads.sessions import leak_session_scripts
 from conformance.workloads.trees import branching_tree
 from test_workloads_fake_server import DATA, FakeSGLang, Recorder, Replayer, load_transcript
@@ -111,14 +110,6 @@ def test_sample_occupancy_sees_load_and_returns_the_result():
     assert len(out["output_ids"]) == 40
     assert max(s.values["sglang:mamba_used_tokens"] for s in timeline) > 0
     assert isinstance(timeline[0], OccupancySample)
-
-
-def test_record_gsm8k_trims_and_keeps_item_order():
-    items = [GSM8KItem(i, f"q{'x' * i}?", f"work\n#### {i}") for i in range(5)]
-    ex = [GSM8KItem(0, "1+1?", "1+1=2\n#### 2")]
-    rec = record_gsm8k(FakeSGLang(), items, ex, shots=1, batch_size=2)
-    assert [a.index for a in rec.answers] == list(range(5))
-    assert all(a.completion.rstrip().split()[-1].isdigit() for a in rec.answers)
 
 
 # ------------------------------------------------------------------ regenerate the data

@@ -1,8 +1,10 @@
-"""GSM8K check: greedy few-shot answers scored with lm-eval compatible filters, a Wilson
+"""GSM8K check: lm-eval's per-item results judged with the kit's statistics, a Wilson
 interval on accuracy and an exact paired McNemar test against the model's baseline
 (``no_buffer``) cell on the same questions.
 
-Two modes:
+The answers come from lm-eval's own gsm8k task (``workloads.gsm8k_lm_eval``): its prompt,
+its ``strict-match`` / ``flexible-extract`` filters and its ``exact_match`` metric decide
+whether an item is correct; this module only counts.  Two modes:
 
 * ``accuracy`` (real models): fail when the whole Wilson interval lies below the model's
   minimum accuracy, or when the strategy is significantly worse than the baseline on the
@@ -10,11 +12,12 @@ Two modes:
   rule needs to resolve a 2-point margin are in the verdict's details.
 * ``agreement`` (CPU twins, where accuracy means nothing): every completion must equal
   the baseline cell's completion for the same question.
+
+Every verdict's metrics name the ``engine`` (``lm-eval <version>``) that produced the answers.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,15 +29,15 @@ CHECK = "gsm8k"
 Mode = Literal["accuracy", "agreement"]
 Filter = Literal["strict", "flexible"]
 
-_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
-_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
-
 
 @dataclass(frozen=True)
 class GSM8KAnswer:
-    index: int  # the test item's index in test.jsonl
-    gold: str  # the gold number (after "#### ")
-    completion: str
+    """One test item as lm-eval scored it."""
+
+    index: int  # lm-eval's doc_id: the item's index in the test split
+    completion: str  # lm-eval's raw response (cut at the task's stop sequences)
+    strict: bool  # exact_match under lm-eval's strict-match filter
+    flexible: bool  # exact_match under lm-eval's flexible-extract filter
 
 
 @dataclass(frozen=True)
@@ -42,43 +45,11 @@ class GSM8KRecording:
     answers: tuple[GSM8KAnswer, ...]
     shots: int = 0
     label: str = ""
-
-
-def normalize_number(s: str) -> str:
-    """'$1,234.00.' -> '1234'; '-3.50' -> '-3.5'."""
-    s = s.strip().replace(",", "").replace("$", "").rstrip(".")
-    try:
-        v = float(s)
-    except ValueError:
-        return s
-    return str(int(v)) if v == int(v) else repr(v)
-
-
-def extract_strict(completion: str) -> str | None:
-    """lm-eval's strict-match: the first ``#### N``."""
-    m = _STRICT.search(completion)
-    return normalize_number(m.group(1)) if m else None
-
-
-def extract_flexible(completion: str) -> str | None:
-    """lm-eval's flexible-extract: the last number in the completion."""
-    found = _FLEXIBLE.findall(completion)
-    if not found:
-        return None
-    a, b = found[-1]
-    return normalize_number(a or b)
-
-
-def gold_answer(answer_field: str) -> str:
-    """The gold number from a GSM8K ``answer`` field."""
-    if "####" not in answer_field:
-        raise KitError("gsm8k: an answer field has no '####' line")
-    return normalize_number(answer_field.split("####")[-1])
+    engine: str = ""  # "lm-eval 0.4.13": who prompted, filtered and scored
 
 
 def is_correct(a: GSM8KAnswer, filt: Filter) -> bool:
-    got = extract_strict(a.completion) if filt == "strict" else extract_flexible(a.completion)
-    return got is not None and got == normalize_number(a.gold)
+    return a.strict if filt == "strict" else a.flexible
 
 
 def gsm8k_verdict(
@@ -95,8 +66,11 @@ def gsm8k_verdict(
     n = len(rec.answers)
     if mode not in ("accuracy", "agreement"):
         raise KitError(f"gsm8k: unknown mode {mode!r} (accuracy or agreement)")
+    if not rec.engine:
+        raise KitError("gsm8k: the recording does not name the engine that scored it (lm-eval and its version)")
     if n == 0:
-        return Verdict(CHECK, "skip", {"n": 0, "accuracy": None, "wilson_low": None, "agreement": None}, "no question was answered")
+        return Verdict(CHECK, "skip", {"n": 0, "accuracy": None, "wilson_low": None, "agreement": None, "engine": rec.engine, "mode": mode},
+                       "no question was answered")
     correct = sum(is_correct(a, primary) for a in rec.answers)
     acc = correct / n
     low, high = wilson_interval(correct, n)
@@ -115,6 +89,7 @@ def gsm8k_verdict(
         "standard_error": standard_error(acc, n),
         "paired_n": len(pairs),
         "mode": mode,
+        "engine": rec.engine,
     }
     details: dict = {"wilson_high": high, "primary_filter": primary, "required_n_for_margin": need, "margin": margin}
 

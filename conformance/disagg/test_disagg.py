@@ -29,9 +29,10 @@ from conformance.errors import KitError
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
 from conformance.targets.disagg import not_applicable, serve_pd
-from conformance.workloads.gsm8k import select_items
+from conformance.workloads.gsm8k import pick_items
+from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
-from conformance.workloads.runners import generate_tokens, record_gsm8k, sample_occupancy
+from conformance.workloads.runners import generate_tokens, sample_occupancy
 
 pytestmark = pytest.mark.disagg
 SEEDS = {"logprobs": 21, "load": 22}
@@ -82,17 +83,22 @@ def test_pd_logprobs(cell, request, record_verdict):
     settle(record_verdict(disagg_verdict([kl])))
 
 
-def test_pd_gsm8k(cell, request, record_verdict):
+def test_pd_gsm8k(cell, request, record_verdict, cell_store):
     pd, base = _bind(cell, request, record_verdict)
     gsm8k_data = request.getfixturevalue("gsm8k_data")  # after the n/a check: a lazy cell needs no data
     size = sizes_for(pd)
-    items = select_items(gsm8k_data, size.gsm8k_n)
-    kw = dict(shots=size.gsm8k_shots, max_new_tokens=size.gsm8k_new_tokens)
+    items = pick_items(gsm8k_data, size.gsm8k_n)
+
+    def lm_eval_on(server):  # lm-eval's SGLang /generate adapter: the router speaks SGLang's native API
+        return LmEvalGSM8K.for_server(gsm8k_data, server.base_url, server.info or base.info, api="sglang-generate",
+                                      task_dir=cell_store.root / "lm_eval_tasks", shots=size.gsm8k_shots,
+                                      max_gen_toks=size.gsm8k_new_tokens, concurrency=1 if exact_mode(pd) else 32)
+
     pd.router.flush_cache()
-    served = record_gsm8k(pd.router, items, gsm8k_data.train, label=f"{cell.id} PD", **kw)
+    served = lm_eval_on(pd).record(items, label=f"{cell.id} PD")
     probe_both(pd, "after pd_gsm8k", requests=len(items), gauges=_gauges(pd))
     base.client.flush_cache()
-    baseline = record_gsm8k(base.client, items, gsm8k_data.train, label=f"{cell.id} non-PD", **kw)
+    baseline = lm_eval_on(base).record(items, label=f"{cell.id} non-PD")
     base.client.flush_cache()
     if exact_mode(pd):  # CPU twins: accuracy means nothing, every answer must equal the non-PD one
         verdict = disagg_verdict([gsm8k_verdict(served, mode="agreement", baseline=baseline)])

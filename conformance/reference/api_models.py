@@ -24,6 +24,7 @@ class SamplingParamsIn(BaseModel):
     sampling_seed: Optional[StrictInt] = None
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: StrictInt = -1
+    n: StrictInt = Field(1, ge=1, le=64)
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -64,6 +65,12 @@ class GenerateIn(BaseModel):
         return v
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: StrictBool = False
+
+
 class CompletionIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -76,8 +83,42 @@ class CompletionIn(BaseModel):
     logprobs: Optional[StrictInt] = Field(None, ge=0, le=20)
     echo: StrictBool = False
     seed: Optional[StrictInt] = None
-    n: StrictInt = Field(1, ge=1, le=1)
+    n: StrictInt = Field(1, ge=1, le=64)
     stream: StrictBool = False
+    stream_options: Optional[StreamOptions] = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: Union[str, list[dict[str, Any]], None] = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):  # OpenAI content parts: keep the text ones
+            return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+        return self.content or ""
+
+
+class ChatCompletionIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: Optional[str] = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[StrictInt] = Field(None, ge=0)
+    max_completion_tokens: Optional[StrictInt] = Field(None, ge=0)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: Optional[Union[str, list[str]]] = None
+    seed: Optional[StrictInt] = None
+    n: StrictInt = Field(1, ge=1, le=64)
+    stream: StrictBool = False
+    stream_options: Optional[StreamOptions] = None
+    logprobs: StrictBool = False
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=20)
+
+    def new_tokens(self) -> int:
+        return next((v for v in (self.max_completion_tokens, self.max_tokens) if v is not None), 128)
 
 
 class OpenSessionIn(BaseModel):
@@ -98,7 +139,8 @@ class CloseSessionIn(BaseModel):
 class AbortIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    rid: str
+    rid: Optional[str] = ""
+    abort_all: StrictBool = False
 
 
 def per_item(value: Any, n: int, name: str) -> list[Any]:

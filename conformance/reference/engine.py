@@ -92,10 +92,11 @@ class Engine:
         self.waiting.append(req)
 
     def abort(self, rid: str) -> bool:
+        """Abort request ``rid`` (queued or running); it finishes with reason "abort", like SGLang's."""
         for req in list(self.waiting):
             if req.rid == rid:
                 self.waiting.remove(req)
-                self._finish(req, {"type": "abort", "message": "aborted"})
+                self._finish(req, {"type": "abort", "message": "Abort before prefill"}, error=False)
                 return True
         for req in self.running:
             if req.rid == rid:
@@ -103,6 +104,11 @@ class Engine:
                 self._abort_release(req)
                 return True
         return False
+
+    def abort_all(self) -> int:
+        """Abort every queued and running request (SGLang's ``abort_all``); how many."""
+        rids = [r.rid for r in [*self.waiting, *self.running]]
+        return sum(self.abort(rid) for rid in rids)
 
     def request_idle_check(self) -> None:
         """Run the idle leak check at the next idle step (after a session close, say)."""
@@ -250,24 +256,29 @@ class Engine:
         track_at = None if self.cfg.disable_radix_cache else self.slots.prefill_track_position(req)
         snap_pos = None if track_at is None else max(self._snapshot_at(track_at, total), p)
         cuts = sorted({p, total} | ({track_at, snap_pos} if track_at is not None else set()))
-        rows, state = [], req.state
+        # Rows (next-token log-probs) only where needed: every position from the first input
+        # logprob on, else just each segment's last (snapshots, the first output token).
+        need = min(max(req.start - 1, p), total - 1) if req.return_logprob else total - 1
+        kept, state = [], req.state
         at = {p: (req.state, req.last_row)}
         for a, b in zip(cuts, cuts[1:]):
-            seg_rows, state = self.model.extend(state, req.input_ids[a:b])
-            rows.append(seg_rows)
+            first = min(max(a, need), b - 1)
+            seg_rows, state = self.model.extend(state, req.input_ids[a:b], keep=b - first)
+            kept.append((first, seg_rows))
             at[b] = (state, seg_rows[-1])
-        all_rows = torch.cat(rows)
+        all_rows = torch.cat([r for first, r in kept if first >= need])  # positions need .. total-1
         if track_at is not None:
             snap_state, snap_row = at[track_at]
             snap_state = snap_state.clone() if snap_pos == track_at else snap_state.with_recurrent_from(at[snap_pos][0])
             self.slots.track(req, track_at, snap_state, snap_row)
-        self._record_input_logprobs(req, all_rows)
+        self._record_input_logprobs(req, all_rows, need)
         req.state, req.last_row = state, all_rows[-1]
         self.counters["prefill_tokens"] += total - p
         if req.sampling.max_new_tokens > 0:
             self._emit(req, all_rows[-1])
 
-    def _record_input_logprobs(self, req: Req, rows: torch.Tensor) -> None:
+    def _record_input_logprobs(self, req: Req, rows: torch.Tensor, base: int) -> None:
+        """Input logprob entries from ``rows`` (row k: after input token ``base + k``)."""
         if not req.return_logprob:
             return
         p = req.prefix_len
@@ -277,7 +288,7 @@ class Engine:
                 req.input_entries.append((None, tok))
                 req.input_top.append(None)
                 continue
-            row = rows[i - 1 - p] if i - 1 >= p else req.last_row
+            row = rows[i - 1 - base] if i - 1 >= p else req.last_row
             req.input_entries.append((float(row[tok]), tok))
             req.input_top.append(top_entries(row, req.top_logprobs_num))
 
@@ -303,6 +314,8 @@ class Engine:
         req.output_ids.append(tok)
         req.output_rows.append(row)
         req.last_row = row
+        if req.on_token is not None:
+            req.on_token(req)
 
     # ------------------------------------------------------------ finishing
     def _abort_release(self, req: Req) -> None:
@@ -312,10 +325,10 @@ class Engine:
             self.slots.release(req, insert=False)
         self._done(req)
 
-    def _finish(self, req: Req, reason: dict) -> None:
-        """Finish a request that never got resources (aborted in the queue, or too big)."""
+    def _finish(self, req: Req, reason: dict, error: bool = True) -> None:
+        """Finish a request that never got resources (aborted in the queue, or too big: an error)."""
         req.finish_reason = reason
-        req.error = reason.get("message")
+        req.error = reason.get("message") if error else None
         self._done(req)
 
     def _done(self, req: Req) -> None:

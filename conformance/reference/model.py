@@ -152,12 +152,13 @@ class Twin:
                 f"{self.name}: {state.seq_len} + {len(ids)} tokens exceed max_context {self.max_context}")
         return ids
 
-    def extend(self, state: TwinState, token_ids: Sequence[int]) -> tuple[torch.Tensor, TwinState]:
+    def extend(self, state: TwinState, token_ids: Sequence[int], keep: int | None = None) -> tuple[torch.Tensor, TwinState]:
         """Run ``token_ids`` after the prefix ``state`` holds.
 
         Returns float32 log-probs of shape (len(token_ids), vocab) -- row i is the
-        next-token distribution after token_ids[i] -- and the new state.  ``state`` is
-        not mutated.  No grad.
+        next-token distribution after token_ids[i] -- and the new state.  With ``keep``,
+        only the last ``keep`` rows are computed (the float64 head over a 32k vocabulary
+        dominates a long prefill otherwise).  ``state`` is not mutated.  No grad.
         """
         ids = self._check_ids(state, token_ids)
         if not ids:
@@ -176,7 +177,8 @@ class Twin:
                         past_key_values=cache,
                         use_cache=True,
                     )
-                    logprobs = self._head_logprobs(captured.pop()[0])
+                    prenorm = captured.pop()[0]
+                    logprobs = self._head_logprobs(prenorm if keep is None else prenorm[max(n - keep, 0):])
             finally:
                 hook.remove()
         return logprobs, TwinState(out.past_key_values, start + n, self._recurrent, self._slot_nbytes)

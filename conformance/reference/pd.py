@@ -134,7 +134,7 @@ class PrefillEngine(Engine):
     def _shipped_state(self, req: Req):
         if self.pd_fault != "pd_state_off_by_one" or len(req.input_ids) < 2:
             return req.state
-        _, earlier = self.model.extend(self.model.empty_state(), req.input_ids[:-1])
+        _, earlier = self.model.extend(self.model.empty_state(), req.input_ids[:-1], keep=1)
         return req.state.with_recurrent_from(earlier)
 
     def pending(self) -> int:

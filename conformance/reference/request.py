@@ -33,6 +33,7 @@ class Req:
     top_logprobs_num: int = 0
     session_id: str | None = None
     on_done: Callable[["Req"], None] | None = None
+    on_token: Callable[["Req"], None] | None = None  # streaming: called after each new output token
 
     # set by the engine
     output_ids: list[int] = field(default_factory=list)

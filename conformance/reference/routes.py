@@ -1,105 +1,43 @@
-"""Routes of the reference server: SGLang's native API and OpenAI ``/v1/completions``.
+"""Routes of the reference server: SGLang's native API (``/generate`` with ``stream=true`` in
+SGLang's SSE form, sessions, ``/abort_request`` with ``abort_all``, health, info, metrics);
+the OpenAI routes are in ``openai_routes.py``.
 
 Errors are SGLang-shaped JSON (``{"error": {"message", "type", "code"}}``) with a 4xx
 status for bad input; a dead scheduler (idle leak check in strict mode, or a crash) makes
-``/health`` 503 and generation 503, as SGLang's server does once its scheduler died.
+``/health`` 503 and generation 503, as SGLang's server does once its scheduler died.  A
+request aborted by ``/abort_request`` answers 200 with ``finish_reason.type == "abort"``,
+as SGLang's does.
 """
 
 from __future__ import annotations
 
-import json
-import time
-
-from pydantic import ValidationError
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from conformance.errors import KitError
-from conformance.reference.api_models import (AbortIn, CloseSessionIn, CompletionIn, GenerateIn, OpenSessionIn,
-                                              SamplingParamsIn, per_item)
+from conformance.reference.api_models import AbortIn, CloseSessionIn, GenerateIn, OpenSessionIn, SamplingParamsIn, per_item
+from conformance.reference.http_common import BadRequest, Serving, error_response, parse_body, sse
 from conformance.reference.metrics import render_metrics
-from conformance.reference.request import Req, SamplingParams, result_dict
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _error(message: str, status: int) -> JSONResponse:
-    kind = "BadRequestError" if status < 500 else "ServiceUnavailableError"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
-
-
-async def parse_body(request: Request, model):
-    """JSON body of any content type, validated by ``model``; 400 on malformed JSON or bad fields."""
-    raw = await request.body()
-    try:
-        data = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"malformed JSON body: {exc}") from None
-    if not isinstance(data, dict):
-        raise BadRequest("the JSON body must be an object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise BadRequest(f"invalid request: {where}: {first.get('msg', 'bad value')}") from None
+from conformance.reference.openai_routes import add_openai_routes
+from conformance.reference.request import result_dict
 
 
 def create_app(runner, args, faults) -> FastAPI:
-    engine, model = runner.engine, runner.engine.model
+    serving = Serving(runner, args)
+    engine, model = serving.engine, serving.model
+    alive, make_req, run = serving.alive, serving.make_req, serving.run
     app = FastAPI(title="hybrid-conformance reference server")
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request, exc: RequestValidationError):
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return _error(f"invalid request: {where}: {first.get('msg', 'bad value')}".replace(": :", ":"), 400)
+        return error_response(f"invalid request: {where}: {first.get('msg', 'bad value')}".replace(": :", ":"), 400)
 
     @app.exception_handler(BadRequest)
     async def _bad(_request, exc: BadRequest):
-        return _error(str(exc), exc.status)
-
-    def alive() -> None:
-        if engine.dead:
-            raise BadRequest(f"scheduler is dead: {engine.dead}", 503)
-
-    def make_req(ids: list[int], sp: SamplingParamsIn, *, rid, return_logprob=False, start=-1, top=0) -> Req:
-        if not ids:
-            raise BadRequest("empty input: give a non-empty text or input_ids")
-        if any(t >= model.vocab_size for t in ids):
-            raise BadRequest(f"token id out of range [0, {model.vocab_size})")
-        if len(ids) + sp.max_new_tokens > model.max_context:
-            raise BadRequest(f"input ({len(ids)} tokens) plus max_new_tokens ({sp.max_new_tokens}) exceeds "
-                             f"the context length {model.max_context}")
-        if start > len(ids):
-            raise BadRequest(f"logprob_start_len={start} is higher than the number of input tokens {len(ids)}")
-        if top < 0:
-            raise BadRequest("top_logprobs_num must be >= 0")
-        params = SamplingParams(max_new_tokens=sp.max_new_tokens, temperature=sp.temperature,
-                                ignore_eos=sp.ignore_eos, stop=sp.stop_list(),
-                                stop_token_ids=list(sp.stop_token_ids or []), seed=sp.sampling_seed)
-        from conformance.reference.server import new_rid
-
-        return Req(rid or new_rid(), list(ids), params, return_logprob=return_logprob,
-                   logprob_start_len=start, top_logprobs_num=top)
-
-    async def run(reqs: list[Req]) -> list[Req]:
-        try:
-            done = await runner.run(reqs)
-        except KitError as exc:
-            raise BadRequest(str(exc), 503) from None
-        except TimeoutError:
-            raise BadRequest("request timed out", 504) from None
-        for r in done:
-            if r.error and engine.dead:
-                raise BadRequest(f"scheduler is dead: {engine.dead}", 503)
-        return done
+        return error_response(str(exc), exc.status)
 
     # ------------------------------------------------------------ health / info
     @app.get("/health")
@@ -118,6 +56,7 @@ def create_app(runner, args, faults) -> FastAPI:
     def server_info() -> dict:
         return {
             "model_path": args.model, "served_model_name": args.model, "engine": "hybrid-conformance reference",
+            "tokenizer_path": str(getattr(model, "path", "")) or None,
             "version": "0.5.23-reference", "mamba_radix_cache_strategy": args.strategy,
             "mamba_scheduler_strategy": args.strategy, "disable_radix_cache": args.disable_radix_cache,
             "page_size": args.page_size, "mamba_track_interval": args.track_interval,
@@ -132,8 +71,6 @@ def create_app(runner, args, faults) -> FastAPI:
     app.get("/server_info")(server_info)
     app.get("/get_server_info")(server_info)
     app.get("/get_model_info")(lambda: {"model_path": args.model, "is_generation": True})
-    app.get("/v1/models")(lambda: {"object": "list", "data": [{"id": args.model, "object": "model",
-                                                                "max_model_len": model.max_context}]})
 
     @app.get("/metrics")
     async def metrics():
@@ -166,7 +103,12 @@ def create_app(runner, args, faults) -> FastAPI:
     @app.post("/abort_request")
     async def abort_request(request: Request):
         body = await parse_body(request, AbortIn)
-        runner.call(engine.abort, body.rid)
+        if body.abort_all:
+            runner.call(engine.abort_all)
+        elif body.rid:
+            runner.call(engine.abort, body.rid)
+        else:
+            raise BadRequest("give a rid or abort_all=true")
         return PlainTextResponse("")
 
     # ------------------------------------------------------------ generation
@@ -174,8 +116,6 @@ def create_app(runner, args, faults) -> FastAPI:
     async def generate(request: Request):
         body = await parse_body(request, GenerateIn)
         alive()
-        if body.stream:
-            raise BadRequest("stream=true is not supported by the reference server")
         if (body.text is None) == (body.input_ids is None):
             raise BadRequest("give exactly one of text or input_ids")
         batched = isinstance(body.text, list) or (bool(body.input_ids) and isinstance(body.input_ids[0], list))
@@ -187,8 +127,8 @@ def create_app(runner, args, faults) -> FastAPI:
         n = len(prompts)
         if n == 0:
             raise BadRequest("empty batch")
-        if body.session_params is not None and n != 1:
-            raise BadRequest("session_params needs a single request")
+        if body.session_params is not None and (n != 1 or any(sp.n != 1 for sp in per_item(body.sampling_params or SamplingParamsIn(), 1, "sampling_params"))):
+            raise BadRequest("session_params needs a single request (n=1)")
         try:
             sps = per_item(body.sampling_params or SamplingParamsIn(), n, "sampling_params")
             lps = per_item(body.return_logprob, n, "return_logprob")
@@ -210,65 +150,30 @@ def create_app(runner, args, faults) -> FastAPI:
                     raise BadRequest("empty input: give a non-empty text or input_ids")
             else:
                 req = make_req(ids, sp, rid=rid, return_logprob=lp, start=st, top=top)
-            reqs.append(req)
+            reqs += [req] + [serving.make_req(req.input_ids, sp, rid=None, return_logprob=lp, start=st, top=top)
+                             for _ in range(sp.n - 1)]  # n > 1: parallel samples of the same prompt
+        batched = batched or len(reqs) > 1
+        if body.stream:
+            if len(reqs) != 1:
+                raise BadRequest("stream=true takes a single request (n=1)")
+            return StreamingResponse(_generate_events(serving, reqs[0]), media_type="text/event-stream")
         done = await run(reqs)
-        for r in done:
-            if r.error:
-                raise BadRequest(f"request {r.rid} aborted: {r.error}", 400)
         out = [result_dict(r, model.tokenizer.decode) for r in done]
         return out if batched else out[0]
 
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await parse_body(request, CompletionIn)
-        alive()
-        if body.stream:
-            raise BadRequest("stream=true is not supported by the reference server")
-        p = body.prompt
-        if isinstance(p, str):
-            prompts = [model.tokenizer.encode(p)]
-        elif p and all(isinstance(x, str) for x in p):
-            prompts = [model.tokenizer.encode(x) for x in p]
-        elif p and all(isinstance(x, list) for x in p):
-            prompts = p
-        else:
-            prompts = [p]
-        sp = SamplingParamsIn(max_new_tokens=body.max_tokens, temperature=body.temperature, stop=body.stop,
-                              sampling_seed=body.seed)
-        want_lp = body.logprobs is not None
-        reqs = [make_req(ids, sp, rid=None, return_logprob=want_lp, start=0 if body.echo and want_lp else -1,
-                         top=body.logprobs or 0) for ids in prompts]
-        done = await run(reqs)
-        choices = [_choice(i, r, body, model) for i, r in enumerate(done)]
-        ptoks = sum(len(r.input_ids) for r in done)
-        ctoks = sum(len(r.output_ids) for r in done)
-        return {"id": f"cmpl-{done[0].rid}", "object": "text_completion", "created": int(time.time()),
-                "model": args.model, "choices": choices,
-                "usage": {"prompt_tokens": ptoks, "completion_tokens": ctoks, "total_tokens": ptoks + ctoks}}
-
+    add_openai_routes(app, serving)
     return app
 
 
-def _choice(index: int, req: Req, body: CompletionIn, model) -> dict:
-    res = result_dict(req, model.tokenizer.decode)
-    text = res["text"]
-    if body.echo:
-        text = model.tokenizer.decode(req.input_ids) + text
-    logprobs = None
-    if body.logprobs is not None:
-        meta = res["meta_info"]
-        entries = (meta.get("input_token_logprobs", []) if body.echo else []) + meta["output_token_logprobs"]
-        tops = ((meta.get("input_top_logprobs", []) if body.echo else []) + meta.get("output_top_logprobs", [])
-                if body.logprobs else [None] * len(entries))
-        tokens = [model.tokenizer.decode([tok], skip_special_tokens=False) for _lp, tok, _ in entries]
-        logprobs = {
-            "tokens": tokens,
-            "token_logprobs": [lp for lp, _tok, _ in entries],
-            "top_logprobs": [None if t is None else {model.tokenizer.decode([tok], skip_special_tokens=False): lp
-                                                     for lp, tok, _ in t} for t in tops],
-            "text_offset": [sum(len(x) for x in tokens[:i]) for i in range(len(tokens))],
-        }
-    reason = (req.finish_reason or {}).get("type")
-    return {"index": index, "text": text, "logprobs": logprobs,
-            "finish_reason": "length" if reason == "length" else "stop"}
-
+async def _generate_events(serving: Serving, req):
+    """SGLang's /generate stream: cumulative ``text``/``output_ids`` per event, then ``[DONE]``;
+    an error after the stream started is an event with an ``error`` object."""
+    try:
+        async for r in serving.stream(req):
+            out = result_dict(r, serving.model.tokenizer.decode)
+            if r.finish_reason is None:
+                out["meta_info"]["finish_reason"] = None
+            yield sse(out)
+    except BadRequest as exc:
+        yield sse({"error": {"message": str(exc), "code": exc.status}})
+    yield sse("[DONE]")

@@ -98,6 +98,28 @@ class EngineRunner:
             raise
 
 
+    async def stream(self, req, timeout: float = REQUEST_TIMEOUT_S):
+        """Submit ``req``; yield it after each new output token and once more when it finished.
+        Aborts it when the consumer goes away (client disconnect) or on timeout."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        req.on_token = lambda r: loop.call_soon_threadsafe(events.put_nowait, False)
+        req.on_done = lambda r: loop.call_soon_threadsafe(events.put_nowait, True)
+        with self._wake:
+            self.engine.submit(req)
+            self._wake.notify_all()
+        finished = False
+        try:
+            deadline = loop.time() + timeout
+            while not finished:
+                finished = await asyncio.wait_for(events.get(), max(deadline - loop.time(), 0.001))
+                if finished or events.empty():  # coalesce tokens that arrived together
+                    yield req
+        finally:
+            if not finished:
+                self.call(self.engine.abort, req.rid)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(prog="hybrid-conformance serve", description="Serve a tiny twin with SGLang's HTTP API.")
     p.add_argument("--model", required=True, help="twin name (tiny-qwen3-next, ..., or toy)")

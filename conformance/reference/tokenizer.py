@@ -1,8 +1,12 @@
 """The tiny twins' tokenizer: a byte-level BPE trained offline, in code, with `tokenizers`.
 
 The training corpus is synthetic and deterministic (word problems with numbers, chat-like
-turns), generated here from a fixed seed, so every machine trains the same tokenizer and
-GSM8K-style text tokenizes without unknown tokens (byte-level: every string encodes).
+turns, plain English words, and a seeded lexicon of pseudo-words that gives the trainer
+enough pairs to reach a 32k vocabulary), generated here from a fixed seed, so every machine
+trains the same tokenizer and any text encodes (byte-level: no unknown tokens).  Shaped for
+SGLang's own test kits: "hi" is one token and "hi" * 257 is 257 tokens (no word of the
+corpus contains "ih", so no merge spans two "hi"), the vocabulary covers the token ids
+0..31999 their radix-cache kit sends.
 ``save_tokenizer(folder)`` writes ``tokenizer.json`` and ``tokenizer_config.json`` (with a
 ChatML chat template) in the form ``transformers.AutoTokenizer`` (hence SGLang) loads;
 ``TwinTokenizer`` is the kit's light runtime view of the same files.
@@ -23,7 +27,8 @@ PAD, EOS, IM_START, IM_END = "<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_e
 SPECIAL_TOKENS = [PAD, EOS, IM_START, IM_END]  # ids 0, 1, 2, 3
 CORPUS_SEED = 1729
 CORPUS_LINES = 3000
-TRAINER_VERSION = 1  # bump when the trainer settings below change
+LEXICON_WORDS = 30000  # pseudo-words: enough distinct pairs for a 32k-entry BPE
+TRAINER_VERSION = 2  # bump when the trainer settings below change
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -40,6 +45,21 @@ _WORDS = ("the a and of to in is it that for on with as was he she they each mor
           "much total left per day week every half twice three times what does have has had "
           "then after before if so all some her his their there are were at by from one two "
           "answer question step first next finally because cost price store school friend").split()
+_ENGLISH = ("about after again also always another any around away back be been being best better big "
+            "both bring brown but call came can capital city come could country day detail did do dog down "
+            "each end even every fast few find five follow for fox found from give go good great happen "
+            "happens help here high him home house if into just jump keep kind know large last late lazy "
+            "learn let life like line little live long look made make man many may me might more most "
+            "move much must my name near need never new next night no not now number of off old on once "
+            "only open other our out over own part people place play point population quick read right "
+            "said same say see seem should show side small so something sound still story such take tell "
+            "than thank that the them then there these they thing think this those though three through "
+            "time to today together too try turn two under until up us use very want water way we well "
+            "went were what when where which while who why will with without word work world would write "
+            "year yes yet you young your hello hi wizard joke kingdom magical France Paris").split()
+_ONSETS = "b c d f g h j k l m n p r s t v w z br cr dr fr gr pr tr bl cl fl gl pl sl sh ch th st sp sk sm sn qu".split()
+_VOWELS = "a e i o u ai ea ee oo ou io ia ue".split()
+_CODAS = ["", "", "", "n", "r", "s", "t", "l", "m", "nd", "st", "rk", "ng", "ck", "x"]
 
 
 def _number(rng: random.Random) -> str:
@@ -66,8 +86,21 @@ def _problem_line(rng: random.Random) -> str:
     return rng.choice(templates)
 
 
-def synthetic_corpus(n_lines: int = CORPUS_LINES, seed: int = CORPUS_SEED) -> list[str]:
-    """The deterministic training corpus: English-ish word problems, arithmetic, chat turns."""
+def pseudo_lexicon(n_words: int, rng: random.Random) -> list[str]:
+    """``n_words`` distinct syllable words; none contains "ih" (so "hi" runs never merge)."""
+    words: list[str] = []
+    seen = set(_ENGLISH) | set(_WORDS)
+    while len(words) < n_words:
+        w = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(rng.randint(1, 4)))
+        if w not in seen and "ih" not in w:
+            seen.add(w)
+            words.append(w)
+    return words
+
+
+def synthetic_corpus(n_lines: int = CORPUS_LINES, seed: int = CORPUS_SEED, lexicon_words: int = LEXICON_WORDS) -> list[str]:
+    """The deterministic training corpus: word problems, arithmetic, chat turns, English words
+    and pseudo-word sentences."""
     rng = random.Random(seed)
     lines = []
     for i in range(n_lines):
@@ -75,6 +108,16 @@ def synthetic_corpus(n_lines: int = CORPUS_LINES, seed: int = CORPUS_SEED) -> li
         if i % 7 == 0:
             line = f"{IM_START}user\n{line}{IM_END}\n{IM_START}assistant\n{_problem_line(rng)}{IM_END}"
         lines.append(line)
+    english = list(_ENGLISH)
+    for _ in range(n_lines):
+        words = rng.sample(english, rng.randint(4, 12))
+        lines.append(words[0].capitalize() + " " + " ".join(words[1:]) + rng.choice((".", "?", "!", ",")))
+    lexicon = pseudo_lexicon(lexicon_words, rng)
+    for i in range(0, len(lexicon), 8):
+        group = lexicon[i : i + 8]
+        for _ in range(3):
+            rng.shuffle(group)
+            lines.append(" ".join(group) + rng.choice((".", ",", "?", "!", "")))
     return lines
 
 

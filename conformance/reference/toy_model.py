@@ -123,8 +123,9 @@ class ToyModel:
         return ToyState(torch.zeros(0, d), torch.zeros(0, d), [torch.zeros(d) for _ in self.decay])
 
     @torch.no_grad()
-    def extend(self, state: ToyState, token_ids) -> tuple[torch.Tensor, ToyState]:
-        """Log-probs (len(token_ids), vocab) and the state after token_ids; ``state`` is untouched."""
+    def extend(self, state: ToyState, token_ids, keep: int | None = None) -> tuple[torch.Tensor, ToyState]:
+        """Log-probs (len(token_ids), vocab) -- only the last ``keep`` rows when given -- and the
+        state after token_ids; ``state`` is untouched."""
         ids = torch.as_tensor(list(token_ids), dtype=torch.long)
         if ids.numel() == 0:
             return torch.zeros(0, self.vocab_size), state.clone()
@@ -148,7 +149,8 @@ class ToyModel:
         scores = scores.masked_fill(pos_k > pos_q, float("-inf"))
         attended = torch.softmax(scores, dim=-1) @ values
         logits = (hidden + attended) @ self.out
-        return torch.log_softmax(logits.float(), dim=-1), ToyState(keys, values, new_rec)
+        rows = torch.log_softmax(logits.float(), dim=-1)
+        return (rows if keep is None else rows[-keep:]), ToyState(keys, values, new_rec)
 
 
 def _linear_scan(decay: torch.Tensor, inputs: torch.Tensor, h0: torch.Tensor, chunk: int = 32):

@@ -11,13 +11,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
-from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording
 from conformance.checks.kl import KLRecording, KLSequence, TokenLogprobs, TopK
 from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, RUNNING_GAUGE, TRACK_SLOTS_GAUGE, IdleProbe, OccupancySample
 from conformance.checks.prefix_branching import TreeRecording, TreeRequestRecord, consecutive_groups
 from conformance.client import SGLangClient
 from conformance.errors import KitError, ServerDiedError
-from conformance.workloads.gsm8k import STOP, GSM8KItem, few_shot_prompt, trim_completion
 from conformance.workloads.prompts import extension
 from conformance.workloads.sessions import SessionScript
 from conformance.workloads.trees import BranchTree
@@ -351,28 +349,3 @@ def idle_probe(client: SGLangClient, scenario: str, *, requests: int, deadline_s
     reached, values, waited = client.wait_gauges(gauges, deadline_s=deadline_s)
     values = {k: v for k, v in values.items() if v == v}  # NaN: gauge absent
     return IdleProbe(scenario, reached, values, waited, requests)
-
-
-# ------------------------------------------------------------------ GSM8K
-def record_gsm8k(
-    client: SGLangClient,
-    items: Sequence[GSM8KItem],
-    exemplars: Sequence[GSM8KItem],
-    *,
-    shots: int = 2,
-    max_new_tokens: int = 32,
-    batch_size: int = 16,
-    label: str = "",
-    timeout: float | None = None,
-) -> GSM8KRecording:
-    """Greedy few-shot completions for ``items`` (text prompts, batched)."""
-    answers: list[GSM8KAnswer] = []
-    for lo in range(0, len(items), max(1, batch_size)):
-        chunk = items[lo : lo + batch_size]
-        payload = {
-            "text": [few_shot_prompt(it.question, exemplars, shots) for it in chunk],
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "stop": list(STOP)},
-        }
-        for it, resp in zip(chunk, _batch(client, payload, len(chunk), timeout)):
-            answers.append(GSM8KAnswer(it.index, it.gold, trim_completion(str(resp.get("text", "")))))
-    return GSM8KRecording(tuple(answers), shots, label)
