@@ -308,7 +308,7 @@ def _dead_reason(ep: Any) -> str | None:
 
 def _teardown_idle_check(ep: Any) -> None:
     """At cell teardown: every scenario's idle probe, and one last one, must read 0."""
-    from conformance.workloads.runners import idle_probe
+    from conformance.workloads.idle import idle_probe
 
     dead = _dead_reason(ep)
     if dead:
@@ -338,7 +338,7 @@ def _scenario_idle_probe(request: pytest.FixtureRequest) -> Iterator[None]:
     ep = request.getfixturevalue("endpoint")
     if _dead_reason(ep):
         return
-    from conformance.workloads.runners import idle_probe
+    from conformance.workloads.idle import idle_probe
 
     try:
         from conformance.suites import idle_deadline

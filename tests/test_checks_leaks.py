@@ -7,6 +7,8 @@ from conformance.checks.leaks import (
     MAMBA_GAUGE,
     TRACK_SLOTS_GAUGE,
     IdleProbe,
+    after_flush_problems,
+    idle_invariant,
     OccupancySample,
     lazy_resident_ratio,
     leak_verdict,
@@ -41,7 +43,7 @@ def test_clean_cell_passes_with_contract_metrics_and_timeline():
 def test_gauges_not_back_to_zero_fail_with_last_values():
     v = leak_verdict([probe(), probe({MAMBA_GAUGE: 3.0, KV_GAUGE: 0.0}, reached=False, scenario="sessions")], timeline=LOAD)
     assert v.status == "fail"
-    assert "sessions: idle gauges not 0" in v.reason and "sglang:mamba_used_tokens=3" in v.reason
+    assert "sessions: idle invariant broken before any flush" in v.reason and "sglang:mamba_used_tokens=3" in v.reason
     assert v.metrics["mamba_used_at_idle"] == 3.0
 
 
@@ -80,3 +82,38 @@ def test_lazy_ratio_from_track_gauge_then_fallbacks():
     assert lazy_resident_ratio([], eager_u) == (None, "unmeasured")
     v = leak_verdict([probe()], timeline=LOAD, lazy_resident_ratio=0.9, lazy_ratio_max=0.75)
     assert v.status == "fail" and "lazy resident ratio" in v.reason
+
+
+# ------------------------------------------------------------------ SGLang's idle invariant
+KIT_CLEAN = {
+    MAMBA_GAUGE: 0.0, KV_GAUGE: 0.0,
+    "sglang:mamba_available_tokens": 47.0, "sglang:mamba_evictable_tokens": 1.0,
+    "sglang:kv_available_tokens": 8000.0, "sglang:kv_evictable_tokens": 192.0,
+    "hybrid_conformance:mamba_total": 48.0, "hybrid_conformance:kv_total": 8192.0,
+}
+
+
+def test_idle_invariant_clean_and_session_held():
+    assert idle_invariant(KIT_CLEAN) == []
+    held = {**KIT_CLEAN, MAMBA_GAUGE: 2.0, "sglang:mamba_available_tokens": 45.0, "hybrid_conformance:mamba_session_held": 2.0}
+    assert idle_invariant(held) == []
+
+
+def test_idle_invariant_leak_double_count_lock_and_bad_sum():
+    leak = {**KIT_CLEAN, MAMBA_GAUGE: 3.0, "sglang:mamba_available_tokens": 44.0}
+    assert any("3 used at idle" in p and "leaked" in p for p in idle_invariant(leak))
+    twice = {**KIT_CLEAN, MAMBA_GAUGE: -19.0, "sglang:mamba_available_tokens": 66.0}
+    assert any("counted twice" in p for p in idle_invariant(twice))
+    locked = {**KIT_CLEAN, KV_GAUGE: 5.0, "sglang:kv_available_tokens": 7995.0, "hybrid_conformance:kv_protected": 5.0}
+    assert any("protected" in p for p in idle_invariant(locked))
+    bad_sum = {**KIT_CLEAN, "hybrid_conformance:mamba_total": 50.0}
+    assert any("!= total 50" in p for p in idle_invariant(bad_sum))
+
+
+def test_idle_invariant_refuses_missing_gauges():
+    assert any("missing" in p for p in idle_invariant({KV_GAUGE: 0.0}))
+
+
+def test_after_flush_nothing_evictable():
+    assert after_flush_problems({**KIT_CLEAN, "sglang:mamba_evictable_tokens": 0.0, "sglang:kv_evictable_tokens": 0.0}) == []
+    assert any("still evictable" in p for p in after_flush_problems(KIT_CLEAN))

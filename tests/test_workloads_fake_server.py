@@ -110,7 +110,9 @@ class FakeSGLang:
         return outs if batch else outs[0]
 
     def flush_cache(self) -> None:
+        """As SGLang 0.5.23: a flush rebuilds the free lists, so leaked slots read free after it."""
         self.oracle.flush()
+        self.leaked = 0
 
     def server_info(self) -> dict:
         return {"disable_radix_cache": not self.cache}

@@ -17,7 +17,8 @@ from conformance.checks.prefix_branching import prefix_branching_verdict
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
 from conformance.workloads.prompts import decode_cross_lengths, prefill_hit_lengths, token_prompts
-from conformance.workloads.runners import idle_probe, record_kl, record_sessions, record_tree, sample_occupancy
+from conformance.workloads.idle import idle_probe
+from conformance.workloads.runners import record_kl, record_sessions, record_tree, sample_occupancy
 from conformance.workloads.sessions import leak_session_scripts
 from conformance.workloads.trees import branching_tree
 from test_workloads_fake_server import DATA, FakeSGLang, Recorder, Replayer, load_transcript
@@ -102,6 +103,8 @@ def test_sessions_and_idle_probe_clean_then_leaking():
         v = leak_verdict([probe], timeline=timeline)
         assert v.status == want, v.reason
     assert v.metrics["mamba_used_at_idle"] == 6
+    # the leak was read before the flush; the flush (SGLang's semantics) hid it afterwards
+    assert probe.after_flush["sglang:mamba_used_tokens"] == 0 and "leaked" in v.reason
 
 
 def test_sample_occupancy_sees_load_and_returns_the_result():

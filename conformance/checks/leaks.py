@@ -19,8 +19,22 @@ CHECK = "leaks"
 MAMBA_GAUGE = "sglang:mamba_used_tokens"
 KV_GAUGE = "sglang:kv_used_tokens"
 RUNNING_GAUGE = "sglang:num_running_reqs"
+QUEUE_GAUGE = "sglang:num_queue_reqs"
+MAMBA_AVAILABLE = "sglang:mamba_available_tokens"
+MAMBA_EVICTABLE = "sglang:mamba_evictable_tokens"
+KV_AVAILABLE = "sglang:kv_available_tokens"
+KV_EVICTABLE = "sglang:kv_evictable_tokens"
 # Resident ping-pong/track slots: exposed by the kit's reference server, not by SGLang.
 TRACK_SLOTS_GAUGE = "sglang:mamba_pingpong_resident_slots"
+# The terms of SGLang's idle invariant it does not export, published next to its gauges by
+# the kit's observe plugin inside real SGLang (conformance/sglang_plugins/observe.py) and
+# by the reference server; absent gauges count as 0 held.
+KIT = "hybrid_conformance:"
+SEQ_GAUGE = KIT + "idle_publish_seq"
+POOLS = {
+    "mamba": (MAMBA_GAUGE, MAMBA_AVAILABLE, MAMBA_EVICTABLE),
+    "kv": (KV_GAUGE, KV_AVAILABLE, KV_EVICTABLE),
+}
 
 LOG_PATTERNS = (
     re.compile(r"memory leak detected", re.I),
@@ -34,13 +48,63 @@ LOG_PATTERNS = (
 
 @dataclass(frozen=True)
 class IdleProbe:
-    """The result of waiting for the idle gauges after one scenario."""
+    """SGLang's idle invariant after one scenario: ``values`` read BEFORE any flush (what
+    the leak check judges), ``after_flush`` read after one; ``reached`` is True when both
+    held, ``problems`` says what did not; ``fresh`` when the sample was provably
+    published while idle (kit observe gauge)."""
 
     scenario: str
     reached: bool
     values: Mapping[str, float]
     waited_s: float
     requests: int = 1
+    after_flush: Mapping[str, float] = field(default_factory=dict)
+    fresh: bool = False
+    problems: tuple[str, ...] = ()
+
+
+def is_idle(values: Mapping[str, float]) -> bool:
+    """Nothing running and nothing queued (by SGLang's gauges, or the kit's where present)."""
+    running = values.get(KIT + "running_reqs", values.get(RUNNING_GAUGE, 0.0))
+    waiting = values.get(KIT + "waiting_reqs", values.get(QUEUE_GAUGE, 0.0))
+    return running == 0 and waiting == 0
+
+
+def idle_invariant(values: Mapping[str, float]) -> list[str]:
+    """SGLang's idle invariant ``available + evictable + protected + session_held == total``
+    from outside, per pool: with nothing running, what the pool counts as used must be
+    exactly what open sessions and locked tree nodes hold.  Above: a leak; below: a slot
+    counted twice.  A missing ``used`` gauge is itself a problem (nothing is judged)."""
+    problems = []
+    for pool, (used_g, avail_g, evict_g) in POOLS.items():
+        used = values.get(used_g)
+        if used is None or used != used:
+            problems.append(f"{pool}: gauge {used_g} missing from /metrics")
+            continue
+        protected = values.get(f"{KIT}{pool}_protected", 0.0)
+        held = values.get(f"{KIT}{pool}_session_held", 0.0)
+        if protected:
+            problems.append(f"{pool}: {protected:g} protected (locked) at idle: a lock was not released")
+        leaked = used - protected - held
+        if leaked > 0:
+            problems.append(f"{pool}: {leaked:g} used at idle beyond what sessions hold (used {used:g}, session-held {held:g}): leaked")
+        elif leaked < 0:
+            problems.append(f"{pool}: used {used:g} < session-held {held:g} + protected {protected:g}: counted twice")
+        total = values.get(f"{KIT}{pool}_total")
+        avail, evict = values.get(avail_g), values.get(evict_g)
+        if total is not None and avail is not None and evict is not None and avail + evict + used != total:
+            problems.append(f"{pool}: available {avail:g} + evictable {evict:g} + used {used:g} != total {total:g}")
+    return problems
+
+
+def after_flush_problems(values: Mapping[str, float]) -> list[str]:
+    """After ``/flush_cache`` on an idle server nothing stays evictable in the radix cache."""
+    problems = []
+    for pool, (_used_g, _avail_g, evict_g) in POOLS.items():
+        evict = values.get(evict_g)
+        if evict:
+            problems.append(f"{pool}: {evict:g} still evictable after the flush")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -132,8 +196,8 @@ def leak_verdict(
         if missing:
             fails.append(f"{p.scenario}: gauge(s) {', '.join(missing)} missing from /metrics")
         elif not p.reached:
-            vals = ", ".join(f"{g}={p.values[g]:g}" for g in gauges)
-            fails.append(f"{p.scenario}: idle gauges not 0 after {p.waited_s:.0f}s ({vals})")
+            why = "; ".join(p.problems) if p.problems else ", ".join(f"{g}={p.values[g]:g}" for g in gauges)
+            fails.append(f"{p.scenario}: idle invariant broken before any flush ({why})")
     if not probes and not fails:
         return Verdict(CHECK, "skip", metrics, "no scenario ran: nothing shows the pools return to idle", details)
     if probes and not any(p.requests for p in probes) and not fails:
@@ -158,4 +222,13 @@ def _worst(values) -> float | None:
 
 
 def _probe_row(p: IdleProbe) -> dict:
-    return {"scenario": p.scenario, "reached": p.reached, "values": dict(p.values), "waited_s": p.waited_s, "requests": p.requests}
+    return {
+        "scenario": p.scenario,
+        "reached": p.reached,
+        "values": dict(p.values),
+        "after_flush": dict(p.after_flush),
+        "fresh": p.fresh,
+        "problems": list(p.problems),
+        "waited_s": p.waited_s,
+        "requests": p.requests,
+    }

@@ -8,7 +8,9 @@ from typing import Any, Sequence
 from conformance.checks.kl import KLRecording
 from conformance.client import SGLangClient
 from conformance.workloads.prompts import extension
-from conformance.workloads.runners import cache_enabled, generate_tokens, idle_probe, judge_against_cold
+from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE
+from conformance.workloads.idle import idle_probe
+from conformance.workloads.runners import cache_enabled, generate_tokens, judge_against_cold
 
 SCENARIO = "pd_prefill_hit"
 
@@ -48,6 +50,7 @@ def record_pd_logprobs(
 
 def probe_both(pd: Any, scenario: str, *, requests: int, gauges: Sequence[str]) -> list:
     """Flush each PD server and wait for its idle gauges; the probes are kept on ``pd.extra``."""
-    probes = [idle_probe(client, f"{role} {scenario}", requests=requests, gauges=gauges) for role, client in (("prefill", pd.prefill), ("decode", pd.decode))]
+    extra = tuple(g for g in gauges if g not in (MAMBA_GAUGE, KV_GAUGE))
+    probes = [idle_probe(client, f"{role} {scenario}", requests=requests, zero_gauges=extra) for role, client in (("prefill", pd.prefill), ("decode", pd.decode))]
     pd.extra.setdefault("idle_probes", []).extend(probes)
     return probes

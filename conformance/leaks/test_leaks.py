@@ -14,7 +14,8 @@ from conformance.checks.leaks import TRACK_SLOTS_GAUGE, lazy_resident_ratio, lea
 from conformance.suites import grids, idle_deadline, note_idle_probe, settle, sizes_for, vocab_size
 from conformance.workloads.cell_store import CellStore, synthetic_eager_timeline
 from conformance.workloads.prompts import token_prompts
-from conformance.workloads.runners import generate_tokens, idle_probe, record_sessions, sample_occupancy
+from conformance.workloads.idle import idle_probe
+from conformance.workloads.runners import generate_tokens, record_sessions, sample_occupancy
 from conformance.workloads.sessions import leak_session_scripts
 
 pytestmark = pytest.mark.leaks

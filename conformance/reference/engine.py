@@ -146,10 +146,17 @@ class Engine:
         return True
 
     def flush(self) -> bool:
-        """Drop every evictable cache entry; refused unless idle (as in SGLang)."""
+        """SGLang's ``Scheduler.flush_cache``: refused unless idle; then the tree is reset and
+        the pools' free lists are rebuilt from scratch (``HybridReqToTokenPool.clear``,
+        ``MambaSlotAllocator.clear``, the KV allocator's ``clear``).  A slot leaked before
+        the flush is therefore free after it, exactly as on SGLang: a leak must be read
+        before any flush."""
         if not self.is_idle():
             return False
-        return self.cache.flush()
+        self.cache.reset()
+        self.mamba_pool.clear()
+        self.kv_pool.clear()
+        return True
 
     # ------------------------------------------------------------ admission
     def _admit(self) -> list[Req]:
@@ -381,6 +388,7 @@ class Engine:
         return {
             "mamba_total": mamba.total, "mamba_available": mamba.available, "mamba_evictable": mamba.evictable,
             "mamba_protected": mamba.protected, "mamba_used": m_used, "mamba_usage": m_used / mamba.total,
+            "mamba_session_held": mamba.session_held, "kv_protected": kv.protected, "kv_session_held": kv.session_held,
             "kv_total": kv.total, "kv_available": kv.available, "kv_evictable": kv.evictable,
             "kv_used": kv.total - kv.available - kv.evictable,
             "num_running_reqs": len(self.running), "num_queue_reqs": len(self.waiting),

@@ -28,6 +28,14 @@ _METRICS = (
     ("sglang:prompt_tokens_total", "counter", "Prompt tokens received", "counter_prompt_tokens"),
     ("sglang:generation_tokens_total", "counter", "Tokens generated", "counter_generation_tokens"),
     ("sglang:num_requests_total", "counter", "Requests finished", "counter_requests_finished"),
+    # The terms of SGLang's idle invariant that SGLang does not export; the kit's observe
+    # plugin publishes the same names inside real SGLang (conformance/sglang_plugins/observe.py).
+    ("hybrid_conformance:mamba_total", "gauge", "Mamba pool size", "mamba_total"),
+    ("hybrid_conformance:mamba_protected", "gauge", "Mamba slots of locked radix entries", "mamba_protected"),
+    ("hybrid_conformance:mamba_session_held", "gauge", "Mamba slots held by sessions", "mamba_session_held"),
+    ("hybrid_conformance:kv_total", "gauge", "KV pool size", "kv_total"),
+    ("hybrid_conformance:kv_protected", "gauge", "KV tokens of locked radix entries", "kv_protected"),
+    ("hybrid_conformance:kv_session_held", "gauge", "KV tokens held by sessions", "kv_session_held"),
 )
 
 

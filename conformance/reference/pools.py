@@ -41,6 +41,10 @@ class MambaSlotPool:
             assert 1 <= s <= self.size, f"slot {s} outside the pool"
             self._free.append(s)
 
+    def clear(self) -> None:
+        """Every slot free again (SGLang's ``MambaSlotAllocator.clear`` on ``/flush_cache``)."""
+        self._free = list(range(1, self.size + 1))
+
     def has_duplicates(self) -> bool:
         return len(set(self._free)) != len(self._free)
 
@@ -63,6 +67,10 @@ class TokenPool:
 
     def free(self, n: int) -> None:
         self._available += n
+
+    def clear(self) -> None:
+        """Every token free again (SGLang's allocator ``clear`` on ``/flush_cache``)."""
+        self._available = self.size
 
 
 class RequestPool:

@@ -221,8 +221,13 @@ class RadixCache:
             node = parent
         return freed
 
+    def reset(self) -> None:
+        """Forget every entry without giving anything back (SGLang's ``tree_cache.reset``);
+        the caller rebuilds the pools' free lists, as SGLang's flush does."""
+        self.root = Node()
+
     def flush(self) -> bool:
-        """Drop every entry; refused (False) while any node is locked."""
+        """Drop every entry, freeing what each held; refused (False) while any node is locked."""
         if any(n.lock_ref for n in self.nodes()):
             return False
         for n in list(self.nodes()):

@@ -18,11 +18,13 @@ from typing import Any
 
 CPU_ENV = "HYBRID_CONFORMANCE_SGLANG_CPU"
 FAULT_ENV = "HYBRID_CONFORMANCE_SGLANG_FAULT"
+OBSERVE_ENV = "HYBRID_CONFORMANCE_SGLANG_OBSERVE"
 REPORT_ENV = "HYBRID_CONFORMANCE_PLUGIN_REPORT"
 
 PLATFORM_NAME = "hybrid_conformance_cpu"
 CPU_PLUGIN = "hybrid_conformance_cpu"
 FAULT_PLUGIN = "hybrid_conformance_faults"
+OBSERVE_PLUGIN = "hybrid_conformance_observe"
 
 #: SGLang functions that call ``load_plugins()``, by the role of the process they run in.
 _ROLE_BY_CALLER = {
@@ -34,6 +36,10 @@ _ROLE_BY_CALLER = {
 
 def cpu_enabled() -> bool:
     return os.environ.get(CPU_ENV, "") == "1"
+
+
+def observe_enabled() -> bool:
+    return os.environ.get(OBSERVE_ENV, "") == "1"
 
 
 def fault_name() -> str | None:

@@ -26,6 +26,21 @@ def cpu() -> None:
     activation.write_report(activation.CPU_PLUGIN, "ok", installed=installed)
 
 
+def observe() -> None:
+    """Fresh idle gauges and the idle invariant's terms on ``/metrics``."""
+    if not activation.observe_enabled():
+        return
+    role = activation.process_role()
+    try:
+        from conformance.sglang_plugins.observe import install
+
+        installed = install(role)
+    except Exception as e:
+        activation.write_report(activation.OBSERVE_PLUGIN, "error", error=f"{type(e).__name__}: {e}".splitlines()[0])
+        raise
+    activation.write_report(activation.OBSERVE_PLUGIN, "ok", installed=installed)
+
+
 def faults() -> None:
     """Seeded faults of real SGLang, one selected by ``HYBRID_CONFORMANCE_SGLANG_FAULT``."""
     name = activation.fault_name()

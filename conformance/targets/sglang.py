@@ -107,6 +107,7 @@ class SGLangTarget:
             "--mamba-track-interval", str(cell.track_interval),
             "--tp-size", str(1 if self.twins else cell.model.tp_size),
             "--enable-metrics",
+            "--enable-streaming-session",
             "--host", "127.0.0.1",
             "--port", str(port),
         ]

@@ -64,7 +64,9 @@ class SGLangCpuTarget:
             "--max-total-tokens", str(MAX_TOTAL_TOKENS),
             "--context-length", str(CONTEXT_LENGTH),
             "--max-mamba-cache-size", str(self.max_mamba_cache_size),
-            "--mem-fraction-static", "0.05",
+            # a cap only (the pools are sized by the two flags above); SGLang profiles host
+            # memory at start, which moves with whatever else runs on the machine
+            "--mem-fraction-static", "0.3",
         ]
         return args
 
@@ -74,10 +76,12 @@ class SGLangCpuTarget:
             "PYTHONPATH": path,
             "SGLANG_USE_CPU_ENGINE": "1",
             "SGLANG_PLATFORM": activation.PLATFORM_NAME,
-            "SGLANG_PLUGINS": f"{activation.CPU_PLUGIN},{activation.FAULT_PLUGIN}",
+            "SGLANG_PLUGINS": ",".join((activation.CPU_PLUGIN, activation.OBSERVE_PLUGIN, activation.FAULT_PLUGIN)),
             activation.CPU_ENV: "1",
+            activation.OBSERVE_ENV: "1",
             "SGLANG_MAMBA_CONV_DTYPE": "float32",
             "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+            "SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK": "1",
             "OMP_NUM_THREADS": "1",
             "TOKENIZERS_PARALLELISM": "false",
             **cell.env,
@@ -85,7 +89,7 @@ class SGLangCpuTarget:
         return env
 
     def expected_plugins(self, cell: Cell) -> tuple[str, ...]:
-        plugins = [activation.CPU_PLUGIN]
+        plugins = [activation.CPU_PLUGIN, activation.OBSERVE_PLUGIN]
         if cell.env.get(activation.FAULT_ENV):
             plugins.append(activation.FAULT_PLUGIN)
         return tuple(plugins)

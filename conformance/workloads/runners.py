@@ -341,11 +341,3 @@ def sample_occupancy(
                 raise KitError(f"load still running after {max_s:.0f}s while sampling pool occupancy")
             time.sleep(interval_s)
         return samples, fut.result(timeout=max_s)
-
-
-def idle_probe(client: SGLangClient, scenario: str, *, requests: int, deadline_s: float = 45.0, gauges: Sequence[str] = (MAMBA_GAUGE, KV_GAUGE)) -> IdleProbe:
-    """Flush, then wait (bounded) for the idle gauges to read 0."""
-    client.flush_cache()
-    reached, values, waited = client.wait_gauges(gauges, deadline_s=deadline_s)
-    values = {k: v for k, v in values.items() if v == v}  # NaN: gauge absent
-    return IdleProbe(scenario, reached, values, waited, requests)
