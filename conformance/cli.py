@@ -1,4 +1,4 @@
-"""The ``hybrid-conformance`` command: run | plan | serve | make-twins | mutants | compare.
+"""The ``hybrid-conformance`` command: run | plan | serve | make-twins | mutants | compare | fuzz | replay.
 
 Bad arguments exit 2 with one line naming the bad value and the allowed ones;
 a :class:`KitError` anywhere exits 2 with its one line; no traceback walls.
@@ -18,7 +18,7 @@ from conformance import __version__
 from conformance.errors import KitError
 from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, load_matrix
 
-SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg")
+SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg", "programs")
 DEFAULT_SUITES = ("kl", "prefix_branching", "gsm8k", "leaks")  # leaks last: it judges every scenario's idle probe
 PKG_DIR = Path(__file__).resolve().parent
 
@@ -76,6 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
     mut.add_argument("--only", help="comma list of fault names")
     mut.add_argument("--report-dir", default="reports/mutants")
     mut.add_argument("--fast", action="store_true", help="the CI subset")
+
+    fuzz = sub.add_parser("fuzz", help="randomized request programs per cell (the programs suite) under a budget")
+    _add_selection(fuzz, default_target="reference")
+    fuzz.add_argument("--budget", default="premerge", help="per cell: premerge, nightly, N examples or Ns/Nm seconds (default: %(default)s)")
+    fuzz.add_argument("--seed", type=int, default=0, help="generator seed (default: %(default)s)")
+    fuzz.add_argument("--shrink-budget", type=float, help="seconds of shrinking after a finding")
+    fuzz.add_argument("--program-db", help="hypothesis database root (default .hypothesis/hybrid-conformance)")
+    fuzz.add_argument("--report-dir", default="reports/fuzz", help="report.json and programs/ (failure files) go here")
+    fuzz.add_argument("-n", dest="workers", default=str(min(2, os.cpu_count() or 1)), help="pytest-xdist workers (default: %(default)s)")
+    fuzz.add_argument("--timeout", type=int, default=3600, help="per-cell timeout in seconds (pytest-timeout)")
+    fuzz.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest after --")
+
+    from conformance.programs.replay import add_arguments as add_replay_arguments
+
+    add_replay_arguments(sub.add_parser("replay", help="play one program file (a shrunk finding) against a target"))
 
     cmp_ = sub.add_parser("compare", help="what got worse between two report.json files")
     cmp_.add_argument("old")
@@ -250,7 +265,28 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     return run_mutants(target=args.target, only=args.only, report_dir=Path(args.report_dir), fast=args.fast)
 
 
-COMMANDS = {"run": cmd_run, "plan": cmd_plan, "serve": cmd_serve, "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants}
+def cmd_fuzz(args: argparse.Namespace) -> int:
+    from conformance.programs.explore import parse_budget
+
+    parse_budget(args.budget)  # one line before anything starts
+    extra = [f"--budget={args.budget}", f"--seed={args.seed}"]
+    if args.shrink_budget is not None:
+        extra.append(f"--shrink-budget={args.shrink_budget}")
+    if args.program_db:
+        extra.append(f"--program-db={args.program_db}")
+    run_args = argparse.Namespace(**{**vars(args), "suite": "programs", "markexpr": None, "keyword": None, "gsm8k_dir": None,
+                                     "with_pool": False, "pytest_args": [*extra, *args.pytest_args]})
+    return cmd_run(run_args)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from conformance.programs.replay import replay
+
+    return replay(args)
+
+
+COMMANDS = {"run": cmd_run, "plan": cmd_plan, "serve": cmd_serve, "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants,
+            "fuzz": cmd_fuzz, "replay": cmd_replay}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,6 +31,9 @@ from conformance.errors import KitError
 from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
 from conformance.records import Verdict
 
+#: The request-program suite's options and marker (conformance/programs).
+pytest_plugins = ("conformance.programs.options",)
+
 HELP_TARGET = "who answers: reference (the kit's embedded CPU engine, default), sglang-cpu (real SGLang on CPU serving the twins), sglang (real sglang serve on GPUs), pool (only the in-process pool tier)"
 HELP_MODELS = "comma list of model ids, families or twin names to run (default: all)"
 HELP_STRATEGIES = f"comma list of strategies ({', '.join(STRATEGIES)})"

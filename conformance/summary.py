@@ -14,6 +14,7 @@ KEY_METRICS = {
     "leaks": ("mamba_used_at_idle", "kv_used_at_idle", "leak_log_lines", "lazy_resident_ratio"),
     "gsm8k": ("n", "accuracy", "wilson_low", "agreement"),
     "disagg": ("agreement", "topk_kl_mean", "mamba_used_at_idle"),
+    "programs": ("examples", "seconds", "requests", "hits", "examples_to_failure"),
 }
 STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
 

@@ -76,6 +76,7 @@ class Engine:
         self.req_pool = RequestPool(cfg.max_running_requests)
         self.cache = RadixCache(lambda s: self.mamba_pool.free([s]), self.kv_pool.free)
         self.cache.stale_evict_locked = self.faults.active("evict_running_slot")
+        self.cache.split_moves_snapshot = self.faults.active("split_moves_snapshot")
         self.slots = SlotKeeper(self)
         self.sessions = SessionStore()
         self.waiting: collections.deque[Req] = collections.deque()
@@ -188,7 +189,8 @@ class Engine:
             return False
         match = None
         if not self.cfg.disable_radix_cache:
-            match = self.cache.match(req.input_ids, req.max_prefix_len())
+            limit = len(req.input_ids) - 1 if self.faults.active("logprob_start_ignored") else req.max_prefix_len()
+            match = self.cache.match(req.input_ids, limit)
             self.cache.lock(match.node)
         prefix = match.hit_len if match else 0
         if not self.slots.alloc_for(req, need_slots, matched=prefix > 0):
@@ -339,7 +341,7 @@ class Engine:
         self._done(req)
 
     def _done(self, req: Req) -> None:
-        self.sessions.forget_in_flight(req)
+        self.sessions.forget_in_flight(req, self.faults)
         self.counters["generation_tokens"] += len(req.output_ids)
         self.counters["requests_finished"] += 1
         if req.on_done is not None:

@@ -150,6 +150,11 @@ FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
 )}
 
 
+from conformance.reference.program_faults import PROGRAM_FAULTS  # noqa: E402 - the second catalogue needs FaultSpec
+
+FAULTS.update(PROGRAM_FAULTS)
+
+
 class FaultSwitch:
     """Which seeded fault is on, and whether SGLang's lazy alloc-fail test switch is on."""
 

@@ -64,6 +64,7 @@ class RadixCache:
         self._free_slot = free_slot
         self._free_tokens = free_tokens
         self.stale_evict_locked = False
+        self.split_moves_snapshot = False  # seeded fault: a split hands the child's snapshot to the upper node
         self.evictions = 0  # snapshots and leaves evicted under pressure (not flushes)
 
     # ------------------------------------------------------------ lookups
@@ -144,6 +145,8 @@ class RadixCache:
         child.key = child.key[at:]
         child.parent = upper
         upper.children[child.key[0]] = child
+        if self.split_moves_snapshot and child.snapshot is not None:
+            upper.snapshot, child.snapshot = child.snapshot, None
         return upper
 
     # ------------------------------------------------------------ accounting

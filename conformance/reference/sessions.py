@@ -77,7 +77,9 @@ class SessionStore:
             raise KitError(f"session id {sid} does not exist")
         if s.in_flight is not None:
             raise KitError(f"session {sid} already has a request in flight ({s.in_flight})")
-        parent = params.get("rid") or s.last_rid
+        # SGLang's Session.create_req: a streaming turn continues the last finished turn; a
+        # non-streaming turn continues only the turn it names (no rid: a fresh prompt).
+        parent = (params.get("rid") or s.last_rid) if s.streaming else params.get("rid")
         if parent is not None and parent not in s.turns:
             raise KitError(f"session {sid} has no request {parent!r}")
         prev = [] if parent is None else (s.turn_inputs[parent] if params.get("drop_previous_output") else s.turns[parent])
@@ -140,7 +142,12 @@ class SessionStore:
         s.held = req
         return True
 
-    def forget_in_flight(self, req: Req) -> None:
+    def forget_in_flight(self, req: Req, faults=None) -> None:
         s = self.sessions.get(req.session_id) if req.session_id else None
         if s is not None and s.in_flight == req.rid:
             s.in_flight = None
+            aborted = (req.finish_reason or {}).get("type") == "abort"
+            if faults is not None and faults.active("session_abort_continues") and s.streaming and aborted and req.output_ids:
+                s.turns[req.rid] = req.all_tokens()  # the fault: the aborted turn becomes the rollback point
+                s.turn_inputs[req.rid] = list(req.input_ids)
+                s.last_rid = req.rid

@@ -116,7 +116,7 @@ class SlotKeeper:
             req.pingpong[idx] = fresh[0]
         tree_len = req.lock_node.depth if req.lock_node is not None else 0
         new_tokens, taken = e.cache.insert(req.input_ids[:pos], snap)
-        if not taken:
+        if not taken and not e.faults.active("dup_insert_leak"):
             e.mamba_pool.free([snap.slot])
         moved = pos - tree_len
         req.kv_reserved -= moved
@@ -160,7 +160,8 @@ class SlotKeeper:
         req.next_track_idx = new
         self.track(req, pos, state, row)
         req.track.pop(old, None)
-        if not self.engine.faults.active("lazy_slot_not_returned"):
+        finishing = len(req.output_ids) + 1 >= req.sampling.max_new_tokens  # this step emits the last token
+        if not self.engine.faults.active("lazy_slot_not_returned") and not (finishing and self.engine.faults.active("lazy_finish_at_boundary_leak")):
             self.engine.mamba_pool.free([req.pingpong[old]])
         req.pingpong[old] = None
 
@@ -190,10 +191,15 @@ class SlotKeeper:
             req.holds_row = False
 
     def _finished_checkpoint(self, req: Req) -> tuple[int, Snapshot | None]:
+        f = self.engine.faults
         if self.strategy == "no_buffer":
-            return req.state.seq_len, Snapshot(req.working_slot, req.state, req.last_row)
+            overrun = f.active("stop_finish_overrun") and (req.finish_reason or {}).get("type") == "stop" and req.output_ids
+            return req.state.seq_len + bool(overrun), Snapshot(req.working_slot, req.state, req.last_row)
         if req.last_track_seqlen is None or req.last_track_idx not in req.track:
             return 0, None
+        older = 1 - req.last_track_idx
+        if f.active("older_pingpong_inserted") and self.strategy == "extra_buffer" and older in req.track:
+            return req.last_track_seqlen, req.track[older]
         return req.last_track_seqlen, req.track[req.last_track_idx]
 
     def _free_finished_slots(self, req: Req, donated: int | None) -> None:

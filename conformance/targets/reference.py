@@ -67,6 +67,7 @@ class ReferenceTarget:
         ]
         if self.max_mamba_slots:
             argv += ["--max-mamba-slots", str(self.max_mamba_slots)]
+        argv += list(cell.cache_variant.args)  # e.g. --disable-radix-cache (the programs' cold twin)
         env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **cell.env}
         spec = LaunchSpec(argv=argv, env=env, port=port, start_timeout_s=120.0)
         if self.forkserver and server == "conformance.reference.server":

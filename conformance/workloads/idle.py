@@ -18,7 +18,7 @@ it: a probe that flushes first is blind.  This probe therefore
 from __future__ import annotations
 
 import time
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from conformance.checks.leaks import (
     IdleProbe,
@@ -69,13 +69,16 @@ def idle_probe(
     deadline_s: float = 45.0,
     flush: bool = True,
     zero_gauges: Sequence[str] = (),
+    invariant: Callable[[Mapping[str, float]], list[str]] = idle_invariant,
 ) -> IdleProbe:
     """Judge the idle invariant before a flush (the leak check), then after one;
-    ``zero_gauges`` are further gauges that must read 0 at idle (e.g. a PD queue)."""
+    ``zero_gauges`` are further gauges that must read 0 at idle (e.g. a PD queue);
+    ``invariant`` replaces the judge of the invariant itself (e.g. one that allows the
+    tree locks of open streaming sessions)."""
 
     def judge(values: Mapping[str, float]) -> list[str]:
         extra = [f"{g} = {values.get(g, float('nan')):g} at idle" for g in zero_gauges if values.get(g) != 0]
-        return idle_invariant(values) + extra
+        return invariant(values) + extra
 
     before, fresh, waited = _fresh_idle_sample(client, deadline_s, judge)
     problems = list(judge(before))

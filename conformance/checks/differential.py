@@ -1,0 +1,152 @@
+"""Differential check of one served request against a cold computation of the same tokens.
+
+The cold side is a prefill of ``input + served output`` on a server with the radix cache
+disabled (or any cold source), asked for the log-probs of every position from ``start``
+on, with its top-k.  So every served position is compared teacher-forced: a greedy flip
+at a near-tie does not derail the rest of the comparison.
+
+Per served output token ``t`` at position ``p``:
+
+* greedy: ``cold_logprob(t) >= cold_top1 - tie_eps`` (the served token is the cold argmax,
+  up to a tie);
+* when the server returned output logprobs: ``|served - cold| <= logprob_atol``;
+* when it returned top-k: every token in both top-k lists within ``logprob_atol``
+  (exact mode), or the top-k KL under ``kl_cap`` (otherwise);
+* served input logprobs (``logprob_start_len >= 0``) against cold at the same positions.
+
+Pure: records in, problem strings out (empty: the request matches cold).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from conformance.checks.kl import topk_kl
+
+Entry = tuple[float | None, int]  # (logprob, token id)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Exact mode (deterministic CPU fp32): ties and logprobs within float noise.
+    Otherwise (GPU, bf16): greedy within a looser tie and the top-k KL under a cap."""
+
+    exact: bool = True
+    tie_eps: float = 1e-4
+    logprob_atol: float = 1e-3
+    kl_cap: float = 0.005
+
+    @classmethod
+    def for_mode(cls, exact: bool, kl_cap: float = 0.005) -> "Tolerance":
+        return cls(True) if exact else cls(False, tie_eps=0.05, logprob_atol=float("inf"), kl_cap=kl_cap)
+
+
+@dataclass(frozen=True)
+class Cold:
+    """Cold log-probs from absolute position ``start``: ``entries[i]`` is (logprob of the
+    token at ``start + i``, that token); ``top[i]`` the cold top-k there, best first."""
+
+    start: int
+    entries: tuple[Entry, ...]
+    top: tuple[tuple[tuple[float, int], ...], ...]
+
+
+@dataclass(frozen=True)
+class ServedLogprobs:
+    """What the server returned besides the tokens (empty when not asked)."""
+
+    output: tuple[float, ...] = ()
+    output_top: tuple[tuple[tuple[float, int], ...], ...] = ()
+    input_start: int | None = None
+    input: tuple[Entry, ...] = ()
+
+
+def parse_entries(rows: Any) -> tuple[Entry, ...]:
+    return tuple((None if r is None or r[0] is None else float(r[0]), int(r[1])) for r in (rows or []) if r is not None)
+
+
+def parse_top(rows: Any) -> tuple[tuple[tuple[float, int], ...], ...]:
+    out = []
+    for pos in rows or []:
+        out.append(tuple((float(e[0]), int(e[1])) for e in (pos or []) if e is not None and e[0] is not None))
+    return tuple(out)
+
+
+def cold_from_meta(meta: dict[str, Any], start: int) -> Cold:
+    return Cold(start, parse_entries(meta.get("input_token_logprobs")), parse_top(meta.get("input_top_logprobs")))
+
+
+def served_logprobs(meta: dict[str, Any], input_start: int | None) -> ServedLogprobs:
+    out = parse_entries(meta.get("output_token_logprobs"))
+    return ServedLogprobs(
+        tuple(lp for lp, _ in out if lp is not None),
+        parse_top(meta.get("output_top_logprobs")),
+        input_start,
+        parse_entries(meta.get("input_token_logprobs")) if input_start is not None else (),
+    )
+
+
+def _at(cold: Cold, pos: int) -> tuple[Entry, tuple[tuple[float, int], ...]] | None:
+    i = pos - cold.start
+    if i < 0 or i >= len(cold.entries):
+        return None
+    return cold.entries[i], (cold.top[i] if i < len(cold.top) else ())
+
+
+def _top_problem(served: Sequence[tuple[float, int]], cold: Sequence[tuple[float, int]], tol: Tolerance) -> str | None:
+    if not served or not cold:
+        return None
+    if tol.exact:
+        ref = {tok: lp for lp, tok in cold}
+        worst = max((abs(lp - ref[tok]) for lp, tok in served if tok in ref), default=0.0)
+        return None if worst <= tol.logprob_atol else f"top-k logprob off by {worst:.3g}"
+    kl = topk_kl(tuple((t, lp) for lp, t in cold), tuple((t, lp) for lp, t in served))
+    return None if kl <= tol.kl_cap else f"top-k KL {kl:.3g} > {tol.kl_cap:.3g}"
+
+
+def differential_problems(
+    input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold, tol: Tolerance
+) -> list[str]:
+    """Every way the served request differs from the cold computation (first few)."""
+    problems: list[str] = []
+    base = len(input_ids)
+    for k, tok in enumerate(output_ids):
+        got = _at(cold, base + k)
+        if got is None:
+            problems.append(f"cold side has no logprob for output token {k} (position {base + k})")
+            break
+        (cold_lp, cold_tok), top = got
+        if cold_tok != tok or cold_lp is None:
+            problems.append(f"cold side misaligned at output token {k}")
+            break
+        best = top[0][0] if top else cold_lp
+        if cold_lp < best - tol.tie_eps:
+            problems.append(
+                f"output token {k} (position {base + k}) = {tok} is not the cold argmax "
+                f"{top[0][1] if top else '?'}: cold logprob {cold_lp:.5g} vs best {best:.5g}")
+            break
+        if k < len(served.output) and abs(served.output[k] - cold_lp) > tol.logprob_atol:
+            problems.append(f"output logprob {k} (position {base + k}): served {served.output[k]:.6g}, cold {cold_lp:.6g}")
+            break
+        if k < len(served.output_top):
+            why = _top_problem(served.output_top[k], top, tol)
+            if why:
+                problems.append(f"output token {k} (position {base + k}): {why}")
+                break
+    if served.input_start is not None:
+        for j, (lp, tok) in enumerate(served.input):
+            pos = served.input_start + j
+            if lp is None:
+                continue
+            got = _at(cold, pos)
+            if got is None or got[0][0] is None:
+                problems.append(f"cold side has no input logprob at position {pos}")
+                break
+            if got[0][1] != tok:
+                problems.append(f"input logprob at position {pos} names token {tok}, the input has {got[0][1]}")
+                break
+            if abs(lp - got[0][0]) > tol.logprob_atol:
+                problems.append(f"input logprob at position {pos}: served {lp:.6g}, cold {got[0][0]:.6g}")
+                break
+    return problems

@@ -1,0 +1,171 @@
+"""Which ``cached_tokens`` the prefix oracle allows for a request of a concurrent program.
+
+The prefix oracle (``prefix_oracle.py``) predicts the hit of a request admitted after a
+known history.  With several requests in flight the admission order is the scheduler's,
+so the stored states at a request's admission are bounded, not known:
+
+* **certain** states: stored by requests whose answer arrived before this one was sent,
+  through a path the oracle predicts exactly (a normal finish, a prefill whose admission
+  was itself certain);
+* **maybe** states: stored by requests that overlapped this one (sent before it
+  finished, answered after it was sent), by aborted requests, by streaming sessions, or
+  at a prefill checkpoint whose position depended on an uncertain admission.
+
+The allowed hits are the best certain one plus every longer maybe one.  Once the pools
+could have had to evict (more states and in-flight slots than the mamba pool holds, or
+more tokens than the KV pool), a certain state may be gone: 0 and every stored length are
+allowed (the oracle does not model eviction order).  Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from conformance.checks.prefix_oracle import decode_track_positions, floor_to, prefill_checkpoint_len
+
+Key = tuple[int, ...]
+
+#: Mamba slots a running request can hold at once, per strategy (lazy: +1 at a boundary).
+SLOTS_PER_REQUEST = {"no_buffer": 1, "extra_buffer": 3, "extra_buffer_lazy": 3}
+
+
+@dataclass(frozen=True)
+class Grid:
+    strategy: str
+    chunk: int
+    page_size: int
+    checkpoint_grid: int
+    track_grid: int
+    lazy_alloc_fail: bool = False
+    lookahead: int = 0
+
+    @property
+    def buffered(self) -> bool:
+        return self.strategy != "no_buffer"
+
+
+@dataclass
+class Stores:
+    """States one finished request stored (``certain``) or may have stored (``maybe``)."""
+
+    certain: set[Key] = field(default_factory=set)
+    maybe: set[Key] = field(default_factory=set)
+
+    def add(self, key: Key | None, *, sure: bool) -> None:
+        if not key:
+            return
+        (self.certain if sure else self.maybe).add(key)
+
+
+def key_limit(n_tokens: int, page_size: int, logprob_start: int | None = None) -> int:
+    """SGLang's match limit: ``len - 1`` (one token left to compute), and not past a
+    requested ``logprob_start_len``; page-floored."""
+    limit = max(n_tokens - 1, 0)
+    if logprob_start is not None and logprob_start >= 0:
+        limit = min(limit, logprob_start)
+    return floor_to(limit, page_size)
+
+
+def _matching(tokens: Key, keys: Iterable[Key], limit: int) -> set[int]:
+    return {len(k) for k in keys if len(k) <= limit and tokens[: len(k)] == k}
+
+
+def allowed_hits(tokens: Sequence[int], certain: Iterable[Key], maybe: Iterable[Key], *, limit: int, evicted: bool) -> set[int]:
+    t = tuple(tokens)
+    sure = _matching(t, certain, limit)
+    might = _matching(t, maybe, limit)
+    best = max(sure, default=0)
+    allowed = {best} | {n for n in might if n > best}
+    if evicted:
+        allowed |= {0} | sure | might
+    return allowed
+
+
+def _common(a: Key, b: Key) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def branch_candidates(prompt: Key, keys: Iterable[Key], grid: Grid, hit: int) -> set[int | None]:
+    """SGLang's ``mamba_branching_seqlen`` for each tree the request may have met: the
+    full-KV match floored to the checkpoint grid, when that exceeds the hit."""
+    limit = key_limit(len(prompt), grid.page_size)
+    out: set[int | None] = {None}
+    for k in keys:
+        full = floor_to(min(_common(k, prompt), limit), grid.page_size)
+        b = floor_to(full, grid.checkpoint_grid)
+        if b > hit:
+            out.add(b)
+    return out
+
+
+def prefill_stores(prompt: Key, hits: Iterable[int], branches: Iterable[int | None], grid: Grid) -> set[Key]:
+    """Where the prefill checkpoint of ``prompt`` lands for each possible admission."""
+    out = set()
+    for h in hits:
+        for b in branches:
+            n = prefill_checkpoint_len(grid.strategy, h, len(prompt), checkpoint_grid=grid.checkpoint_grid, chunk=grid.chunk, branching_seqlen=b)
+            if n is not None and floor_to(n, grid.page_size) > 0:
+                out.add(prompt[: floor_to(n, grid.page_size)])
+    return out
+
+
+def finish_store(prompt: Key, output: Key, grid: Grid) -> Key | None:
+    """The state a normally finished request inserts (``PrefixOracle.finish_insert_len``)."""
+    seq = prompt + output
+    committed = len(seq) - 1 if output else len(prompt)
+    if committed <= 0:
+        return None
+    if not grid.buffered:
+        n: int | None = committed
+    elif grid.lazy_alloc_fail and grid.lookahead == 1 and (committed + 1) % grid.track_grid == 0:
+        n = None
+    else:
+        tracks = decode_track_positions(len(prompt), committed, grid.track_grid)
+        n = tracks[-1] if tracks else None
+    if n is None or floor_to(n, grid.page_size) <= 0:
+        return None
+    return seq[: floor_to(n, grid.page_size)]
+
+
+def possible_finish_stores(prompt: Key, output: Key, grid: Grid, *, extra: int = 2) -> set[Key]:
+    """Every state an irregular finish (abort, a session's hand-over) may insert: any decode
+    track position up to ``extra`` tokens past what was returned, or (no_buffer) any
+    committed length in that window."""
+    seq = prompt + output
+    committed = len(seq) - 1 if output else len(prompt)
+    out: set[Key] = set()
+    if not grid.buffered:
+        for n in range(max(committed - 1, 1), committed + extra + 1):
+            if floor_to(n, grid.page_size) > 0 and n <= len(seq):
+                out.add(seq[: floor_to(n, grid.page_size)])
+        return out
+    for n in decode_track_positions(len(prompt), committed + extra, grid.track_grid):
+        if n <= len(seq):
+            out.add(seq[: floor_to(n, grid.page_size)])
+    return out
+
+
+def trie_size(seqs: Iterable[Key]) -> int:
+    """Distinct token prefixes of ``seqs`` (the tokens a radix tree holding them keeps)."""
+    ordered = sorted(set(seqs))
+    total, prev = 0, ()
+    for s in ordered:
+        total += len(s) - _common(s, prev)
+        prev = s
+    return total
+
+
+def may_have_evicted(*, states: int, max_in_flight: int, sessions: int, strategy: str, mamba_total: float | None,
+                     tokens: int, reserved_tokens: int, kv_total: float | None) -> bool:
+    """Could the pools have had to evict since the last flush?  A bound: every state ever
+    stored plus what the most requests ever in flight hold, against each pool's size (an
+    unknown size counts as 'could')."""
+    slots = states + (max_in_flight + sessions) * SLOTS_PER_REQUEST[strategy]
+    if mamba_total is None or slots + 1 > mamba_total:
+        return True
+    return kv_total is None or tokens + reserved_tokens > kv_total

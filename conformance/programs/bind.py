@@ -1,0 +1,104 @@
+"""Bind programs to running servers: the cache-off twin, the oracle's numbers, restarts.
+
+The cold side of the differential oracle is a **cache-off twin**: a second server for
+the same model (and dtype) with the radix cache disabled (``--disable-radix-cache``, on
+SGLang and on the reference server), no seeded fault and the simplest strategy.  Every
+answer of the server under test is re-computed there as one teacher-forced prefill.
+Why a twin and not a flush of the same server: programs must run long stretches without
+a flush (a flush rebuilds SGLang's free lists and hides leaks); why not the reference
+engine in-process: on ``sglang-cpu`` it would compare two implementations, not SGLang's
+cache against SGLang without it.  The twin only depends on the model, so one serves
+every cell of that model in a session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any, Iterator
+
+from conformance.checks.differential import Tolerance
+from conformance.checks.hit_bounds import Grid
+from conformance.matrix import CacheVariant, Cell, Fault, Strategy, effective_chunk, effective_track_interval
+from conformance.programs.runner import Target
+from conformance.programs.strategies import GenSpec
+from conformance.suites import exact_mode, idle_deadline, lookahead, vocab_size
+from conformance.targets.base import Endpoint
+
+#: Every seeded-fault switch the kit knows, blanked for the twin (the server env inherits
+#: the caller's, where ``mutants`` sets the fault under test).
+FAULT_SWITCHES = (
+    "HYBRID_CONFORMANCE_FAULT",
+    "HYBRID_CONFORMANCE_PD_FAULT",
+    "HYBRID_CONFORMANCE_SGLANG_FAULT",
+    "SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL",
+)
+COLD_VARIANT = CacheVariant("cold", "radix cache disabled: the programs' cache-off twin", ("--disable-radix-cache",))
+NO_BUFFER = Strategy("no_buffer", "cache-off twin", overlap=False, ping_pong_slots=0, pd=True, max_page_size=1)
+
+
+def cold_cell(cell: Cell) -> Cell:
+    """The cache-off twin of ``cell``: same model, no_buffer, page 1, no fault, cache off."""
+    clean = Fault("none", "the cache-off twin runs no fault", env=tuple((k, "") for k in FAULT_SWITCHES))
+    return dataclasses.replace(cell, strategy=NO_BUFFER, page_size=1, track_interval=256, fault=clean, cache_variant=COLD_VARIANT)
+
+
+@contextlib.contextmanager
+def serve_cold(cell: Cell, options: Any, log_dir: Path) -> Iterator[Endpoint]:
+    from conformance.targets.serving import serve_cell
+
+    with serve_cell(cold_cell(cell), options, log_dir=log_dir) as ep:
+        yield ep
+
+
+def grid_for(ep: Endpoint) -> Grid:
+    cell = ep.cell
+    chunk = effective_chunk(cell)
+    return Grid(
+        strategy=cell.strategy.name, chunk=chunk, page_size=cell.page_size,
+        checkpoint_grid=math.lcm(chunk, cell.page_size), track_grid=effective_track_interval(cell),
+        lazy_alloc_fail=cell.fault.name == "lazy_alloc_fail", lookahead=lookahead(ep),
+    )
+
+
+def target_for(ep: Endpoint, cold: Endpoint) -> Target:
+    from conformance.programs.oracle import Limits
+
+    info = ep.info or ep.client.server_info()
+    metrics = ep.client.metrics()
+    kv_total = metrics.get("hybrid_conformance:kv_total") or metrics.get("sglang:max_total_num_tokens") or info.get("max_total_num_tokens")
+    context = info.get("context_length") or info.get("max_total_num_tokens") or kv_total or 4096
+    limits = Limits(
+        context_len=int(context),
+        max_input=int(info["max_req_input_len"]) if info.get("max_req_input_len") else None,
+        kv_total=float(kv_total) if kv_total else None,
+        mamba_total=metrics.get("hybrid_conformance:mamba_total") or metrics.get("sglang:mamba_total_tokens"),
+    )
+    exact = exact_mode(ep)
+    return Target(
+        client=ep.client, cold=cold.client, grid=grid_for(ep), limits=limits,
+        tol=Tolerance.for_mode(exact, kl_cap=ep.cell.model.thresholds.kl_abs_cap), exact=exact,
+        idle_deadline_s=idle_deadline(ep), log_text=ep.log_text if ep.process else None,
+        alive=ep.process.exit_reason if ep.process else None, info=info,
+    )
+
+
+def gen_spec(ep: Endpoint, target: Target) -> GenSpec:
+    g = target.grid
+    return GenSpec(
+        vocab_size=vocab_size(ep), chunk=g.chunk, checkpoint_grid=g.checkpoint_grid, track_grid=g.track_grid,
+        page_size=g.page_size, context_len=target.limits.context_len,
+    )
+
+
+def restart_if_dead(ep: Endpoint) -> bool:
+    """Restart the cell's server when it died or stopped serving (True when restarted)."""
+    from conformance.programs.runner import not_serving
+
+    if ep.process is None or not_serving(ep.client, ep.process.exit_reason) is None:
+        return False
+    ep.process.stop()
+    ep.process.start()
+    return True

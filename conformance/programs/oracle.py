@@ -1,0 +1,292 @@
+"""The oracle a program is judged by, after every step (pure: records in, findings out).
+
+* **outputs**: every answered request equals a cold computation of the same full input
+  (``conformance.checks.differential``), hit or not;
+* **hits**: ``cached_tokens`` is one the prefix oracle allows given what overlapped
+  (``conformance.checks.hit_bounds``);
+* **answers**: ``prompt_tokens`` is the input the program meant (sessions included), a
+  request that was not aborted finished by length or a stop, and a refusal is explained
+  by the pool's own numbers (context length, largest input, KV pool) -- as is the service
+  of a request that does not fit;
+* **idle**: SGLang's idle invariant over ``/metrics`` (``checks.leaks.idle_invariant``,
+  judged by the idle probe before any flush) and the server's own reuse counters
+  (``sglang:cached_tokens_total``, the ``#cached-token`` of its prefill log lines) equal
+  the ``cached_tokens`` it reported since the last idle moment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from conformance.checks.leaks import KIT, POOLS, idle_invariant
+from conformance.checks.hit_bounds import (
+    Grid,
+    Key,
+    Stores,
+    allowed_hits,
+    branch_candidates,
+    finish_store,
+    key_limit,
+    may_have_evicted,
+    possible_finish_stores,
+    prefill_stores,
+    trie_size,
+)
+
+PREFILL_LINE = re.compile(r"Prefill batch.*?#cached-token:\s*(\d+)")
+
+
+@dataclass
+class Served:
+    """One request of a program, as sent and as answered."""
+
+    rid: str
+    step: int
+    input_ids: Key
+    max_new: int
+    options: dict[str, Any]
+    sent_seq: int
+    done_seq: int = 0
+    kind: str = "send"  # send | burst | turn
+    session: str | None = None
+    in_streaming_session: bool = False
+    streaming_turn: bool = False  # a streaming session's turn after its first
+    prev_committed: int | None = None  # streaming turn: what the session holds
+    abort_requested: bool = False
+    overflow: bool = False
+    response: dict[str, Any] | None = None
+    error: str = ""
+    http_status: int | None = None
+    judged: bool = False
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return (self.response or {}).get("meta_info", {}) or {}
+
+    @property
+    def output_ids(self) -> Key:
+        return tuple(int(t) for t in (self.response or {}).get("output_ids") or ())
+
+    @property
+    def cached_tokens(self) -> int:
+        return int(self.meta.get("cached_tokens", 0) or 0)
+
+    @property
+    def finish_type(self) -> str:
+        fin = self.meta.get("finish_reason")
+        return (fin or {}).get("type", "none") if isinstance(fin, dict) else str(fin)
+
+    @property
+    def answered(self) -> bool:
+        return self.response is not None
+
+    @property
+    def regular(self) -> bool:
+        """Finished through the path the prefix oracle predicts exactly (not aborted, not
+        held by a streaming session)."""
+        return self.answered and not self.abort_requested and self.finish_type in ("length", "stop") and not self.in_streaming_session
+
+    @property
+    def logprob_start(self) -> int | None:
+        if not self.options.get("return_logprob"):
+            return None
+        start = self.options.get("logprob_start_len")
+        return start if start is not None and start >= 0 else None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The numbers a refusal must be explained by."""
+
+    context_len: int
+    max_input: int | None = None  # SGLang's max_req_input_len
+    kv_total: float | None = None
+    mamba_total: float | None = None
+
+    def fits(self, input_len: int, max_new: int) -> tuple[bool, str]:
+        if input_len + max_new > self.context_len:
+            return False, f"input {input_len} + max_new {max_new} > context length {self.context_len}"
+        if self.max_input is not None and input_len >= self.max_input:
+            return False, f"input {input_len} >= the largest input {self.max_input}"
+        if self.kv_total is not None and input_len + max_new > self.kv_total:
+            return False, f"input {input_len} + max_new {max_new} > KV pool {self.kv_total:g}"
+        return True, f"input {input_len} + max_new {max_new} fits (context {self.context_len}, KV pool {self.kv_total})"
+
+
+class HitBook:
+    """What the radix tree may hold, for judging ``cached_tokens`` (reset by a flush).
+
+    A request is judged once every request sent before its answer arrived has answered
+    too (``ready``): then everything that could have stored a state before its admission
+    is known.  Where a prefill checkpoint lands depends on the branch point SGLang saw at
+    admission, itself a function of what was stored; the candidates are iterated to a
+    fixed point over the keys of those requests.
+    """
+
+    def __init__(self, grid: Grid, limits: Limits) -> None:
+        self.grid, self.limits = grid, limits
+        self.records: list[Served] = []
+        self.max_in_flight = 0
+        self.max_sessions = 0
+        self.evicted = False
+        self._certain: dict[str, Stores] = {}
+
+    def reset(self) -> None:
+        self.records.clear()
+        self._certain.clear()
+        self.max_in_flight = self.max_sessions = 0
+        self.evicted = False
+
+    def add(self, s: Served) -> None:
+        self.records.append(s)
+
+    def note_load(self, in_flight: int, sessions: int) -> None:
+        self.max_in_flight = max(self.max_in_flight, in_flight)
+        self.max_sessions = max(self.max_sessions, sessions)
+
+    def ready(self, in_flight_sent: Iterable[int]) -> list[Served]:
+        """Answered, unjudged requests such that every request sent before their answer
+        arrived has answered too."""
+        oldest = min(in_flight_sent, default=None)
+        out = [s for s in self.records if not s.judged and s.done_seq and (oldest is None or s.done_seq < oldest)]
+        return sorted(out, key=lambda s: s.done_seq)
+
+    # ------------------------------------------------------------ stores
+    def _hits(self, q: Served) -> set[int]:
+        return {q.cached_tokens} if q.answered else {0}
+
+    def _alternatives(self, q: Served, keys: set[Key]) -> set[Key]:
+        """Every key ``q`` may have stored (prefill checkpoint and finish)."""
+        if not q.answered and not q.abort_requested:
+            return set()  # refused: it never ran
+        alts: set[Key] = set()
+        for h in self._hits(q):
+            alts |= prefill_stores(q.input_ids, {h}, branch_candidates(q.input_ids, keys, self.grid, h), self.grid)
+        if q.regular:
+            key = finish_store(q.input_ids, q.output_ids, self.grid)
+            if key:
+                alts.add(key)
+        else:
+            alts |= possible_finish_stores(q.input_ids, q.output_ids, self.grid)
+        return alts
+
+    def _keys(self, group: list[Served]) -> set[Key]:
+        """The keys ``group`` may have stored, branch points iterated to a fixed point."""
+        keys: set[Key] = set()
+        for _ in range(4):
+            new = set().union(*(self._alternatives(q, keys) for q in group)) if group else set()
+            if new <= keys:
+                break
+            keys |= new
+        return keys
+
+    def _certain_stores(self, q: Served) -> Stores:
+        """What ``q`` stored for sure: a regular finish, and its prefill checkpoint when the
+        branch points it could have met all put it in one place."""
+        if q.rid in self._certain:
+            return self._certain[q.rid]
+        out = Stores()
+        if q.regular:
+            before = [x for x in self.records if x is not q and x.done_seq and x.sent_seq < q.done_seq]
+            keys = self._keys(before)
+            prefill = prefill_stores(q.input_ids, {q.cached_tokens}, branch_candidates(q.input_ids, keys, self.grid, q.cached_tokens), self.grid)
+            if len(prefill) == 1:
+                out.add(next(iter(prefill)), sure=True)
+            out.add(finish_store(q.input_ids, q.output_ids, self.grid), sure=True)
+        self._certain[q.rid] = out
+        return out
+
+    def _update_evicted(self) -> None:
+        if self.evicted:
+            return
+        done = [q for q in self.records if q.done_seq]
+        seqs = [q.input_ids + q.output_ids for q in done if q.answered or q.abort_requested]
+        reserved = self.max_in_flight * max((len(q.input_ids) + q.max_new for q in done if not q.overflow), default=0)
+        self.evicted = may_have_evicted(
+            states=len(self._keys(done)), max_in_flight=self.max_in_flight, sessions=self.max_sessions, strategy=self.grid.strategy,
+            mamba_total=self.limits.mamba_total, tokens=trie_size(seqs), reserved_tokens=reserved, kv_total=self.limits.kv_total,
+        )
+
+    # ------------------------------------------------------------ judging
+    def judge(self, r: Served) -> str | None:
+        """Judge ``r``'s hit; a problem string or None."""
+        r.judged = True
+        if not r.answered:
+            return None
+        self._update_evicted()
+        universe = [q for q in self.records if q is not r and q.done_seq and q.sent_seq < r.done_seq]
+        certain: set[Key] = set()
+        for q in universe:
+            if q.done_seq < r.sent_seq:
+                certain |= self._certain_stores(q).certain
+        maybe = self._keys(universe) - certain
+        limit = key_limit(len(r.input_ids), self.grid.page_size, r.logprob_start)
+        allowed = allowed_hits(r.input_ids, certain, maybe, limit=limit, evicted=self.evicted)
+        if r.streaming_turn and r.prev_committed is not None:
+            c = min(r.prev_committed, max(len(r.input_ids) - 1, 0))
+            allowed |= {c, c // self.grid.page_size * self.grid.page_size}
+        if r.cached_tokens in allowed:
+            return None
+        return (f"cached_tokens {r.cached_tokens}, the prefix oracle allows {sorted(allowed)} "
+                f"(input {len(r.input_ids)} tokens{', after possible evictions' if self.evicted else ''})")
+
+
+def answer_problems(s: Served, limits: Limits) -> list[str]:
+    """The answer's shape: refusal explained, prompt as meant, finish as expected."""
+    fits, why = limits.fits(len(s.input_ids), s.max_new)
+    if not s.answered or s.finish_type == "abort" and not s.abort_requested:
+        reason = s.error or str(s.meta.get("finish_reason"))
+        if s.abort_requested and not s.error.startswith(("no answer", "ConnectError", "RemoteProtocol")):
+            return []
+        if fits:
+            return [f"refused although it fits ({why}): {reason[:200]}"]
+        return []
+    problems = []
+    if not fits:
+        problems.append(f"served a request that does not fit ({why})")
+    prompt = s.meta.get("prompt_tokens")
+    if prompt is not None and int(prompt) != len(s.input_ids):
+        problems.append(f"prompt_tokens {prompt}, the program's input has {len(s.input_ids)} tokens")
+    n = len(s.output_ids)
+    if s.finish_type == "length" and n != s.max_new:
+        problems.append(f"finished by length after {n} tokens, max_new_tokens {s.max_new}")
+    if s.finish_type not in ("length", "stop", "abort"):
+        problems.append(f"unexpected finish reason {s.meta.get('finish_reason')!r}")
+    if n > s.max_new:
+        problems.append(f"{n} output tokens > max_new_tokens {s.max_new}")
+    return problems
+
+
+def idle_problems(values: Mapping[str, float], *, locked: Mapping[str, float]) -> list[str]:
+    """SGLang's idle invariant (``checks.leaks.idle_invariant``), except that an open
+    streaming session keeps its prefix locked in the tree: up to ``locked[pool]`` protected
+    is then expected, not a lock leak."""
+    out = []
+    for p in idle_invariant(values):
+        pool = p.split(":", 1)[0]
+        if "protected (locked) at idle" in p or "counted twice" in p:
+            protected = values.get(f"{KIT}{pool}_protected", 0.0)
+            held = values.get(f"{KIT}{pool}_session_held", 0.0)
+            used = values.get(POOLS[pool][0], 0.0)
+            if protected <= locked.get(pool, 0.0) and used - protected - held >= 0:
+                continue
+            if protected > locked.get(pool, 0.0):
+                p = f"{pool}: {protected:g} protected (locked) at idle, open streaming sessions lock at most {locked.get(pool, 0.0):g}: a lock was not released"
+        out.append(p)
+    return out
+
+
+def counter_problems(reported: int, metric_delta: float | None, log_delta: int | None) -> list[str]:
+    """The server's own reuse counters against the ``cached_tokens`` it reported."""
+    out = []
+    if metric_delta is not None and metric_delta != reported:
+        out.append(f"sglang:cached_tokens_total grew by {metric_delta:g}, the answers reported {reported} cached tokens")
+    if log_delta is not None and log_delta != reported:
+        out.append(f"the server's prefill log lines count {log_delta} cached tokens, the answers reported {reported}")
+    return out
+
+
+def log_cached_tokens(text: str) -> int:
+    return sum(int(m.group(1)) for m in PREFILL_LINE.finditer(text))

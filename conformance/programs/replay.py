@@ -1,0 +1,84 @@
+"""``hybrid-conformance replay FILE --target ...``: play one program file, judged as in the suite.
+
+The file names its cell (looked up in the matrix) and the seeded-fault environment it was
+found under (applied to the server unless ``--no-recorded-env``).  The cell's server and
+its cache-off twin start, the program runs ``--repeat`` times, and each run prints
+PASS or the finding with the step trace.  Exit 1 when a run failed (the finding
+reproduced), 0 when every run passed, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from conformance.errors import KitError
+from conformance.matrix import Cell, load_matrix
+from conformance.programs.program import Program, load_program
+
+
+def find_cell(program: Program, matrix_path: str | None) -> Cell:
+    cell_id = program.cell.get("id")
+    if not cell_id:
+        raise KitError("program file names no cell (its 'cell' has no 'id'); write it with the suite or add the cell id")
+    cells = {c.id: c for c in load_matrix(matrix_path).select(tier="nightly")}
+    if cell_id not in cells:
+        raise KitError(f"program file's cell {cell_id!r} is not in the matrix; known: {', '.join(sorted(cells)[:6])} ...")
+    return cells[cell_id]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="a program file written by the programs suite (or by hand)")
+    p.add_argument("--target", choices=("reference", "sglang-cpu", "sglang"), default="reference", help="who answers (default: %(default)s)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="with --target sglang-cpu: SGLang's --dtype (default float32)")
+    p.add_argument("--matrix", help="matrix file (default: fixtures/matrix.toml)")
+    p.add_argument("--sglang-launcher", default="python -m sglang.launch_server", help="command that starts SGLang")
+    p.add_argument("--gpus-per-worker", type=int, default=1)
+    p.add_argument("--twins", action="store_true", help="with --target sglang: serve the tiny twins")
+    p.add_argument("--repeat", type=int, default=1, help="play the program this many times (timing can matter)")
+    p.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
+    p.add_argument("--no-recorded-env", action="store_true", help="do not apply the seeded-fault env the file was found under")
+
+
+def replay(args: argparse.Namespace) -> int:
+    from conformance.programs.bind import serve_cold, target_for
+    from conformance.programs.runner import ProgramFailure, run_program
+    from conformance.targets.serving import serve_cell
+
+    program = load_program(args.file)
+    cell = find_cell(program, args.matrix)
+    if args.repeat < 1:
+        raise KitError(f"--repeat must be >= 1, got {args.repeat}")
+    if program.env and not args.no_recorded_env:
+        os.environ.update(program.env)
+        print("applied the recorded env: " + " ".join(f"{k}={v}" for k, v in program.env.items()))
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="hc-replay-"))
+    print(f"replaying {args.file} ({len(program.steps)} steps) on {args.target} cell {cell.id}; server logs in {log_dir}")
+    failures = 0
+    with serve_cell(cell, args, log_dir=log_dir) as ep, serve_cold(cell, args, log_dir) as cold:
+        target = target_for(ep, cold)
+        for i in range(args.repeat):
+            try:
+                stats = run_program(program, target)
+            except ProgramFailure as f:
+                failures += 1
+                print(f"run {i + 1}: FAIL at {f}")
+                print("\n".join(f.trace[-40:]))
+                continue
+            print(f"run {i + 1}: PASS ({stats.requests} requests, {stats.hits} hits, {stats.compared_tokens} tokens compared, "
+                  f"{stats.idle_checks} idle checks, {stats.seconds:.1f}s)")
+    print(f"{failures}/{args.repeat} runs failed")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - the CLI verb is the entry point
+    p = argparse.ArgumentParser(prog="hybrid-conformance replay")
+    add_arguments(p)
+    try:
+        return replay(p.parse_args(argv))
+    except KitError as e:
+        print(f"hybrid-conformance: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,383 @@
+"""Play a request program over HTTP and judge it after every step.
+
+``run_program(program, target)`` starts from an idle, flushed server, plays each step
+(requests go in flight on threads; ``wait``/``idle`` and follow-ups block on what they
+need), and after every step hands the oracle what happened: answers that arrived (their
+shape, and a batched cold computation of each on the cache-off twin), hits whose
+overlapping requests all finished, and -- whenever nothing is in flight -- the idle
+invariant and the reuse counters.  The first finding raises :class:`ProgramFailure`
+with the step, the request and the numbers; whatever was in flight is aborted and open
+sessions are closed, so the next program starts from a usable server.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.checks.differential import Tolerance, cold_from_meta, differential_problems, served_logprobs
+from conformance.checks.hit_bounds import Grid
+from conformance.checks.leaks import scan_log
+from conformance.client import SGLangClient
+from conformance.errors import KitError, ServerDiedError
+from conformance.programs.flights import Clock, Flight, FlightDeck
+from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
+from conformance.programs.program import (
+    After, Burst, Close, Flush, Idle, Open, Program, Send, Step, Turn, Wait, describe_step,
+)
+from conformance.programs.resolve import Resolver
+from conformance.workloads.idle import idle_probe
+
+CACHED_COUNTER = "sglang:cached_tokens_total"
+WAIT_S = 300.0
+HEALTH_TIMEOUT_S = 20.0
+
+
+class ProgramFailure(AssertionError):
+    """A program broke the oracle: ``step`` is the step index (len(steps) = the end)."""
+
+    def __init__(self, step: int, what: str, trace: list[str]) -> None:
+        super().__init__(f"step {step}: {what}")
+        self.step, self.what, self.trace = step, what, trace
+
+
+@dataclass
+class Target:
+    """What a program runs against: the server under test and the cache-off twin."""
+
+    client: SGLangClient
+    cold: SGLangClient
+    grid: Grid
+    limits: Limits
+    tol: Tolerance
+    exact: bool
+    idle_deadline_s: float = 5.0
+    log_text: Any = None  # () -> the server log so far, or None
+    alive: Any = None  # () -> None while the process lives, else why not
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunStats:
+    requests: int = 0
+    hits: int = 0
+    compared_tokens: int = 0
+    idle_checks: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+
+
+class ProgramRun:
+    def __init__(self, program: Program, target: Target) -> None:
+        self.p, self.t = program, target
+        self.tag = uuid.uuid4().hex[:8]
+        self.clock = Clock()
+        self.deck = FlightDeck(target.client.base_url, self.clock)
+        self.resolver = Resolver(program, target.grid, target.limits, exact=target.exact, tag=self.tag)
+        self.book = HitBook(target.grid, target.limits)
+        self.flights: dict[str, Flight] = {}  # rid -> its flight (bursts share one)
+        self.served: dict[str, Served] = {}
+        self.pending: list[Flight] = []
+        self.sessions: dict[str, str] = {}  # program sid -> server session id
+        self.trace: list[str] = []
+        self.stats = RunStats()
+        self.step_no = 0
+        self._since_idle: list[Served] = []
+        self._counter0 = 0.0
+        self._log0 = 0
+
+    # ------------------------------------------------------------ top level
+    def run(self) -> RunStats:
+        t0 = time.monotonic()
+        try:
+            self._start()
+            for i, step in enumerate(self.p.steps):
+                self.step_no = i
+                self.trace.append(f"{i:>3} {describe_step(step)}")
+                self._apply(step)
+                self._settle()
+                self.stats.steps += 1
+            self.step_no = len(self.p.steps)
+            self.trace.append(f"{self.step_no:>3} end: close open sessions, wait for every request")
+            for sid in list(self.sessions):
+                self._close(sid)
+            self._wait_all()
+            self._settle(final=True)
+        except BaseException:
+            self._cleanup()
+            raise
+        finally:
+            self.deck.close()
+            self.stats.seconds = time.monotonic() - t0
+        return self.stats
+
+    def fail(self, what: str) -> None:
+        raise ProgramFailure(self.step_no, what, self.trace)
+
+    def _start(self) -> None:
+        c = self.t.client
+        dead = self._dead()
+        if dead:
+            self.fail(f"server not serving before the program started: {dead}")
+        c.flush_cache(attempts=40, pause_s=0.25)
+        self._counter0 = c.metrics().get(CACHED_COUNTER, 0.0)
+        self._log0 = len(self.t.log_text()) if self.t.log_text else 0
+
+    # ------------------------------------------------------------ steps
+    def _apply(self, step: Step) -> None:
+        if isinstance(step, Send):
+            self._send(step)
+        elif isinstance(step, Burst):
+            self._burst(step)
+        elif isinstance(step, Wait):
+            flight = self.flights.get(step.rid)
+            if flight is not None:
+                self._wait(flight)
+        elif isinstance(step, Idle):
+            self._wait_all()
+        elif isinstance(step, Open):
+            sid = self.t.client.open_session(65536, streaming=step.streaming)
+            self.sessions[step.sid] = sid
+            self.resolver.open(step.sid, step.streaming)
+        elif isinstance(step, Turn):
+            self._turn(step)
+        elif isinstance(step, Close):
+            if step.sid in self.sessions:
+                self._close(step.sid)
+        elif isinstance(step, Flush):
+            self._wait_all()
+            self._settle()
+            self.t.client.flush_cache(attempts=40, pause_s=0.25)
+            self.book.reset()
+            self._counter0 = self.t.client.metrics().get(CACHED_COUNTER, 0.0)
+            self._log0 = len(self.t.log_text()) if self.t.log_text else 0
+
+    def _base_ready(self, step: Send | Turn) -> None:
+        """A follow-up or a stop taken from an output needs that request finished."""
+        needs = []
+        if isinstance(step, Send) and isinstance(step.base, After):
+            needs.append(step.base.rid)
+        if isinstance(step, Send) and step.options.stop is not None:
+            needs.append(step.options.stop.rid)
+        if isinstance(step, Turn) and step.parent:
+            needs.append(step.parent)
+        for rid in needs:
+            flight = self.flights.get(rid)
+            if flight is not None and not flight.done.is_set():
+                self._wait(flight)
+                self._collect()
+
+    def _send(self, step: Send) -> None:
+        self._base_ready(step)
+        if step.gate is not None and step.gate.rid in self.flights:
+            g = self.flights[step.gate.rid]
+            if not g.wait_tokens(step.gate.tokens, WAIT_S):
+                self.fail(f"gate: {step.gate.rid} streamed no {step.gate.tokens} tokens within {WAIT_S:.0f}s")
+        ids, max_new, payload, opts = self.resolver.send(step, self.served)
+        self._launch(step.rid, ids, max_new, payload, opts, stream=step.stream or step.abort_at is not None, kind="send",
+                     overflow=step.overflow, abort_at=step.abort_at)
+
+    def _burst(self, step: Burst) -> None:
+        prompts, payload = self.resolver.burst(step)
+        rids = tuple(step.rids())
+        flight = self.deck.launch(tuple(self.resolver.server_rid(r) for r in rids), payload, stream=False)
+        self.pending.append(flight)
+        for rid, ids in zip(rids, prompts):
+            self.flights[rid] = flight
+            self.served[rid] = Served(rid, self.step_no, ids, step.max_new, {"return_logprob": False}, flight.sent_seq, kind="burst")
+        self._note_load()
+
+    def _turn(self, step: Turn) -> None:
+        self._base_ready(step)
+        sid = self.sessions.get(step.sid)
+        if sid is None:
+            return
+        prev = self.resolver.session_in_flight(step.sid)
+        if prev is not None and prev in self.flights:
+            self._wait(self.flights[prev])
+            self._collect()
+        ids, payload, meta = self.resolver.turn(step, sid, self.served)
+        self._launch(step.rid, ids, step.max_new, payload, {"return_logprob": False}, stream=step.stream or step.abort_at is not None,
+                     kind="turn", abort_at=step.abort_at, session=step.sid, **meta)
+
+    def _launch(self, rid: str, ids, max_new: int, payload: dict, opts: dict, *, stream: bool, kind: str, overflow: bool = False,
+                abort_at: int | None = None, session: str | None = None, **meta: Any) -> None:
+        flight = self.deck.launch((self.resolver.server_rid(rid),), payload, stream=stream)
+        self.pending.append(flight)
+        self.flights[rid] = flight
+        s = Served(rid, self.step_no, tuple(ids), max_new, opts, flight.sent_seq, kind=kind, session=session, overflow=overflow, **meta)
+        self.served[rid] = s
+        self._note_load()
+        if abort_at is not None:
+            if abort_at > 0:
+                flight.wait_tokens(abort_at, WAIT_S)
+            if not flight.done.is_set():
+                s.abort_requested = True
+                self.deck.abort(flight)
+
+    def _close(self, sid: str) -> None:
+        in_flight = self.resolver.session_in_flight(sid)
+        if in_flight is not None and in_flight in self.flights and not self.flights[in_flight].done.is_set():
+            self.served[in_flight].abort_requested = True  # closing a session may abort its running turn
+        try:
+            self.t.client.close_session(self.sessions.pop(sid))
+        except KitError as e:
+            self.fail(f"close_session {sid}: {e}")
+        self.resolver.close(sid)
+
+    # ------------------------------------------------------------ waiting
+    def _wait(self, flight: Flight) -> None:
+        if not flight.done.wait(WAIT_S + 30):
+            self.fail(f"request {','.join(flight.rids)} did not answer within {WAIT_S + 30:.0f}s")
+
+    def _wait_all(self) -> None:
+        for flight in list(self.pending):
+            self._wait(flight)
+
+    def _note_load(self) -> None:
+        in_flight = sum(len(f.rids) for f in self.pending if not f.done.is_set())
+        self.book.note_load(in_flight, len(self.sessions))
+
+    def _collect(self) -> list[Served]:
+        """Move finished flights into their Served records (in completion order)."""
+        done = sorted((f for f in self.pending if f.done.is_set()), key=lambda f: f.done_seq)
+        out = []
+        for flight in done:
+            self.pending.remove(flight)
+            rids = [r for r, f in self.flights.items() if f is flight]
+            for i, rid in enumerate(rids):
+                s = self.served[rid]
+                s.done_seq, s.http_status, s.error = flight.done_seq, flight.http_status, flight.error
+                s.response = flight.responses[i] if i < len(flight.responses) else None
+                self.resolver.finished(s)
+                self.book.add(s)
+                out.append(s)
+                self._since_idle.append(s)
+                self.trace.append(f"      {rid}: {len(s.input_ids)} in, {len(s.output_ids)} out, cached {s.cached_tokens}, "
+                                  f"finish {s.finish_type if s.answered else 'error: ' + s.error[:80]}")
+        return out
+
+    # ------------------------------------------------------------ judging
+    def _settle(self, final: bool = False) -> None:
+        fresh = self._collect()
+        dead = self._dead()
+        if dead:
+            self.fail(f"server died: {dead}")
+        for s in fresh:
+            for problem in answer_problems(s, self.t.limits):
+                self.fail(f"request {s.rid}: {problem}")
+        self._compare_cold([s for s in fresh if s.answered])
+        for s in self.book.ready([f.sent_seq for f in self.pending]):
+            problem = self.book.judge(s)
+            self.stats.requests += 1
+            self.stats.hits += s.cached_tokens > 0
+            if problem:
+                self.fail(f"request {s.rid}: {problem}")
+        if not self.pending:
+            self._idle_checks()
+
+    def _compare_cold(self, fresh: list[Served]) -> None:
+        todo = []
+        for s in fresh:
+            served_start = s.logprob_start if s.meta.get("input_token_logprobs") else None
+            if not s.output_ids and served_start is None:
+                continue
+            start = min(len(s.input_ids), served_start if served_start is not None else len(s.input_ids))
+            todo.append((s, start, served_start))
+        if not todo:
+            return
+        top = max(2, *(int(s.options.get("top_logprobs_num") or 0) for s, _, _ in todo))
+        payload = {
+            "input_ids": [list(s.input_ids + s.output_ids) for s, _, _ in todo],
+            "sampling_params": [{"temperature": 0.0, "max_new_tokens": 0} for _ in todo],
+            "return_logprob": True,
+            "logprob_start_len": [start for _, start, _ in todo],
+            "top_logprobs_num": top,
+            "return_text_in_logprobs": False,
+        }
+        try:
+            out = self.t.cold.generate(payload, timeout=WAIT_S)
+        except KitError as e:
+            raise KitError(f"the cache-off twin failed a cold computation: {e}") from None
+        out = out if isinstance(out, list) else [out]
+        for (s, start, served_start), resp in zip(todo, out):
+            cold = cold_from_meta(resp.get("meta_info", {}), start)
+            problems = differential_problems(s.input_ids, s.output_ids, served_logprobs(s.meta, served_start), cold, self.t.tol)
+            self.stats.compared_tokens += len(s.output_ids)
+            if problems:
+                hit = f"cached_tokens {s.cached_tokens}"
+                self.fail(f"request {s.rid} ({len(s.input_ids)} input tokens, {hit}) differs from the cold computation: {'; '.join(problems[:2])}")
+
+    def _idle_checks(self) -> None:
+        c = self.t.client
+        locked = self.resolver.session_locks()
+        probe = idle_probe(c, f"program step {self.step_no}", requests=len(self._since_idle), deadline_s=self.t.idle_deadline_s,
+                           flush=False, invariant=lambda v: idle_problems(v, locked=locked))
+        self.stats.idle_checks += 1
+        if probe.problems:
+            self.fail("idle invariant: " + "; ".join(probe.problems[:3]))
+        reported = sum(s.cached_tokens for s in self._since_idle if s.answered)
+        now = probe.values.get(CACHED_COUNTER)
+        metric_delta = None if now is None else now - self._counter0
+        log_delta = None
+        if self.t.log_text:
+            text = self.t.log_text()
+            log_delta = log_cached_tokens(text[self._log0:])
+            self._log0 = len(text)
+        if now is not None:
+            self._counter0 = now
+        if any(s.abort_requested for s in self._since_idle):
+            metric_delta = log_delta = None  # an aborted request's reuse is counted (or not) by when it stopped
+        problems = counter_problems(reported, metric_delta, log_delta)
+        self._since_idle = []
+        if problems:
+            self.fail("reuse counters: " + "; ".join(problems))
+
+    # ------------------------------------------------------------ liveness / cleanup
+    def _dead(self) -> str | None:
+        return not_serving(self.t.client, self.t.alive, self.t.log_text)
+
+    def _cleanup(self) -> None:
+        """After a failure: abort what runs, close sessions, so the server is usable."""
+        try:
+            self.t.client.request("POST", "/abort_request", json={"abort_all": True}, ok=(200, 400, 404, 422), timeout=10)
+        except KitError:
+            pass
+        end = time.monotonic() + 60
+        for flight in self.pending:
+            flight.done.wait(max(0.0, end - time.monotonic()))
+        for sid in list(self.sessions.values()):
+            try:
+                self.t.client.close_session(sid)
+            except KitError:
+                pass
+        self.sessions.clear()
+
+
+def not_serving(client: SGLangClient, alive: Any = None, log_text: Any = None) -> str | None:
+    """Why the server is not serving (its process exited, or /health answers non-200);
+    None while it serves.  A slow /health on a busy server is retried, not a death."""
+    why = alive() if alive else None
+    if why:
+        return why
+    status = ""
+    for _ in range(3):
+        try:
+            resp = client.request("GET", "/health", timeout=HEALTH_TIMEOUT_S, ok=(200, 500, 502, 503, 504))
+        except ServerDiedError as e:
+            status = str(e)
+            if "no answer within" in status:
+                continue
+            break
+        if resp.status_code == 200:
+            return None
+        status = f"/health answers {resp.status_code}"
+        break
+    bad = scan_log(log_text()) if log_text else []
+    return f"{status}; {bad[-1][:300] if bad else 'no error in its log'}"
+
+
+def run_program(program: Program, target: Target) -> RunStats:
+    return ProgramRun(program, target).run()

@@ -1,0 +1,281 @@
+"""The hypothesis generator of request programs for one matrix cell.
+
+A program draws a small prefix forest (roots that may share a trunk), then steps one by
+one, each kind from a weighted list whose first entries are the simplest (hypothesis
+shrinks towards them).  Lengths are drawn near the cell's grids (``k * chunk`` and
+``k * track`` one before, at and one after), so prefill checkpoints, hits and decode
+track boundaries land where bugs live.  The generator keeps a model of what it sent
+(streamed requests a later arrival can wait on, session turns that may be continued,
+sessions still open), so every drawn program is valid and stays valid when shrunk:
+references to requests a shrink removed fall back to a forest root.
+
+Costs are bounded per program: total decode tokens (``decode_budget``) and at most one
+long decode that crosses several track boundaries (``long_decode``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
+
+from conformance.programs.program import (
+    CUTS, LOGPROB_STARTS, After, Burst, Close, Flush, Gate, Idle, Open, Options, Program, Root, Send, Step, Stop, Turn, Wait,
+)
+from conformance.workloads.prompts import extension
+
+Tokens = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GenSpec:
+    """What a cell allows and what a program may cost."""
+
+    vocab_size: int
+    chunk: int
+    checkpoint_grid: int
+    track_grid: int
+    page_size: int
+    context_len: int
+    max_steps: int = 14
+    max_roots: int = 3
+    decode_budget: int = 160
+    long_decode: bool = False
+    max_burst: int = 24
+    sessions: bool = True
+
+    @property
+    def max_root_len(self) -> int:
+        return 2 * self.track_grid + self.checkpoint_grid + 2
+
+    def interesting_lengths(self) -> list[int]:
+        out = {1, 2, 3, 7, self.page_size}
+        for g in {self.chunk, self.checkpoint_grid, self.track_grid}:
+            for k in range(1, self.max_root_len // g + 1):
+                out.update({k * g - 1, k * g, k * g + 1})
+        return sorted(n for n in out if 1 <= n <= self.max_root_len)
+
+
+def tokens(n: int, spec: GenSpec, seed: int | str) -> Tokens:
+    return extension(n, vocab_size=spec.vocab_size, seed=seed) if n > 0 else ()
+
+
+# ------------------------------------------------------------------ the generator's model
+@dataclass
+class _Model:
+    spec: GenSpec
+    forest: list[Tokens]
+    steps: list[Step] = field(default_factory=list)
+    sent: list[str] = field(default_factory=list)  # every request rid, in order
+    streamed: list[str] = field(default_factory=list)  # streamed rids with something to decode
+    decode_left: int = 0
+    long_used: bool = False
+    n: int = 0
+    sessions: dict[str, dict] = field(default_factory=dict)  # sid -> {streaming, turns: [rid], open}
+
+    def rid(self, prefix: str) -> str:
+        self.n += 1
+        return f"{prefix}{self.n}"
+
+    def take_decode(self, want: int) -> int:
+        got = max(0, min(want, self.decode_left))
+        self.decode_left -= got
+        return got
+
+
+_SUFFIXES = (0, 1, 2, 5, 17, 3, 64, 63, 65)
+_MAX_NEW = (2, 1, 4, 0, 8, 3, 16, 33)
+_KINDS = (
+    "send", "send", "followup", "wait", "idle", "followup", "pair", "arrival", "abort",
+    "burst", "session", "session", "options", "overflow", "long", "flush",
+)
+
+
+@st.composite
+def _root_base(draw, m: _Model) -> Root:
+    r = draw(st.integers(0, len(m.forest) - 1))
+    lengths = [n for n in m.spec.interesting_lengths() if n <= len(m.forest[r])] or [len(m.forest[r])]
+    pick = draw(st.sampled_from([len(m.forest[r]), *lengths]))
+    return Root(r, pick)
+
+
+@st.composite
+def _base(draw, m: _Model, follow: bool):
+    if follow and m.sent:
+        rid = draw(st.sampled_from(m.sent[::-1]))
+        return After(rid, draw(st.sampled_from(CUTS)))
+    return draw(_root_base(m))
+
+
+@st.composite
+def _options(draw, m: _Model, rich: bool) -> Options:
+    if not rich:
+        return Options(return_logprob=draw(st.booleans()))
+    stop = None
+    if m.sent and draw(st.integers(0, 2)) == 0:
+        stop = Stop(draw(st.sampled_from(m.sent[::-1])), draw(st.integers(0, 7)), draw(st.sampled_from(("token", "text"))))
+    return Options(
+        return_logprob=draw(st.booleans()),
+        logprob_start=draw(st.sampled_from(LOGPROB_STARTS)),
+        top_logprobs_num=draw(st.sampled_from((0, 1, 3))),
+        ignore_eos=stop is None and draw(st.booleans()),
+        stop=stop,
+    )
+
+
+@st.composite
+def _send(draw, m: _Model, *, follow: bool = False, rich: bool = False, stream: bool | None = None, gate: Gate | None = None,
+          abort: bool = False, long: bool = False) -> Send:
+    base = draw(_base(m, follow))
+    suffix = tokens(draw(st.sampled_from(_SUFFIXES)), m.spec, draw(st.integers(0, 2**16)))
+    if long and not m.long_used:
+        m.long_used = True
+        max_new = 2 * m.spec.track_grid + draw(st.integers(1, 9))
+    else:
+        max_new = m.take_decode(draw(st.sampled_from(_MAX_NEW)))
+    streamed = draw(st.booleans()) if stream is None else stream
+    abort_at = None
+    if abort:
+        max_new = max(max_new, m.take_decode(12))
+        abort_at = draw(st.sampled_from((1, 0, 2, 3, max(1, max_new // 2))))
+        streamed = True
+    rid = m.rid("r")
+    step = Send(rid, base, suffix, max_new, draw(_options(m, rich)), streamed, abort_at, gate)
+    m.sent.append(rid)
+    if streamed and max_new >= 2 and abort_at is None:
+        m.streamed.append(rid)
+    return step
+
+
+@st.composite
+def _burst(draw, m: _Model) -> Burst:
+    base = draw(_root_base(m))
+    n = draw(st.integers(2, m.spec.max_burst))
+    width = draw(st.sampled_from((1, 4, m.spec.chunk + 1)))
+    seed = draw(st.integers(0, 2**16))
+    rid = m.rid("b")
+    step = Burst(rid, base, tuple(tokens(width, m.spec, f"{seed}:{i}") for i in range(n)), draw(st.sampled_from((1, 0, 2))))
+    m.sent.extend(step.rids())
+    return step
+
+
+@st.composite
+def _session_step(draw, m: _Model) -> list[Step]:
+    live = [sid for sid, s in m.sessions.items() if s["open"]]
+    if not live or (len(live) < 2 and draw(st.integers(0, 3)) == 0):
+        sid = f"s{len(m.sessions) + 1}"
+        streaming = draw(st.booleans())
+        m.sessions[sid] = {"streaming": streaming, "turns": [], "open": True}
+        return [Open(sid, streaming), draw(_turn(m, sid))]
+    sid = draw(st.sampled_from(live))
+    if draw(st.integers(0, 4)) == 0:
+        m.sessions[sid]["open"] = False
+        return [Close(sid)]
+    return [draw(_turn(m, sid))]
+
+
+@st.composite
+def _turn(draw, m: _Model, sid: str) -> Turn:
+    s = m.sessions[sid]
+    suffix = tokens(draw(st.sampled_from((5, 1, 17, 64, 130))), m.spec, draw(st.integers(0, 2**16)))
+    max_new = m.take_decode(draw(st.sampled_from((3, 1, 8, 16))))
+    abort_at = draw(st.sampled_from((None, None, None, 1, 0)))
+    rid = m.rid("t")
+    stream = draw(st.booleans()) or abort_at is not None
+    if s["streaming"]:
+        turn = Turn(sid, rid, suffix, max(max_new, 1), stream=stream, abort_at=abort_at)
+    else:
+        parent = draw(st.sampled_from(s["turns"][::-1])) if s["turns"] else None
+        replace = parent is not None and draw(st.integers(0, 5)) == 0
+        offset = draw(st.sampled_from((None, None, "half", "track", "prompt"))) if parent else None
+        drop = parent is not None and draw(st.integers(0, 5)) == 0
+        turn = Turn(sid, rid, suffix, max(max_new, 1), parent, replace, offset, drop, stream, abort_at)
+        children = s.setdefault("children", {})
+        if replace:  # SGLang clears the parent's subtree: those turns can no longer be continued
+            gone = _descendants(children, parent)
+            s["turns"] = [t for t in s["turns"] if t not in gone]
+            children[parent] = []
+        children.setdefault(parent, []).append(rid)
+    if abort_at is None:
+        s["turns"].append(rid)
+    m.sent.append(rid)
+    return turn
+
+
+def _descendants(children: dict, rid: str | None) -> set[str]:
+    out, stack = set(), list(children.get(rid, ()))
+    while stack:
+        r = stack.pop()
+        if r not in out:
+            out.add(r)
+            stack.extend(children.get(r, ()))
+    return out
+
+
+@st.composite
+def _step(draw, m: _Model) -> list[Step]:
+    kind = draw(st.sampled_from(_KINDS))
+    if kind == "send":
+        return [draw(_send(m))]
+    if kind == "followup":
+        return [draw(_send(m, follow=True))]
+    if kind == "options":
+        return [draw(_send(m, follow=draw(st.booleans()), rich=True))]
+    if kind == "wait" and m.sent:
+        return [Wait(draw(st.sampled_from(m.sent[::-1])))]
+    if kind == "idle":
+        return [Idle()]
+    if kind == "pair":  # two in flight at once over one prefix (identical when the suffix is empty)
+        first = draw(_send(m, stream=False))
+        twin = Send(m.rid("r"), first.base, first.suffix if draw(st.booleans()) else (), first.max_new, first.options)
+        m.sent.append(twin.rid)
+        return [first, twin]
+    if kind == "arrival":
+        if not m.streamed:
+            lead = draw(_send(m, stream=True))
+            lead = Send(lead.rid, lead.base, lead.suffix, max(lead.max_new, m.take_decode(8), 2), lead.options, True)
+            m.streamed.append(lead.rid)
+            return [lead, draw(_send(m, follow=draw(st.booleans()), gate=Gate(lead.rid, draw(st.integers(1, 3)))))]
+        gate = Gate(draw(st.sampled_from(m.streamed[::-1])), draw(st.integers(1, 3)))
+        return [draw(_send(m, follow=draw(st.booleans()), gate=gate))]
+    if kind == "abort":
+        return [draw(_send(m, follow=draw(st.booleans()), abort=True))]
+    if kind == "burst":
+        return [draw(_burst(m))]
+    if kind == "session" and m.spec.sessions:
+        return draw(_session_step(m))
+    if kind == "overflow":
+        base = draw(_root_base(m))
+        rid = m.rid("r")
+        m.sent.append(rid)
+        return [Send(rid, base, (), 1, Options(), overflow=True)]
+    if kind == "long":
+        return [draw(_send(m, follow=draw(st.booleans()), long=m.spec.long_decode))]
+    if kind == "flush":
+        # A flush resets the tree and the free lists under an open streaming session, whose
+        # held slots are then counted twice (SGLang 0.5.23's flush_cache checks only running
+        # and waiting requests): programs flush only with no streaming session open.
+        if any(s["open"] and s["streaming"] for s in m.sessions.values()):
+            return [Idle()]
+        return [Flush()]
+    return [draw(_send(m))]
+
+
+@st.composite
+def programs(draw, spec: GenSpec) -> Program:
+    """A random program for a cell described by ``spec``."""
+    roots: list[Tokens] = []
+    lengths = spec.interesting_lengths()
+    for i in range(draw(st.integers(1, spec.max_roots))):
+        n = draw(st.sampled_from([spec.max_root_len, *lengths[::-1]]))
+        seed = draw(st.integers(0, 2**16))
+        share = 0
+        if roots and draw(st.booleans()):
+            share = min(draw(st.sampled_from(lengths)), len(roots[0]), n - 1)
+        head = (3 + i,)  # distinct first tokens: roots share nothing unless they share a trunk
+        fresh = head + tokens(n - share - 1, spec, f"root:{seed}")
+        roots.append(roots[0][:share] + fresh if share else fresh)
+    m = _Model(spec, roots, decode_left=spec.decode_budget)
+    while len(m.steps) < spec.max_steps and draw(st.integers(0, 5)) != 0:
+        m.steps.extend(draw(_step(m)))
+    return Program(tuple(roots), tuple(m.steps[: spec.max_steps + 1]))

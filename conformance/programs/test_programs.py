@@ -1,0 +1,119 @@
+"""Randomized request programs against each cell's server, judged after every step.
+
+``pytest conformance/programs -m programs --budget premerge --seed 0`` (or
+``hybrid-conformance fuzz``): per cell, hypothesis draws programs (``strategies``), each
+is played on the cell's one server (``endpoint``) and every answer is re-computed on the
+model's cache-off twin (``bind``).  A finding is shrunk, written as a replayable JSON
+file, and the test fails with the finding, the file and the one command that replays it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from concurrent.futures import Future
+from typing import Any, Iterator
+
+import pytest
+
+from conformance.errors import KitError
+from conformance.programs.bind import FAULT_SWITCHES, cold_cell, gen_spec, restart_if_dead, serve_cold, target_for
+from conformance.programs.explore import Exploration, explore, failure_file, parse_budget, replay_command
+from conformance.programs.options import program_options
+from conformance.programs.runner import run_program
+from conformance.records import Verdict
+from conformance.suites import settle
+
+CHECK = "programs"
+pytestmark = [pytest.mark.programs]
+
+
+class ColdTwins:
+    """One cache-off twin per model (and dtype) for the session, started in a thread so it
+    boots while the cell's own server does."""
+
+    def __init__(self, options: Any, log_dir: Any) -> None:
+        self.options, self.log_dir = options, log_dir
+        self._stack = contextlib.ExitStack()
+        self._futures: dict[str, Future] = {}
+        self._lock = threading.Lock()
+
+    def start(self, cell: Any) -> Future:
+        key = cold_cell(cell).id
+        with self._lock:
+            if key not in self._futures:
+                fut: Future = Future()
+                self._futures[key] = fut
+                threading.Thread(target=self._boot, args=(cell, fut), daemon=True).start()
+            return self._futures[key]
+
+    def _boot(self, cell: Any, fut: Future) -> None:
+        try:
+            fut.set_result(self._stack.enter_context(serve_cold(cell, self.options, self.log_dir)))
+        except BaseException as e:  # noqa: BLE001 - handed to the test that waits on it
+            fut.set_exception(e)
+
+    def close(self) -> None:
+        for fut in self._futures.values():
+            with contextlib.suppress(BaseException):
+                fut.result(timeout=900)
+        self._stack.close()
+
+
+@pytest.fixture(scope="session")
+def cold_twins(conformance_options: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ColdTwins]:
+    log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
+    twins = ColdTwins(conformance_options, log_dir)
+    try:
+        yield twins
+    finally:
+        twins.close()
+
+
+@pytest.fixture(scope="session")
+def cold_start(cell: Any, cold_twins: ColdTwins) -> Future:
+    """Starts the cell's cache-off twin before ``endpoint`` boots (fixture order)."""
+    return cold_twins.start(cell)
+
+
+def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = "", replay: str = "", file: str = "") -> Verdict:
+    metrics: dict[str, Any] = {
+        "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": ex.requests, "hits": ex.hits,
+        "compared_tokens": ex.compared_tokens, "idle_checks": ex.idle_checks, "restarts": ex.restarts, "seed": seed,
+    }
+    details: dict[str, Any] = {"budget": budget}
+    if ex.finding is not None:
+        f = ex.finding
+        metrics.update({"examples_to_failure": f.examples_to_failure, "seconds_to_failure": round(f.seconds_to_failure, 1),
+                        "shrink_runs": f.shrink_runs, "shrunk_steps": f.shrunk_steps})
+        details.update({"failure_file": file, "replay": replay, "program": f.program.summary().splitlines()})
+        return Verdict(CHECK, "fail", metrics, f"{failure}; replay: {replay}", details)
+    if ex.examples == 0:
+        return Verdict(CHECK, "fail", metrics, "no program ran within the budget: nothing was tested", details)
+    if ex.requests == 0:
+        return Verdict(CHECK, "fail", metrics, "the programs sent no request the oracle could judge", details)
+    return Verdict(CHECK, "pass", metrics, "", details)
+
+
+def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: Any, pytestconfig: pytest.Config, conformance_options: Any) -> None:
+    opts = program_options(pytestconfig, conformance_options.report_dir)
+    budget = parse_budget(opts.budget, shrink_s=opts.shrink_s)
+    try:
+        cold = cold_start.result(timeout=900)
+    except KitError as e:
+        pytest.fail(f"cell {cell.id}: the cache-off twin did not start: {e}", pytrace=False)
+    target = target_for(endpoint, cold)
+    db = opts.db_root / endpoint.target / cell.id if opts.db_root else None
+    ex = explore(lambda p: run_program(p, target), gen_spec(endpoint, target), budget, seed=opts.seed, db_dir=db,
+                 ensure_alive=lambda: restart_if_dead(endpoint))
+    failure = replay = path = ""
+    if ex.finding is not None:
+        env = {**cell.env, **{k: v for k, v in os.environ.items() if k in FAULT_SWITCHES and v}}
+        file = failure_file(ex.finding, out_dir=opts.failures_dir, cell=cell.describe(), env=env, target=endpoint.target,
+                            seed=opts.seed, budget=budget)
+        path, failure = str(file), ex.finding.failure.what
+        replay = replay_command(file, endpoint.target, getattr(conformance_options, "dtype", None))
+        restart_if_dead(endpoint)  # leave a serving server to the cell's other tests and its teardown check
+    settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path)))
+

@@ -1,0 +1,275 @@
+"""Request programs without a server: the file format, the generator's validity, budgets,
+and the pure checks the oracle is built from (each shown failing on a seeded defect and
+refusing to pass vacuously)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from conformance.checks.differential import Cold, ServedLogprobs, Tolerance, differential_problems
+from conformance.checks.hit_bounds import (
+    Grid, allowed_hits, branch_candidates, finish_store, key_limit, may_have_evicted, possible_finish_stores, prefill_stores, trie_size,
+)
+from conformance.checks.prefix_oracle import PrefixOracle
+from conformance.errors import KitError
+from conformance.programs.explore import parse_budget
+from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
+from conformance.programs.program import After, Burst, Gate, Options, Program, Root, Send, Stop, Turn, load_program, program_from_json
+from conformance.programs.resolve import cut_position
+from conformance.programs.strategies import GenSpec, programs
+
+SPEC = GenSpec(vocab_size=500, chunk=64, checkpoint_grid=64, track_grid=256, page_size=1, context_len=4096)
+GRID = Grid("extra_buffer", 64, 1, 64, 256)
+
+
+# ------------------------------------------------------------------ the file format
+def test_program_json_round_trip(tmp_path: Path) -> None:
+    p = Program(
+        forest=((3, 4, 5, 6), (4, 9)),
+        steps=(
+            Send("r1", Root(0, 3), (7,), 4, Options(True, "half", 3, False, Stop("r0", 2, "text")), True, 1, Gate("r0", 2)),
+            Send("r2", After("r1", "track-1"), (), 2),
+            Burst("b3", Root(1, 2), ((1,), (2,)), 1),
+            Turn("s1", "t4", (5, 6), 3, "t1", True, "half", True, True, None),
+        ),
+        cell={"id": "x"}, env={"HYBRID_CONFORMANCE_FAULT": "double_free"},
+    )
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(p.to_json()))
+    assert load_program(path) == p
+    assert "send rid=r1" in p.summary() and "<1 tokens>" in p.summary()
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"version": 2}, "not a version-1"),
+    ({"version": 1, "steps": [{"op": "teleport"}]}, "unknown step"),
+    ({"version": 1, "forest": [[1, -2]]}, "list of token ids"),
+    ({"version": 1, "steps": [{"op": "send", "rid": "r", "base": {"rid": "x", "cut": "middle"}}]}, "unknown cut"),
+    ({"version": 1, "steps": [{"op": "send"}]}, "bad send step"),
+])
+def test_bad_program_files_are_one_line(bad: dict, why: str) -> None:
+    with pytest.raises(KitError, match=why) as err:
+        program_from_json(bad)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_program_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(KitError, match="does not exist"):
+        load_program(tmp_path / "nope.json")
+
+
+@pytest.mark.parametrize("text, examples, seconds", [("premerge", None, 25.0), ("40", 40, None), ("90s", None, 90.0), ("5m", None, 300.0)])
+def test_budget_parses(text: str, examples: int | None, seconds: float | None) -> None:
+    b = parse_budget(text)
+    assert (b.examples, b.seconds) == (examples, seconds)
+
+
+@pytest.mark.parametrize("text", ["", "0", "-3", "soon", "10h"])
+def test_bad_budget_is_one_line(text: str) -> None:
+    with pytest.raises(KitError, match="--budget"):
+        parse_budget(text)
+
+
+# ------------------------------------------------------------------ the generator
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(programs(SPEC))
+def test_generated_programs_are_valid_and_replayable(p: Program) -> None:
+    assert program_from_json(json.loads(p.dumps())) == p
+    sent: set[str] = set()
+    open_sessions: dict[str, bool] = {}
+    total_new = 0
+    for step in p.steps:
+        if isinstance(step, Send):
+            assert step.rid not in sent
+            if isinstance(step.base, After):
+                assert step.base.rid in sent
+            if step.gate:
+                assert step.gate.rid in sent
+            if step.abort_at is not None:
+                assert step.stream
+            total_new += 0 if step.overflow or step.max_new > 2 * SPEC.track_grid else step.max_new
+            sent.add(step.rid)
+        elif isinstance(step, Burst):
+            assert 2 <= len(step.suffixes) <= SPEC.max_burst
+            sent.update(step.rids())
+        elif isinstance(step, Turn):
+            assert step.sid in open_sessions
+            if step.parent:
+                assert not open_sessions[step.sid] and step.parent in sent
+            sent.add(step.rid)
+        elif step.op == "open":
+            open_sessions[step.sid] = step.streaming
+        elif step.op == "flush":
+            assert True
+    assert total_new <= SPEC.decode_budget + 12 * len(p.steps)
+    assert all(len(r) <= SPEC.max_root_len for r in p.forest)
+
+
+def test_interesting_lengths_straddle_the_grids() -> None:
+    lengths = SPEC.interesting_lengths()
+    for n in (63, 64, 65, 255, 256, 257, 511, 512, 513):
+        assert n in lengths
+
+
+@pytest.mark.parametrize("cut, expect", [("all", 600), ("prompt", 300), ("track", 512), ("track-1", 511), ("track+1", 513),
+                                         ("chunk", 576), ("chunk+1", 577), ("half", 300)])
+def test_cut_positions(cut: str, expect: int) -> None:
+    assert cut_position(cut, 600, 300, GRID) == expect
+
+
+def test_cut_before_any_boundary_falls_back_to_all() -> None:
+    assert cut_position("track", 100, 50, GRID) == 100
+
+
+# ------------------------------------------------------------------ differential check
+def _cold(start: int, tokens: list[int], best: list[float], chosen: list[float]) -> Cold:
+    return Cold(start, tuple(zip(chosen, tokens)), tuple(((b, 99), (c, t)) for b, c, t in zip(best, chosen, tokens)))
+
+
+def test_differential_passes_identical_and_flags_a_flip() -> None:
+    inp, out = [1, 2, 3], [7, 8]
+    cold = _cold(3, out, [-0.1, -0.2], [-0.1, -0.2])
+    assert differential_problems(inp, out, ServedLogprobs((-0.1, -0.2)), cold, Tolerance()) == []
+    flipped = _cold(3, out, [-0.1, -0.2], [-0.1, -0.9])  # token 8 is not the cold argmax
+    assert "not the cold argmax" in differential_problems(inp, out, ServedLogprobs(), flipped, Tolerance())[0]
+
+
+def test_differential_accepts_a_near_tie_and_catches_a_drift() -> None:
+    inp, out = [1], [7]
+    tie = _cold(1, out, [-0.30000], [-0.30004])
+    assert differential_problems(inp, out, ServedLogprobs(), tie, Tolerance()) == []
+    drift = ServedLogprobs((-0.29,))
+    assert "output logprob 0" in differential_problems(inp, out, drift, _cold(1, out, [-0.3], [-0.3]), Tolerance())[0]
+
+
+def test_differential_checks_input_logprobs_and_alignment() -> None:
+    cold = Cold(0, ((None, 1), (-1.0, 2), (-2.0, 3)), ((), ((-1.0, 2),), ((-2.0, 3),)))
+    ok = ServedLogprobs(input_start=1, input=((-1.0, 2), (-2.0, 3)))
+    assert differential_problems([1, 2, 3], [], ok, cold, Tolerance()) == []
+    bad = ServedLogprobs(input_start=1, input=((-1.0, 2), (-2.5, 3)))
+    assert "input logprob at position 2" in differential_problems([1, 2, 3], [], bad, cold, Tolerance())[0]
+    short = Cold(3, (), ())
+    assert "no logprob" in differential_problems([1, 2, 3], [9], ServedLogprobs(), short, Tolerance())[0]
+
+
+def test_differential_non_exact_uses_topk_kl() -> None:
+    tol = Tolerance.for_mode(False, kl_cap=0.005)
+    cold = Cold(1, ((-0.1, 7),), (((-0.1, 7), (-2.5, 9)),))
+    same = ServedLogprobs((-0.1,), (((-0.1, 7), (-2.5, 9)),))
+    moved = ServedLogprobs((-0.6,), (((-0.6, 7), (-0.8, 9)),))
+    assert differential_problems([1], [7], same, cold, tol) == []
+    assert "top-k KL" in differential_problems([1], [7], moved, cold, tol)[0]
+
+
+# ------------------------------------------------------------------ hit bounds
+def test_allowed_hits_concurrent_and_evicted() -> None:
+    t = tuple(range(300))
+    certain, maybe = {t[:64]}, {t[:128], t[:256], (9,) * 64}
+    assert allowed_hits(t, certain, maybe, limit=299, evicted=False) == {64, 128, 256}
+    assert allowed_hits(t, certain, set(), limit=299, evicted=False) == {64}
+    assert allowed_hits(t, certain, set(), limit=299, evicted=True) == {0, 64}
+    assert allowed_hits(t, {t[:299]}, set(), limit=key_limit(300, 1, logprob_start=100), evicted=False) == {0}
+
+
+def test_key_limit_pages_and_logprob_start() -> None:
+    assert key_limit(300, 64) == 256
+    assert key_limit(300, 1, logprob_start=10) == 10
+    assert key_limit(1, 1) == 0
+
+
+def test_stores_follow_the_prefix_oracle() -> None:
+    """hit_bounds' stores agree with PrefixOracle.record_request for a lone request."""
+    for strategy, page in (("no_buffer", 1), ("extra_buffer", 1), ("extra_buffer", 64), ("extra_buffer_lazy", 1)):
+        g = Grid(strategy, 64, page, 64, math.lcm(64, page, 256))
+        oracle = PrefixOracle(strategy, 64, page, 256)
+        prompt, out = tuple(range(5, 300)), tuple(range(1000, 1230))
+        oracle.record_request(prompt, out)
+        mine = prefill_stores(prompt, {0}, {None}, g) | {finish_store(prompt, out, g)} - {None}
+        assert mine == set(oracle.stored_keys()), strategy
+
+
+def test_branch_candidates_and_irregular_finishes() -> None:
+    prompt = tuple(range(400))
+    other = prompt[:200] + (9,) * 100
+    assert branch_candidates(prompt, {other}, GRID, hit=0) == {None, 192}
+    assert prefill_stores(prompt, {0}, {None, 192}, GRID) == {prompt[:384], prompt[:192]}
+    out = tuple(range(5000, 5130))
+    assert possible_finish_stores(prompt, out, GRID) == {(prompt + out)[:512]}
+
+
+def test_trie_and_eviction_bound() -> None:
+    assert trie_size([(1, 2, 3), (1, 2, 4), (5,)]) == 5
+    common = dict(max_in_flight=2, sessions=0, strategy="extra_buffer", tokens=100, reserved_tokens=10, kv_total=1000.0)
+    assert not may_have_evicted(states=10, mamba_total=66.0, **common)
+    assert may_have_evicted(states=60, mamba_total=66.0, **common)
+    assert may_have_evicted(states=1, mamba_total=None, **common)
+
+
+def _served(rid: str, prompt: tuple, out: tuple, cached: int, sent: int, done: int, **kw) -> Served:
+    resp = {"output_ids": list(out), "meta_info": {"cached_tokens": cached, "prompt_tokens": len(prompt), "finish_reason": {"type": "length"}}}
+    return Served(rid, 0, prompt, len(out), {}, sent, done, response=resp, **kw)
+
+
+def test_hitbook_sequential_exact_and_concurrent_bounds() -> None:
+    limits = Limits(context_len=100000, kv_total=1e6, mamba_total=1000)
+    prompt = tuple(range(10, 330))
+    book = HitBook(GRID, limits)
+    first = _served("a", prompt, (1, 2), 0, 1, 2)
+    follow = _served("b", prompt + (7,) * 5, (3,), 320, 3, 4)
+    wrong = _served("c", prompt + (8,) * 5, (3,), 256, 5, 6)
+    for s in (first, follow, wrong):
+        book.add(s)
+    assert [s.rid for s in book.ready([])] == ["a", "b", "c"]
+    assert book.judge(first) is None
+    assert book.judge(follow) is None
+    assert "allows [320]" in book.judge(wrong)
+    # overlapping requests: either order is allowed
+    book = HitBook(GRID, limits)
+    x = _served("x", prompt, (1,), 0, 1, 4)
+    y = _served("y", prompt + (7,), (1,), 320, 2, 3)
+    for s in (x, y):
+        book.add(s)
+    assert book.ready([3]) == []  # something sent before their answers is still running
+    assert book.judge(y) is None and book.judge(x) is None
+
+
+def test_answer_problems() -> None:
+    limits = Limits(context_len=1000, max_input=990, kv_total=5000)
+    ok = _served("a", (1,) * 10, (2, 3), 0, 1, 2)
+    assert answer_problems(ok, limits) == []
+    refused = Served("b", 0, (1,) * 10, 5, {}, 1, 2, error="Requested token count exceeds")
+    assert "refused although it fits" in answer_problems(refused, limits)[0]
+    big = Served("c", 0, (1,) * 10, 995, {}, 1, 2, error="too long", overflow=True)
+    assert answer_problems(big, limits) == []
+    served_big = _served("d", (1,) * 10, (2,) * 995, 0, 1, 2)
+    assert "does not fit" in answer_problems(served_big, limits)[0]
+    wrong_prompt = _served("e", (1,) * 10, (2,), 0, 1, 2)
+    wrong_prompt.response["meta_info"]["prompt_tokens"] = 11
+    assert "prompt_tokens 11" in answer_problems(wrong_prompt, limits)[0]
+    stray_abort = _served("f", (1,) * 10, (2,), 0, 1, 2)
+    stray_abort.response["meta_info"]["finish_reason"] = {"type": "abort"}
+    assert "refused although it fits" in answer_problems(stray_abort, limits)[0]
+    stray_abort.abort_requested = True
+    assert answer_problems(stray_abort, limits) == []
+
+
+def test_counters_and_log_lines() -> None:
+    assert counter_problems(320, 320.0, 320) == []
+    assert "grew by 0" in counter_problems(320, 0.0, None)[0]
+    assert "log lines count 256" in counter_problems(320, None, 256)[0]
+    text = "Prefill batch. #new-seq: 1, #new-token: 5, #cached-token: 256, x\nDecode batch\nPrefill batch. #new-seq: 2, #new-token: 9, #cached-token: 64,"
+    assert log_cached_tokens(text) == 320
+
+
+def test_idle_problems_allow_session_locks_only() -> None:
+    values = {"sglang:mamba_used_tokens": 1.0, "sglang:kv_used_tokens": 64.0, "hybrid_conformance:mamba_protected": 1.0,
+              "hybrid_conformance:kv_protected": 64.0, "sglang:num_running_reqs": 0.0}
+    assert idle_problems(values, locked={"mamba": 2, "kv": 100}) == []
+    assert any("a lock was not released" in p for p in idle_problems(values, locked={}))
+    leaked = {**values, "sglang:mamba_used_tokens": 3.0}
+    assert any("leaked" in p for p in idle_problems(leaked, locked={"mamba": 2, "kv": 100}))
