@@ -29,6 +29,7 @@ from conformance.targets.sglang_cpu import SGLangCpuTarget
 from conformance.workloads.runners import generate_tokens, output_ids, served_logprobs
 
 STRICT_ENV = "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"
+EXTRA_BUFFER_QWEN = ("qwen3-next", "extra_buffer")
 
 
 def require_sglang() -> None:

@@ -45,6 +45,13 @@ def test_catalogue_has_twelve_or_more_faults_one_module_each() -> None:
     assert all(word in text for word in BUG_CLASSES), [w for w in BUG_CLASSES if w not in text]
 
 
+def test_every_fault_is_first_shown_harmful_by_a_direct_probe() -> None:
+    from test_sglang_fault_probes import PROBES
+    from test_sglang_leak_agreement import FAULT as LEAK_AGREEMENT_FAULT
+
+    assert set(PROBES) | {LEAK_AGREEMENT_FAULT} == set(catalogue.faults())
+
+
 def test_unknown_fault_is_one_line() -> None:
     with pytest.raises(KitError, match=r"HYBRID_CONFORMANCE_SGLANG_FAULT='nope': unknown SGLang fault \(known: session_pingpong_leak, "):
         catalogue.get_fault("nope")
@@ -138,10 +145,10 @@ def test_fired_is_reported_sparsely_from_the_process(tmp_path: Path, monkeypatch
     report = tmp_path / "plugins.jsonl"
     monkeypatch.setenv(activation.REPORT_ENV, str(report))
     monkeypatch.setattr(spec, "_FIRED", {})
-    for _ in range(12):
+    for _ in range(120):
         spec.fired("double_free", slots=1)
     records = [r for r in activation.read_report(report) if r["status"] == "fired"]
-    assert [r["count"] for r in records] == [1, 10] and spec.fire_count("double_free") == 12
+    assert [r["count"] for r in records] == [*range(1, 11), 100] and spec.fire_count("double_free") == 120
     assert all(r["plugin"] == activation.FAULT_PLUGIN and r["fault"] == "double_free" for r in records)
 
 

@@ -77,22 +77,24 @@ def pool_plans() -> dict[str, MutantPlan]:
     return plans
 
 
-def sglang_cpu_plans() -> dict[str, MutantPlan]:
-    """Each real-SGLang fault on the cheapest premerge cell where it can show (its first
-    model family and strategy, with the matrix fault it needs).  Faults of one cell share
-    one selection of suites -- the union of what they need -- so one clean run per cell
-    vouches for all of them; each fault runs its own catching suite first and stops at
-    the first failure."""
+def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPlan]:
+    """Each real-SGLang fault (of ``names``, default all) on the cheapest premerge cell where
+    it can show (its first model family and strategy, with the matrix fault it needs).
+    Faults of one cell share one selection of suites -- the union of what the selected
+    ones need -- so one clean run per cell vouches for all of them; each fault runs its own
+    catching suite first and stops at the first failure."""
     from conformance.sglang_plugins.faults.catalogue import faults
+
+    selected = {n: f for n, f in faults().items() if names is None or n in names}
 
     def cell_of(f) -> tuple[str, str, str]:
         return f.families[0], f.strategies[0], f.cell_fault
 
     needed: dict[tuple[str, str, str], set[str]] = {}
-    for f in faults().values():
+    for f in selected.values():
         needed.setdefault(cell_of(f), set()).update(f.suites)
     plans = {}
-    for name, f in faults().items():
+    for name, f in selected.items():
         model, strategy, cell_fault = cell_of(f)
         union = needed[(model, strategy, cell_fault)]
         suites = tuple(f.suites) + tuple(s for s in ("kl", "prefix_branching", "leaks", "gsm8k") if s in union and s not in f.suites)

@@ -171,6 +171,8 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
     elif fast:
         keep = {"reference": FAST_REFERENCE, "pool": FAST_POOL, "sglang-cpu": FAST_SGLANG_CPU}[target]
         plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in keep}
+    if target == "sglang-cpu":  # a cell runs only the suites the selected faults need
+        plans = sglang_cpu_plans(tuple(plans))
     report_dir.mkdir(parents=True, exist_ok=True)
 
     clean_rows = []

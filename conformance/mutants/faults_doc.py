@@ -46,7 +46,8 @@ def render() -> str:
             "hooks registered through SGLang's own `HookRegistry` by the kit's general plugin `hybrid_conformance_faults`, "
             "in the scheduler process of the servers the kit launches, when `HYBRID_CONFORMANCE_SGLANG_FAULT=<name>` "
             "is set (one module per fault in `conformance/sglang_plugins/faults/`; each hook proves it took effect and "
-            "reports when it fires). Scored with `hybrid-conformance mutants --target sglang-cpu`; each is first shown "
+            "reports when it fires). Scored with `hybrid-conformance mutants --target sglang-cpu` (one real SGLang server "
+            "per run; the CI subset is `hybrid-conformance mutants --target sglang-cpu --fast`); each is first shown "
             "harmful by a direct probe in `tests/test_sglang_fault_probes.py`",
             sglang_faults(),
         ),

@@ -9,7 +9,7 @@ untouched.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired, suppressed_frees
+from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, call_losing_frees
 
 NAME = "abort_leak"
 TARGET = "sglang.srt.mem_cache.common.release_kv_cache"
@@ -21,11 +21,7 @@ def release_forgetting_aborts(original, req, tree_cache, *args, **kwargs):
     allocator = getattr(tree_cache.req_to_token_pool, "mamba_allocator", None)
     if allocator is None or not isinstance(req.finished_reason, FINISH_ABORT):
         return original(req, tree_cache, *args, **kwargs)
-    with suppressed_frees(allocator) as frees:
-        result = original(req, tree_cache, *args, **kwargs)
-    if frees.lost:
-        fired(NAME, slots=frees.lost)
-    return result
+    return call_losing_frees(NAME, allocator, original, req, tree_cache, *args, **kwargs)
 
 
 FAULT = SGLangFault(

@@ -9,18 +9,14 @@ off, so the old slot leaves the request but never returns to the pool.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired, suppressed_frees
+from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, call_losing_frees
 
 NAME = "lazy_slot_not_returned"
 TARGET = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor.mamba_lazy_post_decode_at_boundary"
 
 
 def post_decode_without_free(original, processor, req, batch, track_idx):
-    with suppressed_frees(batch.req_to_token_pool.mamba_allocator) as frees:
-        result = original(processor, req, batch, track_idx)
-    if frees.lost:
-        fired(NAME, slots=frees.lost)
-    return result
+    return call_losing_frees(NAME, batch.req_to_token_pool.mamba_allocator, original, processor, req, batch, track_idx)
 
 
 FAULT = SGLangFault(

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 HOOK_TYPES = ("before", "after", "around", "replace")
-#: Firings written to the plugin report: the first, then every power of ten.
-_REPORTED = {1, 10, 100, 1000, 10000}
+#: Firings written to the plugin report: the first ten, then every power of ten.
+_REPORTED = set(range(1, 11)) | {100, 1000, 10000}
 _FIRED: dict[str, int] = {}
 
 
@@ -120,6 +120,16 @@ def selected() -> str | None:
 def plan_arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:
     """Argument ``name`` (position ``index``) of a hooked call, however it was passed."""
     return kwargs[name] if name in kwargs else args[index]
+
+
+def call_losing_frees(name: str, allocator: Any, original: Callable, *args: Any, **kwargs: Any) -> Any:
+    """``original(*args, **kwargs)`` with the mamba allocator's frees lost; fires ``name``
+    (with the slot count) when something was lost."""
+    with suppressed_frees(allocator) as frees:
+        result = original(*args, **kwargs)
+    if frees.lost:
+        fired(name, slots=frees.lost)
+    return result
 
 
 class suppressed_frees:
