@@ -231,14 +231,6 @@ def decode_across_boundary_then_idle(client: SGLangClient) -> dict[str, float]:
     return fresh_idle_metrics(client)
 
 
-def burst_on_cached_prefix_then_idle(client: SGLangClient, n: int = 24) -> dict[str, float]:
-    """More requests than the mamba pool holds, all matching one cached (locked) prefix."""
-    (prefix,) = prompts((133,), seed=4)
-    generate_tokens(client, [prefix], 1)
-    generate_tokens(client, [prefix + tail(2, f"burst:{i}") for i in range(n)], 12)
-    return fresh_idle_metrics(client)
-
-
 def batched_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     warm = prompts(BATCH_LENGTHS, seed=1)
     return hit_vs_cold(client, [warm], [p + tail(5, f"b{i}") for i, p in enumerate(warm)])
@@ -270,3 +262,12 @@ def branch_cached_tokens(client: SGLangClient) -> tuple[int, int]:
     (resp,) = generate_tokens(client, [shared + tail(60, "ct:b")], 1)
     client.flush_cache()
     return int(resp["meta_info"].get("cached_tokens", 0)), len(shared)
+
+
+def hits_then_idle(client: SGLangClient) -> dict[str, float]:
+    """Warm a batch, serve cache hits on it, then the pools at idle before any flush."""
+    client.flush_cache()
+    warm = prompts(BATCH_LENGTHS, seed=7)
+    generate_tokens(client, warm, 0)
+    generate_tokens(client, [p + tail(5, f"h{i}") for i, p in enumerate(warm)], 4)
+    return fresh_idle_metrics(client)

@@ -23,11 +23,11 @@ from sglang_cpu_probes import (
     batched_prefill_hits,
     branch_cached_tokens,
     branch_point_hit,
-    burst_on_cached_prefix_then_idle,
     cell_for,
     decode_across_boundary_then_idle,
     decode_hits,
     grid_prefill_hits,
+    hits_then_idle,
     probe_server,
     streaming_session_then_idle,
     summary,
@@ -65,7 +65,7 @@ PROBES: dict[str, Probe] = {
     "lazy_slot_not_returned": Probe(LAZY, used(decode_across_boundary_then_idle), lambda n: n >= 2),
     "double_free": Probe(EXTRA, used(batch_then_idle), lambda n: n <= -4),
     "abort_leak": Probe(EXTRA, used(aborted_decode_then_idle), lambda n: n >= 1),
-    "evict_locked_node": Probe(EXTRA, lambda c: idle_invariant(burst_on_cached_prefix_then_idle(c)), bool),
+    "evict_locked_node": Probe(EXTRA, used(hits_then_idle), lambda n: n <= -4),
     # states: a cache hit against the same request served cold
     "cow_skipped": Probe(EXTRA, batched_prefill_hits, lambda rows: len(diverged(rows)) == len(rows)),
     "state_drift": Probe(EXTRA, batched_prefill_hits, lambda rows: bool(diverged(rows))),
@@ -105,10 +105,10 @@ def test_control_extra_buffer_clean(tmp_path: Path) -> None:
     cached_tokens is the mamba-floored hit."""
     with _clean(EXTRA, tmp_path) as s:
         c = s.client
-        idle = [batch_then_idle(c), streaming_session_then_idle(c), aborted_decode_then_idle(c), burst_on_cached_prefix_then_idle(c)]
+        idle = [batch_then_idle(c), streaming_session_then_idle(c), aborted_decode_then_idle(c), hits_then_idle(c)]
         hits = batched_prefill_hits(c) + grid_prefill_hits(c) + branch_point_hit(c) + decode_hits(c)
         reported = branch_cached_tokens(c)
-    assert [v[MAMBA_GAUGE] for v in idle] == [0, 0, 0, 0] and not any(idle_invariant(v) for v in idle), idle
+    assert [v[MAMBA_GAUGE] for v in idle] == [0] * len(idle) and not any(idle_invariant(v) for v in idle), idle
     assert all(r.cached_tokens > 0 for r in hits) and not diverged(hits), summary(hits)
     assert reported == (0, 200)
 

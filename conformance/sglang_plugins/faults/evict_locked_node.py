@@ -1,11 +1,12 @@
-"""``evict_locked_node``: mamba eviction ignores lock references and evicts the state of a
-radix node that a running request holds locked.
+"""``evict_locked_node``: the mamba state of a radix node is evicted -- its slot returned to
+the allocator -- while a request holds the node locked, and the tree keeps referencing it.
 
-Hooks SGLang's ``UnifiedLRUList.get_prev_no_lock`` and ``UnifiedLRUList.cursor_next``
-(AROUND), the two LRU walks the mamba eviction uses (plain, and with session-aware
-caching): for the mamba component's list, the first real node the walk reaches is
-treated as unlocked even when its lock reference is held, so eviction frees its slot
-under the running request; the lock's protected-size accounting is left behind.
+Hooks SGLang's ``UnifiedRadixCache.lock`` (AFTER): when a request locks the node its hit
+matched, that node's mamba slot is freed once, as an eviction that ignored the lock and
+did not detach the state would.  The slot is then both free and cached (counted twice,
+and free to be handed to another request before the hit's copy-on-write reads it); the
+tree frees it again when the node goes.  (SGLang 0.5.23 runs the Rust tree core here,
+whose LRU walks the kit cannot hook; the lock is the Python-side entry it can.)
 """
 
 from __future__ import annotations
@@ -13,59 +14,32 @@ from __future__ import annotations
 from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
 
 NAME = "evict_locked_node"
-LRU = "sglang.srt.mem_cache.unified_cache.unified_tree_core.UnifiedLRUList"
-PREV_TARGET = LRU + ".get_prev_no_lock"
-CURSOR_TARGET = LRU + ".cursor_next"
+TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.lock"
+_EVICTED: set[int] = set()
 
 
-def _is_mamba(lru) -> bool:
+def evict_under_lock(lock, cache, node_id, *args, **kwargs):
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
-    return lru.component_type == ComponentType.MAMBA
-
-
-def _first_real(lru, start):
-    """The first node before ``start`` that is not one of the list's sentinels."""
-    pt, x = lru._pt, start.lru_prev[lru._pt]
-    while x is lru.mid or x is lru.cursor:
-        x = x.lru_prev[pt]
-    return None if x is lru.head else x
-
-
-def _walk_unlocked(original, lru, start, *args, **kwargs):
-    victim = _first_real(lru, start) if _is_mamba(lru) else None
-    data = victim.component_data[lru.component_type] if victim is not None else None
-    held = data.lock_ref if data is not None and data.value is not None else 0
-    if not held:
-        return original(lru, *args, **kwargs)
-    data.lock_ref = 0  # the walk sees the node as unlocked
-    try:
-        found = original(lru, *args, **kwargs)
-    finally:
-        data.lock_ref = held
-    if found is victim:
-        fired(NAME, lock_ref=held)
-    return found
-
-
-def prev_ignoring_lock(original, lru, node, *args, **kwargs):
-    return _walk_unlocked(original, lru, node, node, *args, **kwargs)
-
-
-def cursor_ignoring_lock(original, lru, *args, **kwargs):
-    if kwargs.get("host_lock") or lru.cursor is None:
-        return original(lru, *args, **kwargs)
-    return _walk_unlocked(original, lru, lru.cursor, *args, **kwargs)
+    if lock is None or not cache.supports_mamba():
+        return lock
+    value = cache.tree_core.get_component_device_value(node_id, ComponentType.MAMBA)
+    if value is None or int(value.reshape(-1)[0]) in _EVICTED:
+        return lock
+    _EVICTED.add(int(value.reshape(-1)[0]))
+    cache.req_to_token_pool.mamba_allocator.free(value.reshape(-1).clone())
+    fired(NAME, slot=int(value.reshape(-1)[0]))
+    return lock
 
 
 FAULT = SGLangFault(
     NAME,
-    "Mamba eviction walks past lock references: the state of a radix node that a running "
-    "request holds locked is evicted (its slot freed) under the request, and the lock's "
-    "protected-size accounting is left behind.",
-    "lock_ref handling of the mamba eviction path (evicting a locked node)",
-    "protected mamba state at idle (hybrid_conformance:mamba_protected > 0), or a scheduler "
-    "that dies on SGLang's tree sanity check; hits on the evicted prefix are lost",
-    (Hook(PREV_TARGET, "around", prev_ignoring_lock), Hook(CURSOR_TARGET, "around", cursor_ignoring_lock)),
-    suites=("leaks",),
+    "When a request locks the radix node its hit matched, the node's mamba state is evicted "
+    "anyway (its slot freed) while the tree keeps referencing it: the slot is counted twice, "
+    "can be handed to another request before the hit copies from it, and is freed again "
+    "when the node goes.",
+    "lock_ref handling of the mamba eviction path (evicting a locked node without detaching it)",
+    "sglang:mamba_used_tokens < 0 at idle (a slot counted twice); SGLang's strict idle check logs 'memory leak detected'",
+    (Hook(TARGET, "after", evict_under_lock),),
+    suites=("leaks", "kl"),  # the kl suite's hits lock cached nodes; the leak checks read the pools after every scenario
 )
