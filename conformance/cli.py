@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     mut.add_argument("--only", help="comma list of fault names")
     mut.add_argument("--report-dir", default="reports/mutants")
     mut.add_argument("--fast", action="store_true", help="the CI subset")
+    mut.add_argument("--programs", metavar="BUDGET", help="also run the request programs per fault with this budget (premerge, nightly, N, Ns)")
+    mut.add_argument("--programs-only", action="store_true", help="only the request programs (no scripted suites)")
+    mut.add_argument("--seed", type=int, default=0, help="request-program seed (default: %(default)s)")
 
     fuzz = sub.add_parser("fuzz", help="randomized request programs per cell (the programs suite) under a budget")
     _add_selection(fuzz, default_target="reference")
@@ -262,7 +265,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_mutants(args: argparse.Namespace) -> int:
     from conformance.mutants.command import run_mutants
 
-    return run_mutants(target=args.target, only=args.only, report_dir=Path(args.report_dir), fast=args.fast)
+    if args.programs:
+        from conformance.programs.explore import parse_budget
+
+        parse_budget(args.programs)  # one line before anything starts
+        if args.target == "pool":
+            raise KitError("--programs: the pool tier has no server for request programs; use --target reference or sglang-cpu")
+    return run_mutants(target=args.target, only=args.only, report_dir=Path(args.report_dir), fast=args.fast,
+                       programs=args.programs, seed=args.seed, programs_only=args.programs_only)
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:

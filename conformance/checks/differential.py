@@ -34,7 +34,7 @@ class Tolerance:
 
     exact: bool = True
     tie_eps: float = 1e-4
-    logprob_atol: float = 1e-3
+    logprob_atol: float = 2e-4
     kl_cap: float = 0.005
 
     @classmethod
@@ -103,6 +103,23 @@ def _top_problem(served: Sequence[tuple[float, int]], cold: Sequence[tuple[float
         return None if worst <= tol.logprob_atol else f"top-k logprob off by {worst:.3g}"
     kl = topk_kl(tuple((t, lp) for lp, t in cold), tuple((t, lp) for lp, t in served))
     return None if kl <= tol.kl_cap else f"top-k KL {kl:.3g} > {tol.kl_cap:.3g}"
+
+
+def logprob_gap(input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold) -> float:
+    """The largest |served - cold| logprob over what the server returned (0 when nothing):
+    the noise an exact-mode tolerance must stay above."""
+    gaps = [0.0]
+    base = len(input_ids)
+    for k, lp in enumerate(served.output[: len(output_ids)]):
+        got = _at(cold, base + k)
+        if got is not None and got[0][0] is not None:
+            gaps.append(abs(lp - got[0][0]))
+    if served.input_start is not None:
+        for j, (lp, _tok) in enumerate(served.input):
+            got = _at(cold, served.input_start + j)
+            if lp is not None and got is not None and got[0][0] is not None:
+                gaps.append(abs(lp - got[0][0]))
+    return max(gaps)
 
 
 def differential_problems(

@@ -30,6 +30,7 @@ class MutantPlan:
     stop_at_first: bool = False
     timeout_s: float = 900.0
     fault_env: str = "HYBRID_CONFORMANCE_FAULT"
+    extra_args: tuple[str, ...] = ()  # more pytest arguments (e.g. the programs suite's --budget)
 
 
 EXTRA = MutantPlan("qwen3-next/extra_buffer", models="qwen3-next", strategies="extra_buffer")
@@ -39,10 +40,13 @@ MAMBA2 = MutantPlan("nemotron-h/extra_buffer", models="nemotron-h", strategies="
 PD = MutantPlan("qwen3-next/extra_buffer:disagg", suites=("disagg",), models="qwen3-next", strategies="extra_buffer", fault_env="HYBRID_CONFORMANCE_PD_FAULT")
 
 #: reference fault -> the plan it runs on (faults not listed run on EXTRA).
+NO_BUFFER = MutantPlan("qwen3-next/no_buffer", models="qwen3-next", strategies="no_buffer")
 REFERENCE_CELLS: dict[str, MutantPlan] = {
     "lazy_slot_not_returned": LAZY,
     "lazy_fail_still_inserts": LAZY_FAIL,
     "mamba2_index_misalignment": MAMBA2,
+    "lazy_finish_at_boundary_leak": LAZY,
+    "stop_finish_key_short": NO_BUFFER,
 }
 
 #: The CI subset: one fault per check kind that must catch it.

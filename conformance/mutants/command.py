@@ -69,6 +69,7 @@ def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
         if value:
             argv.append(f"{flag}={value}")
     argv.append("--timeout=600")
+    argv += list(plan.extra_args)
     return argv
 
 
@@ -159,7 +160,8 @@ def _judge_sglang(plan: MutantPlan, fault: str | None, by: list[str], code: int,
     return Outcome(fault, bool(by) or code != 0, by, seconds, code, fired)
 
 
-def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None) -> int:
+def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None,
+                programs: str | None = None, seed: int = 0, programs_only: bool = False) -> int:
     console = console or Console(width=200)
     plans = {"reference": reference_plans, "pool": pool_plans, "sglang-cpu": sglang_cpu_plans}[target]()
     if only:
@@ -174,6 +176,12 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
     if target == "sglang-cpu":  # a cell runs only the suites the selected faults need
         plans = sglang_cpu_plans(tuple(plans))
     report_dir.mkdir(parents=True, exist_ok=True)
+    if programs or programs_only:  # scripted suites vs request programs, per fault (conformance/mutants/power.py)
+        from conformance.mutants import power
+
+        budget = programs or "premerge"
+        clean, rows = power.measure(plans, budget=budget, seed=seed, report_dir=report_dir, programs_only=programs_only)
+        return power.render(target, budget, seed, clean, rows, console)
 
     clean_rows = []
     clean_ok = True

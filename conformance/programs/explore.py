@@ -95,6 +95,7 @@ class Exploration:
     hits: int = 0
     compared_tokens: int = 0
     idle_checks: int = 0
+    max_logprob_gap: float = 0.0
     restarts: int = 0
     finding: Finding | None = None
     replayed_from_db: bool = False
@@ -205,6 +206,7 @@ def explore(
             out.hits += s.hits
             out.compared_tokens += s.compared_tokens
             out.idle_checks += s.idle_checks
+            out.max_logprob_gap = max(out.max_logprob_gap, s.max_logprob_gap)
     return out
 
 

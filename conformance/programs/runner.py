@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.checks.differential import Tolerance, cold_from_meta, differential_problems, served_logprobs
+from conformance.checks.differential import Tolerance, cold_from_meta, differential_problems, logprob_gap, served_logprobs
 from conformance.checks.hit_bounds import Grid
 from conformance.checks.leaks import scan_log
 from conformance.client import SGLangClient
@@ -67,6 +67,7 @@ class RunStats:
     idle_checks: int = 0
     steps: int = 0
     seconds: float = 0.0
+    max_logprob_gap: float = 0.0  # largest |served - cold| logprob seen (exact mode: the noise)
 
 
 class ProgramRun:
@@ -304,7 +305,10 @@ class ProgramRun:
         out = out if isinstance(out, list) else [out]
         for (s, start, served_start), resp in zip(todo, out):
             cold = cold_from_meta(resp.get("meta_info", {}), start)
-            problems = differential_problems(s.input_ids, s.output_ids, served_logprobs(s.meta, served_start), cold, self.t.tol)
+            served = served_logprobs(s.meta, served_start)
+            problems = differential_problems(s.input_ids, s.output_ids, served, cold, self.t.tol)
+            if not problems:
+                self.stats.max_logprob_gap = max(self.stats.max_logprob_gap, logprob_gap(s.input_ids, s.output_ids, served, cold))
             self.stats.compared_tokens += len(s.output_ids)
             if problems:
                 hit = f"cached_tokens {s.cached_tokens}"

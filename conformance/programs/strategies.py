@@ -110,12 +110,12 @@ def _base(draw, m: _Model, follow: bool):
 @st.composite
 def _options(draw, m: _Model, rich: bool) -> Options:
     if not rich:
-        return Options(return_logprob=draw(st.booleans()))
+        return Options(return_logprob=draw(st.sampled_from((True, True, True, False))))
     stop = None
     if m.sent and draw(st.integers(0, 2)) == 0:
         stop = Stop(draw(st.sampled_from(m.sent[::-1])), draw(st.integers(0, 7)), draw(st.sampled_from(("token", "text"))))
     return Options(
-        return_logprob=draw(st.booleans()),
+        return_logprob=draw(st.sampled_from((True, True, True, False))),
         logprob_start=draw(st.sampled_from(LOGPROB_STARTS)),
         top_logprobs_num=draw(st.sampled_from((0, 1, 3))),
         ignore_eos=stop is None and draw(st.booleans()),

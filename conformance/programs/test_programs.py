@@ -81,6 +81,7 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
     metrics: dict[str, Any] = {
         "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": ex.requests, "hits": ex.hits,
         "compared_tokens": ex.compared_tokens, "idle_checks": ex.idle_checks, "restarts": ex.restarts, "seed": seed,
+        "max_logprob_gap": ex.max_logprob_gap,
     }
     details: dict[str, Any] = {"budget": budget}
     if ex.finding is not None:

@@ -62,14 +62,14 @@ PROGRAM_FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "one mamba slot leaked per such request: sglang:mamba_used_tokens > 0 at idle",
     ),
     FaultSpec(
-        "stop_finish_overrun",
+        "stop_finish_key_short",
         "no_buffer: a request finished by a stop condition (a stop token, a stop string, "
-        "EOS) is inserted under a key one token longer than its state: the last output "
-        "token, never fed, is counted as computed.",
-        "the committed length at a stop finish (kv_committed_len vs the matched stop token)",
+        "EOS) is inserted under a key one token shorter than its state: the matched stop "
+        "token is dropped from the key but the state has consumed the token before it.",
+        "the committed length at a stop finish (kv_committed_len trimmed for the matched stop)",
         "slots.SlotKeeper._finished_checkpoint",
-        "a follow-up of the stopped request's prompt + output hits one token too far: "
-        "cached_tokens past the committed length, outputs differ from cold",
+        "a follow-up of the stopped request's prompt + output hits one token short of the "
+        "state: cached_tokens the oracle does not allow, outputs differ from cold",
     ),
     FaultSpec(
         "session_abort_continues",

@@ -193,8 +193,8 @@ class SlotKeeper:
     def _finished_checkpoint(self, req: Req) -> tuple[int, Snapshot | None]:
         f = self.engine.faults
         if self.strategy == "no_buffer":
-            overrun = f.active("stop_finish_overrun") and (req.finish_reason or {}).get("type") == "stop" and req.output_ids
-            return req.state.seq_len + bool(overrun), Snapshot(req.working_slot, req.state, req.last_row)
+            short = f.active("stop_finish_key_short") and (req.finish_reason or {}).get("type") == "stop" and req.output_ids
+            return req.state.seq_len - bool(short), Snapshot(req.working_slot, req.state, req.last_row)
         if req.last_track_seqlen is None or req.last_track_idx not in req.track:
             return 0, None
         older = 1 - req.last_track_idx

@@ -1,0 +1,113 @@
+"""Measured power: per seeded fault, did the scripted suites catch it, the random request
+programs, or both -- and how many programs (and seconds) the programs needed.
+
+``hybrid-conformance mutants --programs BUDGET [--seed N] [--programs-only]``: for each
+fault the usual scripted plan runs (unless ``--programs-only``), then the programs suite
+(``conformance/programs``) on the same cell with the budget and seed and no hypothesis
+database (a remembered failure would make the count meaningless).  Caught by programs =
+the ``programs`` check of that run failed; its ``examples_to_failure`` and
+``seconds_to_failure`` are the numbers reported.  Both clean runs must pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from conformance.mutants.catalogue import MutantPlan
+from conformance.mutants.command import Outcome, run_plan
+
+#: Per-test timeout of a programs run: the budget, shrinking and two server starts.
+PROGRAMS_TIMEOUT_S = 3600
+
+
+@dataclass
+class Power:
+    name: str
+    scripted: Outcome | None
+    programs: Outcome
+    examples: int | None = None
+    seconds: float | None = None
+    programs_reason: str = ""
+
+    @property
+    def caught_by(self) -> str:
+        s = bool(self.scripted and self.scripted.caught)
+        p = self.programs_caught
+        return {(True, True): "both", (True, False): "scripted", (False, True): "programs", (False, False): "neither"}[(s, p)]
+
+    @property
+    def programs_caught(self) -> bool:
+        return self.examples is not None
+
+
+def programs_plan(plan: MutantPlan, *, budget: str, seed: int) -> MutantPlan:
+    """The same cell as ``plan``, with the programs suite instead of the scripted ones."""
+    return dataclasses.replace(
+        plan, key=f"{plan.key}:programs", suites=("programs",), stop_at_first=True, timeout_s=PROGRAMS_TIMEOUT_S + 300,
+        extra_args=(f"--budget={budget}", f"--seed={seed}", "--program-db=none", f"--timeout={PROGRAMS_TIMEOUT_S}"),
+    )
+
+
+def programs_finding(report_dir: Path) -> tuple[int | None, float | None, str]:
+    """(examples to failure, seconds to failure, reason) of a programs run's verdict."""
+    path = report_dir / "report.json"
+    if not path.exists():
+        return None, None, "no report.json"
+    for cell in json.loads(path.read_text()).get("cells", []):
+        v = cell.get("checks", {}).get("programs")
+        if v is None:
+            continue
+        m = v.get("metrics", {})
+        if v.get("status") == "fail" and m.get("examples_to_failure") is not None:
+            return int(m["examples_to_failure"]), float(m.get("seconds_to_failure") or 0.0), v.get("reason", "")
+        return None, None, v.get("reason") or f"{m.get('examples')} programs, {m.get('seconds')}s: nothing found"
+    return None, None, "no programs verdict"
+
+
+def measure(plans: dict[str, MutantPlan], *, budget: str, seed: int, report_dir: Path, programs_only: bool = False) -> tuple[list[tuple[str, Outcome]], list[Power]]:
+    """Clean runs (scripted and programs, once per cell) then every fault both ways."""
+    clean: list[tuple[str, Outcome]] = []
+    cells = {p.key: p for p in plans.values()}
+    for plan in cells.values():
+        if not programs_only:
+            clean.append((plan.key, run_plan(plan, None, report_dir)))
+        pp = programs_plan(plan, budget=budget, seed=seed)
+        clean.append((pp.key, run_plan(pp, None, report_dir)))
+    rows = []
+    for name, plan in plans.items():
+        scripted = None if programs_only else run_plan(plan, name, report_dir)
+        pp = programs_plan(plan, budget=budget, seed=seed)
+        prog = run_plan(pp, name, report_dir)
+        examples, seconds, reason = programs_finding(report_dir / name / pp.key)
+        rows.append(Power(name, scripted, prog, examples, seconds, reason))
+    return clean, rows
+
+
+def render(target: str, budget: str, seed: int, clean: list[tuple[str, Outcome]], rows: list[Power], console: Console) -> int:
+    table = Table(title=f"mutants: target={target}, scripted suites vs request programs (budget {budget}, seed {seed})")
+    for col in ("fault", "scripted", "programs", "caught by", "examples to failure", "seconds to failure"):
+        table.add_column(col)
+    clean_ok = True
+    for key, out in clean:
+        clean_ok &= not out.caught
+        table.add_row(escape(f"clean [{key}]"), "", "[green]passes[/]" if not out.caught else f"[red]FAILS: {escape('; '.join(out.by[:2]))}[/]", "", "", f"{out.seconds:.0f}s")
+    for r in rows:
+        scripted = "-" if r.scripted is None else ("[green]caught[/]" if r.scripted.caught else "[red]missed[/]")
+        programs = "[green]caught[/]" if r.programs_caught else f"[red]missed[/]: {escape(r.programs_reason[:60])}"
+        table.add_row(escape(r.name), scripted, programs, r.caught_by, "-" if r.examples is None else str(r.examples),
+                      "-" if r.seconds is None else f"{r.seconds:.0f}")
+    console.print(table)
+    by_programs = sum(r.programs_caught for r in rows)
+    by_scripted = sum(bool(r.scripted and r.scripted.caught) for r in rows)
+    if not clean_ok:
+        console.print("a clean run failed: the scores are void")
+    console.print(f"programs caught {by_programs}/{len(rows)}; scripted caught {by_scripted}/{len(rows) if rows and rows[0].scripted else 0}; "
+                  f"only programs: {sum(r.caught_by == 'programs' for r in rows)}, only scripted: {sum(r.caught_by == 'scripted' for r in rows)}")
+    return 0 if clean_ok and by_programs == len(rows) else 1

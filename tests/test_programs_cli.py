@@ -1,0 +1,117 @@
+"""docs/fuzzing.md's commands, run as typed through the console script (reference target;
+the sglang-cpu one starts real SGLang), and the suite's refusal to pass vacuously."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conformance.programs.explore import Exploration, Finding
+from conformance.programs.program import Program
+from conformance.programs.runner import ProgramFailure
+from conformance.programs.test_programs import programs_verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "fuzzing.md"
+FILE = "tests/data/programs/underreport.json"
+
+FUZZ_REF = "hybrid-conformance fuzz --models qwen3-next --strategies extra_buffer --tier premerge --budget 4 --seed 0"
+PYTEST = "pytest conformance/programs -m programs --models qwen3-next --strategies no_buffer --tier premerge --budget 4 --seed 7"
+REPLAY = f"hybrid-conformance replay {FILE} --target reference"
+REPLAY_CLEAN = f"hybrid-conformance replay {FILE} --target reference --no-recorded-env"
+REPLAY_TWICE = f"hybrid-conformance replay {FILE} --target reference --repeat 2"
+MUTANTS = "hybrid-conformance mutants --programs 8 --programs-only --only cached_tokens_underreport"
+FUZZ_SGLANG_CPU = "hybrid-conformance fuzz --target sglang-cpu --models qwen3-next --strategies extra_buffer_lazy --tier premerge --budget 4 --seed 0"
+TESTED = {FUZZ_REF, PYTEST, REPLAY, REPLAY_CLEAN, REPLAY_TWICE, MUTANTS, FUZZ_SGLANG_CPU}
+
+
+def doc_commands() -> set[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S)
+    return {line.strip() for b in blocks for line in b.splitlines() if line.strip() and not line.startswith("#")}
+
+
+def sh(command: str, cwd: Path, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` as typed (console scripts from PATH; this checkout first on PYTHONPATH)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    for k in ("HYBRID_CONFORMANCE_FAULT", "HYBRID_CONFORMANCE_SGLANG_FAULT"):
+        env.pop(k, None)
+    argv = command.split()
+    assert shutil.which(argv[0]), f"{argv[0]} is not on PATH"
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_documented_command_is_tested() -> None:
+    assert doc_commands() == TESTED
+
+
+def _programs_check(report: Path) -> dict:
+    data = json.loads(report.read_text())
+    (cell,) = data["cells"]
+    return cell["checks"]["programs"]
+
+
+def test_fuzz_as_typed(tmp_path: Path) -> None:
+    out = sh(FUZZ_REF, tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    check = _programs_check(tmp_path / "reports" / "fuzz" / "report.json")
+    assert check["status"] == "pass" and check["metrics"]["examples"] == 4 and check["metrics"]["seed"] == 0
+    assert "programs" in out.stdout
+
+
+def test_pytest_suite_as_typed() -> None:
+    out = sh(PYTEST, ROOT)
+    assert out.returncode == 0, out.stdout[-2000:]
+    assert "1 passed" in out.stdout
+
+
+def test_replay_reproduces_a_finding_and_passes_without_its_fault() -> None:
+    out = sh(REPLAY, ROOT, timeout=600)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "applied the recorded env: HYBRID_CONFORMANCE_FAULT=cached_tokens_underreport" in out.stdout
+    assert "run 1: FAIL at step 3: request r2: cached_tokens 0, the prefix oracle allows [128]" in out.stdout
+    clean = sh(REPLAY_CLEAN, ROOT, timeout=600)
+    assert clean.returncode == 0 and "run 1: PASS" in clean.stdout and "0/1 runs failed" in clean.stdout
+    twice = sh(REPLAY_TWICE, ROOT, timeout=600)
+    assert twice.returncode == 1 and "2/2 runs failed" in twice.stdout
+
+
+def test_replay_bad_input_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 1, "steps": [{"op": "warp"}]}')
+    out = sh(f"hybrid-conformance replay {bad} --target reference", tmp_path, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "unknown step" in out.stderr
+    out = sh("hybrid-conformance fuzz --budget soon", tmp_path, timeout=120)
+    assert out.returncode == 2 and "--budget: expected premerge" in out.stderr
+
+
+def test_mutants_programs_as_typed(tmp_path: Path) -> None:
+    out = sh(MUTANTS, tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "programs caught 1/1" in out.stdout and "cached_tokens_underreport" in out.stdout
+
+
+def test_fuzz_sglang_cpu_as_typed(tmp_path: Path) -> None:
+    out = sh(FUZZ_SGLANG_CPU, tmp_path, timeout=2400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    check = _programs_check(tmp_path / "reports" / "fuzz" / "report.json")
+    assert check["status"] == "pass" and check["metrics"]["examples"] == 4
+
+
+# ------------------------------------------------------------------ the verdict
+def test_verdict_refuses_to_pass_vacuously() -> None:
+    assert programs_verdict(Exploration(), budget="1", seed=0).status == "fail"
+    assert "sent no request" in programs_verdict(Exploration(examples=3), budget="1", seed=0).reason
+    assert programs_verdict(Exploration(examples=3, requests=5), budget="1", seed=0).status == "pass"
+
+
+def test_verdict_of_a_finding_names_file_and_replay() -> None:
+    f = Finding(ProgramFailure(2, "idle invariant: mamba: 1 used at idle", []), Program((), ()), 7, 12.5)
+    v = programs_verdict(Exploration(examples=7, finding=f), budget="premerge", seed=3, failure=f.failure.what,
+                         replay="hybrid-conformance replay x.json --target reference", file="x.json")
+    assert v.status == "fail" and v.metrics["examples_to_failure"] == 7 and "replay: hybrid-conformance replay x.json" in v.reason
