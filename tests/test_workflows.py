@@ -30,7 +30,7 @@ BRIEF_RUN_FLAGS = {
     "--target", "--models", "--strategies", "--faults", "--page-sizes", "--tier", "--report-dir",
     "--sglang-launcher", "--gpus-per-worker", "-n", "-m", "--suite", "--twins",
 }
-SUBCOMMANDS = {"run", "plan", "compare", "mutants", "serve", "make-twins"}
+SUBCOMMANDS = {"run", "plan", "compare", "mutants", "serve", "make-twins", "fuzz", "replay"}
 
 
 def cli_surface() -> tuple[dict[str, set[str]], dict[tuple[str, str], tuple[str, ...]]]:

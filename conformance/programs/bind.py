@@ -45,6 +45,19 @@ def cold_cell(cell: Cell) -> Cell:
     return dataclasses.replace(cell, strategy=NO_BUFFER, page_size=1, track_interval=256, fault=clean, cache_variant=COLD_VARIANT)
 
 
+def prepare_twin(cell: Cell) -> None:
+    """Generate the twin and import its model class in this thread: transformers' lazy
+    module import is not safe when two threads (the cell's server and its twin's) race
+    through it."""
+    import transformers
+
+    from conformance.reference import twins
+
+    spec = twins.load_spec(cell.model.twin)
+    twins.ensure_twin(cell.model.twin)
+    getattr(transformers, spec.architecture)
+
+
 @contextlib.contextmanager
 def serve_cold(cell: Cell, options: Any, log_dir: Path) -> Iterator[Endpoint]:
     from conformance.targets.serving import serve_cell

@@ -51,7 +51,7 @@ PROFILES = {
     "nightly": Budget("nightly", seconds=600.0, size="large", shrink_s=300.0),
 }
 SIZES = {
-    "small": dict(max_steps=12, decode_budget=96, long_decode=False, max_burst=20),
+    "small": dict(max_steps=12, decode_budget=96, long_decode=False, max_burst=26),
     "large": dict(max_steps=18, decode_budget=320, long_decode=True, max_burst=40),
 }
 

@@ -87,7 +87,7 @@ _SUFFIXES = (0, 1, 2, 5, 17, 3, 64, 63, 65)
 _MAX_NEW = (2, 1, 4, 0, 8, 3, 16, 33)
 _KINDS = (
     "send", "send", "followup", "wait", "idle", "followup", "pair", "arrival", "abort",
-    "burst", "session", "session", "options", "overflow", "long", "flush",
+    "burst", "session", "session", "session", "options", "options", "overflow", "long", "flush",
 )
 
 
@@ -126,8 +126,12 @@ def _options(draw, m: _Model, rich: bool) -> Options:
 @st.composite
 def _send(draw, m: _Model, *, follow: bool = False, rich: bool = False, stream: bool | None = None, gate: Gate | None = None,
           abort: bool = False, long: bool = False) -> Send:
-    base = draw(_base(m, follow))
-    suffix = tokens(draw(st.sampled_from(_SUFFIXES)), m.spec, draw(st.integers(0, 2**16)))
+    options = draw(_options(m, rich))
+    if options.stop is not None and draw(st.booleans()):  # the stop request's own prompt: the stop condition fires
+        base, suffix = After(options.stop.rid, "prompt"), ()
+    else:
+        base = draw(_base(m, follow))
+        suffix = tokens(draw(st.sampled_from(_SUFFIXES)), m.spec, draw(st.integers(0, 2**16)))
     if long and not m.long_used:
         m.long_used = True
         max_new = 2 * m.spec.track_grid + draw(st.integers(1, 9))
@@ -140,7 +144,7 @@ def _send(draw, m: _Model, *, follow: bool = False, rich: bool = False, stream: 
         abort_at = draw(st.sampled_from((1, 0, 2, 3, max(1, max_new // 2))))
         streamed = True
     rid = m.rid("r")
-    step = Send(rid, base, suffix, max_new, draw(_options(m, rich)), streamed, abort_at, gate)
+    step = Send(rid, base, suffix, max_new, options, streamed, abort_at, gate)
     m.sent.append(rid)
     if streamed and max_new >= 2 and abort_at is None:
         m.streamed.append(rid)
@@ -166,6 +170,8 @@ def _session_step(draw, m: _Model) -> list[Step]:
         sid = f"s{len(m.sessions) + 1}"
         streaming = draw(st.booleans())
         m.sessions[sid] = {"streaming": streaming, "turns": [], "open": True}
+        if draw(st.integers(0, 2)) == 0:  # a turn, a turn aborted mid-decode, and the turn after it
+            return [Open(sid, streaming), draw(_turn(m, sid, abort=None)), draw(_turn(m, sid, abort=2)), draw(_turn(m, sid, abort=None))]
         return [Open(sid, streaming), draw(_turn(m, sid))]
     sid = draw(st.sampled_from(live))
     if draw(st.integers(0, 4)) == 0:
@@ -175,11 +181,13 @@ def _session_step(draw, m: _Model) -> list[Step]:
 
 
 @st.composite
-def _turn(draw, m: _Model, sid: str) -> Turn:
+def _turn(draw, m: _Model, sid: str, abort: int | None | str = "draw") -> Turn:
     s = m.sessions[sid]
     suffix = tokens(draw(st.sampled_from((5, 1, 17, 64, 130))), m.spec, draw(st.integers(0, 2**16)))
     max_new = m.take_decode(draw(st.sampled_from((3, 1, 8, 16))))
-    abort_at = draw(st.sampled_from((None, None, None, 1, 0)))
+    abort_at = draw(st.sampled_from((None, None, 1, 0, 3))) if abort == "draw" else abort
+    if abort_at is not None:
+        max_new = max(max_new, m.take_decode(12), abort_at + 8)
     rid = m.rid("t")
     stream = draw(st.booleans()) or abort_at is not None
     if s["streaming"]:
@@ -249,8 +257,12 @@ def _step(draw, m: _Model) -> list[Step]:
         rid = m.rid("r")
         m.sent.append(rid)
         return [Send(rid, base, (), 1, Options(), overflow=True)]
-    if kind == "long":
-        return [draw(_send(m, follow=draw(st.booleans()), long=m.spec.long_decode))]
+    if kind == "long":  # a decode across two track boundaries (large programs), then a follow-up at its last track
+        lead = draw(_send(m, follow=draw(st.booleans()), long=m.spec.long_decode))
+        follow = Send(m.rid("r"), After(lead.rid, draw(st.sampled_from(("track", "all", "track+1", "track-1")))),
+                      tokens(draw(st.sampled_from((5, 1, 64))), m.spec, draw(st.integers(0, 2**16))), m.take_decode(4), draw(_options(m, False)))
+        m.sent.append(follow.rid)
+        return [lead, follow]
     if kind == "flush":
         # A flush resets the tree and the free lists under an open streaming session, whose
         # held slots are then counted twice (SGLang 0.5.23's flush_cache checks only running

@@ -9,7 +9,6 @@ file, and the test fails with the finding, the file and the one command that rep
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 from concurrent.futures import Future
@@ -18,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 
 from conformance.errors import KitError
-from conformance.programs.bind import FAULT_SWITCHES, cold_cell, gen_spec, restart_if_dead, serve_cold, target_for
+from conformance.programs.bind import FAULT_SWITCHES, cold_cell, gen_spec, prepare_twin, restart_if_dead, serve_cold, target_for
 from conformance.programs.explore import Exploration, explore, failure_file, parse_budget, replay_command
 from conformance.programs.options import program_options
 from conformance.programs.runner import run_program
@@ -31,34 +30,42 @@ pytestmark = [pytest.mark.programs]
 
 class ColdTwins:
     """One cache-off twin per model (and dtype) for the session, started in a thread so it
-    boots while the cell's own server does."""
+    boots while the cell's own server does.  The thread lives until the session ends: a
+    server the kit starts gets SIGTERM when the thread that started it exits (Linux's
+    parent-death signal follows the thread)."""
 
     def __init__(self, options: Any, log_dir: Any) -> None:
         self.options, self.log_dir = options, log_dir
-        self._stack = contextlib.ExitStack()
         self._futures: dict[str, Future] = {}
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._stop = threading.Event()
 
     def start(self, cell: Any) -> Future:
         key = cold_cell(cell).id
         with self._lock:
             if key not in self._futures:
+                prepare_twin(cell)
                 fut: Future = Future()
                 self._futures[key] = fut
-                threading.Thread(target=self._boot, args=(cell, fut), daemon=True).start()
+                thread = threading.Thread(target=self._serve, args=(cell, fut), name=f"cold twin {key}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
             return self._futures[key]
 
-    def _boot(self, cell: Any, fut: Future) -> None:
+    def _serve(self, cell: Any, fut: Future) -> None:
         try:
-            fut.set_result(self._stack.enter_context(serve_cold(cell, self.options, self.log_dir)))
+            with serve_cold(cell, self.options, self.log_dir) as ep:
+                fut.set_result(ep)
+                self._stop.wait()
         except BaseException as e:  # noqa: BLE001 - handed to the test that waits on it
-            fut.set_exception(e)
+            if not fut.done():
+                fut.set_exception(e)
 
     def close(self) -> None:
-        for fut in self._futures.values():
-            with contextlib.suppress(BaseException):
-                fut.result(timeout=900)
-        self._stack.close()
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=120)
 
 
 @pytest.fixture(scope="session")
