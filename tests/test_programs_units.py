@@ -273,3 +273,72 @@ def test_idle_problems_allow_session_locks_only() -> None:
     assert any("a lock was not released" in p for p in idle_problems(values, locked={}))
     leaked = {**values, "sglang:mamba_used_tokens": 3.0}
     assert any("leaked" in p for p in idle_problems(leaked, locked={"mamba": 2, "kv": 100}))
+
+
+# ------------------------------------------------------------------ exploration (a fake server)
+def _fails_on_burst(p: Program):
+    from conformance.programs.runner import ProgramFailure, RunStats
+
+    if any(isinstance(s, Burst) for s in p.steps):
+        raise ProgramFailure(len(p.steps), "a burst was sent", [])
+    return RunStats(requests=len(p.steps), steps=len(p.steps))
+
+
+def test_explore_finds_shrinks_and_is_deterministic(tmp_path: Path) -> None:
+    from conformance.programs.explore import Budget, explore
+
+    budget = Budget("t", examples=300, shrink_s=60)
+    first = explore(_fails_on_burst, SPEC, budget, seed=3)
+    again = explore(_fails_on_burst, SPEC, budget, seed=3)
+    assert first.finding is not None and again.finding is not None
+    assert first.finding.examples_to_failure == again.finding.examples_to_failure
+    shrunk = first.finding.program
+    # shrinking ran and left the burst with at most one step before it (hypothesis does not
+    # always delete a whole leading step: its choices sit outside one span)
+    assert first.finding.shrink_runs > 0 and len(shrunk.steps) <= 2 and isinstance(shrunk.steps[-1], Burst)
+    assert len(shrunk.forest) == 1 and first.finding.shrunk_steps == len(shrunk.steps)
+    assert first.finding.failure.what == "a burst was sent"
+    # the database re-tries a found failure first
+    db = tmp_path / "db"
+    explore(_fails_on_burst, SPEC, budget, seed=3, db_dir=db)
+    replayed = explore(_fails_on_burst, SPEC, budget, seed=99, db_dir=db)
+    assert replayed.finding is not None and replayed.finding.examples_to_failure == 1
+
+
+def test_explore_spends_the_budget_when_nothing_fails() -> None:
+    from conformance.programs.explore import Budget, explore
+    from conformance.programs.runner import RunStats
+
+    seen: list[Program] = []
+
+    def passes(p: Program) -> RunStats:
+        seen.append(p)
+        return RunStats(requests=1)
+
+    ex = explore(passes, SPEC, Budget("t", examples=12), seed=0)
+    assert ex.finding is None and ex.examples == 12 and len(seen) == 12 and ex.requests == 12
+    assert len({s.dumps() for s in seen}) == 12  # a program is never run twice
+
+
+def test_explore_stops_on_an_infrastructure_error() -> None:
+    from conformance.programs.explore import Budget, explore
+
+    def broken(p: Program):
+        raise KitError("the cache-off twin failed a cold computation: connection refused")
+
+    with pytest.raises(KitError, match="cache-off twin"):
+        explore(broken, SPEC, Budget("t", examples=5), seed=0)
+
+
+def test_landing_resolves_max_new_from_the_input_length() -> None:
+    from conformance.programs.resolve import Resolver
+
+    p = Program(forest=(tuple(range(3, 600)),), steps=())
+    r = Resolver(p, GRID, Limits(context_len=4096), exact=True, tag="t")
+    for land, length, expect in (("boundary", 250, 7), ("boundary-1", 250, 6), ("boundary+1", 250, 8), ("boundary", 100, 4)):
+        ids, max_new, payload, _ = r.send(Send("r1", Root(0, length), (), 4, land=land), {})
+        assert len(ids) == length and max_new == expect and payload["sampling_params"]["max_new_tokens"] == expect
+        if max_new != 4:
+            assert len(ids) + max_new - 1 == 256 + {"boundary": 0, "boundary-1": -1, "boundary+1": 1}[land]
+    _, max_new, payload, _ = r.send(Send("r2", Root(0, 10), (), 4, overflow=True), {})
+    assert 10 + max_new > 4096

@@ -51,8 +51,8 @@ PROFILES = {
     "nightly": Budget("nightly", seconds=600.0, size="large", shrink_s=300.0),
 }
 SIZES = {
-    "small": dict(max_steps=12, decode_budget=96, long_decode=False, max_burst=26),
-    "large": dict(max_steps=18, decode_budget=320, long_decode=True, max_burst=40),
+    "small": dict(max_steps=12, decode_budget=96, long_decode=False, max_burst=26, pressure_new=6),
+    "large": dict(max_steps=18, decode_budget=320, long_decode=True, max_burst=40, pressure_new=16),
 }
 
 
@@ -177,12 +177,13 @@ def explore(
     try:
         while not out_of_time():
             hyp = settings(
-                max_examples=ROUND if budget.examples is None else max(1, min(ROUND, budget.examples - out.examples)),
+                max_examples=ROUND,  # body() stops at the budget; a 1-example round would only redraw the simplest program
                 database=db, deadline=None, verbosity=Verbosity.quiet, print_blob=False, report_multiple_bugs=False,
                 phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
                 suppress_health_check=list(HealthCheck),
             )
-            test = hyp_seed(seed * 1_000_003 + round_no)(hyp(given(programs(spec))(body)))
+            # settings go on after @seed, which would otherwise switch the example database off
+            test = hyp(hyp_seed(seed * 1_000_003 + round_no)(given(programs(spec))(body)))
             round_no += 1
             before = out.examples
             try:

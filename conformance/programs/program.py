@@ -9,7 +9,8 @@ when the step is played, so the same file replays on any target.
 Step kinds (``op``):
 
 ``send``   one request: ``base`` (a forest root cut to ``length``, or ``after`` a finished
-           request cut at ``cut``) + ``suffix`` tokens; ``max_new`` tokens; user options;
+           request cut at ``cut``) + ``suffix`` tokens; ``max_new`` tokens (or ``land``: as
+           many as make its last decode step land at the next track boundary); user options;
            ``stream``; ``abort_at`` (abort once that many output tokens streamed; 0: at
            once); ``gate`` (send only once another streamed request has that many output
            tokens: an arrival while others decode); ``overflow`` (max_new set past the
@@ -36,6 +37,10 @@ VERSION = 1
 CUTS = ("all", "prompt", "track", "track-1", "track+1", "chunk", "chunk+1", "half")
 #: logprob_start_len choices, resolved against the request's input length.
 LOGPROB_STARTS = ("none", "zero", "half", "last")
+#: Where a request's last decode step lands relative to the next track boundary (its
+#: max_new_tokens is resolved from its input length; at most LAND_MAX_NEW tokens).
+LANDINGS = ("boundary", "boundary-1", "boundary+1")
+LAND_MAX_NEW = 48
 
 Tokens = tuple[int, ...]
 
@@ -105,6 +110,7 @@ class Send(Step):
     abort_at: int | None = None
     gate: Gate | None = None
     overflow: bool = False
+    land: str | None = None  # finish one before / at / one after the next track boundary (LANDINGS)
 
 
 @dataclass(frozen=True)
@@ -273,7 +279,7 @@ def step_from_json(data: Any, where: str) -> Step:
                 str(data["rid"]), _base(data["base"], where), _tokens(data.get("suffix", []), where),
                 int(data.get("max_new", 4)), _options(data.get("options"), where), bool(data.get("stream", False)),
                 data.get("abort_at"), Gate(str(gate["rid"]), int(gate["tokens"])) if gate else None,
-                bool(data.get("overflow", False)),
+                bool(data.get("overflow", False)), data.get("land"),
             )
         if op == "burst":
             base = _base(data["base"], where)

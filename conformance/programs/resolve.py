@@ -25,7 +25,7 @@ from typing import Any
 from conformance.checks.hit_bounds import Grid
 from conformance.checks.prefix_oracle import floor_to
 from conformance.programs.oracle import Limits, Served
-from conformance.programs.program import After, Burst, Options, Program, Root, Send, Turn
+from conformance.programs.program import LAND_MAX_NEW, After, Burst, Options, Program, Root, Send, Turn
 
 Key = tuple[int, ...]
 
@@ -108,6 +108,12 @@ class Resolver:
     def send(self, step: Send, served: dict[str, Served]) -> tuple[Key, int, dict[str, Any], dict[str, Any]]:
         ids = self.base_tokens(step.base, served) + tuple(step.suffix)
         max_new = step.max_new
+        if step.land:  # committed = len + max_new - 1 lands on (boundary + delta)
+            delta = {"boundary": 0, "boundary-1": -1, "boundary+1": 1}[step.land]
+            boundary = (len(ids) // self.grid.track_grid + 1) * self.grid.track_grid
+            want = boundary + delta - len(ids) + 1
+            if 1 <= want <= LAND_MAX_NEW:
+                max_new = want
         if step.overflow:
             max_new = self.limits.context_len - len(ids) + 1
         payload: dict[str, Any] = {

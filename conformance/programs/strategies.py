@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from conformance.programs.program import (
-    CUTS, LOGPROB_STARTS, After, Burst, Close, Flush, Gate, Idle, Open, Options, Program, Root, Send, Step, Stop, Turn, Wait,
+    CUTS, LAND_MAX_NEW, LANDINGS, LOGPROB_STARTS, After, Burst, Close, Flush, Gate, Idle, Open, Options, Program, Root, Send, Step, Stop, Turn, Wait,
 )
 from conformance.workloads.prompts import extension
 
@@ -42,6 +42,7 @@ class GenSpec:
     decode_budget: int = 160
     long_decode: bool = False
     max_burst: int = 24
+    pressure_new: int = 6  # a burst that decodes this long keeps more requests running than the mamba pool holds
     sessions: bool = True
 
     @property
@@ -53,6 +54,8 @@ class GenSpec:
         for g in {self.chunk, self.checkpoint_grid, self.track_grid}:
             for k in range(1, self.max_root_len // g + 1):
                 out.update({k * g - 1, k * g, k * g + 1})
+        for k in range(1, self.max_root_len // self.track_grid + 1):  # a short decode from here crosses a track boundary
+            out.update(k * self.track_grid - d for d in (2, 3, 5, 9, 17))
         return sorted(n for n in out if 1 <= n <= self.max_root_len)
 
 
@@ -87,7 +90,7 @@ _SUFFIXES = (0, 1, 2, 5, 17, 3, 64, 63, 65)
 _MAX_NEW = (2, 1, 4, 0, 8, 3, 16, 33)
 _KINDS = (
     "send", "send", "followup", "wait", "idle", "followup", "pair", "arrival", "abort",
-    "burst", "session", "session", "session", "options", "options", "overflow", "long", "flush",
+    "burst", "session", "session", "session", "options", "options", "overflow", "long", "flush", "burst",
 )
 
 
@@ -143,8 +146,11 @@ def _send(draw, m: _Model, *, follow: bool = False, rich: bool = False, stream: 
         max_new = max(max_new, m.take_decode(12))
         abort_at = draw(st.sampled_from((1, 0, 2, 3, max(1, max_new // 2))))
         streamed = True
+    land = None if abort or long else draw(st.sampled_from((None, None, None, *LANDINGS)))
+    if land:
+        m.take_decode(LAND_MAX_NEW // 2)
     rid = m.rid("r")
-    step = Send(rid, base, suffix, max_new, options, streamed, abort_at, gate)
+    step = Send(rid, base, suffix, max_new, options, streamed, abort_at, gate, land=land)
     m.sent.append(rid)
     if streamed and max_new >= 2 and abort_at is None:
         m.streamed.append(rid)
@@ -154,11 +160,13 @@ def _send(draw, m: _Model, *, follow: bool = False, rich: bool = False, stream: 
 @st.composite
 def _burst(draw, m: _Model) -> Burst:
     base = draw(_root_base(m))
-    n = draw(st.integers(2, m.spec.max_burst))
+    big = draw(st.booleans())  # more requests than the mamba pool can run at once
+    n = m.spec.max_burst if big else draw(st.integers(2, 8))
     width = draw(st.sampled_from((1, 4, m.spec.chunk + 1)))
     seed = draw(st.integers(0, 2**16))
+    max_new = m.spec.pressure_new if draw(st.booleans()) else draw(st.sampled_from((1, 0, 2)))
     rid = m.rid("b")
-    step = Burst(rid, base, tuple(tokens(width, m.spec, f"{seed}:{i}") for i in range(n)), draw(st.sampled_from((1, 0, 2))))
+    step = Burst(rid, base, tuple(tokens(width, m.spec, f"{seed}:{i}") for i in range(n)), max_new)
     m.sent.extend(step.rids())
     return step
 
@@ -228,7 +236,13 @@ def _step(draw, m: _Model) -> list[Step]:
     if kind == "followup":
         return [draw(_send(m, follow=True))]
     if kind == "options":
-        return [draw(_send(m, follow=draw(st.booleans()), rich=True))]
+        lead = draw(_send(m, follow=draw(st.booleans()), rich=True))
+        if lead.options.stop is None or not draw(st.booleans()):
+            return [lead]
+        follow = Send(m.rid("r"), After(lead.rid, "all"), tokens(draw(st.sampled_from((5, 1, 17))), m.spec, draw(st.integers(0, 2**16))),
+                      m.take_decode(4), draw(_options(m, False)))
+        m.sent.append(follow.rid)
+        return [lead, follow]
     if kind == "wait" and m.sent:
         return [Wait(draw(st.sampled_from(m.sent[::-1])))]
     if kind == "idle":
