@@ -18,8 +18,10 @@ from conformance import __version__
 from conformance.errors import KitError
 from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, load_matrix
 
-SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg")
+SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg", "agreement")
 DEFAULT_SUITES = ("kl", "prefix_branching", "gsm8k", "leaks")  # leaks last: it judges every scenario's idle probe
+#: Suites that only mean something on one target, added to its default set.
+TARGET_SUITES = {"sglang-cpu": ("agreement",)}
 PKG_DIR = Path(__file__).resolve().parent
 
 
@@ -169,7 +171,8 @@ def _validate_rows(rows: list[dict[str, Any]], cells: list[Cell], args: argparse
 # ------------------------------------------------------------------ run
 
 def pytest_argv_for_run(args: argparse.Namespace) -> list[str]:
-    suites = [s.strip() for s in (args.suite or ",".join(DEFAULT_SUITES)).split(",") if s.strip()]
+    default = (*TARGET_SUITES.get(args.target, ()), *DEFAULT_SUITES)
+    suites = [s.strip() for s in (args.suite or ",".join(default)).split(",") if s.strip()]
     for s in suites:
         if s not in SUITES:
             raise KitError(f"--suite: unknown value {s!r}; allowed: {', '.join(SUITES)}")

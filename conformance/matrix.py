@@ -27,7 +27,7 @@ FAMILIES = ("qwen3-next", "nemotron-h", "granite-h", "falcon-h1")
 TARGETS = ("reference", "sglang", "sglang-cpu", "pool")
 TIERS = ("premerge", "standard", "nightly")  # each tier includes the ones before it
 DEFAULT_TIER = "standard"
-CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg")
+CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg", "agreement")
 
 FIXTURES_DIR = Path(os.environ.get("HYBRID_CONFORMANCE_FIXTURES", Path(__file__).resolve().parents[1] / "fixtures"))
 DEFAULT_MATRIX = FIXTURES_DIR / "matrix.toml"

@@ -47,6 +47,7 @@ _CHECK_MARKERS = {
     "prefix_branching": "prefix-branching cache hits against the oracle",
     "leaks": "pool-leak invariants",
     "disagg": "PD disaggregation",
+    "agreement": "real SGLang on CPU against the reference engine (target sglang-cpu)",
 }
 
 
