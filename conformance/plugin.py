@@ -17,6 +17,7 @@ Order of this module: option help texts, ``pytest_addoption``, ``pytest_configur
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -29,6 +30,7 @@ import pytest
 
 from conformance.errors import KitError
 from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
+from conformance.outcomes import Outcomes
 from conformance.records import Verdict
 
 HELP_TARGET = "who answers: reference (the kit's embedded CPU engine, default), sglang-cpu (real SGLang on CPU serving the twins), sglang (real sglang serve on GPUs), pool (only the in-process pool tier)"
@@ -153,11 +155,11 @@ class RunState:
     options: Options
     started: float = field(default_factory=time.time)
     matrix: Matrix | None = None
-    launches: dict[str, str] = field(default_factory=dict)  # launch uid -> cell id
-    verdicts: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
-    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+    outcomes: Outcomes = field(default_factory=Outcomes)
     not_applicable: dict[str, str] = field(default_factory=dict)
-    seen_verdicts: set[tuple[str, str]] = field(default_factory=set)  # (nodeid, payload) already filed
+    exitstatus: int | None = None
+    preflight: list[dict[str, Any]] | None = None
+    preflight_failures: dict[str, str] = field(default_factory=dict)  # nodeid -> the need it lacks
 
     def get_matrix(self) -> Matrix:
         if self.matrix is None:
@@ -219,8 +221,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         marks.append(pytest.mark.gpu if target == "sglang" else pytest.mark.cpu)
         marks.append(pytest.mark.xdist_group(cell.id))
         params.append(pytest.param(cell, id=cell.id, marks=marks))
-    if not params:
-        params = [pytest.param(None, id="no-cell", marks=pytest.mark.skip(reason="no matrix cell matches the selection"))]
+    if not params:  # an empty selection is a failure of the run, never a silent skip
+        params = [pytest.param(None, id="no-cell")]
     metafunc.parametrize("cell", params, indirect=True, scope="session")
 
 
@@ -253,7 +255,9 @@ def cell(request: pytest.FixtureRequest) -> Cell:
     """The matrix cell this test runs against (session scope: shared by the cell's tests)."""
     value = getattr(request, "param", None)
     if value is None:
-        pytest.skip("no matrix cell matches the selection")
+        o = run_state(request.config).options
+        sel = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes)) if v)
+        pytest.fail(f"no matrix cell matches the selection (target {o.target}, tier {o.tier or DEFAULT_TIER}{', ' + sel if sel else ''})", pytrace=False)
     return value
 
 
@@ -281,17 +285,56 @@ def matrix(pytestconfig: pytest.Config) -> Matrix:
 
 @pytest.fixture(scope="session")
 def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A healthy server for ``cell`` on the selected target, started once per cell."""
+    """A healthy server for ``cell`` on the selected target, started once per cell.
+    A launch that cannot happen is one line (``KitError``), never a traceback."""
     from conformance.targets.serving import serve_cell
 
     state = run_state(request.config)
     log_dir = state.options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
-    with serve_cell(cell, state.options, log_dir=log_dir) as ep:
-        uid = uuid.uuid4().hex
-        state.launches[uid] = cell.id
-        _launch_node(request).user_properties.append(("hc_launch", json.dumps({"uid": uid, "cell": cell.id})))
-        yield ep
-        _teardown_idle_check(ep)
+    stack = contextlib.ExitStack()
+    try:
+        ep = stack.enter_context(serve_cell(cell, state.options, log_dir=log_dir))
+    except KitError as e:
+        problem = str(e)
+    else:
+        with stack:
+            note_launch(request, cell, kind="server")
+            note_server(request, cell, ep.info, target=state.options.target)
+            yield ep
+            end = {"cell": cell.id, "alive_at_end": ep.alive(), "exit_reason": None if ep.alive() else _dead_reason(ep)}
+            _TEARDOWN_PROPS.append(("hc_server", json.dumps(end, default=str)))
+            _teardown_idle_check(ep)
+        return
+    pytest.fail(problem, pytrace=False)
+
+
+#: Properties for the report of the test whose teardown is running (a session fixture's
+#: request points at the test that first asked for it, not the one tearing it down).
+_TEARDOWN_PROPS: list[tuple[str, str]] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    if call.when == "teardown" and _TEARDOWN_PROPS:
+        item.user_properties.extend(_TEARDOWN_PROPS)
+        _TEARDOWN_PROPS.clear()
+
+
+def note_launch(request: pytest.FixtureRequest, cell: Cell, *, kind: str) -> None:
+    """Count one server launch for ``cell`` (``kind``: server, pd) in the report."""
+    payload = {"uid": uuid.uuid4().hex, "cell": cell.id, "kind": kind}
+    _launch_node(request).user_properties.append(("hc_launch", json.dumps(payload)))
+
+
+SERVER_INFO_KEYS = ("version", "engine", "model_path", "served_model_name", "mamba_radix_cache_strategy", "page_size", "mamba_track_interval")
+
+
+def note_server(request: pytest.FixtureRequest, cell: Cell, info: dict[str, Any], **facts: Any) -> None:
+    """The cell's ``server`` block in report.json: ``version`` (from ``/server_info``) and
+    whatever the serving code knows (``facts``), e.g. ``alive_at_end`` at teardown."""
+    block = {k: info[k] for k in SERVER_INFO_KEYS if info.get(k) is not None}
+    block.update(facts)
+    _launch_node(request).user_properties.append(("hc_server", json.dumps({"cell": cell.id, **block}, default=str)))
 
 
 def _dead_reason(ep: Any) -> str | None:
@@ -372,7 +415,8 @@ def record_verdict(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdic
     cell_obj: Cell | None = request.getfixturevalue("cell") if "cell" in request.fixturenames else None
 
     def record(verdict: Verdict) -> Verdict:
-        payload = {"cell": cell_obj.describe() if cell_obj else None, "check": verdict.check, "verdict": verdict.to_json()}
+        options = run_state(request.config).options
+        payload = {"cell": cell_json(cell_obj, options) if cell_obj else None, "check": verdict.check, "verdict": verdict.to_json()}
         request.node.user_properties.append(("hc_verdict", json.dumps(payload, default=float)))
         return verdict
 
@@ -381,30 +425,80 @@ def record_verdict(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdic
 
 # ------------------------------------------------------------------ report hooks
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Collect verdicts and launches (also from xdist workers) in the controller."""
+def cell_json(cell: Cell, options: Options) -> dict[str, Any]:
+    """A cell as report.json shows it: ``Cell.describe()`` plus the model actually served
+    (the tiny twin on CPU targets and with ``--twins``)."""
+    out = cell.describe()
+    if options.target in ("reference", "sglang-cpu") or (options.target == "sglang" and options.twins):
+        out["served_model"] = cell.model.twin
+    elif options.target == "sglang":
+        out["served_model"] = cell.model.hf_path
+    return out
+
+
+def _cell_param(item: pytest.Item) -> Cell | None:
+    value = getattr(getattr(item, "callspec", None), "params", {}).get("cell")
+    return value if isinstance(value, Cell) else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tag the test with its cell (every report then names it); refuse, in one line and
+    before any fixture starts a server, a test whose need preflight found missing."""
+    state = run_state(item.config)
+    cell_obj = _cell_param(item)
+    if cell_obj is not None and not any(k == "hc_cell" for k, _ in item.user_properties):
+        item.user_properties.append(("hc_cell", json.dumps(cell_json(cell_obj, state.options))))
+    reason = state.preflight_failures.get(item.nodeid)
+    if reason:
+        pytest.fail(f"preflight: {reason}", pytrace=False)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Find, per collected test, a need this machine lacks (preflight); stop after it
+    when asked (``HYBRID_CONFORMANCE_PREFLIGHT_ONLY``); expect every test's report."""
+    from conformance.preflight import preflight_only
+    from conformance.preflight import item_failures
+
+    state = run_state(session.config)
+    state.preflight_failures = item_failures(session.items, state.options)
+    if not hasattr(session.config, "workerinput"):
+        state.outcomes.expect((item.nodeid, getattr(_cell_param(item), "id", None)) for item in session.items)
+        if preflight_only():
+            lines = sorted(set(state.preflight_failures.values()))
+            msg = f"preflight only: {len(session.items)} tests collected" + (f"; missing: {lines[0]}" if lines else "; every need met")
+            pytest.exit(msg, returncode=1 if lines else 0)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """Under xdist: the controller learns the collected test ids from the first worker."""
     config = _CONFIG_REF.get("config")
     if config is None:
         return
     state = run_state(config)
-    if report.when == "setup":
-        for key, value in report.user_properties:
-            if key == "hc_launch":
-                launch = json.loads(value)
-                state.launches[launch["uid"]] = launch["cell"]
-    if report.when != "call" and not (report.when == "setup" and report.skipped):
+    if state.outcomes.collected:
         return
-    seen = state.seen_verdicts
-    for key, value in report.user_properties:
-        if key != "hc_verdict" or (report.nodeid, value) in seen:
-            continue
-        seen.add((report.nodeid, value))
-        data = json.loads(value)
-        if not data["cell"]:
-            continue
-        cid = data["cell"]["id"]
-        state.cells[cid] = data["cell"]
-        state.verdicts.setdefault(cid, {}).setdefault(data["check"], []).append(data["verdict"])
+    known = [c.id for c in state.get_matrix().cells]
+    from conformance.outcomes import cell_of_nodeid
+
+    state.outcomes.expect((nodeid, cell_of_nodeid(nodeid, known)) for nodeid in ids)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    config = _CONFIG_REF.get("config")
+    if config is not None and report.failed:
+        from conformance.outcomes import one_line
+
+        run_state(config).outcomes.add_collect_error(report.nodeid, one_line(report))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Collect every outcome (also from xdist workers) in the controller."""
+    config = _CONFIG_REF.get("config")
+    if config is None or hasattr(config, "workerinput"):
+        return
+    run_state(config).outcomes.add(report)
 
 
 _CONFIG_REF: dict[str, pytest.Config] = {}
@@ -423,6 +517,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput"):  # xdist worker: the controller writes the report
         return
     state = run_state(config)
+    state.exitstatus = int(exitstatus)
     if state.options.report_dir is None:
         return
     from conformance.runreport import write_run_report
