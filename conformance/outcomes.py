@@ -13,20 +13,66 @@ The controller (also under xdist) feeds each ``TestReport`` to :meth:`Outcomes.a
 * which collected tests never reported (an interrupt, ``-x``): their cells did not run.
 
 Tests bound to no cell that fail are kept as ``unbound`` rows. Pure bookkeeping: no I/O.
+The ``note_*`` helpers are how fixtures file report facts (launches, the ``server`` block)
+as ``user_properties``, which also travel from xdist workers.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from conformance.matrix import CHECKS
+from conformance.matrix import CHECKS, Cell
 
 TEST_COUNTS = ("passed", "failed", "skipped", "errors")
 #: Teardown failures that are findings about the server, not errors of the kit.
 TEARDOWN_FINDINGS = ("pools not idle", "server is not serving", "not serving at teardown")
+
+
+#: ``/server_info`` keys copied into a cell's ``server`` block.
+SERVER_INFO_KEYS = ("version", "engine", "model_path", "served_model_name", "mamba_radix_cache_strategy", "page_size", "mamba_track_interval")
+#: Properties for the report of the test whose teardown is running: a session fixture's
+#: request points at the test that first asked for it, not the one tearing it down.
+TEARDOWN_PROPS: list[tuple[str, str]] = []
+
+
+def cell_json(cell: Cell, options: Any) -> dict[str, Any]:
+    """A cell as report.json shows it: ``Cell.describe()`` plus the model actually served
+    (the tiny twin on CPU targets and with ``--twins``)."""
+    out = cell.describe()
+    if options.target in ("reference", "sglang-cpu") or (options.target == "sglang" and options.twins):
+        out["served_model"] = cell.model.twin
+    elif options.target == "sglang":
+        out["served_model"] = cell.model.hf_path
+    return out
+
+
+def item_of(request: Any) -> Any:
+    """The test item a (possibly session-scoped) fixture request is being set up for."""
+    node = request.node
+    return node if hasattr(node, "user_properties") else request._pyfuncitem  # no public accessor
+
+
+def note_launch(request: Any, cell: Cell, *, kind: str) -> None:
+    """Count one server launch for ``cell`` (``kind``: server, pd) in the report."""
+    payload = {"uid": uuid.uuid4().hex, "cell": cell.id, "kind": kind}
+    item_of(request).user_properties.append(("hc_launch", json.dumps(payload)))
+
+
+def note_server(request: Any, cell: Cell, info: Any, **facts: Any) -> None:
+    """The cell's ``server`` block in report.json: ``version`` and friends from
+    ``/server_info`` (``Endpoint.info``) and whatever the serving code knows (``facts``)."""
+    block = {k: info[k] for k in SERVER_INFO_KEYS if info.get(k) is not None}
+    block.update(facts)
+    item_of(request).user_properties.append(("hc_server", json.dumps({"cell": cell.id, **block}, default=str)))
+
+
+def note_server_end(cell: Cell, **facts: Any) -> None:
+    """Facts known at the cell's teardown (``alive_at_end``, ...), for the tearing-down test's report."""
+    TEARDOWN_PROPS.append(("hc_server", json.dumps({"cell": cell.id, **facts}, default=str)))
 
 
 def check_of(keywords: Iterable[str], nodeid: str) -> str:

@@ -13,6 +13,8 @@ Order of this module: option help texts, ``pytest_addoption``, ``pytest_configur
 * ``record_verdict`` files a check's :class:`~conformance.records.Verdict` under its
   cell; at the end of the run the controller writes ``report.json`` (and friends)
   to ``--report-dir``. Verdicts travel as ``user_properties`` so xdist works.
+  The hooks that gather every outcome and write the report are in
+  ``conformance.report_hooks`` (registered below through ``pytest_plugins``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import contextlib
 import json
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -30,8 +31,10 @@ import pytest
 
 from conformance.errors import KitError
 from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
-from conformance.outcomes import Outcomes
+from conformance.outcomes import Outcomes, cell_json, note_launch, note_server, note_server_end
 from conformance.records import Verdict
+
+pytest_plugins = ["conformance.report_hooks"]
 
 HELP_TARGET = "who answers: reference (the kit's embedded CPU engine, default), sglang-cpu (real SGLang on CPU serving the twins), sglang (real sglang serve on GPUs), pool (only the in-process pool tier)"
 HELP_MODELS = "comma list of model ids, families or twin names to run (default: all)"
@@ -301,40 +304,10 @@ def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytes
             note_launch(request, cell, kind="server")
             note_server(request, cell, ep.info, target=state.options.target)
             yield ep
-            end = {"cell": cell.id, "alive_at_end": ep.alive(), "exit_reason": None if ep.alive() else _dead_reason(ep)}
-            _TEARDOWN_PROPS.append(("hc_server", json.dumps(end, default=str)))
+            note_server_end(cell, alive_at_end=ep.alive(), exit_reason=None if ep.alive() else _dead_reason(ep), **ep.extra.get("server", {}))
             _teardown_idle_check(ep)
         return
     pytest.fail(problem, pytrace=False)
-
-
-#: Properties for the report of the test whose teardown is running (a session fixture's
-#: request points at the test that first asked for it, not the one tearing it down).
-_TEARDOWN_PROPS: list[tuple[str, str]] = []
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
-    if call.when == "teardown" and _TEARDOWN_PROPS:
-        item.user_properties.extend(_TEARDOWN_PROPS)
-        _TEARDOWN_PROPS.clear()
-
-
-def note_launch(request: pytest.FixtureRequest, cell: Cell, *, kind: str) -> None:
-    """Count one server launch for ``cell`` (``kind``: server, pd) in the report."""
-    payload = {"uid": uuid.uuid4().hex, "cell": cell.id, "kind": kind}
-    _launch_node(request).user_properties.append(("hc_launch", json.dumps(payload)))
-
-
-SERVER_INFO_KEYS = ("version", "engine", "model_path", "served_model_name", "mamba_radix_cache_strategy", "page_size", "mamba_track_interval")
-
-
-def note_server(request: pytest.FixtureRequest, cell: Cell, info: dict[str, Any], **facts: Any) -> None:
-    """The cell's ``server`` block in report.json: ``version`` (from ``/server_info``) and
-    whatever the serving code knows (``facts``), e.g. ``alive_at_end`` at teardown."""
-    block = {k: info[k] for k in SERVER_INFO_KEYS if info.get(k) is not None}
-    block.update(facts)
-    _launch_node(request).user_properties.append(("hc_server", json.dumps({"cell": cell.id, **block}, default=str)))
 
 
 def _dead_reason(ep: Any) -> str | None:
@@ -404,11 +377,6 @@ def cell_store(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFac
     return CellStore((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared")
 
 
-def _launch_node(request: pytest.FixtureRequest) -> pytest.Item:
-    node = request.node
-    return node if isinstance(node, pytest.Item) else request._pyfuncitem  # type: ignore[attr-defined]
-
-
 @pytest.fixture
 def record_verdict(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdict]:
     """Callable filing a Verdict under the test's cell (for report.json); returns it."""
@@ -421,105 +389,3 @@ def record_verdict(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdic
         return verdict
 
     return record
-
-
-# ------------------------------------------------------------------ report hooks
-
-def cell_json(cell: Cell, options: Options) -> dict[str, Any]:
-    """A cell as report.json shows it: ``Cell.describe()`` plus the model actually served
-    (the tiny twin on CPU targets and with ``--twins``)."""
-    out = cell.describe()
-    if options.target in ("reference", "sglang-cpu") or (options.target == "sglang" and options.twins):
-        out["served_model"] = cell.model.twin
-    elif options.target == "sglang":
-        out["served_model"] = cell.model.hf_path
-    return out
-
-
-def _cell_param(item: pytest.Item) -> Cell | None:
-    value = getattr(getattr(item, "callspec", None), "params", {}).get("cell")
-    return value if isinstance(value, Cell) else None
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Tag the test with its cell (every report then names it); refuse, in one line and
-    before any fixture starts a server, a test whose need preflight found missing."""
-    state = run_state(item.config)
-    cell_obj = _cell_param(item)
-    if cell_obj is not None and not any(k == "hc_cell" for k, _ in item.user_properties):
-        item.user_properties.append(("hc_cell", json.dumps(cell_json(cell_obj, state.options))))
-    reason = state.preflight_failures.get(item.nodeid)
-    if reason:
-        pytest.fail(f"preflight: {reason}", pytrace=False)
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Find, per collected test, a need this machine lacks (preflight); stop after it
-    when asked (``HYBRID_CONFORMANCE_PREFLIGHT_ONLY``); expect every test's report."""
-    from conformance.preflight import preflight_only
-    from conformance.preflight import item_failures
-
-    state = run_state(session.config)
-    state.preflight_failures = item_failures(session.items, state.options)
-    if not hasattr(session.config, "workerinput"):
-        state.outcomes.expect((item.nodeid, getattr(_cell_param(item), "id", None)) for item in session.items)
-        if preflight_only():
-            lines = sorted(set(state.preflight_failures.values()))
-            msg = f"preflight only: {len(session.items)} tests collected" + (f"; missing: {lines[0]}" if lines else "; every need met")
-            pytest.exit(msg, returncode=1 if lines else 0)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
-    """Under xdist: the controller learns the collected test ids from the first worker."""
-    config = _CONFIG_REF.get("config")
-    if config is None:
-        return
-    state = run_state(config)
-    if state.outcomes.collected:
-        return
-    known = [c.id for c in state.get_matrix().cells]
-    from conformance.outcomes import cell_of_nodeid
-
-    state.outcomes.expect((nodeid, cell_of_nodeid(nodeid, known)) for nodeid in ids)
-
-
-def pytest_collectreport(report: pytest.CollectReport) -> None:
-    config = _CONFIG_REF.get("config")
-    if config is not None and report.failed:
-        from conformance.outcomes import one_line
-
-        run_state(config).outcomes.add_collect_error(report.nodeid, one_line(report))
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Collect every outcome (also from xdist workers) in the controller."""
-    config = _CONFIG_REF.get("config")
-    if config is None or hasattr(config, "workerinput"):
-        return
-    run_state(config).outcomes.add(report)
-
-
-_CONFIG_REF: dict[str, pytest.Config] = {}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    from conformance.targets.launcher import install_signal_handlers
-
-    _CONFIG_REF["config"] = session.config
-    install_signal_handlers()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    config = session.config
-    if hasattr(config, "workerinput"):  # xdist worker: the controller writes the report
-        return
-    state = run_state(config)
-    state.exitstatus = int(exitstatus)
-    if state.options.report_dir is None:
-        return
-    from conformance.runreport import write_run_report
-
-    write_run_report(state, wall_s=time.time() - state.started)

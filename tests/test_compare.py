@@ -175,3 +175,9 @@ def test_an_incomplete_run_is_a_regression_naming_the_cells(clean):
     assert ("missing", NOBUF, "-") in kinds and ("incomplete", "-", "-") in kinds
     row = next(r for r in result.rows if r.kind == "incomplete")
     assert "interrupted" in row.note and NOBUF in row.note
+
+
+def test_a_new_failing_teardown_check_is_a_regression(clean):
+    new = copy.deepcopy(clean)
+    _cell(new, EXTRA)["checks"]["teardown"] = {"status": "fail", "metrics": {}, "reason": "pools not idle after cell teardown (mamba=3)"}
+    assert ("status", EXTRA, "teardown") in _kinds(compare_reports(clean, new))

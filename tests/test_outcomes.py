@@ -121,3 +121,41 @@ def test_not_run_lists_tests_without_any_report() -> None:
     o.reported.add("a[c1]")
     assert o.not_run() == ["b[c1]", "a[c2]"]
     assert o.cells_not_run() == (["c2"], ["c1"])
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_writes_an_incomplete_report(tmp_path: Path, sig: str) -> None:
+    """Ctrl-C (or a CI cancel's SIGTERM) in the middle of a cell: report.json still gets
+    written, says ``complete: false`` and ``interrupted``, and names the unfinished cell."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "started"
+    (tmp_path / "test_slow.py").write_text(
+        "import time\nfrom pathlib import Path\nfrom conformance.records import Verdict\n"
+        "def test_a(endpoint, record_verdict):\n    record_verdict(Verdict('kl', 'pass', {}))\n"
+        f"def test_b(endpoint):\n    Path({str(marker)!r}).write_text('x')\n    time.sleep(120)\n"
+        "def test_c(endpoint):\n    pass\n"
+    )
+    rep = tmp_path / "rep"
+    env = {**os.environ, "HYBRID_CONFORMANCE_REFERENCE_SERVER": str(STANDIN)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_slow.py"), *SELECT,
+                             f"--report-dir={rep}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+            time.sleep(0.2)
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads((rep / "report.json").read_text())
+    assert report["complete"] is False and "interrupted" in report["incomplete_reasons"]
+    assert report["cells_partly_run"] == [report["cells"][0]["id"]]
+    assert report["cells"][0]["checks"]["kl"]["status"] == "pass"

@@ -46,7 +46,7 @@ def _gauges(pd) -> tuple[str, ...]:
 @pytest.fixture(scope="session")
 def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
     """The cell's PD unit (prefill + decode + router), started once per cell (one launch)."""
-    from conformance.plugin import note_launch
+    from conformance.outcomes import note_launch
 
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     stack = contextlib.ExitStack()

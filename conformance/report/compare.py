@@ -2,7 +2,8 @@
 
 Regression kinds, one row each:
 
-- ``status``   a check went pass -> skip, pass -> fail or skip -> fail;
+- ``status``   a check went pass -> skip, pass -> fail or skip -> fail, or a check the old
+  run did not have fails (a ``teardown`` finding pools not idle);
 - ``error``    a check of the new run errored (it did not complete: nothing was compared);
 - ``missing``  a cell (or a check a cell ran) of the old run is absent from the new;
 - ``incomplete`` the new run says it did not run everything it selected (``complete: false``);
@@ -89,6 +90,9 @@ def compare_reports(
                 rows += _kl_rows(cid, old_v, new_v, kl_factor)
             elif check == "gsm8k":
                 rows += _accuracy_rows(cid, old_v, new_v)
+        for check, new_v in new_cell["checks"].items():  # e.g. a teardown that now finds pools not idle
+            if check not in old_cell["checks"] and new_v["status"] == "fail":
+                rows.append(CompareRow("status", cid, check, "absent", "fail", new_v.get("reason", "")))
     rows += _error_rows(new_cells)
     rows += _run_rows(old, new, wall_factor, wall_min_s)
     added = tuple(cid for cid in new_cells if cid not in old_cells)
