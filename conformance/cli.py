@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report-dir", default="reports/latest", help="where report.json, junit.xml, report.md/html go")
     run.add_argument("-m", dest="markexpr", help="pytest marker expression, e.g. lazy_alloc_fail")
     run.add_argument("-k", dest="keyword", help="pytest -k expression")
-    run.add_argument("-n", dest="workers", default=str(min(2, os.cpu_count() or 1)), help="pytest-xdist workers; a cell's tests stay on one worker (default: %(default)s)")
+    run.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers, 0 for none; a cell's tests stay on one worker "
+                     "(default: min(2, cores); with --target sglang, the visible GPUs / --gpus-per-worker)")
     run.add_argument("--timeout", type=int, default=900, help="per-test timeout in seconds (pytest-timeout)")
     run.add_argument("--gsm8k-dir", help="local GSM8K folder (else env HYBRID_CONFORMANCE_GSM8K_DIR)")
     run.add_argument("--with-pool", action="store_true", help="also run the pool tier with a server target")
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pre = sub.add_parser("preflight", help="check what a run needs (data, GPUs, SGLang and its features, ports) and start nothing")
     _add_selection(pre, default_target="reference")
-    pre.add_argument("-n", dest="workers", default="1", help="pytest-xdist workers the run would use (GPU count check)")
+    pre.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers the run would use (default: as `run` picks them)")
     pre.add_argument("--gsm8k-dir", help="local GSM8K folder (else env HYBRID_CONFORMANCE_GSM8K_DIR)")
 
     plan = sub.add_parser("plan", help="print the cells and, for --target sglang, each exact command and env")
@@ -131,8 +132,22 @@ def _selection_text(args: argparse.Namespace) -> str:
 # ------------------------------------------------------------------ preflight
 
 def _workers(args: argparse.Namespace) -> int:
-    w = str(getattr(args, "workers", "1") or "1")
-    return (os.cpu_count() or 1) if w in ("auto", "logical") else max(1, int(w)) if w.isdigit() else 1
+    """The xdist workers a run uses (0: none). Without ``-n``: two on CPU targets (fewer
+    cores: fewer); on target sglang one per ``--gpus-per-worker`` block of visible GPUs."""
+    w = getattr(args, "workers", None)
+    if w is None:
+        if args.target == "sglang":
+            from conformance.targets.sglang import visible_gpus
+
+            visible = visible_gpus()[0] or []
+            return max(1, len(visible) // max(1, args.gpus_per_worker))
+        return min(2, os.cpu_count() or 1)
+    w = str(w)
+    if w in ("auto", "logical"):
+        return os.cpu_count() or 1
+    if not w.isdigit():
+        raise KitError(f"-n: expected a number of workers, got {w!r}")
+    return int(w)
 
 
 def _preflight(args: argparse.Namespace, cells: list[Cell], suites: list[str]) -> Any:
@@ -140,7 +155,7 @@ def _preflight(args: argparse.Namespace, cells: list[Cell], suites: list[str]) -
 
     req = Request(
         target=args.target, cells=tuple(cells), suites=tuple(suites), gsm8k_dir=getattr(args, "gsm8k_dir", None),
-        gpus_per_worker=args.gpus_per_worker, workers=_workers(args), twins=args.twins, selection=_selection_text(args),
+        gpus_per_worker=args.gpus_per_worker, workers=max(1, _workers(args)), twins=args.twins, selection=_selection_text(args),
     )
     return run_preflight(req, on_line=lambda line: print(line.render(), flush=True))
 
@@ -254,8 +269,9 @@ def pytest_argv_for_run(args: argparse.Namespace) -> list[str]:
         argv += ["-m", " and ".join(f"({e})" for e in marks)]
     if args.keyword:
         argv += ["-k", args.keyword]
-    if str(args.workers) not in ("0", ""):
-        argv += ["-n", str(args.workers), "--dist", "loadgroup"]
+    workers = _workers(args)
+    if workers > 0:
+        argv += ["-n", str(workers), "--dist", "loadgroup"]
     argv += list(args.pytest_args)
     return argv
 
