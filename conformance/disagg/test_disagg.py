@@ -45,8 +45,10 @@ def _gauges(pd) -> tuple[str, ...]:
 
 
 @pytest.fixture(scope="session")
-def pd_endpoint(cell, conformance_options, tmp_path_factory):
-    """The cell's PD unit (prefill + decode + router), started once per cell."""
+def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
+    """The cell's PD unit (prefill + decode + router), started once per cell (one launch)."""
+    from conformance.outcomes import note_launch
+
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     stack = contextlib.ExitStack()
     try:
@@ -55,6 +57,7 @@ def pd_endpoint(cell, conformance_options, tmp_path_factory):
         problem = str(e)
     else:
         with stack:
+            note_launch(request, cell, kind="pd")
             yield pd
         return
     pytest.fail(problem, pytrace=False)

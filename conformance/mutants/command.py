@@ -7,6 +7,8 @@ run errored (e.g. the cell teardown found the pools not idle).
 Pool target: each fault of ``conformance.mutants.pool_faults`` is loaded as a pytest
 plugin (``-p conformance.mutants.pool_faults``) into the pool suite; caught = the pool
 suite failed.  The clean run of the same selection must pass, or the score means nothing.
+A run that times out proved nothing: a fault is then NOT caught and a clean run fails;
+the timed-out pytest is killed with its whole process group (servers included).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +41,7 @@ class Outcome:
     by: list[str] = field(default_factory=list)
     seconds: float = 0.0
     exit_code: int = 0
+    timed_out: bool = False
 
 
 def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
@@ -65,6 +69,8 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
             for check, v in cell.get("checks", {}).items():
                 if v.get("status") == "fail":
                     found.append(f"{check}: {(v.get('reason') or '')[:110]}")
+                elif v.get("status") == "error":
+                    found.append(f"{check} error: {(v.get('reason') or '')[:110]}")
     for line in output.splitlines():
         if not line.startswith(("ERROR ", "FAILED ")):
             continue
@@ -91,16 +97,36 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
     if fault:
         env[plan.fault_env] = fault
     t0 = time.monotonic()
-    try:
-        proc = subprocess.run(_pytest_argv(plan, report_dir), env=env, capture_output=True, text=True, timeout=plan.timeout_s)
-        code, output = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired:
-        code, output = -1, f"timed out after {plan.timeout_s}s"
+    code, output, timed_out = run_bounded(_pytest_argv(plan, report_dir), env=env, timeout_s=plan.timeout_s)
     (report_dir / "pytest.log").write_text(output)
+    if timed_out:  # proves nothing either way: not caught, and a clean run that fails
+        why = f"timed out after {plan.timeout_s:.0f}s: not caught" if fault else f"timed out after {plan.timeout_s:.0f}s"
+        return Outcome(fault or "clean", fault is None, [why], time.monotonic() - t0, code, timed_out=True)
     by = _caught_by(report_dir, output, code)
     if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
         return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code)
     return Outcome(fault or "clean", bool(by) or code != 0, by, time.monotonic() - t0, code)
+
+
+def run_bounded(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tuple[int, str, bool]:
+    """(exit code, output, timed out): the child runs in its own process group, which is
+    SIGTERMed then SIGKILLed on timeout so no server it started outlives it."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+        return proc.returncode, output or "", False
+    except subprocess.TimeoutExpired:
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                output, _ = proc.communicate(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                output = ""
+        return -1, (output or "") + f"\ntimed out after {timeout_s:.0f}s", True
 
 
 def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None) -> int:
@@ -115,6 +141,13 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
     elif fast:
         keep = FAST_REFERENCE if target == "reference" else FAST_POOL
         plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in keep}
+    from conformance.preflight import preflight_only
+
+    if preflight_only():  # what would run, and nothing else (the docs test's "as typed" mode)
+        for name, plan in plans.items():
+            console.print(f"{escape(name)}: {escape(plan.key)} (timeout {plan.timeout_s:.0f}s)")
+        console.print(f"preflight only: {len(plans)} faults planned, nothing started")
+        return 0
     report_dir.mkdir(parents=True, exist_ok=True)
 
     clean_rows = []
@@ -132,7 +165,11 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
     for key, out in clean_rows:
         table.add_row(escape(f"clean [{key}]"), "[green]passes[/]" if not out.caught else f"[red]FAILS: {escape('; '.join(out.by[:3]))}[/]", f"{out.seconds:.1f}s")
     for out in outcomes:
-        table.add_row(escape(out.name), escape("\n".join(out.by[:4])) if out.caught else "[red]NOT CAUGHT[/]", f"{out.seconds:.1f}s")
+        if out.caught:
+            cell = escape("\n".join(out.by[:4]))
+        else:
+            cell = "[red]NOT CAUGHT[/]" + (f" ({escape(out.by[0])})" if out.timed_out else "")
+        table.add_row(escape(out.name), cell, f"{out.seconds:.1f}s")
     console.print(table)
     caught = sum(o.caught for o in outcomes)
     if not clean_ok:

@@ -9,13 +9,16 @@ the GPU box at 3 a.m.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import os
 import re
 import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from conformance.errors import KitError
 from conformance.matrix import FIXTURES_DIR, Cell, effective_chunk
@@ -25,11 +28,75 @@ DEFAULT_LAUNCHER = "python -m sglang.launch_server"
 NEW_STRATEGY_FLAG = "--mamba-radix-cache-strategy"
 OLD_STRATEGY_FLAG = "--mamba-scheduler-strategy"
 CONFIG_DIR = FIXTURES_DIR / "models" / "configs"
+#: Where to go without a GPU (the "cannot run here" line of preflight and of a launch).
+NO_GPU_HINT = "real SGLang on CPU: --target sglang-cpu (serves the tiny twins); the kit's CPU engine: --target reference"
 
 
-def gpus_for_worker(worker_index: int, gpus_per_worker: int) -> list[int]:
-    """The GPU ids an xdist worker owns: a contiguous block of ``gpus_per_worker``."""
-    return list(range(worker_index * gpus_per_worker, (worker_index + 1) * gpus_per_worker))
+_DESCRIBING = contextvars.ContextVar("hybrid_conformance_describing_gpus", default=False)
+
+
+@contextlib.contextmanager
+def describing_gpus() -> Iterator[None]:
+    """Within this block GPU placement describes (``plan``) instead of launching: ids that
+    this machine lacks are shown as absolute indices rather than refused."""
+    token = _DESCRIBING.set(True)
+    try:
+        yield
+    finally:
+        _DESCRIBING.reset(token)
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_device_count() -> int:
+    """CUDA devices this process can use (0 without a GPU or a CUDA-enabled torch)."""
+    try:
+        import warnings
+
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return int(torch.cuda.device_count())
+    except Exception:
+        return 0
+
+
+def visible_gpus() -> tuple[list[str] | None, str]:
+    """(device ids servers may use, where they came from).
+
+    An existing ``CUDA_VISIBLE_DEVICES`` mask is the list to map into (trimmed to the
+    devices CUDA actually finds, when it finds any); without a mask, ``0..n-1`` for the
+    ``n`` devices present; ``None`` when there is neither a mask nor a device.
+    """
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = cuda_device_count()
+    if mask is not None:
+        ids = [d.strip() for d in mask.split(",") if d.strip()]
+        if count:
+            ids = ids[:count]
+        return ids, f"CUDA_VISIBLE_DEVICES={mask}"
+    if count:
+        return [str(i) for i in range(count)], f"{count} CUDA device(s) found"
+    return None, "no CUDA device found"
+
+
+def gpus_for_worker(worker_index: int, gpus_per_worker: int) -> list[str]:
+    """The GPU ids an xdist worker owns: its contiguous block of ``gpus_per_worker`` positions
+    inside the visible devices (an existing ``CUDA_VISIBLE_DEVICES`` is mapped into, never
+    overwritten with absolute ids). A block past the visible devices is a :class:`KitError`."""
+    lo, hi = worker_index * gpus_per_worker, (worker_index + 1) * gpus_per_worker
+    if _DESCRIBING.get():  # plan: no device probe; map into a mask when it is long enough
+        mask = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        return mask[lo:hi] if hi <= len(mask) else [str(i) for i in range(lo, hi)]
+    visible, source = visible_gpus()
+    if not visible:
+        raise KitError(f"target sglang needs CUDA GPUs and this machine has none ({source}); {NO_GPU_HINT}")
+    if hi > len(visible):
+        raise KitError(
+            f"xdist worker gw{worker_index} needs GPUs #{lo}..#{hi - 1} but only {len(visible)} visible ({source}): "
+            f"lower -n or --gpus-per-worker"
+        )
+    return visible[lo:hi]
 
 
 @functools.lru_cache(maxsize=8)
