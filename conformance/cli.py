@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from conformance import __version__
 from conformance.errors import KitError
-from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, load_matrix
+from conformance.matrix import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, load_matrix
 
 SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg", "agreement")
 DEFAULT_SUITES = ("kl", "prefix_branching", "gsm8k", "leaks")  # leaks last: it judges every scenario's idle probe
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
     run = sub.add_parser("run", help="run the suites through pytest and print a summary table")
-    _add_selection(run, default_target="reference")
+    _add_selection(run, default_target=DEFAULT_TARGET)
     run.add_argument("--report-dir", default="reports/latest", help="where report.json, junit.xml, report.md/html go")
     run.add_argument("-m", dest="markexpr", help="pytest marker expression, e.g. lazy_alloc_fail")
     run.add_argument("-k", dest="keyword", help="pytest -k expression")
@@ -66,12 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest after --")
 
     pre = sub.add_parser("preflight", help="check what a run needs (data, GPUs, SGLang and its features, ports) and start nothing")
-    _add_selection(pre, default_target="reference")
+    _add_selection(pre, default_target=DEFAULT_TARGET)
     pre.add_argument("-n", dest="workers", default=None, help="pytest-xdist workers the run would use (default: as `run` picks them)")
     pre.add_argument("--gsm8k-dir", help="local GSM8K folder (else env HYBRID_CONFORMANCE_GSM8K_DIR)")
 
     plan = sub.add_parser("plan", help="print the cells and, for --target sglang, each exact command and env")
-    _add_selection(plan, default_target="reference")
+    _add_selection(plan, default_target=DEFAULT_TARGET)
     plan.add_argument("--format", choices=("table", "json"), default="table")
     plan.add_argument("--validate", action="store_true", help="check every sglang command with SGLang's own parser (CPU)")
 
@@ -193,7 +193,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     for i, cell in enumerate(cells):
         row: dict[str, Any] = {**cell.describe(), "markers": list(cell.markers)}
-        if args.target in ("sglang", "reference"):
+        if args.target in ("sglang", "sglang-cpu", "reference"):
             with describing_gpus():
                 spec = spec_for(cell, plan_opts, port=30000 + i)
             row["command"] = spec.argv

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
+from conformance.matrix import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
 from conformance.outcomes import Outcomes, cell_json, note_launch, note_server, note_server_end
 from conformance.records import Verdict
 
@@ -72,7 +72,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--dtype", choices=("float32", "bfloat16"), default=None, help="with --target sglang-cpu: SGLang's --dtype (default float32)")
     g.addoption("--gsm8k-dir", default=None, help="local GSM8K folder (test.jsonl, train_first8.jsonl); env HYBRID_CONFORMANCE_GSM8K_DIR")
     g.addoption("--server-log-dir", default=None, help="per-cell server logs (default: <report-dir>/logs or a temp dir)")
-    parser.addini("hybrid_conformance_target", "default --target", default="reference")
+    parser.addini("hybrid_conformance_target", "default --target", default=DEFAULT_TARGET)
 
 
 def pytest_configure(config: pytest.Config) -> None:
