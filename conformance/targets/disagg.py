@@ -14,6 +14,8 @@ them down together, also on failure.  ``extra_buffer_lazy`` is refused under PD 
 
 from __future__ import annotations
 
+import functools
+
 import contextlib
 import os
 import shlex
@@ -44,6 +46,29 @@ REFERENCE_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 def not_applicable(cell: Cell) -> str | None:
     """The one-line reason a cell has no PD variant, or None."""
     return None if cell.strategy.pd else LAZY_REFUSAL
+
+
+def target_refusal(target: str) -> str | None:
+    """Why PD cannot run on ``target`` on this machine (one line), or None."""
+    if target == "sglang-cpu":
+        return _sglang_cpu_pd_refusal()
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _sglang_cpu_pd_refusal() -> str:
+    """SGLang's own answer when asked for its default PD transfer engine (Mooncake) here."""
+    try:
+        from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import (  # type: ignore[import-not-found]
+            MooncakeTransferEngine,
+        )
+
+        MooncakeTransferEngine("127.0.0.1")
+    except ImportError as e:
+        return f"not applicable on sglang-cpu: SGLang's PD transfer engine refuses this machine: {str(e).strip()}"
+    except Exception as e:  # the engine exists but cannot start here
+        return f"not applicable on sglang-cpu: SGLang's Mooncake transfer engine fails here: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    return "not applicable on sglang-cpu: the kit does not launch SGLang's PD roles on CPU yet (Mooncake is importable here); use --target reference"
 
 
 @dataclass(frozen=True)
