@@ -26,6 +26,7 @@ import importlib
 import multiprocessing
 import multiprocessing.util  # registers its exit handler now, so ours (registered later) runs first
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -41,6 +42,13 @@ import httpx
 from conformance.errors import ServerStartError
 
 _LIVE: "set[ServerProcess]" = set()
+#: What names a start-up failure in a server log, most specific first.
+_CAUSE_PATTERNS = (
+    re.compile(r"hybrid-conformance sglang-cpu: .*"),
+    re.compile(r"plugin hybrid_conformance_\w+ .*fail|Failed to (?:execute|load) (?:general )?plugin", re.I),
+    re.compile(r"^(?:[\w.]+\.)?(?:ModuleNotFoundError|ImportError): "),
+    re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception): "),
+)
 _LIVE_LOCK = threading.Lock()
 
 
@@ -150,7 +158,7 @@ class ServerProcess:
                 if code is not None:
                     self.returncode = code
                     raise ServerStartError(
-                        f"{self.name}: exited during start-up with code {code}; log {self.log_path}: {self.log_tail(5, joiner=' | ')}"
+                        f"{self.name}: exited during start-up with code {code}: {self.start_failure_cause()} (log {self.log_path})"
                     )
                 try:
                     if http.get(self.health_url).status_code == 200:
@@ -210,6 +218,16 @@ class ServerProcess:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def start_failure_cause(self) -> str:
+        """The log line that names why start-up failed: the kit's own stand-in messages
+        first (an op the plugin lacks), then the last exception line, else the log's tail."""
+        lines = [ln.strip() for ln in self.log_text().splitlines() if ln.strip()]
+        for pattern in _CAUSE_PATTERNS:
+            hits = [ln for ln in lines if pattern.search(ln)]
+            if hits:
+                return hits[-1][:400]
+        return " | ".join(lines[-3:])[:400] if lines else "(empty log)"
 
     def log_tail(self, n: int = 20, joiner: str = "\n") -> str:
         lines = [ln for ln in self.log_text().splitlines() if ln.strip()]
