@@ -143,12 +143,18 @@ def _validate_rows(rows: list[dict[str, Any]], cells: list[Cell], args: argparse
 
     from conformance.targets.disagg import not_applicable, pd_spec_for, validate_pd_spec
 
+    from conformance.sglang_api.probes import probe
+
+    print(f"hybrid-conformance: {probe().summary()}", file=sys.stderr)
     failures = 0
     pd_opts = argparse.Namespace(**{**vars(args), "gpus_per_worker": 3 * max(c.model.tp_size for c in cells)}) if cells else args
     for row, cell in zip(rows, cells):
         config = config_folder(cell, twins=args.twins)
         v = validate_server_args(strip_launcher(row["command"], args.sglang_launcher), cell, config=config)
-        row["validation"] = v.message
+        row["validation"] = v.message if v.status != "na" else f"n/a: {v.message}"
+        if v.status == "na":
+            print(f"hybrid-conformance: {cell.id}: not applicable on this SGLang: {v.message}", file=sys.stderr)
+            continue
         if not v.ok:
             failures += 1
             print(f"hybrid-conformance: {cell.id}: SGLang refuses the command: {v.message}", file=sys.stderr)

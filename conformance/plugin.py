@@ -243,7 +243,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_report_header(config: pytest.Config) -> list[str]:
     o = run_state(config).options
     sel = ", ".join(f"{k}={v}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes), ("tier", o.tier)) if v)
-    return [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
+    lines = [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
+    if o.target == "pool":  # the release's feature probes, one line (conformance.sglang_api.probes)
+        from conformance.sglang_api.probes import probe
+
+        lines.append(f"hybrid-conformance: {probe().summary()}")
+    return lines
 
 
 # ------------------------------------------------------------------ fixtures

@@ -5,7 +5,7 @@ Use as a pytest plugin: ``HYBRID_CONFORMANCE_FAULT=<name> pytest -p conformance.
 pool_faults ...`` (``FAULT_ENV`` is read in one place: :func:`selected_fault`), or in
 process with ``with apply(name): ...``.  ``FAULTS`` maps name -> :class:`PoolFault`
 (description, real bug modelled, patch function, strategies it applies to).  A patch function takes the
-``sglang_api`` namespace and a ``setattr``-like ``patch(obj, name, value)`` callable.
+``conformance.sglang_api.pool`` namespace (the req.kv driver's symbols) and a ``setattr``-like ``patch(obj, name, value)`` callable.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def get(name: str) -> PoolFault:
 @contextlib.contextmanager
 def apply(name: str) -> Iterator[PoolFault]:
     """Install one fault for the duration of the block (undone in reverse order)."""
-    from conformance.targets.pool import sglang_api
+    from conformance.sglang_api import pool as sglang_api
 
     fault = get(name)
     api = sglang_api.load()
