@@ -328,8 +328,13 @@ class LegacyPoolDriver:
         start, end = len(req.prefix_indices), len(prompt)
         if not self._kv_room(end - start) or not self._mamba_room(1):
             raise PoolExhausted("no KV or mamba room for the prefill")
-        if hasattr(req, "set_extend_range"):  # releases that carry the extend as a range
+        # what the PrefillAdder sets before the extend (each release keeps its own fields)
+        if hasattr(req, "set_extend_range"):
             req.set_extend_range(start, end)
+        if hasattr(req, "set_extend_input_len"):
+            req.set_extend_input_len(end - start)
+        if hasattr(req, "fill_len"):
+            req.fill_len = end
         self._alloc_kv(req, start, end)
         tracked = self._track_at_extend(req) if self.extra else None
         pool, slot = self.rtp.mamba_pool, self._mamba_slot(req)

@@ -107,12 +107,16 @@ def branch_at_chunk_boundary(key: PoolKey) -> None:
     base = [1 + i % 5 for i in range(3 * g + 5)]
     a = d.arrive("A", base)
     d.decode(a, 3)
-    d.finish(a)
+    a_seq = d.finish(a)
     for i, cut in enumerate((2 * g, 2 * g - 1, 2 * g + 1)):
         run = d.arrive(f"B{i}", base[:cut] + [7 + i] * (g + 3))
         d.finish(run)
     hit = d.arrive("C", base[: 2 * g] + [9] * 5)
     d.finish(hit)
+    again = d.arrive("D", a_seq + [9] * 5)  # every lifecycle keeps a finished request's state
+    if again.matched == 0:
+        raise AssertionError(f"D extends A's finished {len(a_seq)} tokens but hit nothing: nothing was cached")
+    d.finish(again)
     d.drain()
 
 
@@ -129,6 +133,8 @@ def session_reuse(key: PoolKey) -> None:
         want = d.oracle.expected_hit(prompt) if d.h.oracle_exact else None
         req.init_next_round_input(d.h.tree)
         run = d.h.adopt(f"S{turn}", req, prompt)
+        if run.matched == 0:
+            raise AssertionError(f"session turn {turn} hit nothing of its {len(seq)}-token history: nothing was cached")
         if want is not None and run.matched != want:
             raise OracleMismatch(f"session turn {turn}: matched {run.matched}, oracle expects {want}")
         while not run.prefill_done:
