@@ -1,4 +1,4 @@
-"""The ``hybrid-conformance`` command: run | plan | serve | make-twins | mutants | compare.
+"""The ``hybrid-conformance`` command: run | plan | serve | make-twins | mutants | compare | history.
 
 Bad arguments exit 2 with one line naming the bad value and the allowed ones;
 a :class:`KitError` anywhere exits 2 with its one line; no traceback walls.
@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
     mut.add_argument("--only", help="comma list of fault names")
     mut.add_argument("--report-dir", default="reports/mutants")
     mut.add_argument("--fast", action="store_true", help="the CI subset")
+
+    from conformance.history import add_parser as add_history_parser
+
+    add_history_parser(sub)
 
     cmp_ = sub.add_parser("compare", help="what got worse between two report.json files")
     cmp_.add_argument("old")
@@ -164,9 +168,11 @@ def _validate_rows(rows: list[dict[str, Any]], cells: list[Cell], args: argparse
         if cell.cache_variant.name != "radix":
             continue
         pd = validate_pd_spec(pd_spec_for(cell, pd_opts), cell, config=config)
-        row["pd"] = {role: val.message for role, val in pd.items()}
+        row["pd"] = {role: val.message if val.status != "na" else f"n/a: {val.message}" for role, val in pd.items()}
         for role, val in pd.items():
-            if not val.ok:
+            if val.status == "na":
+                print(f"hybrid-conformance: {cell.id}: PD {role} not applicable on this SGLang: {val.message}", file=sys.stderr)
+            elif not val.ok:
                 failures += 1
                 print(f"hybrid-conformance: {cell.id}: PD {role} command refused: {val.message}", file=sys.stderr)
     return failures
@@ -256,7 +262,13 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     return run_mutants(target=args.target, only=args.only, report_dir=Path(args.report_dir), fast=args.fast)
 
 
-COMMANDS = {"run": cmd_run, "plan": cmd_plan, "serve": cmd_serve, "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants}
+def cmd_history(args: argparse.Namespace) -> int:
+    from conformance.history import run_history
+
+    return run_history(args)
+
+
+COMMANDS = {"run": cmd_run, "plan": cmd_plan, "serve": cmd_serve, "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants, "history": cmd_history}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -77,6 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cpu: runs on CPU (reference target, pool tier)")
     config.addinivalue_line("markers", "pool: the in-process pool tier over SGLang's real memory classes")
     config.addinivalue_line("markers", "hicache: cells with --enable-hierarchical-cache")
+    config.addinivalue_line("markers", "release_range: runs hybrid-conformance history over SGLang releases in their own venvs (tests/test_release_range.py)")
     for name, text in _CHECK_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     for s in STRATEGIES:

@@ -114,6 +114,37 @@ def record_slots(record) -> list[int]:
     return slots
 
 
+class PoolDriverBase:
+    """What both pool drivers do the same way (see ``conformance.targets.pool.driver``)."""
+
+    def fresh_token(self) -> int:
+        self._next_token += 1
+        return self._next_token
+
+    def _expect_state(self, slot: int, tokens, where: str) -> None:
+        from conformance.targets.pool import state_marker
+        from conformance.targets.pool.driver import StateMismatch
+
+        want, got = state_marker.marker_for(tokens), state_marker.read(self.rtp.mamba_pool, slot)
+        if got != want:
+            raise StateMismatch(f"{where}: mamba slot {slot} holds {got}, expected {want}")
+
+    def evict(self, num_tokens: int = 0, mamba_num: int = 0):
+        return self.tree.evict(self.api.EvictParams(num_tokens=num_tokens, mamba_num=mamba_num))
+
+    def evict_all(self):
+        return self.evict(self.alloc.size, self.rtp.mamba_pool.size)
+
+    def flush(self) -> None:
+        """The scheduler's flush_cache (only legal when idle)."""
+        if self.running:
+            raise ValueError("flush needs an idle pool")
+        self.tree.reset()
+        self.rtp.clear()
+        self.alloc.clear()
+        self.evictions = 0
+
+
 def version() -> str:
     return probes.probe().version
 

@@ -40,6 +40,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from conformance.sglang_api.pool import PoolDriverBase
 from conformance.targets.pool import state_marker
 from conformance.targets.pool.driver import (
     FULL_LAYERS,
@@ -48,7 +49,6 @@ from conformance.targets.pool.driver import (
     PoolExhausted,
     PoolSizes,
     Running,
-    StateMismatch,
 )
 from conformance.targets.pool.runtime import PoolKey, publish_for
 
@@ -95,10 +95,12 @@ def import_symbols(features) -> SimpleNamespace:
     )
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.session import streaming_session
 
+    StreamingSession = getattr(streaming_session, "StreamingSession", None)  # noqa: N806  (the tree's session slots)
     gather = getattr(schedule_batch, "_gather_mamba_track_indices", None) or _index_track_mapping
     names = dict(locals())
-    for drop in ("features", "schedule_batch", "gather"):
+    for drop in ("features", "schedule_batch", "gather", "streaming_session"):
         names.pop(drop)
     return SimpleNamespace(**names, gather_mamba_track_indices=gather)
 
@@ -108,7 +110,7 @@ def _index_track_mapping(mapping, req_pool_indices, positions):
     return mapping[req_pool_indices, positions]
 
 
-class KvPoolDriver:
+class KvPoolDriver(PoolDriverBase):
     """The pool driver for the ``req.kv`` lifecycle (see the module docstring)."""
 
     oracle_exact = True
@@ -267,11 +269,6 @@ class KvPoolDriver:
     def _mamba_slot(self, req) -> int:
         return int(self.rtp.req_index_to_mamba_index_mapping[req.kv.req_pool_idx])
 
-    def _expect_state(self, slot: int, tokens: Sequence[int], where: str) -> None:
-        want, got = state_marker.marker_for(tokens), state_marker.read(self.rtp.mamba_pool, slot)
-        if got != want:
-            raise StateMismatch(f"{where}: mamba slot {slot} holds {got}, expected {want}")
-
     def _alloc_kv(self, req, start: int, end: int) -> None:
         row = req.kv.req_pool_idx
         allocation = self.api.mem_allocation
@@ -311,10 +308,6 @@ class KvPoolDriver:
 
     def _mamba_room(self, slots: int) -> bool:
         return self.rtp.mamba_allocator.available_size() + self.tree.mamba_evictable_size() >= slots
-
-    def fresh_token(self) -> int:
-        self._next_token += 1
-        return self._next_token
 
     def reuse(self, req, prompt: Sequence[int]) -> None:
         """Make a finished ``Req`` the next turn's: new input, no output, not finished."""
@@ -424,13 +417,13 @@ class KvPoolDriver:
             run.stored.append(stored)
         return stored
 
-    def decode(self, run: Running, token: int | None = None) -> bool:
-        """One synchronous decode step; returns whether it was a track boundary."""
+    def _forward(self, run: Running, what: str):
+        """One decode forward of ``run``: its KV, the ping-pong track index (extra-buffer
+        strategies; the lazy boundary allocation first), the state it computes (and tracks
+        at a boundary).  Returns (batch, at_boundary)."""
         api, req = self.api, run.req
-        if not run.prefill_done:
-            raise ValueError(f"{run.rid} is still in prefill")
         if not self._kv_room(1):
-            raise PoolExhausted("no KV room for a decode token")
+            raise PoolExhausted(f"no KV room for a {what} token")
         seq_len = req.kv.kv_committed_len + 1
         self._alloc_kv(req, seq_len - 1, seq_len)
         req.decode_batch_idx += 1
@@ -447,10 +440,18 @@ class KvPoolDriver:
             batch.mamba_decode_batch_idx_cpu = [req.decode_batch_idx]
         seq = run.tokens
         slot = self._mamba_slot(req)
-        self._expect_state(slot, seq[: seq_len - 1], f"{run.rid} decode to {seq_len} start state")
+        self._expect_state(slot, seq[: seq_len - 1], f"{run.rid} {what} to {seq_len} start state")
         state_marker.write(self.rtp.mamba_pool, slot, state_marker.marker_for(seq[:seq_len]))
         if at_boundary:
             state_marker.write(self.rtp.mamba_pool, int(batch.mamba_track_indices[0]), state_marker.marker_for(seq[:seq_len]))
+        return batch, at_boundary
+
+    def decode(self, run: Running, token: int | None = None) -> bool:
+        """One synchronous decode step; returns whether it was a track boundary."""
+        req = run.req
+        if not run.prefill_done:
+            raise ValueError(f"{run.rid} is still in prefill")
+        batch, at_boundary = self._forward(run, "decode")
         req.output_ids.append(token if token is not None else self.fresh_token())
         if self.extra:
             if at_boundary and not self.lazy:  # mirrors _handle_finish_state_updated_req
@@ -466,25 +467,8 @@ class KvPoolDriver:
         is about to finish was already launched (KV allocated, state advanced, tracked into
         the next ping-pong slot at a boundary); its token is dropped and its result never
         processed."""
-        api, req = self.api, run.req
-        if not self._kv_room(1):
-            raise PoolExhausted("no KV room for the lookahead forward")
-        seq_len = req.kv.kv_committed_len + 1
-        self._alloc_kv(req, seq_len - 1, seq_len)
-        req.decode_batch_idx += 1
-        batch = self._batch([req], [seq_len])
-        seq = run.tokens
-        slot = self._mamba_slot(req)
-        self._expect_state(slot, seq[: seq_len - 1], f"{run.rid} lookahead to {seq_len} start state")
-        state_marker.write(self.rtp.mamba_pool, slot, state_marker.marker_for(seq[:seq_len]))
-        interval = api.mamba_track_grid(self.key.page_size)
-        if self.extra and seq_len % interval == 0:
-            with self._fault_env():
-                if self.lazy:
-                    api.ScheduleBatch.mamba_lazy_prealloc_at_boundary(batch, interval)
-            self._set_track_indices(batch)
-            state_marker.write(self.rtp.mamba_pool, int(batch.mamba_track_indices[0]), state_marker.marker_for(seq[:seq_len]))
-        req.finished_len = len(req.output_ids)
+        self._forward(run, "lookahead")
+        run.req.finished_len = len(run.req.output_ids)
 
     def finish(self, run: Running, *, abort: bool = False, lookahead: bool = False) -> None:
         """Finish (or abort: one more decode forward, then the same release) a request;
@@ -504,20 +488,6 @@ class KvPoolDriver:
         api.release_kv_cache(req, self.tree, checkpoint=checkpoint)
         del self.running[run.rid]
 
-    def evict(self, num_tokens: int = 0, mamba_num: int = 0):
-        return self.tree.evict(self.api.EvictParams(num_tokens=num_tokens, mamba_num=mamba_num))
-
-    def evict_all(self):
-        return self.evict(self.alloc.size, self.rtp.mamba_pool.size)
-
-    def flush(self) -> None:
-        """The scheduler's flush_cache (only legal when idle)."""
-        if self.running:
-            raise ValueError("flush needs an idle pool")
-        self.tree.reset()
-        self.rtp.clear()
-        self.alloc.clear()
-        self.evictions = 0
 
 
 DRIVER = KvPoolDriver

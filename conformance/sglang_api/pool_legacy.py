@@ -35,6 +35,7 @@ from typing import Sequence
 
 import torch
 
+from conformance.sglang_api.pool import PoolDriverBase
 from conformance.targets.pool import state_marker
 from conformance.targets.pool.driver import (
     FULL_LAYERS,
@@ -43,7 +44,6 @@ from conformance.targets.pool.driver import (
     PoolExhausted,
     PoolSizes,
     Running,
-    StateMismatch,
 )
 from conformance.targets.pool.runtime import PoolKey, legacy_argv
 
@@ -93,7 +93,7 @@ def _kwargs_for(fn, **candidates):
     return {k: v for k, v in candidates.items() if k in params}
 
 
-class LegacyPoolDriver:
+class LegacyPoolDriver(PoolDriverBase):
     """The pool driver for the pre-``req.kv`` lifecycle (see the module docstring)."""
 
     oracle_exact = False
@@ -236,11 +236,6 @@ class LegacyPoolDriver:
     def _mamba_slot(self, req) -> int:
         return int(self.rtp.req_index_to_mamba_index_mapping[req.req_pool_idx])
 
-    def _expect_state(self, slot: int, tokens: Sequence[int], where: str) -> None:
-        want, got = state_marker.marker_for(tokens), state_marker.read(self.rtp.mamba_pool, slot)
-        if got != want:
-            raise StateMismatch(f"{where}: mamba slot {slot} holds {got}, expected {want}")
-
     def _alloc_kv(self, req, start: int, end: int) -> None:
         loc = self.api.alloc_token_slots(self.tree, end - start)
         self.rtp.write((req.req_pool_idx, slice(start, end)), loc.to(torch.int32))
@@ -256,10 +251,6 @@ class LegacyPoolDriver:
 
     def _mamba_room(self, slots: int) -> bool:
         return self.mamba_available() + self.tree.mamba_evictable_size() >= slots
-
-    def fresh_token(self) -> int:
-        self._next_token += 1
-        return self._next_token
 
     def request_slots(self, req) -> list[int]:
         from conformance.sglang_api.pool import record_slots
@@ -382,19 +373,6 @@ class LegacyPoolDriver:
         api.release_kv_cache(req, self.tree, is_insert=not abort and run.prefill_done)
         del self.running[run.rid]
 
-    def evict(self, num_tokens: int = 0, mamba_num: int = 0):
-        return self.tree.evict(self.api.EvictParams(num_tokens=num_tokens, mamba_num=mamba_num))
-
-    def evict_all(self):
-        return self.evict(self.alloc.size, self.rtp.mamba_pool.size)
-
-    def flush(self) -> None:
-        if self.running:
-            raise ValueError("flush needs an idle pool")
-        self.tree.reset()
-        self.rtp.clear()
-        self.alloc.clear()
-        self.evictions = 0
 
 
 DRIVER = LegacyPoolDriver

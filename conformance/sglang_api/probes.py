@@ -45,6 +45,8 @@ class Features:
     mamba_radix_cache: bool = False  # mem_cache.mamba_radix_cache.MambaRadixCache (pre-unified tree)
     session_slot_save: bool = False  # streaming SessionSlot.save_from_req (the pre-0.5.19 session slot)
     granite_new_layer_names: bool = False  # granite config takes linear_attention/full_attention
+    general_plugins: bool = False  # sglang.srt.plugins.load_plugins (entry-point group sglang.srt.plugins)
+    oot_platforms: bool = False  # sglang.srt.platforms.interface.SRTPlatform (out-of-tree platforms)
 
     # ------------------------------------------------------------ derived answers
     @property
@@ -83,11 +85,12 @@ class Features:
             f"lazy strategy {'present' if self.lazy else 'absent -> lazy cells not applicable'}",
             f"strategy flag {self.strategy_flag}",
             f"req.kv lifecycle {'present' if self.req_kv else 'absent'} -> pool driver {self.pool_driver or 'none (pool tier not applicable)'}",
-            f"override_platform {'present' if self.override_platform else 'absent -> validation runs without the CUDA platform override'}",
+            f"override_platform {'present' if self.override_platform else 'absent -> validator answers server_args.is_cuda'}",
             f"release_kv_cache(*, {self.release_insert_kwarg})",
             f"MambaSlotAllocator {'present' if self.mamba_slot_allocator else 'absent (mamba_pool.alloc/free)'}",
             f"_gather_mamba_track_indices {'present' if self.gather_track_indices else 'absent (kit indexes the ping-pong mapping)'}",
             f"granite layer names {'linear_attention/full_attention' if self.granite_new_layer_names else 'mamba/attention only -> granite configs rewritten'}",
+            f"general plugins + out-of-tree platforms {'present' if self.general_plugins and self.oot_platforms else 'absent -> sglang-cpu target not applicable'}",
         ]
         return f"sglang {self.version}: " + "; ".join(parts)
 
@@ -184,6 +187,8 @@ def _probe() -> Features:
         mamba_radix_cache=hasattr(mamba_tree, "MambaRadixCache"),
         session_slot_save=hasattr(slot_cls, "save_from_req"),
         granite_new_layer_names=_granite_takes_new_names(),
+        general_plugins=hasattr(_module("sglang.srt.plugins"), "load_plugins"),
+        oot_platforms=hasattr(_module("sglang.srt.platforms.interface"), "SRTPlatform"),
     )
 
 

@@ -38,6 +38,7 @@ class Validation:
     resolved_chunk: int | None = None
     resolved_strategy: str | None = None
     status: str = ""  # ok | refused | na (derived from ok when empty)
+    radix_cache_disabled: bool = False  # SGLang resolved disable_radix_cache=True
 
     def __post_init__(self):
         if not self.status:
@@ -157,6 +158,7 @@ def validate_args(args: Sequence[str], *, config: Path | None = None) -> Validat
             if hasattr(sa, "resolve_once"):
                 sa.resolve_once()
             strategy, chunk = _resolved_strategy(sa), _resolved_chunk(sa)
+            no_radix = bool((sa.resolved_dict() if hasattr(sa, "resolved_dict") else vars(sa)).get("disable_radix_cache"))
     except SystemExit as e:  # argparse refusing an unknown flag
         lines = [ln.split("error:", 1)[1].strip() for ln in err.getvalue().splitlines() if "error:" in ln]
         return Validation(False, f"SGLang's parser rejected the arguments: {lines[-1] if lines else f'exit {e.code}'}")
@@ -166,7 +168,7 @@ def validate_args(args: Sequence[str], *, config: Path | None = None) -> Validat
         if _UNSUPPORTED_FOR_MODEL.search(msg):  # the release predates the strategy for this architecture
             return Validation(False, line, status="na")
         return Validation(False, line)
-    return Validation(True, "ok", chunk, strategy)
+    return Validation(True, "ok", chunk, strategy, radix_cache_disabled=no_radix)
 
 
 # SGLang's own wording when a strategy exists but not yet for the model's architecture

@@ -139,6 +139,9 @@ def validate_server_args(args: Sequence[str], cell: Cell | None = None, *, confi
     if not v.ok or cell is None:
         return v
     chunk, strategy = v.resolved_chunk, v.resolved_strategy
+    if strategy != cell.strategy.name and v.radix_cache_disabled and "--disable-radix-cache" not in args:
+        # e.g. a PD decode role on releases that run it without a radix cache
+        return Validation(False, f"SGLang disables the radix cache for this command (disable_radix_cache=True; strategy resolved to {strategy!r})", chunk, strategy, status="na")
     if strategy != cell.strategy.name:
         return Validation(False, f"SGLang resolved strategy {strategy!r}, expected {cell.strategy.name!r}", chunk, strategy)
     if chunk is not None and chunk != effective_chunk(cell):
