@@ -166,3 +166,25 @@ def test_pool_tier_on_an_unimportable_sglang_exits_non_zero_with_one_line(tmp_pa
     assert "Traceback" not in explicit.stdout
     ordinary = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert ordinary.returncode == 0 and "skipped" in ordinary.stdout and "failed" not in ordinary.stdout, ordinary.stdout[-2000:]
+
+
+def test_probe_answers_are_kept_per_installation(monkeypatch, tmp_path):
+    monkeypatch.setenv("HYBRID_CONFORMANCE_PROBE_CACHE", str(tmp_path))
+    if probes._cache_file() is None:
+        pytest.skip("sglang is not installed here: nothing to key the answers on")
+    calls = []
+    monkeypatch.setattr(probes, "_probe", lambda: calls.append(1) or NEW)
+    probes.probe.cache_clear()
+    try:
+        assert probes.probe() == NEW and len(calls) == 1
+        probes.probe.cache_clear()
+        assert probes.probe() == NEW and len(calls) == 1  # answered from the file
+        probes._cache_file().unlink()
+        probes.probe.cache_clear()
+        assert probes.probe() == NEW and len(calls) == 2  # probed again
+        monkeypatch.setattr(probes, "_probe", lambda: calls.append(1) or probes.Features(version="0.5.12", import_error="ValueError: x"))
+        probes._cache_file().unlink()
+        probes.probe.cache_clear()
+        assert not probes.probe().importable and not probes._cache_file().exists()  # a failed import is never kept
+    finally:
+        probes.probe.cache_clear()

@@ -231,6 +231,12 @@ class KvPoolDriver(PoolDriverBase):
         """The object holding the request's cache fields: ``req.kv``."""
         return req.kv
 
+    @staticmethod
+    def live_state_len(run: Running) -> int:
+        """How many tokens the state in the request's live slot covers (the hit's copy is
+        deferred to the extend here, so a matched request not yet prefilled holds none)."""
+        return run.req.kv.kv_committed_len
+
     def free_mamba_slots(self) -> list[int]:
         return [int(s) for s in self.rtp.mamba_allocator.free_slots.tolist()]
 

@@ -208,6 +208,15 @@ class LegacyPoolDriver(PoolDriverBase):
         """The object holding the request's cache fields: the ``Req`` itself."""
         return req
 
+    def live_state_len(self, run: Running) -> int:
+        """How many tokens the state in the request's live slot covers: its KV so far; before
+        its prefill, the matched prefix where the release copies the hit's state at match
+        time, none where it defers the copy to the extend (``mamba_cow_src_index``)."""
+        if run.req.kv_committed_len:
+            return run.req.kv_committed_len
+        deferred = hasattr(self.api.ScheduleBatch, "_collect_deferred_mamba_cow_and_clear")
+        return 0 if deferred else run.matched
+
     def free_mamba_slots(self) -> list[int]:
         return [int(s) for s in self._slots_owner.free_slots.tolist()]
 

@@ -4,7 +4,8 @@ Every difference between SGLang releases that the kit depends on is answered her
 looking at the installed code (``hasattr``, ``inspect.signature``, a module's presence,
 the strategy flag's choices in SGLang's own parser, one config constructed), never by
 comparing version numbers.  The version is only printed.  Importing this module does not
-import sglang; :func:`probe` does, once per process.
+import sglang; :func:`probe` does, once per installation (the answers are kept in a file
+keyed by the installed sglang and transformers and this module's code).
 
 ``Features.summary()`` is the one line printed at start, e.g.
 ``sglang 0.5.13: lazy strategy absent -> lazy cells not applicable; ...``.
@@ -16,6 +17,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import os
 from dataclasses import dataclass, fields
 
 LAZY = "extra_buffer_lazy"
@@ -192,17 +194,51 @@ def _probe() -> Features:
     )
 
 
+def _cache_file():
+    """Where this installation's answers are kept: keyed by this module's code and the
+    installed sglang and transformers distributions (their files' paths, versions and
+    RECORD times), so any reinstall or edit probes again.  None when sglang is absent."""
+    import hashlib
+    import importlib.metadata as md
+    import os
+    import tempfile
+    from pathlib import Path
+
+    parts = [Path(__file__).read_text()]
+    for name in ("sglang", "transformers"):
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            return None
+        record = Path(str(dist.locate_file(""))) / f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}.dist-info" / "RECORD"
+        parts += [name, dist.version, str(dist.locate_file("")), str(record.stat().st_mtime_ns) if record.exists() else "-"]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+    root = Path(os.environ.get("HYBRID_CONFORMANCE_PROBE_CACHE") or Path(tempfile.gettempdir()) / "hybrid-conformance-probes")
+    return root / f"{key}.json"
+
+
 @functools.lru_cache(maxsize=1)
 def probe() -> Features:
-    """Probe the installed SGLang once per process (imports it: ~10 s)."""
+    """Probe the installed SGLang once (imports it: 10-60 s); a successful probe is kept
+    for this exact installation (``_cache_file``), so later processes answer at once."""
+    import json
     import logging
     import warnings
 
+    cache = _cache_file()
+    if cache is not None and cache.exists():
+        data = json.loads(cache.read_text())
+        return Features(**{**data, "strategies": tuple(data["strategies"])})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         features = _probe()
     for name in ("sglang", "sglang.srt"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    if cache is not None and features.importable:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}")
+        tmp.write_text(json.dumps({f.name: getattr(features, f.name) for f in fields(features)}))
+        tmp.replace(cache)
     return features
 
 

@@ -72,9 +72,9 @@ class SGLangTarget:
 
     def model_path(self, cell: Cell) -> str:
         if self.twins:
-            from conformance.reference.model import load_twin
+            from conformance.reference.twins import ensure_twin  # the folder; no model load
 
-            return str(load_twin(cell.model.twin).path)
+            return str(ensure_twin(cell.model.twin))
         return cell.model.hf_path
 
     def server_args(self, cell: Cell, *, model_path: str, port: int) -> list[str]:
@@ -109,9 +109,9 @@ class SGLangTarget:
 def config_folder(cell: Cell, *, twins: bool = False) -> Path:
     """A config.json-only folder with the model's architecture (no weights)."""
     if twins:
-        from conformance.reference.model import load_twin
+        from conformance.reference.twins import ensure_twin  # the folder; no model load
 
-        return load_twin(cell.model.twin).path
+        return ensure_twin(cell.model.twin)
     folder = CONFIG_DIR / cell.model.id
     if not (folder / "config.json").exists():
         raise KitError(f"no config.json-only folder for model {cell.model.id!r} at {folder}")

@@ -153,7 +153,7 @@ def tree_states(h) -> None:
         kv, seq = h.state(run.req), run.tokens
         if kv.mamba_pool_idx is not None and kv.req_pool_idx is not None:
             got = state_marker.read(pool, int(kv.mamba_pool_idx))
-            want = state_marker.marker_for(seq[: kv.kv_committed_len])
+            want = state_marker.marker_for(seq[: h.live_state_len(run)])
             if got != want:
                 raise _fail("tree_states", f"{run.rid} live slot {int(kv.mamba_pool_idx)} holds {got}, expected {want}")
         n = getattr(kv, "mamba_last_track_seqlen", None)
