@@ -78,6 +78,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pool: the in-process pool tier over SGLang's real memory classes")
     config.addinivalue_line("markers", "hicache: cells with --enable-hierarchical-cache")
     config.addinivalue_line("markers", "release_range: runs hybrid-conformance history over SGLang releases in their own venvs (tests/test_release_range.py)")
+    if config.getoption("target", None) == "pool":  # a pool run that ran nothing is not green
+        from conformance.targets.pool.gate import PoolGate
+
+        config.pluginmanager.register(PoolGate(), "hybrid-conformance-pool-gate")
     for name, text in _CHECK_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     for s in STRATEGIES:

@@ -188,3 +188,16 @@ def test_probe_answers_are_kept_per_installation(monkeypatch, tmp_path):
         assert not probes.probe().importable and not probes._cache_file().exists()  # a failed import is never kept
     finally:
         probes.probe.cache_clear()
+
+
+def test_a_pool_run_that_ran_nothing_exits_non_zero(tmp_path):
+    if not probes.probe().importable:
+        pytest.skip("sglang not importable here")
+    argv = [sys.executable, "-m", "pytest", str(ROOT / "conformance/leaks/test_pool_invariants.py"), "--target", "pool",
+            "--tier", "premerge", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", f"--report-dir={tmp_path}",
+            "-k", "test_pool_scenario and session_reuse and no_buffer"]  # a selection the kit never runs
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert "pool tier ran nothing: all 1 selected tests were skipped (first: scenario session_reuse applies to" in out.stdout
+    ran = subprocess.run(argv[:-1] + ["test_pool_scenario and refused_after_match and no_buffer"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert ran.returncode == 0 and "ran nothing" not in ran.stdout, ran.stdout[-2000:]
