@@ -259,8 +259,9 @@ def sglang_cpu_row(release: str, venv: Path, features: dict, *, requested: bool,
     check = "sglang-cpu premerge"
     if not (ROOT / "conformance" / "targets" / "sglang_cpu.py").exists():
         return Row(release, check, "na", "the sglang-cpu target is not in this kit")
-    if not features.get("general_plugins") or not features.get("oot_platforms"):
-        return Row(release, check, "na", f"sglang {release} lacks SGLang's general plugins or out-of-tree platforms (the sglang-cpu target runs through them)")
+    if not features.get("sglang_cpu_capable"):
+        return Row(release, check, "na", f"sglang {release} lacks an extension point the sglang-cpu target runs through (general plugins, "
+                   "out-of-tree platforms, the platform's support_mamba_cache_extra_buffer answer)")
     if not requested:
         return Row(release, check, "na", "not requested (--with-sglang-cpu runs it; minutes per release)")
     with tempfile.TemporaryDirectory(prefix="history-cpu-") as tmp:

@@ -115,8 +115,7 @@ def test_parse_checks():
 
 
 def test_sglang_cpu_hook_is_an_explicit_na_row(tmp_path):
-    features = {"general_plugins": False, "oot_platforms": True}
-    row = history.sglang_cpu_row("0.5.12", tmp_path, features, requested=True, tier="premerge")
-    assert row.status == "na" and ("general plugins" in row.reason or "not in this kit" in row.reason)
-    row = history.sglang_cpu_row("0.5.23", tmp_path, {"general_plugins": True, "oot_platforms": True}, requested=False, tier="premerge")
+    row = history.sglang_cpu_row("0.5.12", tmp_path, {"sglang_cpu_capable": False}, requested=True, tier="premerge")
+    assert row.status == "na" and ("support_mamba_cache_extra_buffer" in row.reason or "not in this kit" in row.reason)
+    row = history.sglang_cpu_row("0.5.23", tmp_path, {"sglang_cpu_capable": True}, requested=False, tier="premerge")
     assert row.status == "na" and ("not requested" in row.reason or "not in this kit" in row.reason)

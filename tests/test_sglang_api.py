@@ -27,6 +27,7 @@ NEW = probes.Features(
     version="0.5.23", strategy_flag=probes.NEW_STRATEGY_FLAG, strategies=("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"),
     req_kv=True, checkpoint_kv_cache=True, unified_components=True, release_insert_kwarg="checkpoint",
     override_platform=True, granite_new_layer_names=True, general_plugins=True, oot_platforms=True,
+    platform_extra_buffer_answer=True,
 )
 
 
@@ -43,6 +44,7 @@ def test_summary_is_one_line_naming_each_probe_and_its_consequence():
     assert "pool driver legacy" in line and "release_kv_cache(*, is_insert)" in line
     assert "granite configs rewritten" in line and "sglang-cpu target not applicable" in line
     assert "lazy strategy present" in NEW.summary() and "pool driver kv" in NEW.summary()
+    assert NEW.sglang_cpu_capable and not OLD.sglang_cpu_capable
 
 
 def test_pool_driver_follows_the_lifecycle_probes():

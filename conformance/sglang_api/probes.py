@@ -49,6 +49,7 @@ class Features:
     granite_new_layer_names: bool = False  # granite config takes linear_attention/full_attention
     general_plugins: bool = False  # sglang.srt.plugins.load_plugins (entry-point group sglang.srt.plugins)
     oot_platforms: bool = False  # sglang.srt.platforms.interface.SRTPlatform (out-of-tree platforms)
+    platform_extra_buffer_answer: bool = False  # SRTPlatform.support_mamba_cache_extra_buffer (a platform may allow extra_buffer)
 
     # ------------------------------------------------------------ derived answers
     @property
@@ -69,6 +70,11 @@ class Features:
         if not self.req_kv and self.mamba_radix_cache and self.release_insert_kwarg == "is_insert":
             return "legacy"
         return None
+
+    @property
+    def sglang_cpu_capable(self) -> bool:
+        """SGLang's extension points the sglang-cpu target runs through are all there."""
+        return self.general_plugins and self.oot_platforms and self.platform_extra_buffer_answer
 
     def not_applicable(self, strategy: str) -> str | None:
         """SGLang's own reason a strategy cannot be asked of this release (None: it can)."""
@@ -92,12 +98,13 @@ class Features:
             f"MambaSlotAllocator {'present' if self.mamba_slot_allocator else 'absent (mamba_pool.alloc/free)'}",
             f"_gather_mamba_track_indices {'present' if self.gather_track_indices else 'absent (kit indexes the ping-pong mapping)'}",
             f"granite layer names {'linear_attention/full_attention' if self.granite_new_layer_names else 'mamba/attention only -> granite configs rewritten'}",
-            f"general plugins + out-of-tree platforms {'present' if self.general_plugins and self.oot_platforms else 'absent -> sglang-cpu target not applicable'}",
+            f"plugins + out-of-tree platform with an extra_buffer answer {'present' if self.sglang_cpu_capable else 'absent -> sglang-cpu target not applicable'}",
         ]
         return f"sglang {self.version}: " + "; ".join(parts)
 
     def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {"lazy": self.lazy, "pool_driver": self.pool_driver}
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "lazy": self.lazy, "pool_driver": self.pool_driver, "sglang_cpu_capable": self.sglang_cpu_capable}
 
 
 def _module(name: str):
@@ -191,6 +198,7 @@ def _probe() -> Features:
         granite_new_layer_names=_granite_takes_new_names(),
         general_plugins=hasattr(_module("sglang.srt.plugins"), "load_plugins"),
         oot_platforms=hasattr(_module("sglang.srt.platforms.interface"), "SRTPlatform"),
+        platform_extra_buffer_answer=hasattr(getattr(_module("sglang.srt.platforms.interface"), "SRTPlatform", None), "support_mamba_cache_extra_buffer"),
     )
 
 
