@@ -208,14 +208,15 @@ class LegacyPoolDriver(PoolDriverBase):
         """The object holding the request's cache fields: the ``Req`` itself."""
         return req
 
-    def live_state_len(self, run: Running) -> int:
+    def live_state_len(self, run: Running) -> int | None:
         """How many tokens the state in the request's live slot covers: its KV so far; before
         its prefill, the matched prefix where the release copies the hit's state at match
-        time, none where it defers the copy to the extend (``mamba_cow_src_index``)."""
-        if run.req.kv_committed_len:
+        time; None (not defined yet) where it defers the copy and the clear to the extend
+        (``_collect_deferred_mamba_cow_and_clear``): the slot may hold a former owner's state."""
+        if run.prefill_done:
             return run.req.kv_committed_len
         deferred = hasattr(self.api.ScheduleBatch, "_collect_deferred_mamba_cow_and_clear")
-        return 0 if deferred else run.matched
+        return None if deferred else run.matched
 
     def free_mamba_slots(self) -> list[int]:
         return [int(s) for s in self._slots_owner.free_slots.tolist()]
@@ -248,12 +249,19 @@ class LegacyPoolDriver(PoolDriverBase):
     def _alloc_kv(self, req, start: int, end: int) -> None:
         loc = self.api.alloc_token_slots(self.tree, end - start)
         self.rtp.write((req.req_pool_idx, slice(start, end)), loc.to(torch.int32))
-        req.kv_committed_len = req.kv_allocated_len = end
-        if self.api.ReqKvInfo is not None:  # the KV lengths' own record, as alloc_for_extend keeps it
+        req.kv_committed_len = end
+        self._kv_record(req, end)
+
+    def _kv_record(self, req, allocated: int) -> None:
+        """The KV length the request holds; where the release keeps it in its own record
+        (``ReqKvInfo``), that record exists whenever the request holds a row, as
+        ``alloc_for_extend`` (which takes both at once) leaves it."""
+        req.kv_allocated_len = allocated
+        if self.api.ReqKvInfo is not None:
             if getattr(req, "kv", None) is None:
-                req.kv = self.api.ReqKvInfo(kv_allocated_len=end, swa_evicted_seqlen=0)
+                req.kv = self.api.ReqKvInfo(kv_allocated_len=allocated, swa_evicted_seqlen=0)
             else:
-                req.kv.kv_allocated_len = end
+                req.kv.kv_allocated_len = allocated
 
     def _kv_room(self, tokens: int) -> bool:
         return self.alloc.available_size() + self.tree.full_evictable_size() >= tokens + 1
@@ -306,6 +314,8 @@ class LegacyPoolDriver(PoolDriverBase):
         self.api.alloc_req_slots(self.rtp, [req], self.tree)
         if matched:
             self.rtp.write((req.req_pool_idx, slice(0, matched)), req.prefix_indices.to(torch.int32))
+        req.kv_committed_len = matched  # the row holds the matched prefix, as after alloc_for_extend
+        self._kv_record(req, matched)
         run = Running(rid, req, tuple(prompt), matched, None)
         self.running[rid] = run
         return run

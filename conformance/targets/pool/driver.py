@@ -12,7 +12,8 @@ Operations: ``admit``, ``adopt``, ``prefill_chunk``, ``decode``, ``finish``, ``e
 carried into the next turn, as streaming sessions do).  Views: ``state(req)`` (the object
 holding the request's cache fields), ``free_mamba_slots()``, ``tree_mamba_slots()``,
 ``tree_state_keys()``, ``mamba_available()``, ``request_slots(req)``, ``session_records()``,
-``live_state_len(run)`` (how many tokens the request's live slot state covers).  Attributes:
+``live_state_len(run)`` (how many tokens the request's live slot state covers; None before a
+prefill that will copy or clear it).  Attributes:
 ``key``, ``sizes``, ``api``, ``rtp``, ``alloc``, ``tree``, ``extra``, ``lazy``, ``chunk``,
 ``checkpoint_grid``, ``track_grid``, ``running``, ``evictions``, and the capability
 answers ``oracle_exact`` (the prefix oracle models this lifecycle's insert points),

@@ -151,9 +151,10 @@ def tree_states(h) -> None:
             raise _fail("tree_states", f"tree node at length {len(key)} (slot {slot}) holds {got}, expected {state_marker.marker_for(key)}")
     for run in h.running.values():
         kv, seq = h.state(run.req), run.tokens
-        if kv.mamba_pool_idx is not None and kv.req_pool_idx is not None:
+        covered = h.live_state_len(run)
+        if kv.mamba_pool_idx is not None and kv.req_pool_idx is not None and covered is not None:
             got = state_marker.read(pool, int(kv.mamba_pool_idx))
-            want = state_marker.marker_for(seq[: h.live_state_len(run)])
+            want = state_marker.marker_for(seq[:covered])
             if got != want:
                 raise _fail("tree_states", f"{run.rid} live slot {int(kv.mamba_pool_idx)} holds {got}, expected {want}")
         n = getattr(kv, "mamba_last_track_seqlen", None)
