@@ -50,6 +50,8 @@ class Features:
     general_plugins: bool = False  # sglang.srt.plugins.load_plugins (entry-point group sglang.srt.plugins)
     oot_platforms: bool = False  # sglang.srt.platforms.interface.SRTPlatform (out-of-tree platforms)
     platform_extra_buffer_answer: bool = False  # SRTPlatform.support_mamba_cache_extra_buffer (a platform may allow extra_buffer)
+    flags: tuple[str, ...] = ()  # which of PARSER_FLAGS SGLang's parser takes
+    pd_transfer_refusal: str | None = None  # SGLang's own line when its default PD transfer engine cannot be built here
 
     # ------------------------------------------------------------ derived answers
     @property
@@ -116,18 +118,41 @@ def _module(name: str):
     return importlib.import_module(name)
 
 
-def _strategy_flag() -> tuple[str | None, tuple[str, ...]]:
+#: Flags a selection may need, looked up in SGLang's own parser.
+PARSER_FLAGS = ("--enable-hierarchical-cache", "--disaggregation-mode", "--mamba-track-interval", "--device",
+                "--enable-streaming-session", "--sleep-on-idle")
+
+
+def _strategy_flag() -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
+    """(the strategy flag, its choices, which of :data:`PARSER_FLAGS` exist)."""
     import argparse
 
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(add_help=False)
     ServerArgs.add_cli_args(parser)
+    actions = parser._option_string_actions  # argparse has no public accessor
+    flags = tuple(f for f in PARSER_FLAGS if f in actions)
     for flag in (NEW_STRATEGY_FLAG, OLD_STRATEGY_FLAG):
-        action = parser._option_string_actions.get(flag)  # argparse has no public accessor
+        action = actions.get(flag)
         if action is not None:
-            return flag, tuple(action.choices or ())
-    return None, ()
+            return flag, tuple(action.choices or ()), flags
+    return None, (), flags
+
+
+def _pd_transfer_refusal() -> str | None:
+    """SGLang's own answer when asked for its default PD transfer engine (Mooncake) here."""
+    mod = _module("sglang.srt.distributed.device_communicators.mooncake_transfer_engine")
+    engine = getattr(mod, "MooncakeTransferEngine", None)
+    if engine is None:
+        return "this release has no Mooncake transfer engine module"
+    try:
+        engine("127.0.0.1")
+    except ImportError as e:
+        return " ".join(str(e).split())
+    except Exception as e:  # built, but cannot run here
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return None
 
 
 def _mamba_state_on_req_kv(schedule_batch) -> bool:
@@ -166,7 +191,7 @@ def _probe() -> Features:
     try:
         schedule_batch = importlib.import_module("sglang.srt.managers.schedule_batch")
         common = importlib.import_module("sglang.srt.mem_cache.common")
-        flag, strategies = _strategy_flag()
+        flag, strategies, flags = _strategy_flag()
     except Exception as e:  # e.g. an incompatible transformers: "'qwen3_asr' is already used ..."
         return Features(version=version, import_error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
     runtime = _module("sglang.srt.runtime_context")
@@ -199,6 +224,8 @@ def _probe() -> Features:
         general_plugins=hasattr(_module("sglang.srt.plugins"), "load_plugins"),
         oot_platforms=hasattr(_module("sglang.srt.platforms.interface"), "SRTPlatform"),
         platform_extra_buffer_answer=hasattr(getattr(_module("sglang.srt.platforms.interface"), "SRTPlatform", None), "support_mamba_cache_extra_buffer"),
+        flags=flags,
+        pd_transfer_refusal=_pd_transfer_refusal(),
     )
 
 
@@ -236,7 +263,7 @@ def probe() -> Features:
     cache = _cache_file()
     if cache is not None and cache.exists():
         data = json.loads(cache.read_text())
-        return Features(**{**data, "strategies": tuple(data["strategies"])})
+        return Features(**{**data, "strategies": tuple(data["strategies"]), "flags": tuple(data.get("flags", ()))})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         features = _probe()
