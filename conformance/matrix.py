@@ -27,7 +27,9 @@ FAMILIES = ("qwen3-next", "nemotron-h", "granite-h", "falcon-h1")
 TARGETS = ("reference", "sglang", "sglang-cpu", "pool")
 TIERS = ("premerge", "standard", "nightly")  # each tier includes the ones before it
 DEFAULT_TIER = "standard"
-CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg")
+#: Real SGLang on CPU is the kit's main CPU target; the reference engine is opt-in.
+DEFAULT_TARGET = "sglang-cpu"
+CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg", "agreement")
 
 FIXTURES_DIR = Path(os.environ.get("HYBRID_CONFORMANCE_FIXTURES", Path(__file__).resolve().parents[1] / "fixtures"))
 DEFAULT_MATRIX = FIXTURES_DIR / "matrix.toml"

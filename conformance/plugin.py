@@ -13,14 +13,16 @@ Order of this module: option help texts, ``pytest_addoption``, ``pytest_configur
 * ``record_verdict`` files a check's :class:`~conformance.records.Verdict` under its
   cell; at the end of the run the controller writes ``report.json`` (and friends)
   to ``--report-dir``. Verdicts travel as ``user_properties`` so xdist works.
+  The hooks that gather every outcome and write the report are in
+  ``conformance.report_hooks`` (registered below through ``pytest_plugins``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -28,11 +30,12 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
+from conformance.matrix import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
+from conformance.outcomes import Outcomes, cell_json, note_launch, note_server, note_server_end
 from conformance.records import Verdict
 
-#: The request-program suite's options and marker (conformance/programs).
-pytest_plugins = ("conformance.programs.options",)
+#: The report hooks, and the request-program suite's options and marker (conformance/programs).
+pytest_plugins = ["conformance.report_hooks", "conformance.programs.options"]
 
 HELP_TARGET = "who answers: reference (the kit's embedded CPU engine, default), sglang-cpu (real SGLang on CPU serving the twins), sglang (real sglang serve on GPUs), pool (only the in-process pool tier)"
 HELP_MODELS = "comma list of model ids, families or twin names to run (default: all)"
@@ -50,6 +53,7 @@ _CHECK_MARKERS = {
     "prefix_branching": "prefix-branching cache hits against the oracle",
     "leaks": "pool-leak invariants",
     "disagg": "PD disaggregation",
+    "agreement": "real SGLang on CPU against the reference engine (target sglang-cpu)",
 }
 
 
@@ -69,7 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--dtype", choices=("float32", "bfloat16"), default=None, help="with --target sglang-cpu: SGLang's --dtype (default float32)")
     g.addoption("--gsm8k-dir", default=None, help="local GSM8K folder (test.jsonl, train_first8.jsonl); env HYBRID_CONFORMANCE_GSM8K_DIR")
     g.addoption("--server-log-dir", default=None, help="per-cell server logs (default: <report-dir>/logs or a temp dir)")
-    parser.addini("hybrid_conformance_target", "default --target", default="reference")
+    parser.addini("hybrid_conformance_target", "default --target", default=DEFAULT_TARGET)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -80,6 +84,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cpu: runs on CPU (reference target, pool tier)")
     config.addinivalue_line("markers", "pool: the in-process pool tier over SGLang's real memory classes")
     config.addinivalue_line("markers", "hicache: cells with --enable-hierarchical-cache")
+    config.addinivalue_line("markers", "release_range: runs hybrid-conformance history over SGLang releases in their own venvs (tests/test_release_range.py)")
+    if config.getoption("target", None) == "pool":  # a pool run that ran nothing is not green
+        from conformance.targets.pool.gate import PoolGate
+
+        config.pluginmanager.register(PoolGate(), "hybrid-conformance-pool-gate")
     for name, text in _CHECK_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     for s in STRATEGIES:
@@ -156,11 +165,11 @@ class RunState:
     options: Options
     started: float = field(default_factory=time.time)
     matrix: Matrix | None = None
-    launches: dict[str, str] = field(default_factory=dict)  # launch uid -> cell id
-    verdicts: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
-    cells: dict[str, dict[str, Any]] = field(default_factory=dict)
+    outcomes: Outcomes = field(default_factory=Outcomes)
     not_applicable: dict[str, str] = field(default_factory=dict)
-    seen_verdicts: set[tuple[str, str]] = field(default_factory=set)  # (nodeid, payload) already filed
+    exitstatus: int | None = None
+    preflight: list[dict[str, Any]] | None = None
+    preflight_failures: dict[str, str] = field(default_factory=dict)  # nodeid -> the need it lacks
 
     def get_matrix(self) -> Matrix:
         if self.matrix is None:
@@ -222,8 +231,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         marks.append(pytest.mark.gpu if target == "sglang" else pytest.mark.cpu)
         marks.append(pytest.mark.xdist_group(cell.id))
         params.append(pytest.param(cell, id=cell.id, marks=marks))
-    if not params:
-        params = [pytest.param(None, id="no-cell", marks=pytest.mark.skip(reason="no matrix cell matches the selection"))]
+    if not params:  # an empty selection is a failure of the run, never a silent skip
+        params = [pytest.param(None, id="no-cell")]
     metafunc.parametrize("cell", params, indirect=True, scope="session")
 
 
@@ -246,7 +255,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_report_header(config: pytest.Config) -> list[str]:
     o = run_state(config).options
     sel = ", ".join(f"{k}={v}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes), ("tier", o.tier)) if v)
-    return [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
+    lines = [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
+    if o.target == "pool":  # the release's feature probes, one line (conformance.sglang_api.probes)
+        from conformance.sglang_api.probes import probe
+
+        lines.append(f"hybrid-conformance: {probe().summary()}")
+    return lines
 
 
 # ------------------------------------------------------------------ fixtures
@@ -256,7 +270,9 @@ def cell(request: pytest.FixtureRequest) -> Cell:
     """The matrix cell this test runs against (session scope: shared by the cell's tests)."""
     value = getattr(request, "param", None)
     if value is None:
-        pytest.skip("no matrix cell matches the selection")
+        o = run_state(request.config).options
+        sel = ", ".join(f"{k}={','.join(map(str, v))}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes)) if v)
+        pytest.fail(f"no matrix cell matches the selection (target {o.target}, tier {o.tier or DEFAULT_TIER}{', ' + sel if sel else ''})", pytrace=False)
     return value
 
 
@@ -284,17 +300,26 @@ def matrix(pytestconfig: pytest.Config) -> Matrix:
 
 @pytest.fixture(scope="session")
 def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A healthy server for ``cell`` on the selected target, started once per cell."""
+    """A healthy server for ``cell`` on the selected target, started once per cell.
+    A launch that cannot happen is one line (``KitError``), never a traceback."""
     from conformance.targets.serving import serve_cell
 
     state = run_state(request.config)
     log_dir = state.options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
-    with serve_cell(cell, state.options, log_dir=log_dir) as ep:
-        uid = uuid.uuid4().hex
-        state.launches[uid] = cell.id
-        _launch_node(request).user_properties.append(("hc_launch", json.dumps({"uid": uid, "cell": cell.id})))
-        yield ep
-        _teardown_idle_check(ep)
+    stack = contextlib.ExitStack()
+    try:
+        ep = stack.enter_context(serve_cell(cell, state.options, log_dir=log_dir))
+    except KitError as e:
+        problem = str(e)
+    else:
+        with stack:
+            note_launch(request, cell, kind="server")
+            note_server(request, cell, ep.info, target=state.options.target)
+            yield ep
+            note_server_end(cell, alive_at_end=ep.alive(), exit_reason=None if ep.alive() else _dead_reason(ep), **ep.extra.get("server", {}))
+            _teardown_idle_check(ep)
+        return
+    pytest.fail(problem, pytrace=False)
 
 
 def _dead_reason(ep: Any) -> str | None:
@@ -364,70 +389,15 @@ def cell_store(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFac
     return CellStore((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared")
 
 
-def _launch_node(request: pytest.FixtureRequest) -> pytest.Item:
-    node = request.node
-    return node if isinstance(node, pytest.Item) else request._pyfuncitem  # type: ignore[attr-defined]
-
-
 @pytest.fixture
 def record_verdict(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdict]:
     """Callable filing a Verdict under the test's cell (for report.json); returns it."""
     cell_obj: Cell | None = request.getfixturevalue("cell") if "cell" in request.fixturenames else None
 
     def record(verdict: Verdict) -> Verdict:
-        payload = {"cell": cell_obj.describe() if cell_obj else None, "check": verdict.check, "verdict": verdict.to_json()}
+        options = run_state(request.config).options
+        payload = {"cell": cell_json(cell_obj, options) if cell_obj else None, "check": verdict.check, "verdict": verdict.to_json()}
         request.node.user_properties.append(("hc_verdict", json.dumps(payload, default=float)))
         return verdict
 
     return record
-
-
-# ------------------------------------------------------------------ report hooks
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Collect verdicts and launches (also from xdist workers) in the controller."""
-    config = _CONFIG_REF.get("config")
-    if config is None:
-        return
-    state = run_state(config)
-    if report.when == "setup":
-        for key, value in report.user_properties:
-            if key == "hc_launch":
-                launch = json.loads(value)
-                state.launches[launch["uid"]] = launch["cell"]
-    if report.when != "call" and not (report.when == "setup" and report.skipped):
-        return
-    seen = state.seen_verdicts
-    for key, value in report.user_properties:
-        if key != "hc_verdict" or (report.nodeid, value) in seen:
-            continue
-        seen.add((report.nodeid, value))
-        data = json.loads(value)
-        if not data["cell"]:
-            continue
-        cid = data["cell"]["id"]
-        state.cells[cid] = data["cell"]
-        state.verdicts.setdefault(cid, {}).setdefault(data["check"], []).append(data["verdict"])
-
-
-_CONFIG_REF: dict[str, pytest.Config] = {}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    from conformance.targets.launcher import install_signal_handlers
-
-    _CONFIG_REF["config"] = session.config
-    install_signal_handlers()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    config = session.config
-    if hasattr(config, "workerinput"):  # xdist worker: the controller writes the report
-        return
-    state = run_state(config)
-    if state.options.report_dir is None:
-        return
-    from conformance.runreport import write_run_report
-
-    write_run_report(state, wall_s=time.time() - state.started)

@@ -1,55 +1,69 @@
-"""The end-of-run summary table (cell, check, status, key numbers) printed by ``run``."""
+"""The end-of-run summary ``run`` prints: one row per cell (a status column per check),
+then the reasons of failures and errors only, then the same counts, completeness and
+versions lines as report.md and report.html. Sized to the terminal, not a fixed width."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-KEY_METRICS = {
-    "kl": ("topk_kl_mean", "max_token_kl", "k3_mean", "noise_floor", "hit_fraction"),
-    "prefix_branching": ("requests", "hits_expected", "hits_observed", "mismatches"),
-    "leaks": ("mamba_used_at_idle", "kv_used_at_idle", "leak_log_lines", "lazy_resident_ratio"),
-    "gsm8k": ("n", "accuracy", "wilson_low", "agreement"),
-    "disagg": ("agreement", "topk_kl_mean", "mamba_used_at_idle"),
-    "programs": ("examples", "seconds", "requests", "hits", "examples_to_failure"),
-}
-STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+from conformance.report.schema import check_names, completeness_line, count_line, model_label, not_applicable, variant_label, versions_line
+
+STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "error": "bold dark_orange"}
+WORD = {"pass": "pass", "fail": "FAIL", "skip": "skip", "error": "ERROR"}
+SHORT = {"prefix_branching": "prefix", "disagg": "pd", "teardown": "tdown"}
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}"
-    return "-" if v is None else str(v)
-
-
-def summary_table(report: dict[str, Any]) -> Table:
-    table = Table(title=f"hybrid-conformance: target={report.get('target')} launches={report.get('launches')} wall={report.get('wall_s', 0):.1f}s")
-    for col in ("cell", "check", "status", "numbers"):
-        table.add_column(col)
-    for cell in report.get("cells", []):
-        if cell.get("not_applicable"):
-            table.add_row(cell["id"], "-", "[yellow]n/a[/]", cell["not_applicable"])
-            continue
-        for check, v in sorted(cell.get("checks", {}).items()):
-            nums = ", ".join(f"{k}={_fmt(v['metrics'].get(k))}" for k in KEY_METRICS.get(check, ()) if k in v.get("metrics", {}))
-            if v.get("reason"):
-                nums = f"{nums}; {v['reason']}" if nums else v["reason"]
-            st = v["status"]
-            table.add_row(cell["id"], check, f"[{STYLE.get(st, '')}]{st}[/]", nums)
+def summary_table(report: Mapping[str, Any]) -> Table:
+    """Rows: cells; columns: model (the twin where twins ran), strategy, variant, one per check."""
+    cells = [c for c in report.get("cells", []) if not not_applicable(c)]
+    checks = check_names(cells)
+    title = f"target={report.get('target')} launches={report.get('launches')} wall={report.get('wall_s', 0):.0f}s"
+    table = Table(title=title, title_justify="left", pad_edge=False, padding=(0, 1))
+    table.add_column("model", overflow="fold")
+    table.add_column("strategy", overflow="fold")
+    table.add_column("cell", overflow="fold")
+    for check in checks:
+        table.add_column(SHORT.get(check, check), no_wrap=True)
+    for cell in cells:
+        row = [escape(model_label(cell)), escape(str(cell.get("strategy", "-"))), escape(variant_label(cell))]
+        for check in checks:
+            v = cell["checks"].get(check)
+            row.append(f"[{STYLE.get(v['status'], '')}]{WORD.get(v['status'], v['status'])}[/]" if v else "")
+        table.add_row(*row)
     return table
 
 
-def print_summary(report: dict[str, Any], report_dir: Path, console: Console | None = None) -> None:
-    console = console or Console(width=200)
-    console.print(summary_table(report))
-    counts: dict[str, int] = {}
+def problem_lines(report: Mapping[str, Any], limit: int = 40) -> list[str]:
+    """``cell check STATUS: reason`` for every fail and error (and not-applicable cells, once)."""
+    out = []
     for cell in report.get("cells", []):
-        for v in cell.get("checks", {}).values():
-            counts[v["status"]] = counts.get(v["status"], 0) + 1
-    console.print(
-        f"checks: {counts.get('pass', 0)} pass, {counts.get('fail', 0)} fail, {counts.get('skip', 0)} skip; "
-        f"launches={report.get('launches')}; report: {report_dir / 'report.json'}"
-    )
+        if not_applicable(cell):
+            out.append(f"{cell['id']}: n/a: {cell['not_applicable']}")
+            continue
+        for check, v in cell.get("checks", {}).items():
+            if v.get("status") in ("fail", "error"):
+                out.append(f"{cell['id']} {check} {WORD[v['status']]}: {v.get('reason', '')}")
+    for row in report.get("unbound_failures") or []:
+        out.append(f"{row['nodeid']} ({row['when']}): {row['reason']}")
+    return out[:limit] + ([f"... and {len(out) - limit} more in report.md"] if len(out) > limit else [])
+
+
+def print_summary(report: Mapping[str, Any], report_dir: Path, console: Console | None = None) -> None:
+    console = console or Console(width=shutil.get_terminal_size((120, 40)).columns, highlight=False)
+    console.print(summary_table(report))
+    for line in problem_lines(report):
+        console.print(f"[bold red]-[/] {escape(line)}", overflow="fold")
+    incomplete = completeness_line(report)
+    if incomplete:
+        console.print(f"[bold dark_orange]{escape(incomplete)}[/]", overflow="fold")
+    console.print(f"{count_line(report)}; launches={report.get('launches')}")
+    versions = versions_line(report)
+    if versions:
+        console.print(escape(versions), overflow="fold", style="dim")
+    console.print(f"report: {report_dir / 'report.json'} (and report.md, report.html, junit.xml)")

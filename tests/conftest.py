@@ -6,6 +6,8 @@ each: a default run keeps only the ``fault_probe_fast`` subset (deselected, not 
 and said so in the header); ``-m fault_probe`` (or any marker expression naming it) runs
 them all."""
 
+import os
+
 import pytest
 from hypothesis import settings
 
@@ -37,3 +39,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     return [] if _all_probes_asked(config) else [f"real-SGLang fault probes: fast subset only (run all with -m {PROBE})"]
+
+
+# The kit's default target is real SGLang on CPU; the kit's own tests drive pytest and the
+# CLI in child processes against the reference engine or stand-ins unless a test names a
+# target itself (the sglang-cpu target has its own tests and suites).
+os.environ.setdefault("HYBRID_CONFORMANCE_TARGET", "reference")

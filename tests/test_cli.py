@@ -92,3 +92,20 @@ def test_plan_validate_runs_sglangs_parser_on_server_and_pd_commands() -> None:
     assert set(rows["no_buffer"]["pd"]) == {"prefill", "decode", "router"}
     assert rows["no_buffer"]["pd"]["prefill"] == "ok" and rows["no_buffer"]["pd"]["decode"] == "ok"
     assert "extra_buffer_lazy is refused under PD" in rows["extra_buffer_lazy"]["pd"]
+
+
+def test_serve_takes_its_options_and_help_as_documented() -> None:
+    out = run_cli("serve", "--help")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: hybrid-conformance serve") and "--model" in out.stdout and "--strategy" in out.stdout
+    bad = run_cli("serve", "--model", "tiny-qwen3-next", "--strategy", "bogus", "--port", "0")
+    lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+    assert bad.returncode == 2 and len(lines) == 1 and "unknown strategy 'bogus'" in lines[0], bad.stderr
+
+
+def test_preflight_subcommand_prints_one_line_per_need() -> None:
+    out = run_cli("preflight", "--tier", "premerge", "--suite", "kl")
+    assert out.returncode == 0, out.stderr
+    names = [ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("preflight ")]
+    assert names == ["selection", "gsm8k", "gpus", "sglang", "twins", "ports"]
+    assert "gsm8k     ok   not needed" in out.stdout

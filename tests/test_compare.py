@@ -154,3 +154,30 @@ def test_cli_name_for_loading_is_exported():
     from conformance.report.compare import load_report_file
 
     assert load_report_file(DATA / "clean")["schema"] == 1
+
+
+def test_an_errored_check_is_a_regression_even_if_it_errored_before(clean):
+    new = copy.deepcopy(clean)
+    kl = _cell(new, LAZY)["checks"]["kl"]
+    kl.update(status="error", reason="test test_kl: RuntimeError: boom", metrics=dict.fromkeys(kl["metrics"]))
+    result = compare_reports(clean, new)
+    assert ("error", LAZY, "kl") in _kinds(result) and ("status", LAZY, "kl") not in _kinds(result)
+    assert compare_reports(new, copy.deepcopy(new)).regressed  # still errored: still nothing compared
+    assert not compare_reports(new, clean).regressed  # error -> pass is an improvement
+
+
+def test_an_incomplete_run_is_a_regression_naming_the_cells(clean):
+    new = copy.deepcopy(clean)
+    new["cells"] = [c for c in new["cells"] if c["id"] != NOBUF]
+    new.update({"complete": False, "incomplete_reasons": ["interrupted"], "cells_not_run": [NOBUF]})
+    result = compare_reports(clean, new)
+    kinds = _kinds(result)
+    assert ("missing", NOBUF, "-") in kinds and ("incomplete", "-", "-") in kinds
+    row = next(r for r in result.rows if r.kind == "incomplete")
+    assert "interrupted" in row.note and NOBUF in row.note
+
+
+def test_a_new_failing_teardown_check_is_a_regression(clean):
+    new = copy.deepcopy(clean)
+    _cell(new, EXTRA)["checks"]["teardown"] = {"status": "fail", "metrics": {}, "reason": "pools not idle after cell teardown (mamba=3)"}
+    assert ("status", EXTRA, "teardown") in _kinds(compare_reports(clean, new))

@@ -76,11 +76,17 @@ def test_bad_backend_and_too_few_gpus_are_one_line_errors():
 
 
 def test_pd_gpus_follow_the_non_pd_servers_gpus(monkeypatch):
+    from conformance.targets import sglang as sglang_target
+
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setattr(sglang_target, "cuda_device_count", lambda: 6)  # a six-GPU box
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cell = _cells("no_buffer", "nemotron-h")[0]  # tp 1
     opts = SimpleNamespace(target="sglang", twins=False, gpus_per_worker=3, sglang_launcher="python -m sglang.launch_server")
     spec = pd_spec_for(cell, opts, ports=PORTS)
     assert spec.prefill.env["CUDA_VISIBLE_DEVICES"] == "4,5"  # worker gw1 owns 3-5; its non-PD server has 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3,4,5,6,7")  # a mask the runner set: mapped into, not overwritten
+    assert pd_spec_for(cell, opts, ports=PORTS).prefill.env["CUDA_VISIBLE_DEVICES"] == "6,7"
     assert _flag(spec.prefill.argv, "--base-gpu-id") == "0" and _flag(spec.decode.argv, "--base-gpu-id") == "1"
 
 

@@ -27,3 +27,21 @@ def test_lazy_cells_are_recorded_as_not_applicable_without_a_launch(tmp_path: Pa
     for c in cells.values():
         v = c["checks"]["disagg"]
         assert v["status"] == "skip" and v["reason"] == LAZY_REFUSAL
+
+
+def test_a_disagg_only_run_counts_its_launches_and_draws_its_plots(tmp_path: Path) -> None:
+    """One PD cell: the non-PD server and the PD unit are two launches; the PD KL curve and
+    the decode server's occupancy timeline are drawn and referenced by report.html."""
+    out = subprocess.run(
+        [sys.executable, "-m", "conformance.cli", "run", "--suite", "disagg", "--models", "qwen3-next", "--tier", "premerge",
+         "--strategies", "extra_buffer", "--report-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    (cell,) = report["cells"]
+    assert cell["checks"]["disagg"]["status"] == "pass"
+    assert report["launches"] == 2 and report["launches_by_kind"] == {"pd": 1, "server": 1}
+    html = (tmp_path / "report.html").read_text()
+    for name in (f"pd_kl_{cell['id']}.png", "pd_pool_extra_buffer.png"):
+        assert (tmp_path / "plots" / name).is_file() and f'src="plots/{name}"' in html

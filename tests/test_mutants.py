@@ -72,6 +72,38 @@ def test_uncaught_fault_fails_the_command(tmp_path: Path, gsm8k_env: None, monke
     assert "NOT CAUGHT" in text and text.rstrip().splitlines()[-1] == "mutation score: 0/1"
 
 
+def test_a_timed_out_run_is_not_caught_and_leaves_no_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mutant run that hits its time limit proved nothing: NOT CAUGHT, and its whole
+    process group (a grandchild here) is killed."""
+    import sys
+    import time
+
+    import psutil
+
+    pidfile = tmp_path / "grandchild.pid"
+    sleeper = ["import subprocess, sys, time",
+               f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); open({str(pidfile)!r}, 'w').write(str(p.pid))",
+               "time.sleep(300)"]
+    monkeypatch.setattr(command, "_pytest_argv", lambda plan, report_dir: [sys.executable, "-c", "\n".join(sleeper)])
+    plan = MutantPlan("slow", suites=("kl",), timeout_s=3.0)
+    t0 = time.monotonic()
+    caught = command.run_plan(plan, "cached_tokens_overreport", tmp_path)
+    assert time.monotonic() - t0 < 60
+    assert caught.caught is False and caught.timed_out and "not caught" in caught.by[0]
+    clean = command.run_plan(plan, None, tmp_path)
+    assert clean.caught is True and clean.timed_out  # a clean run that times out voids the score
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+    monkeypatch.setattr(command, "reference_plans", lambda: {"cached_tokens_overreport": plan})
+    console = Console(width=300, record=True)
+    assert command.run_mutants(target="reference", only=None, report_dir=tmp_path / "all", console=console) == 1
+    text = console.export_text()
+    assert "NOT CAUGHT (timed out after 3s: not caught)" in text and text.rstrip().splitlines()[-1] == "mutation score: 0/1"
+
+
 # ------------------------------------------------------------------ real SGLang (sglang-cpu)
 def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
     from conformance.sglang_plugins.faults.catalogue import faults

@@ -30,6 +30,11 @@ def regressed() -> dict:
     return load_report(DATA / "regressed" / "report.json")
 
 
+def _section(html: str, heading: str) -> str:
+    """The HTML between ``<h2>heading</h2>`` and the next ``<h2>``."""
+    return html.split(f"<h2>{heading}</h2>", 1)[1].split("<h2>", 1)[0]
+
+
 def _assert_not_blank(path: Path) -> None:
     pixels = mpimg.imread(path)
     assert pixels.ndim == 3 and pixels.shape[0] > 50 and pixels.shape[1] > 50, path
@@ -52,14 +57,16 @@ def test_html_and_pngs_from_a_recorded_run(clean, tmp_path):
         assert written[f"plots/{png.name}"] == png
     assert srcs == {f"plots/{p.name}" for p in pngs}
     assert "no per-position KL recorded" in html  # the cell without details says so as text
-    assert html.count('class="pass"') == clean["summary"]["pass"]
-    assert html.count('class="skip"') == clean["summary"]["skip"]
+    table = _section(html, "Cells")
+    assert table.count('class="pass"') == clean["summary"]["pass"]
+    assert table.count('class="skip"') == clean["summary"]["skip"]
 
 
 def test_failing_run_marks_failures_in_html_and_markdown(regressed, tmp_path):
     write_report(regressed, tmp_path)
     html = (tmp_path / "report.html").read_text()
-    assert html.count('class="fail"') == 1
+    assert _section(html, "Cells").count('class="fail"') == 1
+    assert _section(html, "Verdict matrix").count('class="fail"') == 1  # the square holding the failing cell
     assert "3 mamba slots still used at idle" in html
     md = (tmp_path / "report.md").read_text()
     assert "## Failures" in md

@@ -36,7 +36,7 @@ def test_build_report_fills_contract_metrics_and_reasons():
     assert checks["kl"]["metrics"]["noise_floor"] is None
     assert checks["leaks"]["reason"] == "3 slots leaked"
     assert checks["gsm8k"]["reason"] == "no reason recorded"
-    assert report["summary"] == {"pass": 1, "fail": 1, "skip": 1}
+    assert report["summary"] == {"pass": 1, "fail": 1, "skip": 1, "error": 0}
     assert json.loads(dump_report(report)) == report
     for key in ("page_size", "track_interval", "cache_variant", "tier"):
         assert key in report["cells"][0]

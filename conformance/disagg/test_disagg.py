@@ -28,7 +28,7 @@ from conformance.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
-from conformance.targets.disagg import not_applicable, serve_pd
+from conformance.targets.disagg import not_applicable, serve_pd, target_refusal
 from conformance.workloads.gsm8k import pick_items
 from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
@@ -45,8 +45,10 @@ def _gauges(pd) -> tuple[str, ...]:
 
 
 @pytest.fixture(scope="session")
-def pd_endpoint(cell, conformance_options, tmp_path_factory):
-    """The cell's PD unit (prefill + decode + router), started once per cell."""
+def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
+    """The cell's PD unit (prefill + decode + router), started once per cell (one launch)."""
+    from conformance.outcomes import note_launch
+
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     stack = contextlib.ExitStack()
     try:
@@ -55,6 +57,7 @@ def pd_endpoint(cell, conformance_options, tmp_path_factory):
         problem = str(e)
     else:
         with stack:
+            note_launch(request, cell, kind="pd")
             yield pd
         return
     pytest.fail(problem, pytrace=False)
@@ -62,7 +65,7 @@ def pd_endpoint(cell, conformance_options, tmp_path_factory):
 
 def _bind(cell, request, record_verdict):
     """(PD unit, non-PD endpoint) for the cell; a cell without a PD variant is a stated skip."""
-    reason = not_applicable(cell)
+    reason = not_applicable(cell) or target_refusal(request.getfixturevalue("conformance_options").target)
     if reason:
         settle(record_verdict(Verdict(CHECK, "skip", reason=reason)))
     pd = request.getfixturevalue("pd_endpoint")

@@ -11,8 +11,9 @@ sglang-cpu target: each fault of ``conformance.sglang_plugins.faults`` is loaded
 real SGLang servers of its plan with ``HYBRID_CONFORMANCE_SGLANG_FAULT=<name>``; caught =
 some check failed or the server died and its log names why (exit code and the log's
 leak/error line); a fault whose hooks never fired was not reached, which is a failure too.
-A run that times out is not caught.  The clean run of the same selection must pass, or
-the score means nothing.
+The clean run of the same selection must pass, or the score means nothing.
+A run that times out proved nothing: a fault is then NOT caught and a clean run fails;
+the timed-out pytest is killed with its whole process group (servers included).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -54,6 +56,7 @@ class Outcome:
     seconds: float = 0.0
     exit_code: int = 0
     fired: int | None = None  # real-SGLang faults: how often the fault's hooks changed SGLang's behaviour
+    timed_out: bool = False
 
 
 def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
@@ -82,6 +85,8 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
             for check, v in cell.get("checks", {}).items():
                 if v.get("status") == "fail":
                     found.append(f"{check}: {(v.get('reason') or '')[:110]}")
+                elif v.get("status") == "error":
+                    found.append(f"{check} error: {(v.get('reason') or '')[:110]}")
     for line in output.splitlines():
         if not line.startswith(("ERROR ", "FAILED ")):
             continue
@@ -134,12 +139,11 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
     if fault:
         env[plan.fault_env] = fault
     t0 = time.monotonic()
-    try:
-        proc = subprocess.run(_pytest_argv(plan, report_dir), env=env, capture_output=True, text=True, timeout=plan.timeout_s)
-        code, output = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired:
-        code, output = -1, f"timed out after {plan.timeout_s}s"
+    code, output, timed_out = run_bounded(_pytest_argv(plan, report_dir), env=env, timeout_s=plan.timeout_s)
     (report_dir / "pytest.log").write_text(output)
+    if timed_out:  # proves nothing either way: not caught, and a clean run that fails
+        why = f"timed out after {plan.timeout_s:.0f}s: not caught" if fault else f"timed out after {plan.timeout_s:.0f}s"
+        return Outcome(fault or "clean", fault is None, [why], time.monotonic() - t0, code, timed_out=True)
     by = _caught_by(report_dir, output, code)
     if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
         return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code)
@@ -160,6 +164,27 @@ def _judge_sglang(plan: MutantPlan, fault: str | None, by: list[str], code: int,
     return Outcome(fault, bool(by) or code != 0, by, seconds, code, fired)
 
 
+def run_bounded(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tuple[int, str, bool]:
+    """(exit code, output, timed out): the child runs in its own process group, which is
+    SIGTERMed then SIGKILLed on timeout so no server it started outlives it."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+        return proc.returncode, output or "", False
+    except subprocess.TimeoutExpired:
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                output, _ = proc.communicate(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                output = ""
+        return -1, (output or "") + f"\ntimed out after {timeout_s:.0f}s", True
+
+
 def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None,
                 programs: str | None = None, seed: int = 0, programs_only: bool = False) -> int:
     console = console or Console(width=200)
@@ -175,6 +200,13 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
         plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in keep}
     if target == "sglang-cpu":  # a cell runs only the suites the selected faults need
         plans = sglang_cpu_plans(tuple(plans))
+    from conformance.preflight import preflight_only
+
+    if preflight_only():  # what would run, and nothing else (the docs test's "as typed" mode)
+        for name, plan in plans.items():
+            console.print(f"{escape(name)}: {escape(plan.key)} (timeout {plan.timeout_s:.0f}s)")
+        console.print(f"preflight only: {len(plans)} faults planned, nothing started")
+        return 0
     report_dir.mkdir(parents=True, exist_ok=True)
     if programs or programs_only:  # scripted suites vs request programs, per fault (conformance/mutants/power.py)
         from conformance.mutants import power
@@ -199,8 +231,12 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
         table.add_row(escape(f"clean [{key}]"), "[green]passes[/]" if not out.caught else f"[red]FAILS: {escape('; '.join(out.by[:3]))}[/]", f"{out.seconds:.1f}s")
     for out in outcomes:
         fired = "" if out.fired is None else f" (fired {out.fired}x)"
-        missed = "[red]NOT CAUGHT[/]" + (f": {escape(out.by[0])}" if out.by else "")
-        table.add_row(escape(out.name + fired), escape("\n".join(out.by[:4])) if out.caught else missed, f"{out.seconds:.1f}s")
+        if out.caught:
+            cell = escape("\n".join(out.by[:4]))
+        else:
+            why = (f" ({out.by[0]})" if out.timed_out else f": {out.by[0]}") if out.by else ""
+            cell = "[red]NOT CAUGHT[/]" + escape(why)
+        table.add_row(escape(out.name + fired), cell, f"{out.seconds:.1f}s")
     console.print(table)
     caught = sum(o.caught for o in outcomes)
     if not clean_ok:

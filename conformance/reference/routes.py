@@ -74,7 +74,7 @@ def create_app(runner, args, faults) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(render_metrics(runner.call(engine.stats), args.model),
+        return PlainTextResponse(render_metrics(runner.stats, args.model),
                                  media_type="text/plain; version=0.0.4")
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])

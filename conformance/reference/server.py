@@ -32,6 +32,9 @@ class EngineRunner:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._wake = threading.Condition(engine.lock)
+        #: The engine's stats as of its last step or call, read by /metrics without the engine
+        #: lock (SGLang's metrics never wait for a scheduler iteration either).
+        self.stats: dict = engine.stats()
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
 
@@ -56,6 +59,7 @@ class EngineRunner:
                     self.engine.dead = f"scheduler exception: {exc}"
                     self._fail_all(str(exc))
                     busy = False
+                self.stats = self.engine.stats()
                 if not busy:
                     self._wake.wait(timeout=0.05)
             if busy:
@@ -75,6 +79,7 @@ class EngineRunner:
         """Run ``fn(*args)`` under the engine lock (sessions, flush, abort, stats)."""
         with self._wake:
             out = fn(*args)
+            self.stats = self.engine.stats()
             self._wake.notify_all()
             return out
 

@@ -2,8 +2,11 @@
 
 Regression kinds, one row each:
 
-- ``status``   a check went pass -> skip, pass -> fail or skip -> fail;
+- ``status``   a check went pass -> skip, pass -> fail or skip -> fail, or a check the old
+  run did not have fails (a ``teardown`` finding pools not idle);
+- ``error``    a check of the new run errored (it did not complete: nothing was compared);
 - ``missing``  a cell (or a check a cell ran) of the old run is absent from the new;
+- ``incomplete`` the new run says it did not run everything it selected (``complete: false``);
 - ``kl``       new top-k KL mean > max(old value, noise floor) * ``kl_factor``;
 - ``accuracy`` new GSM8K accuracy < the old run's Wilson lower bound;
 - ``launches`` more server launches for the same or fewer cells;
@@ -21,7 +24,7 @@ from typing import Any, Mapping
 
 from conformance.report.schema import load_report, validate_report
 
-_RANK = {"fail": 0, "skip": 1, "pass": 2}
+_RANK = {"fail": 0, "error": 1, "skip": 1, "pass": 2}
 KL_METRIC = "topk_kl_mean"
 
 
@@ -87,6 +90,10 @@ def compare_reports(
                 rows += _kl_rows(cid, old_v, new_v, kl_factor)
             elif check == "gsm8k":
                 rows += _accuracy_rows(cid, old_v, new_v)
+        for check, new_v in new_cell["checks"].items():  # e.g. a teardown that now finds pools not idle
+            if check not in old_cell["checks"] and new_v["status"] == "fail":
+                rows.append(CompareRow("status", cid, check, "absent", "fail", new_v.get("reason", "")))
+    rows += _error_rows(new_cells)
     rows += _run_rows(old, new, wall_factor, wall_min_s)
     added = tuple(cid for cid in new_cells if cid not in old_cells)
     compared = sum(1 for cid, cell in old_cells.items() if cid in new_cells and cell["checks"])
@@ -103,9 +110,19 @@ def _by_id(report: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {c["id"]: c for c in cells}
 
 
+def _error_rows(new_cells: Mapping[str, Mapping[str, Any]]) -> list[CompareRow]:
+    """Every errored check of the new run: it compared nothing, so it cannot count as unchanged."""
+    return [
+        CompareRow("error", cid, check, "-", "error", v.get("reason", ""))
+        for cid, cell in new_cells.items()
+        for check, v in cell["checks"].items()
+        if v["status"] == "error"
+    ]
+
+
 def _status_row(cid: str, check: str, old_v: Mapping[str, Any], new_v: Mapping[str, Any]) -> list[CompareRow]:
     before, after = old_v["status"], new_v["status"]
-    if _RANK[after] >= _RANK[before]:
+    if after == "error" or _RANK[after] >= _RANK[before]:  # errors get their own row
         return []
     return [CompareRow("status", cid, check, before, after, new_v.get("reason", ""))]
 
@@ -140,6 +157,11 @@ def _accuracy_rows(cid: str, old_v: Mapping[str, Any], new_v: Mapping[str, Any])
 
 def _run_rows(old: Mapping[str, Any], new: Mapping[str, Any], wall_factor: float, wall_min_s: float) -> list[CompareRow]:
     rows = []
+    if new.get("complete") is False:
+        why = "; ".join(new.get("incomplete_reasons") or []) or "not every selected test ran"
+        missing = list(new.get("cells_not_run") or []) + list(new.get("cells_partly_run") or [])
+        note = why + (f"; cells not (fully) run: {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else "") if missing else "")
+        rows.append(CompareRow("incomplete", "-", "-", "complete" if old.get("complete", True) else "incomplete", "incomplete", note))
     if new["launches"] > old["launches"] and len(new["cells"]) <= len(old["cells"]):
         rows.append(
             CompareRow("launches", "-", "-", str(old["launches"]), str(new["launches"]), f"more server launches for {len(new['cells'])} cells")

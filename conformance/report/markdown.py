@@ -1,39 +1,99 @@
-"""report.md: the run's summary table (cell x check -> status and key numbers) and reasons."""
+"""report.md: completeness, counts and versions, the verdict matrix (model x strategy), the
+per-cell table (cell x check -> status and key numbers) and every non-pass reason."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Mapping, Sequence
 
-from conformance.report.schema import check_names, key_numbers, not_applicable, status_counts
+from conformance.report.schema import (
+    STATUSES,
+    cell_status,
+    check_names,
+    completeness_line,
+    count_line,
+    key_numbers,
+    model_label,
+    not_applicable,
+    variant_label,
+    versions_line,
+)
 
-_BADGE = {"pass": "pass", "fail": "**FAIL**", "skip": "skip"}
+_BADGE = {"pass": "pass", "fail": "**FAIL**", "skip": "skip", "error": "**ERROR**"}
+_MARK = {"pass": "✓", "fail": "✗", "skip": "–", "error": "!"}
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The whole report.md text for a validated schema-1 report."""
-    counts = report.get("summary") or status_counts(list(report["cells"]) + list(report.get("disagg", [])))
-    lines = [
-        f"# hybrid-conformance report: target `{report['target']}`",
+    lines = [f"# hybrid-conformance report: target `{report['target']}`", ""]
+    incomplete = completeness_line(report)
+    if incomplete:
+        lines += [f"**{_inline(incomplete)}**", ""]
+    lines += [
+        f"{len(report['cells'])} cells, {report['launches']} server launches, {report['wall_s']:.1f} s wall; {count_line(report)}",
         "",
-        f"{len(report['cells'])} cells, {report['launches']} server launches, {report['wall_s']:.1f} s wall; "
-        + ", ".join(f"{counts.get(s, 0)} {s}" for s in ("pass", "fail", "skip")),
-        "",
-        *summary_table(report["cells"]),
     ]
+    versions = versions_line(report)
+    if versions:
+        lines += [f"Versions: {_inline(versions)}", ""]
+    grid = verdict_matrix(report["cells"])
+    if grid:
+        lines += ["## Verdict matrix", "", *grid, "", "## Cells", ""]
+    lines += summary_table(report["cells"])
     if report.get("disagg"):
         lines += ["", "## PD disaggregation", "", *summary_table(report["disagg"])]
     if report.get("pool") is not None:
         lines += ["", "## Pool tier", "", *_pool_section(report["pool"])]
     every = list(report["cells"]) + list(report.get("disagg", []))
-    for status, heading in (("fail", "Failures"), ("skip", "Skipped")):
+    for status, heading in (("fail", "Failures"), ("error", "Errors"), ("skip", "Skipped")):
         rows = reasons(every, status)
         if rows:
             lines += ["", f"## {heading}", ""] + [f"- `{cid}` {check}: {_inline(reason)}" for cid, check, reason in rows]
     idle = [c for c in every if not_applicable(c)]
     if idle:
         lines += ["", "## Not applicable", ""] + [f"- `{c['id']}`: {_inline(str(c['not_applicable']))}" for c in idle]
+    unbound = list(report.get("unbound_failures") or [])
+    if unbound:
+        lines += ["", "## Failures outside any cell", ""] + [f"- `{r['nodeid']}` ({r['when']}): {_inline(r['reason'])}" for r in unbound]
     return "\n".join(lines) + "\n"
+
+
+def matrix_groups(cells: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str], dict[tuple[str, str], list[Mapping[str, Any]]]]:
+    """(model labels, strategies, {(model, strategy): cells}) in first-seen order."""
+    models: list[str] = []
+    strategies: list[str] = []
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for cell in cells:
+        if not_applicable(cell) or not cell.get("strategy"):
+            continue
+        m, s = model_label(cell), str(cell["strategy"])
+        models += [m] if m not in models else []
+        strategies += [s] if s not in strategies else []
+        groups.setdefault((m, s), []).append(cell)
+    order = {"no_buffer": 0, "extra_buffer": 1, "extra_buffer_lazy": 2}
+    strategies.sort(key=lambda x: order.get(x, 9))
+    return models, strategies, groups
+
+
+def verdict_matrix(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Markdown: one row per model, one column per strategy; each square lists its cells
+    (page, interval, fault, variant) with one mark per check (✓ pass, ✗ fail, ! error, – skip)."""
+    models, strategies, groups = matrix_groups(cells)
+    if not models:
+        return []
+    out = ["| model | " + " | ".join(strategies) + " |", "|---|" + "---|" * len(strategies)]
+    for m in models:
+        row = [m]
+        for s in strategies:
+            entries = []
+            for cell in groups.get((m, s), []):
+                marks = " ".join(f"{_MARK.get(v['status'], '?')}{name}" for name, v in cell["checks"].items())
+                entries.append(f"{_BADGE[cell_status(cell)]} {variant_label(cell)}: {marks}")
+            row.append("<br>".join(entries))
+        out.append("| " + " | ".join(_inline(c) for c in row) + " |")
+    out.append("")
+    out.append("Marks: " + ", ".join(f"{_MARK[s]} {s}" for s in STATUSES))
+    return out
 
 
 def summary_table(cells: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -43,7 +103,7 @@ def summary_table(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     head = ["cell", "model", "strategy", "fault", *checks]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cell in cells:
-        row = [f"`{cell['id']}`", *(str(cell.get(k, "")) for k in ("model", "strategy", "fault"))]
+        row = [f"`{cell['id']}`", model_label(cell), *(str(cell.get(k, "")) for k in ("strategy", "fault"))]
         for name in checks:
             verdict = cell["checks"].get(name)
             if verdict is None:

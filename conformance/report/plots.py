@@ -1,8 +1,11 @@
 """PNG plots for report.html, drawn with matplotlib's object API (Agg, no pyplot state).
 
-Three kinds: KL per token position for each cell (track boundaries as vertical
-lines), pool occupancy over time for each strategy (from the leaks timeline) and
-GSM8K accuracy with Wilson intervals for all cells.  A plot without data is a
+Three kinds: KL per token position for each cell on a log scale (one line per
+recording, broken where positions were not measured, the check's limit and the noise
+floor as horizontal lines, chunk/track boundaries as vertical ones), pool occupancy
+over time for each strategy (from the leaks timeline; PD cells from the disagg check's),
+and GSM8K: accuracy with Wilson intervals, and, separately, agreement-mode cells (CPU
+twins, where accuracy means nothing) as the fraction identical to the baseline.  A plot without data is a
 :class:`Plot` with ``path=None`` and a ``note`` saying why, never an exception.
 """
 
@@ -33,7 +36,7 @@ def draw_all(report: Mapping[str, Any], plot_dir: Path) -> list[Plot]:
     """Write every plot of ``report`` into ``plot_dir``; return them in display order."""
     plot_dir.mkdir(parents=True, exist_ok=True)
     cells = list(report.get("cells", [])) + list(report.get("disagg", []))
-    return [*kl_plots(cells, plot_dir), *occupancy_plots(cells, plot_dir), gsm8k_plot(cells, plot_dir)]
+    return [*kl_plots(cells, plot_dir), *occupancy_plots(cells, plot_dir), *gsm8k_plots(cells, plot_dir)]
 
 
 def safe_name(text: str) -> str:
@@ -61,53 +64,114 @@ def _pairs(rows: Any, width: int) -> list[list[float]]:
 # ------------------------------------------------------------------ KL
 
 
+#: Checks whose details carry a per-position KL curve or an occupancy timeline.
+KL_CHECKS = {"kl": "kl", "disagg": "pd_kl"}
+TIMELINE_CHECKS = {"leaks": "pool", "disagg": "pd_pool"}
+#: Where a KL of exactly 0 (exact agreement) is drawn on the log axis.
+LOG_FLOOR = 1e-18
+
+
+def segments(points: Sequence[Sequence[float]]) -> list[tuple[list[float], list[float]]]:
+    """Split (position, value) points into runs of consecutive positions: a gap in the
+    positions is a gap in the line, never a straight join across unmeasured tokens."""
+    out: list[tuple[list[float], list[float]]] = []
+    for x, y in sorted((p[0], p[1]) for p in points):
+        if out and x - out[-1][0][-1] <= 1:
+            out[-1][0].append(x)
+            out[-1][1].append(y)
+        else:
+            out.append(([x], [y]))
+    return out
+
+
+def _kl_series(details: Mapping[str, Any]) -> list[tuple[str, list[list[float]]]]:
+    series = []
+    for i, s in enumerate(details.get("series") or []):
+        if isinstance(s, Mapping):
+            pts = _pairs(s.get("per_position"), 2)
+            if pts:
+                series.append((str(s.get("label") or f"recording {i + 1}"), pts))
+    if not series:
+        pts = _pairs(details.get("per_position"), 2)
+        if pts:
+            series.append(("KL(pos)", pts))
+    return series
+
+
 def kl_plots(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> list[Plot]:
-    """One PNG per cell with a KL check: per-position KL, boundaries as vertical lines."""
+    """One PNG per cell and KL-carrying check: per-position KL on a log axis, lines broken
+    at gaps, the check's limit and noise floor drawn, boundaries as vertical lines."""
     plots = []
     for cell in cells:
-        verdict = cell.get("checks", {}).get("kl")
-        if verdict is None:
-            continue
-        key, title = f"kl_{safe_name(cell['id'])}", f"KL per token position: {cell['id']}"
-        details = verdict.get("details") or {}
-        points = _pairs(details.get("per_position"), 2)
-        if not points:
-            why = f"check {verdict.get('status')}" + (f": {verdict['reason']}" if verdict.get("reason") else "")
-            plots.append(Plot(key, title, note=f"no per-position KL recorded ({why})"))
-            continue
-        boundaries = [b for b in details.get("boundaries") or [] if isinstance(b, (int, float)) and not isinstance(b, bool)]
-        fig = Figure(figsize=(7, 3))
-        ax = fig.add_subplot()
-        xs, ys = zip(*sorted(points))
-        ax.plot(xs, ys, marker=".", markersize=3, linewidth=1, color="tab:blue", label="KL(pos)")
-        for i, b in enumerate(boundaries):
-            ax.axvline(b, color="tab:red", linestyle="--", linewidth=0.8, label="track boundary" if i == 0 else None)
-        floor = (verdict.get("metrics") or {}).get("noise_floor")
-        if isinstance(floor, (int, float)) and floor > 0:
-            ax.axhline(floor, color="grey", linestyle=":", linewidth=0.8, label="noise floor")
-        ax.set_xlabel("token position")
-        ax.set_ylabel("KL")
-        ax.set_title(f"{cell['id']} ({verdict.get('status')})", fontsize=9)
-        ax.legend(fontsize=7, loc="upper right")
-        plots.append(Plot(key, title, _save(fig, plot_dir / f"{key}.png")))
+        for check, prefix in KL_CHECKS.items():
+            verdict = cell.get("checks", {}).get(check)
+            if verdict is None or (check != "kl" and not _kl_series(verdict.get("details") or {})):
+                continue
+            plots.append(_kl_plot(cell, check, prefix, verdict, plot_dir))
     return plots
+
+
+def _kl_plot(cell: Mapping[str, Any], check: str, prefix: str, verdict: Mapping[str, Any], plot_dir: Path) -> Plot:
+    what = "KL per token position" if check == "kl" else "PD vs non-PD KL per token position"
+    key, title = f"{prefix}_{safe_name(cell['id'])}", f"{what}: {cell['id']}"
+    fig = kl_figure(cell, check, verdict)
+    if fig is None:
+        why = f"check {verdict.get('status')}" + (f": {verdict['reason']}" if verdict.get("reason") else "")
+        return Plot(key, title, note=f"no per-position KL recorded ({why})")
+    return Plot(key, title, _save(fig, plot_dir / f"{key}.png"))
+
+
+def kl_figure(cell: Mapping[str, Any], check: str, verdict: Mapping[str, Any]) -> Figure | None:
+    """The KL-per-position figure of one verdict (None without a curve)."""
+    details = verdict.get("details") or {}
+    series = _kl_series(details)
+    if not series:
+        return None
+    metrics = verdict.get("metrics") or {}
+    fig = Figure(figsize=(7, 3.2))
+    ax = fig.add_subplot()
+    ax.set_yscale("log")
+    floored = False
+    colours = ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown")
+    for i, (label, pts) in enumerate(series):
+        colour = colours[i % len(colours)]
+        for j, (xs, ys) in enumerate(segments(pts)):
+            shown = [max(y, LOG_FLOOR) for y in ys]
+            floored |= any(y <= LOG_FLOOR for y in ys)
+            ax.plot(xs, shown, marker=".", markersize=3, linewidth=1, color=colour, label=label if j == 0 else None, gid=f"kl:{label}")
+    for name, style, colour, text in (("topk_limit", "-", "tab:red", "limit"), ("noise_floor", ":", "grey", "noise floor")):
+        value = metrics.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            ax.axhline(value, color=colour, linestyle=style, linewidth=1, label=f"{text} {value:.2g}", gid=name)
+    boundaries = [b for b in details.get("boundaries") or [] if isinstance(b, (int, float)) and not isinstance(b, bool)]
+    for i, b in enumerate(boundaries):
+        ax.axvline(b, color="tab:red", linestyle="--", linewidth=0.6, alpha=0.6, label="chunk/track boundary" if i == 0 else None, gid="boundary")
+    ax.set_xlabel("token position")
+    ax.set_ylabel("top-k KL (log)" + (f"; 0 drawn at {LOG_FLOOR:g}" if floored else ""))
+    ax.set_title(f"{cell['id']} {check} ({verdict.get('status')})", fontsize=9)
+    ax.legend(fontsize=6, loc="best")
+    return fig
 
 
 # ------------------------------------------------------------------ pool occupancy
 
 
 def occupancy_plots(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> list[Plot]:
-    """One PNG per strategy: mamba and KV pool usage over time, one line per cell."""
-    by_strategy: dict[str, list[tuple[str, list[list[float]]]]] = {}
+    """One PNG per strategy (and per PD strategy): mamba and KV pool usage over time, one line per cell."""
+    groups: dict[tuple[str, str], list[tuple[str, list[list[float]]]]] = {}
     for cell in cells:
-        verdict = cell.get("checks", {}).get("leaks")
-        if verdict is None:
-            continue
-        rows = _pairs((verdict.get("details") or {}).get("timeline"), 3)
-        by_strategy.setdefault(str(cell.get("strategy", "?")), []).append((cell["id"], rows))
+        for check, prefix in TIMELINE_CHECKS.items():
+            verdict = cell.get("checks", {}).get(check)
+            if verdict is None:
+                continue
+            rows = _pairs((verdict.get("details") or {}).get("timeline"), 3)
+            if check != "leaks" and not rows:
+                continue
+            groups.setdefault((prefix, str(cell.get("strategy", "?"))), []).append((cell["id"], rows))
     plots = []
-    for strategy, series in by_strategy.items():
-        key, title = f"pool_{safe_name(strategy)}", f"Pool occupancy over time: {strategy}"
+    for (prefix, strategy), series in groups.items():
+        what = "Pool occupancy over time" if prefix == "pool" else "PD decode-server pool occupancy over time"
+        key, title = f"{prefix}_{safe_name(strategy)}", f"{what}: {strategy}"
         series = [(cid, rows) for cid, rows in series if rows]
         if not series:
             plots.append(Plot(key, title, note=f"no leaks timeline recorded for any {strategy} cell"))
@@ -122,7 +186,7 @@ def occupancy_plots(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> list[
         ax_mamba.set_ylabel("mamba slots used")
         ax_kv.set_ylabel("KV tokens used")
         ax_kv.set_xlabel("time (s)")
-        ax_mamba.set_title(f"pool occupancy: {strategy}", fontsize=9)
+        ax_mamba.set_title(f"{what.lower()}: {strategy}", fontsize=9)
         ax_mamba.legend(fontsize=6, loc="upper right")
         plots.append(Plot(key, title, _save(fig, plot_dir / f"{key}.png")))
     return plots
@@ -141,14 +205,34 @@ def wilson_interval(accuracy: float, n: int, confidence: float = 0.95) -> tuple[
     return float(ci.low), float(ci.high)
 
 
-def gsm8k_plot(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> Plot:
-    """One PNG: accuracy per cell as a point with its Wilson interval as error bar."""
-    key, title = "gsm8k_accuracy", "GSM8K accuracy with Wilson intervals"
-    rows = []
+def gsm8k_plots(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> list[Plot]:
+    """Accuracy-mode cells as accuracy with Wilson intervals; agreement-mode cells (CPU
+    twins) in their own plot, as the fraction of answers identical to the baseline."""
+    plots = [gsm8k_plot(cells, plot_dir)]
+    agreement = gsm8k_agreement_plot(cells, plot_dir)
+    if agreement is not None:
+        plots.append(agreement)
+    return plots
+
+
+def _gsm8k_verdicts(cells: Sequence[Mapping[str, Any]], mode: str) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    out = []
     for cell in cells:
         verdict = cell.get("checks", {}).get("gsm8k")
         if verdict is None:
             continue
+        is_agreement = (verdict.get("metrics") or {}).get("mode") == "agreement"
+        if is_agreement == (mode == "agreement"):
+            out.append((cell, verdict))
+    return out
+
+
+def gsm8k_plot(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> Plot:
+    """One PNG: accuracy per accuracy-mode cell as a point with its Wilson interval as error bar."""
+    key, title = "gsm8k_accuracy", "GSM8K accuracy with Wilson intervals"
+    rows = []
+    agreement_only = bool(_gsm8k_verdicts(cells, "agreement"))
+    for cell, verdict in _gsm8k_verdicts(cells, "accuracy"):
         m, d = verdict.get("metrics") or {}, verdict.get("details") or {}
         acc, n = m.get("accuracy"), m.get("n")
         if not isinstance(acc, (int, float)) or isinstance(acc, bool) or not math.isfinite(acc):
@@ -158,10 +242,13 @@ def gsm8k_plot(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> Plot:
             low, high = wilson_interval(float(acc), int(n or 0))
         rows.append((cell["id"], float(acc), float(low), float(high), verdict.get("status")))
     if not rows:
-        return Plot(key, title, note="no GSM8K accuracy recorded in this run")
+        note = "no GSM8K accuracy recorded in this run"
+        if agreement_only:
+            note += " (agreement mode on the CPU twins: see the agreement plot; accuracy of random-weight twins means nothing)"
+        return Plot(key, title, note=note)
     fig = Figure(figsize=(7, 1.2 + 0.35 * len(rows)))
     ax = fig.add_subplot()
-    colours = {"pass": "tab:green", "fail": "tab:red", "skip": "tab:grey"}
+    colours = {"pass": "tab:green", "fail": "tab:red", "skip": "tab:grey", "error": "tab:orange"}
     for y, (cid, acc, low, high, status) in enumerate(rows):
         ax.errorbar(
             acc, y, xerr=[[max(0.0, acc - low)], [max(0.0, high - acc)]], fmt="o", capsize=3, color=colours.get(status, "black")
@@ -172,4 +259,31 @@ def gsm8k_plot(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> Plot:
     ax.set_xlabel("accuracy (95% Wilson interval)")
     ax.set_title(title, fontsize=9)
     ax.grid(axis="x", linewidth=0.3)
+    return Plot(key, title, _save(fig, plot_dir / f"{key}.png"))
+
+
+def gsm8k_agreement_plot(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> Plot | None:
+    """Agreement mode: per cell, the fraction of completions identical to the baseline's."""
+    found = _gsm8k_verdicts(cells, "agreement")
+    if not found:
+        return None
+    key, title = "gsm8k_agreement", "GSM8K agreement mode (CPU twins): answers identical to the baseline cell"
+    rows = []
+    for cell, verdict in found:
+        value = (verdict.get("metrics") or {}).get("agreement")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            rows.append((cell["id"], float(value), (verdict.get("metrics") or {}).get("n"), verdict.get("status")))
+    if not rows:
+        return Plot(key, title, note="agreement mode ran but recorded no agreement fraction")
+    fig = Figure(figsize=(7, 1.2 + 0.35 * len(rows)))
+    ax = fig.add_subplot()
+    colours = {"pass": "tab:green", "fail": "tab:red", "skip": "tab:grey", "error": "tab:orange"}
+    for y, (cid, value, n, status) in enumerate(rows):
+        ax.barh(y, value, color=colours.get(status, "black"), height=0.6)
+        ax.text(min(value, 0.98), y, f" {value:.2f} of n={n}", va="center", ha="right" if value > 0.5 else "left", fontsize=7)
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("fraction of GSM8K completions identical to the baseline (1 = all)")
+    ax.set_title(title, fontsize=9)
     return Plot(key, title, _save(fig, plot_dir / f"{key}.png"))

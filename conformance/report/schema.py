@@ -3,13 +3,20 @@
 The shape is a contract read by ``compare``, the Markdown/HTML renderers and by
 users' own tooling::
 
-    {"schema": 1, "target", "launches", "wall_s",
-     "cells": [{"id", "model", "family", "strategy", "fault", [page_size, ...],
-                "checks": {name: {"status", "metrics": {...}, ["reason"], ["details"]}}}],
-     ["disagg": [...]], ["pool": ...], ["summary"], ["generated_at"]}
+    {"schema": 1, "target", "launches", "wall_s", "complete", "versions",
+     "cells": [{"id", "model", "family", "strategy", "fault", [page_size, ...], ["served_model"],
+                "checks": {name: {"status", "metrics": {...}, ["reason"], ["details"]}},
+                ["server": {"version", ..., "alive_at_end"}]}],
+     ["cells_not_run"], ["incomplete_reasons"], ["tests": {passed, failed, skipped, errors}],
+     ["machine"], ["twins"], ["preflight"], ["disagg": [...]], ["pool": ...], ["summary"], ["generated_at"]}
 
-Every metric the contract names for a check is present (``null`` when not
-measured); ``fail`` and ``skip`` carry a ``reason``.  A cell the run declared not
+``complete`` is false when the run did not test everything it selected (interrupted,
+stopped early, refused at preflight, nothing selected); ``versions`` holds at least
+``kit``, ``sglang``, ``torch`` and ``transformers`` (null when not installed).  A check's
+status is ``pass``, ``fail`` (a finding), ``skip`` (a stated reason) or ``error`` (the
+check did not complete: the test raised, its setup failed).  Every metric the contract
+names for a check is present (``null`` when not measured); every status but ``pass``
+carries a ``reason``.  A cell the run declared not
 applicable is ``{"id", "not_applicable": reason, "checks": {}}``.  Non-finite floats become
 ``null`` so the file is strict JSON.
 """
@@ -25,7 +32,9 @@ from typing import Any, Iterable, Mapping
 from conformance.errors import KitError
 
 SCHEMA_VERSION = 1
-STATUSES = ("pass", "fail", "skip")
+STATUSES = ("pass", "fail", "skip", "error")
+VERSION_KEYS = ("kit", "sglang", "torch", "transformers")
+TEST_COUNTS = ("passed", "failed", "skipped", "errors")
 CELL_KEYS = ("id", "model", "family", "strategy", "fault")  # "id" required, the rest strings when present
 OPTIONAL_CELL_KEYS = ("page_size", "track_interval", "cache_variant", "tier")
 
@@ -110,7 +119,7 @@ def _normalise_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
         for key in CHECK_METRICS.get(name, ()):
             metrics.setdefault(key, None)
         v["metrics"] = metrics
-        if v.get("status") in ("fail", "skip") and not v.get("reason"):
+        if v.get("status") in ("fail", "skip", "error") and not v.get("reason"):
             v["reason"] = "no reason recorded"
         checks[name] = v
     out["checks"] = checks
@@ -164,6 +173,20 @@ def validate_report(report: Any, source: str = "report") -> None:
         raise fail("launches", f"must be a non-negative integer, got {report['launches']!r}")
     if not _is_number(report["wall_s"]) or report["wall_s"] < 0:
         raise fail("wall_s", f"must be a non-negative number, got {report['wall_s']!r}")
+    if "complete" in report and not isinstance(report["complete"], bool):
+        raise fail("complete", f"must be true or false, got {report['complete']!r}")
+    if "versions" in report:
+        if not isinstance(report["versions"], Mapping):
+            raise fail("versions", "must be an object")
+        for key in VERSION_KEYS:
+            if key not in report["versions"]:
+                raise fail("versions", f"missing {key!r}")
+    if "tests" in report:
+        if not isinstance(report["tests"], Mapping) or any(not _is_int(report["tests"].get(k)) for k in TEST_COUNTS):
+            raise fail("tests", f"must hold integer counts {', '.join(TEST_COUNTS)}")
+    for key in ("cells_not_run", "cells_partly_run"):
+        if key in report and not (isinstance(report[key], list) and all(isinstance(c, str) for c in report[key])):
+            raise fail(key, "must be a list of cell ids")
     for group in ("cells", "disagg"):
         if group not in report:
             continue
@@ -268,6 +291,9 @@ def key_numbers(check: str, verdict: Mapping[str, Any]) -> str:
         parts.append(_kv("mism", m.get("mismatches")))
     elif check == "leaks":
         parts = [_kv("mamba", m.get("mamba_used_at_idle")), _kv("kv", m.get("kv_used_at_idle")), _kv("lazy", m.get("lazy_resident_ratio"))]
+    elif check == "gsm8k" and m.get("mode") == "agreement":
+        agree = m.get("agreement")
+        parts = [f"agreement mode: {agree:.0%} identical to baseline" if isinstance(agree, (int, float)) else "agreement mode", _kv("n", m.get("n"))]
     elif check == "gsm8k":
         acc = m.get("accuracy")
         if acc is not None:
@@ -289,3 +315,72 @@ def _num(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
     return str(value)
+
+
+def count_line(report: Mapping[str, Any]) -> str:
+    """The one counts line every format prints: check verdicts, then pytest's test counts."""
+    counts = report.get("summary") or status_counts(list(report["cells"]) + list(report.get("disagg", [])))
+    line = "checks: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)
+    tests = report.get("tests")
+    if isinstance(tests, Mapping):
+        line += "; tests: " + ", ".join(f"{tests.get(k, 0)} {k}" for k in TEST_COUNTS)
+    return line
+
+
+def completeness_line(report: Mapping[str, Any]) -> str | None:
+    """None for a complete run; else one line saying what did not run and why."""
+    if report.get("complete", True):
+        return None
+    why = "; ".join(report.get("incomplete_reasons") or []) or "not every selected test ran"
+    missing = list(report.get("cells_not_run") or [])
+    partly = list(report.get("cells_partly_run") or [])
+    tail = ""
+    if missing:
+        tail += f"; cells not run: {', '.join(missing[:6])}" + (f" (+{len(missing) - 6})" if len(missing) > 6 else "")
+    if partly:
+        tail += f"; cells partly run: {', '.join(partly[:6])}" + (f" (+{len(partly) - 6})" if len(partly) > 6 else "")
+    return f"INCOMPLETE: {why}{tail}"
+
+
+def versions_line(report: Mapping[str, Any]) -> str | None:
+    """kit, SGLang, torch, transformers versions and the twins' weight hashes, in one line."""
+    v = report.get("versions")
+    if not isinstance(v, Mapping):
+        return None
+    parts = [f"{k} {v.get(k) or 'not installed'}" for k in VERSION_KEYS]
+    servers = sorted({str(c.get("server", {}).get("version")) for c in report.get("cells", []) if isinstance(c.get("server"), Mapping) and c["server"].get("version")})
+    if servers:
+        parts.append(f"server {', '.join(servers)}")
+    twins = report.get("twins")
+    if isinstance(twins, Mapping) and twins:
+        parts.append("twins " + ", ".join(f"{n} {str((t or {}).get('weights_sha256') or 'not generated')[:12]}" for n, t in twins.items()))
+    return "; ".join(parts)
+
+
+def model_label(cell: Mapping[str, Any]) -> str:
+    """The model a cell served: the twin's name (with the model it stands for) where twins ran."""
+    served, model = cell.get("served_model"), cell.get("model", "")
+    if served and served != model and not str(served).startswith(("/", "http")) and "/" not in str(served):
+        return f"{served} (for {model})"
+    return str(model or served or "")
+
+
+def variant_label(cell: Mapping[str, Any]) -> str:
+    """What tells a cell apart inside its model x strategy square: page, interval, fault, variant."""
+    parts = []
+    if cell.get("page_size") is not None:
+        parts.append(f"p{cell['page_size']}")
+    if cell.get("track_interval") is not None:
+        parts.append(f"t{cell['track_interval']}")
+    if cell.get("fault") not in (None, "none"):
+        parts.append(str(cell["fault"]))
+    if cell.get("cache_variant") not in (None, "radix"):
+        parts.append(str(cell["cache_variant"]))
+    return " ".join(parts) or str(cell.get("id", ""))
+
+
+def cell_status(cell: Mapping[str, Any]) -> str:
+    """The worst status among a cell's checks (fail > error > pass > skip)."""
+    rank = {"fail": 3, "error": 2, "pass": 1, "skip": 0}
+    statuses = [v.get("status") for v in cell.get("checks", {}).values()]
+    return max(statuses, key=lambda s: rank.get(s, 0)) if statuses else "skip"

@@ -14,6 +14,7 @@ them down together, also on failure.  ``extra_buffer_lazy`` is refused under PD 
 
 from __future__ import annotations
 
+
 import contextlib
 import os
 import shlex
@@ -44,6 +45,23 @@ REFERENCE_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 def not_applicable(cell: Cell) -> str | None:
     """The one-line reason a cell has no PD variant, or None."""
     return None if cell.strategy.pd else LAZY_REFUSAL
+
+
+def target_refusal(target: str) -> str | None:
+    """Why PD cannot run on ``target`` on this machine (one line), or None."""
+    if target == "sglang-cpu":
+        return _sglang_cpu_pd_refusal()
+    return None
+
+
+def _sglang_cpu_pd_refusal() -> str:
+    """SGLang's own answer when asked for its default PD transfer engine here (probed once)."""
+    from conformance.sglang_api.probes import probe
+
+    refusal = probe().pd_transfer_refusal
+    if refusal:
+        return f"not applicable on sglang-cpu: SGLang's PD transfer engine refuses this machine: {refusal}"
+    return "not applicable on sglang-cpu: the kit does not launch SGLang's PD roles on CPU yet (Mooncake is importable here); use --target reference"
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,10 @@ PD router). Lifecycle rules:
 * teardown sends SIGTERM to the group, waits, then SIGKILLs the group — and every
   live server is also torn down from an ``atexit`` hook and from SIGTERM/SIGHUP
   handlers, so a Ctrl-C, a SIGTERM to pytest or a crashed xdist worker leaves no
-  orphans (children additionally get ``PR_SET_PDEATHSIG`` on Linux).
+  orphans (children additionally get ``PR_SET_PDEATHSIG`` on Linux);
+* a process that is killed outright (``kill -9`` of an xdist worker) runs none of that:
+  every server's process group, and the forkserver, are registered with a reaper
+  process (``conformance.targets.reaper``) that kills them when its parent is gone.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import atexit
 import ctypes
 import importlib
 import multiprocessing
+import multiprocessing.util  # registers its exit handler now, so ours (registered later) runs first
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -37,7 +42,43 @@ import httpx
 from conformance.errors import ServerStartError
 
 _LIVE: "set[ServerProcess]" = set()
+#: What names a start-up failure in a server log, most specific first.
+_CAUSE_PATTERNS = (
+    re.compile(r"hybrid-conformance sglang-cpu: .*"),
+    re.compile(r"plugin hybrid_conformance_\w+ .*fail|Failed to (?:execute|load) (?:general )?plugin", re.I),
+    re.compile(r"^(?:[\w.]+\.)?(?:ModuleNotFoundError|ImportError): "),
+    re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception): "),
+)
 _LIVE_LOCK = threading.Lock()
+
+
+class _Reaper:
+    """This process's reaper (started on first use): told which groups/pids to kill if we die."""
+
+    proc: "subprocess.Popen[str] | None" = None
+    lock = threading.Lock()
+    told_forkserver: int | None = None
+
+    @classmethod
+    def tell(cls, kind: str, ident: int, *, forget: bool = False) -> None:
+        with cls.lock:
+            try:
+                if cls.proc is None or cls.proc.poll() is not None:
+                    if forget:
+                        return
+                    cls.proc = subprocess.Popen(
+                        [sys.executable, "-m", "conformance.targets.reaper"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL, text=True, start_new_session=True, close_fds=True,
+                    )
+                assert cls.proc.stdin is not None
+                cls.proc.stdin.write(f"{'forget ' if forget else ''}{kind} {ident}\n")
+                cls.proc.stdin.flush()
+            except (OSError, ValueError):  # no reaper: PDEATHSIG and the handlers remain
+                pass
+
+    @classmethod
+    def pid(cls) -> int | None:
+        return cls.proc.pid if cls.proc is not None else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -99,6 +140,9 @@ class ServerProcess:
                 log.close()
         with _LIVE_LOCK:
             _LIVE.add(self)
+        _Reaper.tell("group", self.proc.pid)  # the child's own session: its pid is its group
+        if isinstance(self.proc, _ForkedChild):
+            _ForkedChild.register_forkserver()
         try:
             self._wait_healthy()
         except BaseException:
@@ -114,7 +158,7 @@ class ServerProcess:
                 if code is not None:
                     self.returncode = code
                     raise ServerStartError(
-                        f"{self.name}: exited during start-up with code {code}; log {self.log_path}: {self.log_tail(5, joiner=' | ')}"
+                        f"{self.name}: exited during start-up with code {code}: {self.start_failure_cause()} (log {self.log_path})"
                     )
                 try:
                     if http.get(self.health_url).status_code == 200:
@@ -147,6 +191,7 @@ class ServerProcess:
             _LIVE.discard(self)
         if proc is None:
             return self.returncode
+        forget = proc.pid
         try:
             pgid = os.getpgid(proc.pid)
         except ProcessLookupError:
@@ -165,6 +210,7 @@ class ServerProcess:
             pass
         if self.returncode is None:
             self.returncode = proc.returncode
+        _Reaper.tell("group", forget, forget=True)
         return self.returncode
 
     def log_text(self) -> str:
@@ -172,6 +218,16 @@ class ServerProcess:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+    def start_failure_cause(self) -> str:
+        """The log line that names why start-up failed: the kit's own stand-in messages
+        first (an op the plugin lacks), then the last exception line, else the log's tail."""
+        lines = [ln.strip() for ln in self.log_text().splitlines() if ln.strip()]
+        for pattern in _CAUSE_PATTERNS:
+            hits = [ln for ln in lines if pattern.search(ln)]
+            if hits:
+                return hits[-1][:400]
+        return " | ".join(lines[-3:])[:400] if lines else "(empty log)"
 
     def log_tail(self, n: int = 20, joiner: str = "\n") -> str:
         lines = [ln for ln in self.log_text().splitlines() if ln.strip()]
@@ -205,6 +261,16 @@ class _ForkedChild:
         p = cls._ctx.Process(target=_forked_main, args=(entry, argv, env, str(log_path)), daemon=False)
         p.start()
         return cls(p)
+
+    @classmethod
+    def register_forkserver(cls) -> None:
+        """Tell the reaper the forkserver's pid (it outlives a SIGKILLed parent otherwise)."""
+        from multiprocessing import forkserver
+
+        pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public accessor
+        if pid and pid != _Reaper.told_forkserver:
+            _Reaper.told_forkserver = pid
+            _Reaper.tell("pid", pid)
 
     def poll(self) -> int | None:
         return None if self._p.is_alive() else self._p.exitcode
@@ -268,6 +334,7 @@ def live_servers() -> list[ServerProcess]:
 
 
 _PREVIOUS: dict[int, object] = {}
+_TERMINATING: list[int] = []
 
 
 def _on_signal(signum: int, frame: object) -> None:
@@ -277,6 +344,11 @@ def _on_signal(signum: int, frame: object) -> None:
         prev(signum, frame)  # type: ignore[misc]
     elif prev == signal.SIG_IGN:
         return
+    elif signum == signal.SIGTERM and not _TERMINATING and threading.current_thread() is threading.main_thread():
+        # The first SIGTERM unwinds like Ctrl-C, so pytest still writes an (incomplete)
+        # report; a second one takes the default action.
+        _TERMINATING.append(signum)
+        raise KeyboardInterrupt("SIGTERM")
     else:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -286,7 +358,8 @@ def install_signal_handlers() -> None:
     """Make SIGTERM/SIGHUP tear down live servers before the default action.
 
     SIGINT is left to Python (KeyboardInterrupt unwinds through fixtures and the
-    ``atexit`` hook), so pytest still reports an interrupted run.
+    ``atexit`` hook), so pytest still reports an interrupted run; the first SIGTERM
+    does the same after stopping the servers.
     """
     if threading.current_thread() is not threading.main_thread():
         return
@@ -300,4 +373,6 @@ def install_signal_handlers() -> None:
             pass
 
 
+# atexit runs handlers last-registered first: this one must precede multiprocessing's, which
+# joins every non-daemon child (our forked servers) and would wait forever for a live one.
 atexit.register(stop_all)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from conformance.client import SGLangClient
-from conformance.errors import KitError
+from conformance.errors import KitError, ServerStartError
 from conformance.matrix import Cell
 from conformance.targets.base import Endpoint, LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
@@ -52,6 +52,18 @@ def spec_for(cell: Cell, options: Any, *, port: int | None = None) -> LaunchSpec
     return target.launch_spec(cell, port=port or free_port(), gpus=gpus)
 
 
+def _with_plugin_failure(error: ServerStartError, name: str, report: Path, log_path: Path) -> ServerStartError:
+    """A start-up failure whose root cause is a kit plugin that failed inside SGLang (SGLang
+    logs that and carries on, so the crash comes later): name the plugin's error instead."""
+    from conformance.sglang_plugins.activation import read_report
+
+    bad = [r for r in read_report(report) if r.get("status") == "error"]
+    if not bad:
+        return error
+    r = bad[0]
+    return ServerStartError(f"{name}: kit plugin {r.get('plugin')} failed in SGLang's {r.get('role')} process: {r.get('error')} (log {log_path})")
+
+
 @contextlib.contextmanager
 def serve_cell(cell: Cell, options: Any, *, log_dir: Path) -> Iterator[Endpoint]:
     spec = spec_for(cell, options)
@@ -76,7 +88,10 @@ def serve_cell(cell: Cell, options: Any, *, log_dir: Path) -> Iterator[Endpoint]
         entry_argv=spec.entry_argv,
         preload=spec.preload,
     )
-    proc.start()
+    try:
+        proc.start()
+    except ServerStartError as e:
+        raise _with_plugin_failure(e, name, plugin_report, log_path) if spec.plugins else e
     client = SGLangClient(spec.base_url, liveness=proc.exit_reason)
     try:
         if spec.plugins:

@@ -68,6 +68,9 @@ class SGLangCpuTarget:
             # a cap only (the pools are sized by the two flags above); SGLang profiles host
             # memory at start, which moves with whatever else runs on the machine
             "--mem-fraction-static", "0.3",
+            # an idle scheduler otherwise polls at 100% of a core: on 2 cores, two idle
+            # servers would halve the speed of everything else
+            "--sleep-on-idle",
         ]
         return args
 

@@ -67,5 +67,12 @@ def main() -> None:
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
 
 
+def entry(argv: list[str]) -> int:
+    """``module:function`` entry for the launcher's forkserver path."""
+    sys.argv = ["standin", *argv]
+    main()
+    return 0
+
+
 if __name__ == "__main__":
     main()

@@ -59,18 +59,32 @@ def install(role: str) -> dict[str, Any]:
         return done
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    replaced, bound = [], []
+    replaced, bound, missing_targets = [], [], []
     for b in bindings():
         if b.how == "standin":
             continue
         module_path, _, attr = b.target.rpartition(".")
-        owner = pkgutil.resolve_name(module_path)
+        try:
+            owner = pkgutil.resolve_name(module_path)
+        except (ImportError, AttributeError, ValueError):
+            missing_targets.append(b.target)
+            continue
+        if b.how == "replace" and not hasattr(owner, attr):
+            missing_targets.append(b.target)
+            continue
         if b.how == "bind" and not hasattr(owner, attr):
             setattr(owner, attr, b.impl)
             bound.append(b.target)
         else:
             _register_replace(b.target, b.impl)
             replaced.append(b.target)
+    if missing_targets:
+        import sglang
+
+        raise InstallError(
+            f"sglang {getattr(sglang, '__version__', '?')} lacks what the kit's CPU stand-ins hook "
+            f"(written for another release?): {', '.join(missing_targets)}"
+        )
     HookRegistry.apply_hooks()  # load_plugins() applies again afterwards; already-patched targets are skipped
     missing = [t for t in replaced + bound if not _is_ours(pkgutil.resolve_name(t), _impl_of(t))]
     if missing:

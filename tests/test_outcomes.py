@@ -1,0 +1,161 @@
+"""Every outcome reaches report.json: a test that raises (error), a skip without a verdict,
+a failing verdict, a server that dies (teardown finding, server block), an early stop
+(incomplete, which cells did not fully run), an empty selection; and the test counts in
+report.json equal junit.xml's and pytest's own, with and without xdist."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conformance.matrix import load_matrix
+from conformance.outcomes import Outcomes, cell_of_nodeid, check_of
+
+STANDIN = Path(__file__).parent / "standins" / "server.py"
+SELECT = ("--models", "falcon-h1", "--strategies", "extra_buffer", "--page-sizes", "1")
+
+SUITE = """
+import pytest
+from conformance.records import Verdict
+
+@pytest.mark.kl
+def test_a_raises(endpoint, record_verdict):
+    raise RuntimeError("boom in the workload")
+
+@pytest.mark.prefix_branching
+def test_b_skips_without_verdict(endpoint):
+    pytest.skip("nothing to branch here")
+
+@pytest.mark.gsm8k
+def test_c_fails_with_verdict(endpoint, record_verdict):
+    v = record_verdict(Verdict("gsm8k", "fail", {"n": 1}, "answers differ"))
+    pytest.fail(v.summary(), pytrace=False)
+
+@pytest.mark.leaks
+def test_d_kills_its_server(endpoint, record_verdict):
+    record_verdict(Verdict("leaks", "pass", {"mamba_used_at_idle": 0}))
+    endpoint.process.stop()
+"""
+
+
+def _junit_counts(path: Path) -> dict[str, int]:
+    suite = ET.parse(path).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    failures, errors, skipped = (int(suite.get(k)) for k in ("failures", "errors", "skipped"))
+    return {"passed": int(suite.get("tests")) - failures - errors - skipped, "failed": failures, "skipped": skipped, "errors": errors}
+
+
+def _run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *extra: str) -> tuple[pytest.RunResult, dict]:
+    monkeypatch.setenv("HYBRID_CONFORMANCE_REFERENCE_SERVER", str(STANDIN))
+    pytester.makepyfile(test_suite=SUITE)
+    rep = pytester.path / "rep"
+    result = pytester.runpytest_subprocess(*SELECT, f"--report-dir={rep}", f"--junitxml={rep / 'junit.xml'}", "-p", "no:cacheprovider", *extra)
+    return result, json.loads((rep / "report.json").read_text())
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["serial", "xdist"])
+def test_every_outcome_reaches_the_report(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, xdist: bool) -> None:
+    result, report = _run(pytester, monkeypatch, *(["-n", "2", "--dist", "loadgroup"] if xdist else []))
+    assert len(report["cells"]) == 1
+    checks = report["cells"][0]["checks"]
+    assert checks["kl"]["status"] == "error" and "boom in the workload" in checks["kl"]["reason"]
+    assert checks["prefix_branching"] == {"status": "skip", "metrics": {"requests": None, "hits_expected": None, "hits_observed": None, "mismatches": None}, "reason": "nothing to branch here"}
+    assert checks["gsm8k"]["status"] == "fail" and checks["gsm8k"]["reason"] == "answers differ"
+    assert checks["leaks"]["status"] == "pass"
+    assert checks["teardown"]["status"] == "fail" and "not serving" in checks["teardown"]["reason"]
+    server = report["cells"][0]["server"]
+    assert server["alive_at_end"] is False and "exited" in server["exit_reason"]
+    assert report["summary"] == {"pass": 1, "fail": 2, "skip": 1, "error": 1}
+    # test counts: as pytest counts them, as junit.xml counts them
+    assert report["tests"] == {"passed": 1, "failed": 2, "skipped": 1, "errors": 1}
+    result.assert_outcomes(passed=1, failed=2, skipped=1, errors=1)
+    assert _junit_counts(pytester.path / "rep" / "junit.xml") == report["tests"]
+    assert report["complete"] is True and report["cells_not_run"] == [] and report["launches"] == 1
+    md = (pytester.path / "rep" / "report.md").read_text()
+    html = (pytester.path / "rep" / "report.html").read_text()
+    line = "checks: 1 pass, 2 fail, 1 skip, 1 error; tests: 1 passed, 2 failed, 1 skipped, 1 errors"
+    assert line in md and line in html
+    assert set(report["versions"]) >= {"kit", "sglang", "torch", "transformers"}
+
+
+def test_an_early_stop_is_incomplete_and_names_the_cell(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    result, report = _run(pytester, monkeypatch, "-x")
+    cid = report["cells"][0]["id"]
+    assert report["complete"] is False
+    assert any("did not run" in r for r in report["incomplete_reasons"])
+    assert report["cells_partly_run"] == [cid]
+    assert "INCOMPLETE" in (pytester.path / "rep" / "report.md").read_text()
+
+
+def test_an_empty_selection_fails_the_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x="def test_x(cell):\n    pass\n")
+    rep = pytester.path / "rep"
+    result = pytester.runpytest_subprocess("--page-sizes", "3", f"--report-dir={rep}", "-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*no matrix cell matches the selection (target reference, tier standard, page_sizes=3)*"])
+    report = json.loads((rep / "report.json").read_text())
+    assert report["complete"] is False and "no matrix cell matches the selection" in report["incomplete_reasons"]
+
+
+def test_cell_of_nodeid_takes_the_longest_id_on_separators() -> None:
+    ids = [c.id for c in load_matrix().cells]
+    lazy = "qwen3-next-80b-extra_buffer_lazy-p1-t256"
+    assert cell_of_nodeid(f"conformance/kl/test_kl.py::test_kl[{lazy}-lazy_alloc_fail-prefill_hit]", ids) == f"{lazy}-lazy_alloc_fail"
+    assert cell_of_nodeid(f"conformance/kl/test_kl.py::test_kl[{lazy}-prefill_hit]", ids) == lazy
+    assert cell_of_nodeid("tests/test_x.py::test_y", ids) is None
+
+
+def test_check_of_prefers_pool_then_check_markers_then_the_suite_folder() -> None:
+    assert check_of({"pool", "leaks"}, "conformance/leaks/test_pool_invariants.py::t") == "pool"
+    assert check_of({"gsm8k"}, "x.py::t") == "gsm8k"
+    assert check_of(set(), "conformance/disagg/test_disagg.py::test_pd_gsm8k[c]") == "disagg"
+    assert check_of(set(), "tests/test_x.py::t") == "test"
+
+
+def test_not_run_lists_tests_without_any_report() -> None:
+    o = Outcomes()
+    o.expect([("a[c1]", "c1"), ("b[c1]", "c1"), ("a[c2]", "c2")])
+    o.reported.add("a[c1]")
+    assert o.not_run() == ["b[c1]", "a[c2]"]
+    assert o.cells_not_run() == (["c2"], ["c1"])
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_writes_an_incomplete_report(tmp_path: Path, sig: str) -> None:
+    """Ctrl-C (or a CI cancel's SIGTERM) in the middle of a cell: report.json still gets
+    written, says ``complete: false`` and ``interrupted``, and names the unfinished cell."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "started"
+    (tmp_path / "test_slow.py").write_text(
+        "import time\nfrom pathlib import Path\nfrom conformance.records import Verdict\n"
+        "def test_a(endpoint, record_verdict):\n    record_verdict(Verdict('kl', 'pass', {}))\n"
+        f"def test_b(endpoint):\n    Path({str(marker)!r}).write_text('x')\n    time.sleep(120)\n"
+        "def test_c(endpoint):\n    pass\n"
+    )
+    rep = tmp_path / "rep"
+    env = {**os.environ, "HYBRID_CONFORMANCE_REFERENCE_SERVER": str(STANDIN)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_slow.py"), *SELECT,
+                             f"--report-dir={rep}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+            time.sleep(0.2)
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads((rep / "report.json").read_text())
+    assert report["complete"] is False and "interrupted" in report["incomplete_reasons"]
+    assert report["cells_partly_run"] == [report["cells"][0]["id"]]
+    assert report["cells"][0]["checks"]["kl"]["status"] == "pass"

@@ -1,0 +1,60 @@
+"""A real SGLang server that cannot start on the sglang-cpu target is one line naming the
+cause and the log's path, before any check runs, and leaves no process behind.
+
+Each case starts real SGLang (30-90 s of imports on 2 cores) and breaks it one way: a
+missing dependency, an op the kit's stand-ins lack, a stand-in written for another SGLang
+release (its hook target does not exist).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conformance.errors import KitError
+from conformance.matrix import load_matrix
+from conformance.plugin import Options
+from conformance.targets.serving import serve_cell
+
+pytest.importorskip("sglang")
+HERE = Path(__file__).resolve().parent
+CELL = load_matrix().select(target="sglang-cpu", models=["qwen3-next"], strategies=["extra_buffer"], tier="premerge")[0]
+OPTIONS = Options(target="sglang-cpu", models=None, strategies=None, faults=None, page_sizes=None, tier=None, matrix_path=None,
+                  report_dir=None, log_dir=None, sglang_launcher="", gpus_per_worker=1, twins=False, gsm8k_dir=None)
+
+CASES = {
+    "missing dependency": ({"PYTHONPATH": str(HERE / "standins" / "broken_dep")}, "uvloop is broken on purpose"),
+    "op the stand-ins lack": ({"HYBRID_CONFORMANCE_CPU_OPS_MODULES": "conformance.sglang_plugins.cpu.triton_spots,conformance.sglang_plugins.cpu.mamba2_ops"}, "'sgl_kernel' object has no attribute 'fused_"),
+    "stand-in for another release": ({"HYBRID_CONFORMANCE_CPU_OPS_MODULES": "conformance.sglang_plugins.cpu.gdn_ops,conformance.sglang_plugins.cpu.triton_spots,conformance.sglang_plugins.cpu.mamba2_ops,standins.bad_ops",
+                                      "PYTHONPATH": str(HERE)}, "no_such_module"),
+}
+
+
+def _children() -> set[int]:
+    """This process's descendants, but the launcher's reaper (one per process, kept alive)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "conformance.targets.reaper" not in " ".join(p.cmdline()):
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_start_failure_is_one_line_with_cause_and_log(case, tmp_path, monkeypatch):
+    env, cause = CASES[case]
+    for k, v in env.items():
+        monkeypatch.setenv(k, v + (os.pathsep + os.environ["PYTHONPATH"] if k == "PYTHONPATH" and os.environ.get("PYTHONPATH") else ""))
+    before = _children()
+    with pytest.raises(KitError) as info:
+        with serve_cell(CELL, OPTIONS, log_dir=tmp_path):
+            pass
+    msg = str(info.value)
+    assert "\n" not in msg and cause in msg, msg
+    assert str(tmp_path / f"{CELL.id}.log") in msg
+    assert _children() <= before  # every process of the failed server is gone
