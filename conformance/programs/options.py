@@ -1,8 +1,9 @@
 """pytest options and marker of the request-program suite (loaded by ``conformance.plugin``).
 
-``--budget`` (``premerge`` | ``nightly`` | examples ``40`` | seconds ``90s``/``5m``, per
-cell), ``--seed``, ``--program-db`` (the hypothesis database root; one folder per target
-and cell), ``--program-failures`` (where a failing program's replay file goes),
+``--budget`` (``ci`` | ``premerge`` | ``nightly`` | examples ``40`` | seconds ``90s``/``5m``,
+per cell; a plain pytest run defaults to ``ci``, ``hybrid-conformance fuzz`` to
+``premerge``), ``--seed``, ``--program-db`` (the hypothesis database root; one folder per
+target and cell), ``--program-failures`` (where a failing program's replay file goes),
 ``--shrink-budget`` (seconds of shrinking after a finding).  Precedence: CLI > env
 (``HYBRID_CONFORMANCE_BUDGET``, ``HYBRID_CONFORMANCE_SEED``) > defaults.
 """
@@ -17,7 +18,7 @@ import pytest
 
 from conformance.errors import KitError
 
-HELP_BUDGET = "request programs per cell: premerge (default), nightly, a number of examples (40) or seconds (90s, 5m)"
+HELP_BUDGET = "request programs per cell: ci (default: 8 s), premerge (25 s), nightly (600 s), a number of examples (40) or seconds (90s, 5m)"
 HELP_SEED = "seed of the request-program generator (default 0): the same seed draws the same programs"
 HELP_DB = "hypothesis database root for request programs (default .hypothesis/hybrid-conformance); one folder per target and cell"
 HELP_FAILURES = "where a failing program's replay file goes (default <report-dir>/programs, else ./program-failures)"
@@ -56,7 +57,7 @@ class ProgramOptions:
 
 def program_options(config: pytest.Config, report_dir: Path | None) -> ProgramOptions:
     opt = config.getoption
-    budget = opt("--budget") or os.environ.get("HYBRID_CONFORMANCE_BUDGET") or "premerge"
+    budget = opt("--budget") or os.environ.get("HYBRID_CONFORMANCE_BUDGET") or "ci"
     raw_seed = opt("--seed")
     if raw_seed is None:
         env = os.environ.get("HYBRID_CONFORMANCE_SEED", "0")
