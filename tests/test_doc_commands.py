@@ -118,8 +118,9 @@ def test_doc_command_runs_as_typed(where: str, command: str, tmp_path: Path) -> 
         for arg in words[2:4]:
             (tmp_path / arg).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(REPORTS / "clean" / "report.json", tmp_path / arg)
-    long_run = words[0] == "pytest" or words[1:2] in (["run"], ["mutants"])
-    cwd = ROOT if words[0] == "pytest" else tmp_path
+    # fuzz is a run of the programs suite (tests/test_programs_cli.py runs the docs' fuzz lines in full)
+    long_run = words[0] == "pytest" or words[1:2] in (["run"], ["mutants"], ["fuzz"])
+    cwd = ROOT if words[0] == "pytest" or words[1:2] == ["replay"] else tmp_path  # replay names a file of the repository
     out = subprocess.run(["bash", "-c", line], cwd=cwd, env=_env(tmp_path, long_run), capture_output=True, text=True, timeout=900)
     text = f"{where}: {command}\nexit {out.returncode}\nstdout: {out.stdout[-3000:]}\nstderr: {out.stderr[-3000:]}"
     gpu_run = words[:2] == ["hybrid-conformance", "run"] and "--target" in words and words[words.index("--target") + 1] == "sglang"
@@ -127,6 +128,9 @@ def test_doc_command_runs_as_typed(where: str, command: str, tmp_path: Path) -> 
         assert out.returncode == 3, text
         err = [ln for ln in out.stderr.splitlines() if ln.strip() and "Warning" not in ln and not ln.startswith("  warn")]
         assert 1 <= len(err) <= 3 and "--target sglang-cpu" in out.stderr and "Traceback" not in out.stderr, text
+        return
+    if words[1:2] == ["replay"] and "--no-recorded-env" not in words:  # a finding under its recorded fault: reproduced, exit 1
+        assert out.returncode == 1 and re.search(r"\d+/\d+ runs failed", out.stdout) and "Traceback" not in out.stderr, text
         return
     assert out.returncode == 0, text
     assert "Traceback" not in out.stderr, text

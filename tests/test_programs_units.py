@@ -63,7 +63,7 @@ def test_missing_program_file_is_one_line(tmp_path: Path) -> None:
         load_program(tmp_path / "nope.json")
 
 
-@pytest.mark.parametrize("text, examples, seconds", [("ci", None, 8.0), ("premerge", None, 25.0), ("40", 40, None), ("90s", None, 90.0), ("5m", None, 300.0)])
+@pytest.mark.parametrize("text, examples, seconds", [("ci", 2, None), ("premerge", None, 25.0), ("40", 40, None), ("90s", None, 90.0), ("5m", None, 300.0)])
 def test_budget_parses(text: str, examples: int | None, seconds: float | None) -> None:
     b = parse_budget(text)
     assert (b.examples, b.seconds) == (examples, seconds)

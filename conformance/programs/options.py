@@ -18,7 +18,7 @@ import pytest
 
 from conformance.errors import KitError
 
-HELP_BUDGET = "request programs per cell: ci (default: 8 s), premerge (25 s), nightly (600 s), a number of examples (40) or seconds (90s, 5m)"
+HELP_BUDGET = "request programs per cell: ci (default: 2 programs), premerge (25 s), nightly (600 s), a number of examples (40) or seconds (90s, 5m)"
 HELP_SEED = "seed of the request-program generator (default 0): the same seed draws the same programs"
 HELP_DB = "hypothesis database root for request programs (default .hypothesis/hybrid-conformance); one folder per target and cell"
 HELP_FAILURES = "where a failing program's replay file goes (default <report-dir>/programs, else ./program-failures)"
