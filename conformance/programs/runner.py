@@ -285,7 +285,9 @@ class ProgramRun:
             served_start = s.logprob_start if s.meta.get("input_token_logprobs") else None
             if not s.output_ids and served_start is None:
                 continue
-            start = min(len(s.input_ids), served_start if served_start is not None else len(s.input_ids))
+            # SGLang answers None for the first position from logprob_start_len on (it has no
+            # row before it), so the cold side starts one position earlier.
+            start = max(0, min(len(s.input_ids), served_start if served_start is not None else len(s.input_ids)) - 1)
             todo.append((s, start, served_start))
         if not todo:
             return
