@@ -99,19 +99,34 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
 
 
 _EXIT_CODE = re.compile(r"exit(?:ed)?(?: during start-up)? with (?:code|status) (-?\d+)")
+_POOL_LINE = re.compile(r"\[(\w+)\] total=(\d+), available=(-?\d+), evictable=(-?\d+), protected=(-?\d+), session_held=(-?\d+), uncached=(-?\d+)")
+
+
+def _leak_line(log: str) -> str:
+    """SGLang's idle-check report in one line: the pools whose terms do not add up (the
+    report spans one line per pool), else the first leak/error line of the log."""
+    from conformance.checks.leaks import scan_log
+
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if "memory leak detected" not in line:
+            continue
+        block = [line] + [ln for ln in lines[i + 1 : i + 8] if ln.startswith("[")]
+        bad = [ln[m.start():].strip() for ln in block for m in _POOL_LINE.finditer(ln) if sum(map(int, m.groups()[2:])) != int(m.group(2))]
+        return "SGLang's idle check: memory leak detected: " + " | ".join(bad or [line.strip()])
+    found = scan_log(log)
+    return found[0] if found else ""
 
 
 def _died_line(why: str, report_dir: Path) -> str:
-    """A dead server in one line: its exit code and the first leak/error line of its log."""
-    from conformance.checks.leaks import scan_log
-
+    """A dead server in one line: its exit code and what its log says killed it."""
     code = _EXIT_CODE.search(why)
-    lines: list[str] = []
-    for log in sorted((report_dir / "logs").glob("*.log")):
-        lines += scan_log(log.read_text(errors="replace"))
-    leak = next((ln for ln in lines if "leak" in ln.lower()), lines[0] if lines else "")
     head = f"server died (exit {code.group(1)})" if code else "server died"
-    return f"{head}: {leak[:160]}" if leak else f"{head}: {why.split('server is not serving: ', 1)[-1][:110]}"
+    for log in sorted((report_dir / "logs").glob("*.log")):
+        line = _leak_line(log.read_text(errors="replace"))
+        if line:
+            return f"{head}: {line[:240]}"
+    return f"{head}: {why.split('server is not serving: ', 1)[-1][:110]}"
 
 
 def fired_count(report_dir: Path, fault: str) -> int:
