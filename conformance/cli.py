@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     twins.add_argument("--force", action="store_true")
 
     mut = sub.add_parser("mutants", help="run the suites clean and once per seeded fault; print the mutation score")
-    mut.add_argument("--target", choices=("reference", "pool"), default="reference")
+    mut.add_argument("--target", choices=("reference", "pool", "sglang-cpu"), default="reference", help="whose faults: the reference engine, the pool tier, or real SGLang on CPU")
     mut.add_argument("--only", help="comma list of fault names")
     mut.add_argument("--report-dir", default="reports/mutants")
     mut.add_argument("--fast", action="store_true", help="the CI subset")

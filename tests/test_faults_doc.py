@@ -15,7 +15,8 @@ def test_every_fault_has_a_paragraph() -> None:
     from conformance.mutants.pool_faults import FAULTS as POOL
     from conformance.reference.faults import FAULTS as REFERENCE
     from conformance.reference.pd import PD_FAULTS
+    from conformance.sglang_plugins.faults.catalogue import faults
 
     text = DOC.read_text()
-    for name in [*REFERENCE, *POOL, *PD_FAULTS]:
+    for name in [*REFERENCE, *POOL, *PD_FAULTS, *faults()]:
         assert f"### `{name}`" in text

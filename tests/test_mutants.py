@@ -102,3 +102,68 @@ def test_a_timed_out_run_is_not_caught_and_leaves_no_process(tmp_path: Path, mon
     assert command.run_mutants(target="reference", only=None, report_dir=tmp_path / "all", console=console) == 1
     text = console.export_text()
     assert "NOT CAUGHT (timed out after 3s: not caught)" in text and text.rstrip().splitlines()[-1] == "mutation score: 0/1"
+
+
+# ------------------------------------------------------------------ real SGLang (sglang-cpu)
+def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
+    from conformance.sglang_plugins.faults.catalogue import faults
+
+    plans = catalogue.sglang_cpu_plans()
+    assert set(plans) == set(faults()) and len(plans) >= 12
+    assert all(p.target == "sglang-cpu" and p.fault_env == "HYBRID_CONFORMANCE_SGLANG_FAULT" and p.stop_at_first for p in plans.values())
+    assert all(plans[n].suites[: len(f.suites)] == f.suites for n, f in faults().items())  # its catching suite runs first
+    assert len({p.key for p in plans.values()}) <= 4  # one clean run per cell vouches for its faults
+    assert plans["lazy_alloc_fail_still_inserts"].faults == "lazy_alloc_fail"
+    assert plans["mamba2_track_index_global"].models == "nemotron-h"
+
+
+def test_sglang_fault_that_never_fired_is_not_caught(tmp_path: Path) -> None:
+    plan = catalogue.sglang_cpu_plans()["double_free"]
+    (tmp_path / "logs").mkdir()
+    out = command._judge_sglang(plan, "double_free", ["leaks: something failed"], 1, tmp_path, 1.0)
+    assert not out.caught and out.by[0] == f"never reached: double_free did not fire on {plan.key}"
+    (tmp_path / "logs" / "cell.plugins.jsonl").write_text(json.dumps({"plugin": "hybrid_conformance_faults", "status": "fired", "fault": "double_free", "count": 3}) + "\n")
+    out = command._judge_sglang(plan, "double_free", ["leaks: something failed"], 1, tmp_path, 1.0)
+    assert out.caught and out.fired == 3
+
+
+def test_sglang_run_that_times_out_is_not_caught(tmp_path: Path) -> None:
+    plan = catalogue.sglang_cpu_plans()["cow_skipped"]
+    out = command._judge_sglang(plan, "cow_skipped", ["pytest exit -1"], -1, tmp_path, 1500.0)
+    assert not out.caught and out.by == [f"timed out after 1500s on {plan.key}"]
+    assert command._judge_sglang(plan, None, [], -1, tmp_path, 1500.0).caught  # a clean run that timed out voids the score
+
+
+def test_a_server_killed_by_its_leak_check_is_named_in_one_line(tmp_path: Path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "cell.log").write_text(
+        "ok\nScheduler hit an exception: Traceback ...\n"
+        "ValueError: pool memory leak detected! [full] total=8192, available=8192, evictable=0, protected=0, session_held=0, uncached=0\n"
+        "[mamba] total=48, available=46, evictable=0, protected=0, session_held=0, uncached=0, leaked_full_pages=None, leaked_mamba_pages={3, 4}\n"
+        "[2026-11-23 01:05:41] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n"
+    )
+    output = "ERROR conformance/leaks/test_leaks.py::test_load_returns_to_idle[cell] - Failed: cell c: server is not serving: server process exited with code -9; log tail: x"
+    assert command._caught_by(tmp_path, output, 1) == [
+        "server died (exit -9): SGLang's idle check: memory leak detected: "
+        "[mamba] total=48, available=46, evictable=0, protected=0, session_held=0, uncached=0, leaked_full_pages=None, leaked_mamba_pages={3, 4}"
+    ]
+
+
+@pytest.mark.fault_probe
+@pytest.mark.fault_probe_fast
+@pytest.mark.timeout(3600)
+def test_fast_sglang_cpu_subset_as_typed(tmp_path: Path) -> None:
+    """``hybrid-conformance mutants --target sglang-cpu --fast``: a leak and a state fault on
+    real SGLang, each caught by the check that should catch it, after a clean run."""
+    from conformance.targets.pool import sglang_api
+
+    sglang_api.require()
+    import subprocess
+
+    out = subprocess.run(["hybrid-conformance", "mutants", "--target", "sglang-cpu", "--fast", "--report-dir", str(tmp_path)], capture_output=True, text=True, timeout=3500, env={**os.environ, "COLUMNS": "300"})
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert text.rstrip().splitlines()[-1] == "mutation score: 2/2", text[-3000:]
+    assert "clean [sglang-cpu/qwen3-next/extra_buffer:kl+leaks]" in text and "passes" in text
+    assert "pingpong_leak_on_finish (fired" in text and "cow_skipped (fired" in text

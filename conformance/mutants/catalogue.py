@@ -1,10 +1,12 @@
 """Which cells each seeded fault runs on, for ``hybrid-conformance mutants``.
 
 The faults themselves (name, the real bug, where injected) live with their targets:
-``conformance/reference/faults.py`` (reference engine, env ``HYBRID_CONFORMANCE_FAULT``)
-and ``conformance/mutants/pool_faults.py`` (monkeypatches of SGLang's real functions).
-This module only says where each is exercised: the smallest selection of cells on which
-the fault can show, so the whole catalogue runs in minutes.
+``conformance/reference/faults.py`` (reference engine, env ``HYBRID_CONFORMANCE_FAULT``),
+``conformance/mutants/pool_faults.py`` (monkeypatches of SGLang's real functions) and
+``conformance/sglang_plugins/faults/`` (hooks in real SGLang servers, env
+``HYBRID_CONFORMANCE_SGLANG_FAULT``).  This module only says where each is exercised: the
+smallest selection of cells on which the fault can show, so the whole catalogue runs in
+minutes (the reference engine) or well under an hour (one real SGLang server per run).
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ REFERENCE_CELLS: dict[str, MutantPlan] = {
 #: The CI subset: one fault per check kind that must catch it.
 FAST_REFERENCE = ("pingpong_leak_on_finish", "cached_tokens_overreport", "state_scaled_1pct", "idle_check_disabled_with_leak")
 FAST_POOL = ("pingpong_leak_on_finish", "cow_skipped", "track_boundary_late")
+FAST_SGLANG_CPU = ("pingpong_leak_on_finish", "cow_skipped")
+
+SGLANG_FAULT_ENV = "HYBRID_CONFORMANCE_SGLANG_FAULT"
+#: A real SGLang server starts in 30-240 s on a shared 2-core machine; the suites of a cell
+#: take a few minutes more.
+SGLANG_CPU_TIMEOUT_S = 1500.0
 
 
 def reference_plans() -> dict[str, MutantPlan]:
@@ -66,4 +74,34 @@ def pool_plans() -> dict[str, MutantPlan]:
         key = f"pool/{','.join(strategies) if strategies else 'all'}"
         # -x: a pool fault is caught by the first failing invariant (its shrunk program is the numbers)
         plans[name] = MutantPlan(key, target="pool", suites=(), strategies=",".join(strategies) if strategies else None, tier="premerge", faults=None, stop_at_first=True)
+    return plans
+
+
+def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPlan]:
+    """Each real-SGLang fault (of ``names``, default all) on the cheapest premerge cell where
+    it can show (its first model family and strategy, with the matrix fault it needs).
+    Faults of one cell share one selection of suites -- the union of what the selected
+    ones need -- so one clean run per cell vouches for all of them; each fault runs its own
+    catching suite first and stops at the first failure."""
+    from conformance.sglang_plugins.faults.catalogue import faults
+
+    selected = {n: f for n, f in faults().items() if names is None or n in names}
+
+    def cell_of(f) -> tuple[str, str, str]:
+        return f.families[0], f.strategies[0], f.cell_fault
+
+    needed: dict[tuple[str, str, str], set[str]] = {}
+    for f in selected.values():
+        needed.setdefault(cell_of(f), set()).update(f.suites)
+    plans = {}
+    for name, f in selected.items():
+        model, strategy, cell_fault = cell_of(f)
+        union = needed[(model, strategy, cell_fault)]
+        suites = tuple(f.suites) + tuple(s for s in ("kl", "prefix_branching", "leaks", "gsm8k") if s in union and s not in f.suites)
+        fault_part = "" if cell_fault == "none" else f"+{cell_fault}"
+        key = f"sglang-cpu/{model}/{strategy}{fault_part}:{'+'.join(sorted(union))}"
+        plans[name] = MutantPlan(
+            key, target="sglang-cpu", suites=suites, models=model, strategies=strategy, faults=cell_fault,
+            tier="premerge", stop_at_first=True, timeout_s=SGLANG_CPU_TIMEOUT_S, fault_env=SGLANG_FAULT_ENV,
+        )
     return plans

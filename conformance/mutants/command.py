@@ -7,6 +7,10 @@ run errored (e.g. the cell teardown found the pools not idle).
 Pool target: each fault of ``conformance.mutants.pool_faults`` is loaded as a pytest
 plugin (``-p conformance.mutants.pool_faults``) into the pool suite; caught = the pool
 suite failed.  The clean run of the same selection must pass, or the score means nothing.
+sglang-cpu target: each fault of ``conformance.sglang_plugins.faults`` is loaded into the
+real SGLang servers of its plan with ``HYBRID_CONFORMANCE_SGLANG_FAULT=<name>``; caught =
+some check failed or the server died and its log names why (exit code and the log's
+leak/error line); a fault whose hooks never fired was not reached, which is a failure too.
 A run that times out proved nothing: a fault is then NOT caught and a clean run fails;
 the timed-out pytest is killed with its whole process group (servers included).
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,7 +33,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from conformance.errors import KitError
-from conformance.mutants.catalogue import FAST_POOL, FAST_REFERENCE, MutantPlan, pool_plans, reference_plans
+from conformance.mutants.catalogue import (
+    FAST_POOL,
+    FAST_REFERENCE,
+    FAST_SGLANG_CPU,
+    MutantPlan,
+    pool_plans,
+    reference_plans,
+    sglang_cpu_plans,
+)
 
 PKG = Path(__file__).resolve().parents[1]
 FAULT_ENV = "HYBRID_CONFORMANCE_FAULT"
@@ -41,6 +54,7 @@ class Outcome:
     by: list[str] = field(default_factory=list)
     seconds: float = 0.0
     exit_code: int = 0
+    fired: int | None = None  # real-SGLang faults: how often the fault's hooks changed SGLang's behaviour
     timed_out: bool = False
 
 
@@ -52,7 +66,7 @@ def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
             argv += ["-k", plan.keyword]
     else:
         argv += [str(PKG / s) for s in plan.suites]
-        argv += ["--target", "reference", "-m", "not pool", f"--report-dir={report_dir}"]
+        argv += ["--target", plan.target, "-m", "not pool", f"--report-dir={report_dir}"]
     for flag, value in (("--models", plan.models), ("--strategies", plan.strategies), ("--page-sizes", plan.page_sizes), ("--tier", plan.tier), ("--faults", plan.faults)):
         if value:
             argv.append(f"{flag}={value}")
@@ -75,8 +89,8 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
         if not line.startswith(("ERROR ", "FAILED ")):
             continue
         why = line.split(" - ", 1)[-1].strip() if " - " in line else line.strip()
-        if "server is not serving" in why:
-            found.append(f"server died: {why.split('server is not serving: ', 1)[-1][:110]}")
+        if "server is not serving" in why or "exited during start-up" in why:
+            found.append(_died_line(why, report_dir))
         elif "pools not idle" in why:
             found.append(f"cell teardown: {why.split(': ', 1)[-1][:110]}")
         elif "/leaks/test_pool" in line or "test_pool_" in line:
@@ -86,6 +100,47 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
     if exit_code not in (0, 5) and not found:
         found.append(f"pytest exit {exit_code}")
     return list(dict.fromkeys(found))
+
+
+_EXIT_CODE = re.compile(r"exit(?:ed)?(?: during start-up)? with (?:code|status) (-?\d+)")
+_POOL_LINE = re.compile(r"\[(\w+)\] total=(\d+), available=(-?\d+), evictable=(-?\d+), protected=(-?\d+), session_held=(-?\d+), uncached=(-?\d+)")
+
+
+def _leak_line(log: str) -> str:
+    """SGLang's idle-check report in one line: the pools whose terms do not add up (the
+    report spans one line per pool), else the first leak/error line of the log."""
+    from conformance.checks.leaks import scan_log
+
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if "memory leak detected" not in line:
+            continue
+        block = [line] + [ln for ln in lines[i + 1 : i + 8] if ln.startswith("[")]
+        bad = [ln[m.start():].strip() for ln in block for m in _POOL_LINE.finditer(ln) if sum(map(int, m.groups()[2:])) != int(m.group(2))]
+        return "SGLang's idle check: memory leak detected: " + " | ".join(bad or [line.strip()])
+    found = scan_log(log)
+    return found[0] if found else ""
+
+
+def _died_line(why: str, report_dir: Path) -> str:
+    """A dead server in one line: its exit code and what its log says killed it."""
+    code = _EXIT_CODE.search(why)
+    head = f"server died (exit {code.group(1)})" if code else "server died"
+    for log in sorted((report_dir / "logs").glob("*.log")):
+        line = _leak_line(log.read_text(errors="replace"))
+        if line:
+            return f"{head}: {line[:240]}"
+    return f"{head}: {why.split('server is not serving: ', 1)[-1][:110]}"
+
+
+def fired_count(report_dir: Path, fault: str) -> int:
+    """How often a real-SGLang fault's hooks fired in the servers of one run (plugin reports)."""
+    from conformance.sglang_plugins.activation import FAULT_PLUGIN, read_report
+
+    counts = [0]
+    for path in (report_dir / "logs").glob("*.plugins.jsonl"):
+        counts += [int(r.get("count", 0)) for r in read_report(path) if r.get("plugin") == FAULT_PLUGIN and r.get("status") == "fired" and r.get("fault") == fault]
+    return max(counts)
 
 
 def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
@@ -105,6 +160,8 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
     by = _caught_by(report_dir, output, code)
     if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
         return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code)
+    if plan.target == "sglang-cpu":
+        return _judge_sglang(plan, fault, by, code, report_dir, time.monotonic() - t0)
     return Outcome(fault or "clean", bool(by) or code != 0, by, time.monotonic() - t0, code)
 
 
@@ -129,9 +186,21 @@ def run_bounded(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tu
         return -1, (output or "") + f"\ntimed out after {timeout_s:.0f}s", True
 
 
+def _judge_sglang(plan: MutantPlan, fault: str | None, by: list[str], code: int, report_dir: Path, seconds: float) -> Outcome:
+    """Real SGLang: a timed-out run is not caught; a fault that never fired was not reached."""
+    if code == -1:
+        return Outcome(fault or "clean", fault is None, [f"timed out after {plan.timeout_s:.0f}s on {plan.key}"], seconds, code)
+    if fault is None:
+        return Outcome("clean", bool(by) or code != 0, by, seconds, code)
+    fired = fired_count(report_dir, fault)
+    if not fired:
+        return Outcome(fault, False, [f"never reached: {fault} did not fire on {plan.key}", *by], seconds, code, 0)
+    return Outcome(fault, bool(by) or code != 0, by, seconds, code, fired)
+
+
 def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None) -> int:
     console = console or Console(width=200)
-    plans = reference_plans() if target == "reference" else pool_plans()
+    plans = {"reference": reference_plans, "pool": pool_plans, "sglang-cpu": sglang_cpu_plans}[target]()
     if only:
         names = [n.strip() for n in only.split(",") if n.strip()]
         unknown = [n for n in names if n not in plans]
@@ -139,8 +208,10 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
             raise KitError(f"--only: unknown fault {unknown[0]!r}; known: {', '.join(plans)}")
         plans = {n: plans[n] for n in names}
     elif fast:
-        keep = FAST_REFERENCE if target == "reference" else FAST_POOL
+        keep = {"reference": FAST_REFERENCE, "pool": FAST_POOL, "sglang-cpu": FAST_SGLANG_CPU}[target]
         plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in keep}
+    if target == "sglang-cpu":  # a cell runs only the suites the selected faults need
+        plans = sglang_cpu_plans(tuple(plans))
     from conformance.preflight import preflight_only
 
     if preflight_only():  # what would run, and nothing else (the docs test's "as typed" mode)
@@ -165,11 +236,14 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
     for key, out in clean_rows:
         table.add_row(escape(f"clean [{key}]"), "[green]passes[/]" if not out.caught else f"[red]FAILS: {escape('; '.join(out.by[:3]))}[/]", f"{out.seconds:.1f}s")
     for out in outcomes:
+        fired = "" if out.fired is None else f" (fired {out.fired}x)"
         if out.caught:
             cell = escape("\n".join(out.by[:4]))
+        elif out.timed_out:
+            cell = f"[red]NOT CAUGHT[/] ({escape(out.by[0])})"
         else:
-            cell = "[red]NOT CAUGHT[/]" + (f" ({escape(out.by[0])})" if out.timed_out else "")
-        table.add_row(escape(out.name), cell, f"{out.seconds:.1f}s")
+            cell = "[red]NOT CAUGHT[/]" + (f": {escape(out.by[0])}" if out.by else "")
+        table.add_row(escape(out.name + fired), cell, f"{out.seconds:.1f}s")
     console.print(table)
     caught = sum(o.caught for o in outcomes)
     if not clean_ok:

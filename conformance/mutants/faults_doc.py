@@ -1,4 +1,5 @@
-"""Render docs/faults.md from the two fault registries (reference engine and pool tier).
+"""Render docs/faults.md from the fault registries (reference engine, its PD roles, the pool
+tier, and real SGLang).
 
 ``python -m conformance.mutants.faults_doc > docs/faults.md``; a test keeps the file in
 step with the registries.
@@ -27,6 +28,7 @@ def render() -> str:
     from conformance.mutants.pool_faults import FAULTS as POOL
     from conformance.reference.faults import FAULTS as REFERENCE
     from conformance.reference.pd import PD_FAULTS
+    from conformance.sglang_plugins.faults.catalogue import faults as sglang_faults
 
     out = [
         "# Seeded faults: what the kit guards against",
@@ -39,6 +41,16 @@ def render() -> str:
         ("Reference engine", "switched on with `HYBRID_CONFORMANCE_FAULT=<name>` (read once, in `conformance/reference/faults.py`)", REFERENCE),
         ("Reference PD roles", "switched on with `HYBRID_CONFORMANCE_PD_FAULT=<name>` (read in `conformance/reference/pd.py`, seen by the PD roles only)", PD_FAULTS),
         ("Pool tier (SGLang's real classes)", "monkeypatches loaded with `pytest -p conformance.mutants.pool_faults` and `HYBRID_CONFORMANCE_FAULT=<name>`", POOL),
+        (
+            "Real SGLang (targets `sglang-cpu` and `sglang`)",
+            "hooks registered through SGLang's own `HookRegistry` by the kit's general plugin `hybrid_conformance_faults`, "
+            "in the scheduler process of the servers the kit launches, when `HYBRID_CONFORMANCE_SGLANG_FAULT=<name>` "
+            "is set (one module per fault in `conformance/sglang_plugins/faults/`; each hook proves it took effect and "
+            "reports when it fires). Scored with `hybrid-conformance mutants --target sglang-cpu` (one real SGLang server "
+            "per run; the CI subset is `hybrid-conformance mutants --target sglang-cpu --fast`); each is first shown "
+            "harmful by a direct probe in `tests/test_sglang_fault_probes.py`",
+            sglang_faults(),
+        ),
     ):
         out += [f"## {title}", "", f"Injection: {how}.", ""]
         for name, desc, bug, where in _rows(registry):
@@ -47,6 +59,11 @@ def render() -> str:
                 out += [f"*Real bug modelled:* {bug.strip()}", ""]
             if where:
                 out += [f"*Injected at:* `{where.strip()}`", ""]
+            seen = getattr(registry[name], "observable", "") if not isinstance(registry[name], str) else ""
+            if seen and hasattr(registry[name], "hooks"):
+                spec = registry[name]
+                out += [f"*Seen as:* {seen.strip()}", "", f"*Exercised on:* {', '.join(spec.families)} / {', '.join(spec.strategies)}"
+                        f"{'' if spec.cell_fault == 'none' else ' + ' + spec.cell_fault}, suites {', '.join(spec.suites)}", ""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -189,7 +189,26 @@ class SGLangTarget:
         env = dict(cell.env)
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-        return LaunchSpec(argv=argv, env=env, port=port, health_path="/health_generate", start_timeout_s=1200.0)
+        plugins = fault_plugin_env(env)
+        return LaunchSpec(argv=argv, env=env, port=port, health_path="/health_generate", start_timeout_s=1200.0, plugins=plugins)
+
+
+def fault_plugin_env(env: dict[str, str]) -> tuple[str, ...]:
+    """With a seeded SGLang fault selected (cell env or the kit's own), switch the kit's fault
+    plugin on in ``env`` (added to ``SGLANG_PLUGINS`` when that whitelist is set) and return
+    the plugins the launch must prove ran; else change nothing."""
+    from conformance.sglang_plugins import activation
+    from conformance.sglang_plugins.faults import fault_for_launch
+
+    fault = fault_for_launch(env)
+    if not fault:
+        return ()
+    env[activation.FAULT_ENV] = fault
+    allowed = env.get("SGLANG_PLUGINS", os.environ.get("SGLANG_PLUGINS", ""))
+    if allowed:
+        names = [n.strip() for n in allowed.split(",") if n.strip()]
+        env["SGLANG_PLUGINS"] = ",".join(dict.fromkeys([*names, activation.FAULT_PLUGIN]))
+    return (activation.FAULT_PLUGIN,)
 
 
 # ------------------------------------------------------------------ validation

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from conformance.matrix import Cell
 from conformance.sglang_plugins import activation
+from conformance.sglang_plugins.faults import fault_for_launch
 from conformance.targets.base import LaunchSpec
 from conformance.targets.sglang import SGLangTarget
 
@@ -89,11 +90,16 @@ class SGLangCpuTarget:
             "TOKENIZERS_PARALLELISM": "false",
             **cell.env,
         }
+        fault = fault_for_launch(cell.env)
+        if fault:
+            env[activation.FAULT_ENV] = fault
         return env
 
     def expected_plugins(self, cell: Cell) -> tuple[str, ...]:
+        """The kit plugins that must prove they ran; the fault plugin whenever a fault reaches
+        the server (from the cell's env or from the kit's own, as ``mutants`` sets it)."""
         plugins = [activation.CPU_PLUGIN, activation.OBSERVE_PLUGIN]
-        if cell.env.get(activation.FAULT_ENV):
+        if fault_for_launch(cell.env):
             plugins.append(activation.FAULT_PLUGIN)
         return tuple(plugins)
 

@@ -1,15 +1,30 @@
 """Seeded faults of real SGLang, installed through SGLang's hook registry by the
 ``hybrid_conformance_faults`` general plugin when ``HYBRID_CONFORMANCE_SGLANG_FAULT``
-names one.  The catalogue is ``conformance.sglang_plugins.faults.catalogue``.
+names one.  One module per fault; the catalogue is
+``conformance.sglang_plugins.faults.catalogue``, the record format ``.spec``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, Mapping
 
 
 def install(name: str, role: str) -> dict[str, Any]:
+    """Inside an SGLang process (the general plugin): install fault ``name``."""
     from conformance.sglang_plugins.faults.catalogue import get_fault
 
-    fault = get_fault(name)
-    return fault.install(role)
+    return get_fault(name).install(role)
+
+
+def fault_for_launch(cell_env: Mapping[str, str]) -> str | None:
+    """The SGLang fault a server launched with ``cell_env`` (over the kit's own environment,
+    as ``mutants`` sets it) will load; a name the catalogue does not know is a
+    :class:`~conformance.errors.KitError` in one line, before anything is launched."""
+    from conformance.sglang_plugins.activation import FAULT_ENV
+    from conformance.sglang_plugins.faults.catalogue import get_fault
+
+    name = cell_env.get(FAULT_ENV) or os.environ.get(FAULT_ENV) or None
+    if name:
+        get_fault(name)
+    return name

@@ -1,0 +1,35 @@
+"""``abort_leak``: an aborted request does not give back its mamba slots.
+
+Hooks SGLang's ``release_kv_cache`` (AROUND, in ``sglang.srt.mem_cache.common``; the hook
+registry also rebinds every module that imported it): for a request finished with
+``FINISH_ABORT`` the mamba allocator's ``free`` is switched off for the release, so its
+working and ping-pong slots are dropped, not freed.  Requests that finish normally are
+untouched.
+"""
+
+from __future__ import annotations
+
+from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, call_losing_frees
+
+NAME = "abort_leak"
+TARGET = "sglang.srt.mem_cache.common.release_kv_cache"
+
+
+def release_forgetting_aborts(original, req, tree_cache, *args, **kwargs):
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    allocator = getattr(tree_cache.req_to_token_pool, "mamba_allocator", None)
+    if allocator is None or not isinstance(req.finished_reason, FINISH_ABORT):
+        return original(req, tree_cache, *args, **kwargs)
+    return call_losing_frees(NAME, allocator, original, req, tree_cache, *args, **kwargs)
+
+
+FAULT = SGLangFault(
+    NAME,
+    "An aborted request (client abort while decoding, or an abort before it ran) does not "
+    "return its mamba slots: its release runs with the mamba frees lost.",
+    "abort paths that skip the mamba part of release_kv_cache",
+    "sglang:mamba_used_tokens > 0 at idle after the aborted session turn; SGLang's strict idle check logs 'memory leak detected'",
+    (Hook(TARGET, "around", release_forgetting_aborts),),
+    suites=("leaks",),
+)

@@ -1,0 +1,54 @@
+"""The seeded faults of real SGLang, one module each (``FAULT_MODULES``), by name.
+
+Selected per server by ``HYBRID_CONFORMANCE_SGLANG_FAULT=<name>`` (set by the kit's
+launcher, loaded by the ``hybrid_conformance_faults`` general plugin); scored by
+``hybrid-conformance mutants --target sglang-cpu`` and listed in ``docs/faults.md``.
+Importing this module imports no SGLang code.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+from conformance.errors import KitError
+from conformance.sglang_plugins.activation import FAULT_ENV
+from conformance.sglang_plugins.faults.spec import SGLangFault
+
+_PKG = "conformance.sglang_plugins.faults."
+#: In docs order: SGLang's known regressions first, then the bug classes.
+FAULT_MODULES = (
+    "session_pingpong_leak",          # PR 26941
+    "pingpong_leak_on_finish",        # PR 26941 class
+    "mamba2_track_index_global",      # PR 15829
+    "lazy_alloc_fail_still_inserts",  # PR 27118
+    "decode_track_mask_empty",        # PR 20522
+    "lazy_slot_not_returned",
+    "cow_skipped",
+    "track_seqlen_minus_one",
+    "force_track_h_dropped",
+    "gdn_h_offset_floor",
+    "evict_locked_node",
+    "double_free",
+    "abort_leak",
+    "cached_tokens_overreport",
+    "state_drift",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def faults() -> dict[str, SGLangFault]:
+    out: dict[str, SGLangFault] = {}
+    for module in FAULT_MODULES:
+        fault = importlib.import_module(_PKG + module).FAULT
+        if fault.name != module or fault.name in out:
+            raise KitError(f"fault module {module}: FAULT is named {fault.name!r} (must be the module's name, once)")
+        out[fault.name] = fault
+    return out
+
+
+def get_fault(name: str) -> SGLangFault:
+    known = faults()
+    if name not in known:
+        raise KitError(f"{FAULT_ENV}={name!r}: unknown SGLang fault (known: {', '.join(known)})")
+    return known[name]

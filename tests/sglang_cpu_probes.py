@@ -1,0 +1,273 @@
+"""Helpers for the direct probes of seeded real-SGLang faults (``test_sglang_fault_probes``)
+and the cross-target leak test: start one real SGLang server on CPU for a matrix cell,
+with a fault and SGLang's strict idle check chosen by the test, and read what it did.
+
+A probe is deliberately not a kit check: it shows the damage with the rawest numbers
+(a slot count at idle, a logprob difference between a hit and a cold run, a
+``cached_tokens`` value), so that a check later catching the fault is known to catch
+real harm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import pytest
+
+from conformance.checks.leaks import MAMBA_GAUGE, SEQ_GAUGE, is_idle
+from conformance.client import SGLangClient
+from conformance.matrix import Cell, load_matrix
+from conformance.sglang_plugins.activation import FAULT_ENV, FAULT_PLUGIN, REPORT_ENV, read_report
+from conformance.targets.launcher import ServerProcess, free_port
+from conformance.targets.plugin_proof import check_plugins
+from conformance.targets.sglang_cpu import SGLangCpuTarget
+from conformance.workloads.runners import generate_tokens, output_ids, served_logprobs
+
+STRICT_ENV = "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"
+EXTRA_BUFFER_QWEN = ("qwen3-next", "extra_buffer")
+
+
+def require_sglang() -> None:
+    """Skip (never pass) with the cause when real SGLang cannot be imported here."""
+    from conformance.targets.pool import sglang_api
+
+    sglang_api.require()
+
+
+def cell_for(family: str, strategy: str, fault: str = "none") -> Cell:
+    for cell in load_matrix().cells:
+        if cell.model.family == family and cell.strategy.name == strategy and cell.fault.name == fault and "sglang-cpu" in cell.targets and cell.page_size == 1:
+            return cell
+    raise LookupError(f"no sglang-cpu cell for {family}/{strategy}/{fault} in the matrix")
+
+
+@dataclass
+class ProbeServer:
+    cell: Cell
+    client: SGLangClient
+    process: ServerProcess
+    report: Path
+
+    def fired(self, fault: str) -> int:
+        """How often the fault changed SGLang's behaviour (its highest reported count)."""
+        counts = [int(r.get("count", 0)) for r in read_report(self.report) if r.get("status") == "fired" and r.get("fault") == fault]
+        return max(counts, default=0)
+
+    def log(self) -> str:
+        return self.process.log_text()
+
+
+@contextlib.contextmanager
+def probe_server(cell: Cell, tmp_path: Path, *, fault: str | None = None, strict: bool = True) -> Iterator[ProbeServer]:
+    """A healthy real SGLang server for ``cell`` with SGLang fault ``fault`` (or none) and
+    SGLang's strict idle memory check on or off; killed on exit however the test ends."""
+    require_sglang()
+    saved = os.environ.pop(FAULT_ENV, None)
+    if fault:
+        os.environ[FAULT_ENV] = fault
+    try:
+        target = SGLangCpuTarget()
+        spec = target.launch_spec(cell, port=free_port())
+    finally:
+        os.environ.pop(FAULT_ENV, None)
+        if saved is not None:
+            os.environ[FAULT_ENV] = saved
+    env = dict(spec.env)
+    env[STRICT_ENV] = "1" if strict else "0"
+    report = tmp_path / f"{cell.id}.plugins.jsonl"
+    env[REPORT_ENV] = str(report)
+    if fault:
+        assert env.get(FAULT_ENV) == fault and FAULT_PLUGIN in spec.plugins
+    proc = ServerProcess(name=f"probe server {cell.id}", argv=spec.argv, env=env, health_url=spec.base_url + spec.health_path, log_path=tmp_path / f"{cell.id}.log", start_timeout_s=spec.start_timeout_s)
+    proc.start()
+    client = SGLangClient(spec.base_url, liveness=proc.exit_reason)
+    try:
+        check_plugins(proc.name, report, spec.plugins, proc.log_path)
+        yield ProbeServer(cell, client, proc, report)
+    finally:
+        client.close()
+        proc.stop()
+
+
+def fresh_idle_metrics(client: SGLangClient, *, timeout_s: float = 30.0) -> dict[str, float]:
+    """Gauges published while idle (the observe plugin's sequence advanced twice), read
+    before any flush."""
+    seq0 = client.metrics().get(SEQ_GAUGE, 0.0)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        values = client.metrics()
+        if is_idle(values) and values.get(SEQ_GAUGE, 0.0) >= seq0 + 2:
+            return values
+        time.sleep(0.25)
+    raise AssertionError(f"no fresh idle sample within {timeout_s:.0f}s: {client.metrics()}")
+
+
+def mamba_used_at_idle(client: SGLangClient) -> float:
+    return fresh_idle_metrics(client)[MAMBA_GAUGE]
+
+
+@dataclass(frozen=True)
+class HitVsCold:
+    """One prompt served on a cache hit and again cold (flushed cache)."""
+
+    cached_tokens: int
+    hit_tokens: tuple[int, ...]
+    cold_tokens: tuple[int, ...]
+    max_logprob_diff: float
+
+    @property
+    def diverged(self) -> bool:
+        return self.hit_tokens != self.cold_tokens or self.max_logprob_diff > 1e-4
+
+
+def hit_vs_cold(
+    client: SGLangClient,
+    warm: Sequence[Sequence[Sequence[int]]],
+    served: Sequence[Sequence[int]],
+    *,
+    warm_new: int = 0,
+    new_tokens: int = 8,
+    follow_output: bool = False,
+) -> list[HitVsCold]:
+    """Warm the cache with each batch of ``warm`` in turn (``warm_new`` decoded tokens per
+    request), serve ``served`` (one batch) on whatever it hits -- appended to the last warm
+    batch's prompts and outputs when ``follow_output`` (a decode hit) -- then serve the same
+    inputs again after a flush; per prompt: cached tokens, both outputs, and the largest
+    chosen-token logprob difference."""
+    client.flush_cache()
+    last: list[Any] = []
+    for batch in warm:
+        last = generate_tokens(client, batch, warm_new)
+    if follow_output:
+        served = [tuple(p) + output_ids(r) + tuple(s) for p, r, s in zip(warm[-1], last, served)]
+    hit = generate_tokens(client, served, new_tokens, top_k=1)
+    client.flush_cache()
+    cold = generate_tokens(client, served, new_tokens, top_k=1)
+    client.flush_cache()
+    out = []
+    for h, c in zip(hit, cold):
+        lh, lc = served_logprobs(h), served_logprobs(c)
+        diff = max((abs(a - b) for a, b in zip(lh.logprobs, lc.logprobs)), default=0.0)
+        out.append(HitVsCold(int(h["meta_info"].get("cached_tokens", 0)), output_ids(h), output_ids(c), diff))
+    return out
+
+
+def skip_unless(condition: bool, why: str) -> None:
+    if not condition:
+        pytest.skip(why)
+
+
+def summary(rows: Sequence[HitVsCold]) -> str:
+    return "; ".join(f"cached={r.cached_tokens} maxdiff={r.max_logprob_diff:.2e} tokens_equal={r.hit_tokens == r.cold_tokens}" for r in rows)
+
+
+def as_dict(values: Any) -> dict[str, float]:
+    return {k: v for k, v in values.items() if k.startswith(("sglang:mamba", "sglang:kv", "hybrid_conformance:"))}
+
+
+# ------------------------------------------------------------------ scenarios
+VOCAB = 1000
+
+
+def prompts(lengths: Sequence[int], seed: int) -> list[tuple[int, ...]]:
+    from conformance.workloads.prompts import token_prompts
+
+    return token_prompts(lengths, vocab_size=VOCAB, seed=seed)
+
+
+def tail(n: int, seed: str) -> tuple[int, ...]:
+    from conformance.workloads.prompts import extension
+
+    return extension(n, vocab_size=VOCAB, seed=seed)
+
+
+#: Batched prefills whose lengths are not chunk multiples (every row but the first starts
+#: off the chunk grid), plus lengths on and one past the grid (64 and 128 divide them).
+BATCH_LENGTHS = (300, 200, 150, 260)
+GRID_LENGTHS = (256, 257, 384, 385)
+
+
+def batch_then_idle(client: SGLangClient) -> dict[str, float]:
+    generate_tokens(client, prompts(BATCH_LENGTHS, seed=1), 8)
+    return fresh_idle_metrics(client)
+
+
+def streaming_session_then_idle(client: SGLangClient, turns: int = 2) -> dict[str, float]:
+    sid = client.open_session(65536, streaming=True)
+    try:
+        for i in range(turns):
+            payload = {"input_ids": list(tail(150, f"session:{i}")), "sampling_params": {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": True}, "rid": f"{sid}-t{i}", "session_params": {"id": sid}}
+            client.generate(payload, timeout=120)
+    finally:
+        client.close_session(sid)
+    return fresh_idle_metrics(client)
+
+
+def aborted_decode_then_idle(client: SGLangClient, *, after_s: float = 2.0) -> dict[str, float]:
+    import threading
+
+    rid = "probe-abort"
+    payload = {"input_ids": list(tail(200, "abort")), "sampling_params": {"temperature": 0.0, "max_new_tokens": 3000, "ignore_eos": True}, "rid": rid}
+    box: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: box.setdefault("r", client.generate(payload, timeout=600)), daemon=True)
+    worker.start()
+    time.sleep(after_s)
+    client.abort_request(rid)
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "aborted request did not return"
+    finish = (box["r"].get("meta_info", {}).get("finish_reason") or {}).get("type")
+    assert finish == "abort", f"the request was not aborted mid-decode (finish {finish})"
+    return fresh_idle_metrics(client)
+
+
+def decode_across_boundary_then_idle(client: SGLangClient) -> dict[str, float]:
+    """Prompts a few tokens short of the 256 track boundary, decoding across it."""
+    generate_tokens(client, prompts((250, 245), seed=3), 16)
+    return fresh_idle_metrics(client)
+
+
+def batched_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
+    warm = prompts(BATCH_LENGTHS, seed=1)
+    return hit_vs_cold(client, [warm], [p + tail(5, f"b{i}") for i, p in enumerate(warm)])
+
+
+def grid_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
+    warm = prompts(GRID_LENGTHS, seed=2)
+    return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"g{i}") for i, p in enumerate(warm)])
+
+
+def branch_point_hit(client: SGLangClient) -> list[HitVsCold]:
+    """A = P+X, then B = P+Y branches at P's last chunk boundary (192), then C = P+Z hits it."""
+    (shared,) = prompts((200,), seed=5)
+    a, b, c = (shared + tail(60, f"branch:{k}") for k in "abc")
+    return hit_vs_cold(client, [[a], [b]], [c])
+
+
+def decode_hits(client: SGLangClient) -> list[HitVsCold]:
+    """Turn one decodes across the 256 boundary; turn two (prompt + output + 5) hits it."""
+    warm = prompts((250, 245), seed=3)
+    return hit_vs_cold(client, [warm], [tail(5, f"d{i}") for i in range(len(warm))], warm_new=16, follow_output=True)
+
+
+def branch_cached_tokens(client: SGLangClient) -> tuple[int, int]:
+    """(cached_tokens reported for B = P+Y after A = P+X, the KV prefix length P)."""
+    (shared,) = prompts((200,), seed=6)
+    client.flush_cache()
+    generate_tokens(client, [shared + tail(60, "ct:a")], 1)
+    (resp,) = generate_tokens(client, [shared + tail(60, "ct:b")], 1)
+    client.flush_cache()
+    return int(resp["meta_info"].get("cached_tokens", 0)), len(shared)
+
+
+def hits_then_idle(client: SGLangClient) -> dict[str, float]:
+    """Warm a batch, serve cache hits on it, then the pools at idle before any flush."""
+    client.flush_cache()
+    warm = prompts(BATCH_LENGTHS, seed=7)
+    generate_tokens(client, warm, 0)
+    generate_tokens(client, [p + tail(5, f"h{i}") for i, p in enumerate(warm)], 4)
+    return fresh_idle_metrics(client)

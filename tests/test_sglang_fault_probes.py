@@ -1,0 +1,132 @@
+"""Direct probes: each seeded real-SGLang fault (``conformance/sglang_plugins/faults``) does
+real damage on a real SGLang server on CPU, shown with raw numbers before any kit check
+is asked to catch it -- and the same scenarios on a clean server show none (controls).
+
+Every probe launches one ``sglang-cpu`` server (30-240 s on a loaded 2-core machine).
+Default runs keep only the ``fault_probe_fast`` subset; ``-m fault_probe`` runs them all.
+Leak probes switch SGLang's strict idle check off so the server keeps serving and the
+leaked slots can be counted (with it on, SGLang kills the scheduler at the first idle).
+(``pingpong_leak_on_finish`` is probed, strict check off, in test_sglang_leak_agreement.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from sglang_cpu_probes import (
+    MAMBA_GAUGE,
+    aborted_decode_then_idle,
+    batch_then_idle,
+    batched_prefill_hits,
+    branch_cached_tokens,
+    branch_point_hit,
+    cell_for,
+    decode_across_boundary_then_idle,
+    decode_hits,
+    grid_prefill_hits,
+    hits_then_idle,
+    probe_server,
+    streaming_session_then_idle,
+    summary,
+)
+
+from conformance.checks.leaks import idle_invariant
+
+pytestmark = [pytest.mark.fault_probe, pytest.mark.timeout(1800)]
+
+EXTRA = ("qwen3-next", "extra_buffer")
+LAZY = ("qwen3-next", "extra_buffer_lazy")
+MAMBA2 = ("nemotron-h", "extra_buffer")
+
+
+def used(scenario: Callable) -> Callable:
+    """The scenario's ``sglang:mamba_used_tokens`` at idle, before any flush."""
+    return lambda client: scenario(client)[MAMBA_GAUGE]
+
+
+def diverged(rows) -> list:
+    return [r for r in rows if r.cached_tokens > 0 and r.diverged]
+
+
+@dataclass(frozen=True)
+class Probe:
+    where: tuple[str, str]
+    scenario: Callable[[Any], Any]
+    harmed: Callable[[Any], bool]
+    cell_fault: str = "none"
+
+
+PROBES: dict[str, Probe] = {
+    # leaks: mamba slots counted at idle (a slot counted twice reads below 0)
+    "session_pingpong_leak": Probe(EXTRA, used(streaming_session_then_idle), lambda n: n >= 3),
+    "lazy_slot_not_returned": Probe(LAZY, used(decode_across_boundary_then_idle), lambda n: n >= 2),
+    "double_free": Probe(EXTRA, used(batch_then_idle), lambda n: n <= -4),
+    "abort_leak": Probe(EXTRA, used(aborted_decode_then_idle), lambda n: n >= 1),
+    "evict_locked_node": Probe(EXTRA, used(hits_then_idle), lambda n: n <= -4),
+    # states: a cache hit against the same request served cold
+    "cow_skipped": Probe(EXTRA, batched_prefill_hits, lambda rows: len(diverged(rows)) == len(rows)),
+    "state_drift": Probe(EXTRA, batched_prefill_hits, lambda rows: bool(diverged(rows))),
+    "gdn_h_offset_floor": Probe(EXTRA, batched_prefill_hits, lambda rows: bool(diverged(rows[1:])) and not diverged(rows[:1])),
+    "mamba2_track_index_global": Probe(MAMBA2, batched_prefill_hits, lambda rows: bool(diverged(rows[1:])) and not diverged(rows[:1])),
+    "track_seqlen_minus_one": Probe(EXTRA, grid_prefill_hits, lambda rows: bool(diverged(rows))),
+    "force_track_h_dropped": Probe(EXTRA, branch_point_hit, lambda rows: rows[0].cached_tokens == 192 and rows[0].diverged),
+    "decode_track_mask_empty": Probe(EXTRA, decode_hits, lambda rows: any(r.cached_tokens == 256 and r.diverged for r in rows)),
+    "lazy_alloc_fail_still_inserts": Probe(LAZY, decode_hits, lambda rows: any(r.cached_tokens == 256 and r.diverged for r in rows), "lazy_alloc_fail"),
+    # reporting: cached_tokens for B = P+Y after A = P+X (KV match 200, mamba state reused: none)
+    "cached_tokens_overreport": Probe(EXTRA, branch_cached_tokens, lambda got: got == (200, 200)),
+}
+FAST = ("cow_skipped",)
+
+
+def _describe(seen: Any) -> str:
+    return summary(seen) if isinstance(seen, list) and seen and hasattr(seen[0], "diverged") else repr(seen)
+
+
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=[pytest.mark.fault_probe_fast] if f in FAST else []) for f in PROBES])
+def test_fault_does_damage_on_real_sglang(fault: str, tmp_path: Path) -> None:
+    probe = PROBES[fault]
+    with probe_server(cell_for(*probe.where, probe.cell_fault), tmp_path, fault=fault, strict=False) as server:
+        seen = probe.scenario(server.client)
+        fired = server.fired(fault)
+    assert fired >= 1, f"{fault}: its hooks never fired on this scenario"
+    assert probe.harmed(seen), f"{fault} (fired {fired}x) did no visible damage: {_describe(seen)}"
+
+
+# ------------------------------------------------------------------ controls: the same scenarios, no fault
+def _clean(where: tuple[str, str], tmp_path: Path, cell_fault: str = "none"):
+    return probe_server(cell_for(*where, cell_fault), tmp_path, fault=None, strict=False)
+
+
+def test_control_extra_buffer_clean(tmp_path: Path) -> None:
+    """Every extra_buffer scenario above on a clean server: no slot at idle, hits equal cold,
+    cached_tokens is the mamba-floored hit."""
+    with _clean(EXTRA, tmp_path) as s:
+        c = s.client
+        idle = [batch_then_idle(c), streaming_session_then_idle(c), aborted_decode_then_idle(c), hits_then_idle(c)]
+        hits = batched_prefill_hits(c) + grid_prefill_hits(c) + branch_point_hit(c) + decode_hits(c)
+        reported = branch_cached_tokens(c)
+    assert [v[MAMBA_GAUGE] for v in idle] == [0] * len(idle) and not any(idle_invariant(v) for v in idle), idle
+    assert all(r.cached_tokens > 0 for r in hits) and not diverged(hits), summary(hits)
+    assert reported == (0, 200)
+
+
+def test_control_lazy_clean(tmp_path: Path) -> None:
+    with _clean(LAZY, tmp_path) as s:
+        values = decode_across_boundary_then_idle(s.client)
+    assert values[MAMBA_GAUGE] == 0 and not idle_invariant(values), values
+
+
+def test_control_lazy_alloc_fail_clean(tmp_path: Path) -> None:
+    """SGLang 0.5.23 tracks in place when the lazy boundary allocation fails: hits stay exact."""
+    with _clean(LAZY, tmp_path, "lazy_alloc_fail") as s:
+        rows = decode_hits(s.client)
+    assert any(r.cached_tokens == 256 for r in rows) and not diverged(rows), summary(rows)
+
+
+def test_control_mamba2_clean(tmp_path: Path) -> None:
+    with _clean(MAMBA2, tmp_path) as s:
+        rows = batched_prefill_hits(s.client)
+    assert all(r.cached_tokens > 0 for r in rows) and not diverged(rows), summary(rows)
