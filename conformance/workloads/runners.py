@@ -130,7 +130,6 @@ def record_kl(
     top_k: int = 5,
     turn1_tokens: int = 16,
     ext_len: int = 8,
-    cold_generate: bool = False,
     timeout: float | None = None,
 ) -> KLRecording:
     """Serve ``prompts`` on a cache hit, then re-prefill served tokens cold twice.
@@ -139,9 +138,8 @@ def record_kl(
     new tokens (with ``ext_len=0`` the identical prompt, SGLang's variant, which can never
     hit under ``no_buffer``: its only state sits at the full prompt, past the key limit).
     ``decode_hit``: turn one generates ``turn1_tokens``; turn two (prompt + output +
-    ``ext_len`` new tokens) is served, hitting what turn one's decode cached. ``cold_generate`` adds a free-running
-    cold generate (the check's ``greedy_mismatch_fraction``); without it the check still
-    compares every served token with the cold run's argmax at the same position.
+    ``ext_len`` new tokens) is served, hitting what turn one's decode cached.  The cold
+    half (reference, noise floor, cold generate) is :func:`judge_against_cold`'s.
     """
     if scenario not in ("prefill_hit", "decode_hit"):
         raise KitError(f"record_kl: unknown scenario {scenario!r} (prefill_hit or decode_hit)")
@@ -156,7 +154,7 @@ def record_kl(
     served = generate_tokens(client, inputs, new_tokens, top_k=top_k, timeout=timeout)
     return judge_against_cold(
         served, inputs, client, scenario=scenario, enabled=enabled, new_tokens=new_tokens,
-        top_k=top_k, cold_generate=cold_generate, timeout=timeout,
+        top_k=top_k, timeout=timeout,
     )
 
 
@@ -169,25 +167,30 @@ def judge_against_cold(
     enabled: bool,
     new_tokens: int,
     top_k: int,
-    cold_generate: bool = False,
     timeout: float | None = None,
 ) -> KLRecording:
-    """The cold half of a KL recording: re-prefill the served tokens twice on ``reference``
-    (flushed; reference and noise floor) and, with ``cold_generate``, its free-running tokens."""
+    """The cold half of a KL recording, on ``reference`` with a flushed cache:
+
+    * the reference: one teacher-forced cold prefill of input + served tokens (batched);
+    * the noise floor, from two cold paths that differ from that reference the way a hit
+      does, not from a rerun of it: the same inputs generated cold (prefill of the input,
+      then decode steps, in the same batch as the hit was served: its tokens are also the
+      free-running cold generate), and the reference prefill again one sequence at a time
+      (another batch composition)."""
     hits = [cached_tokens(r) for r in served]
     served_lp = [served_logprobs(r) for r in served]
-    cold: list[Tokens] = [()] * len(inputs)
-    if cold_generate:
-        reference.flush_cache()
-        cold = [output_ids(r) for r in generate_tokens(reference, inputs, new_tokens, timeout=timeout)]
+    reference.flush_cache()
+    cold_served = [served_logprobs(r) for r in generate_tokens(reference, inputs, new_tokens, top_k=top_k, timeout=timeout)]
     full = [tuple(inp) + s.token_ids for inp, s in zip(inputs, served_lp)]
     starts = [len(inp) for inp in inputs]
     reference.flush_cache()
     ref = prefill_logprobs(reference, full, starts, top_k=top_k, timeout=timeout)
+    one_by_one = [prefill_logprobs(reference, [f], [st], top_k=top_k, timeout=timeout)[0] for f, st in zip(full, starts)]
     reference.flush_cache()
-    floor = prefill_logprobs(reference, full, starts, top_k=top_k, timeout=timeout)
-    reference.flush_cache()
-    seqs = tuple(KLSequence(scenario, st, h, s, r, f, c) for st, h, s, r, f, c in zip(starts, hits, served_lp, ref, floor, cold))
+    seqs = tuple(
+        KLSequence(scenario, st, h, s, r, cs, cs.token_ids, alone)
+        for st, h, s, r, cs, alone in zip(starts, hits, served_lp, ref, cold_served, one_by_one)
+    )
     return KLRecording(seqs, enabled, top_k)
 
 
