@@ -281,12 +281,13 @@ class PoolHarness:
         state_marker.write(pool, slot, state_marker.marker_for(prompt[:end]))
         tracked = None
         if entry is not None and entry.track_mask:
-            tracked = req.kv.mamba_last_track_seqlen
+            tracked = req.kv.mamba_last_track_seqlen  # what SGLang records; the kernel snapshots at the entry's track_seqlen
             mapping = self.rtp.req_index_to_mamba_ping_pong_track_buffer_mapping
             track_slot = self.api._gather_mamba_track_indices(
                 mapping, batch.req_pool_indices, torch.tensor([entry.track_position], dtype=torch.int64)
             )
-            state_marker.write(pool, int(track_slot[0]), state_marker.marker_for(prompt[:tracked]))
+            snap = state_marker.snapshot_marker(prompt, entry.track_seqlen, prefix_len=start, extend_end=end, state_chunk=self.key.model_chunk)
+            state_marker.write(pool, int(track_slot[0]), snap)
         if end == len(prompt):
             run.prefill_done = True
             req.output_ids.append(self.fresh_token())
