@@ -29,7 +29,7 @@ TIERS = ("premerge", "standard", "nightly")  # each tier includes the ones befor
 DEFAULT_TIER = "standard"
 #: Real SGLang on CPU is the kit's main CPU target; the reference engine is opt-in.
 DEFAULT_TARGET = "sglang-cpu"
-CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg", "agreement")
+CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg", "agreement", "perf")
 
 FIXTURES_DIR = Path(os.environ.get("HYBRID_CONFORMANCE_FIXTURES", Path(__file__).resolve().parents[1] / "fixtures"))
 DEFAULT_MATRIX = FIXTURES_DIR / "matrix.toml"

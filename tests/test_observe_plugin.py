@@ -63,3 +63,23 @@ def test_the_before_hook_never_raises_into_sglang(monkeypatch):
     ex, _ = exporter(monkeypatch)
     monkeypatch.setattr(observe, "_EXPORTER", ex)
     assert observe.before_run_batch(object(), SimpleNamespace(forward_mode=Mode(True), reqs=None)) is None
+
+
+def pool_scheduler(mamba: int | None, kv: int):
+    stats = SimpleNamespace(mamba_num_used=mamba, full_num_used=kv)
+    return SimpleNamespace(pool_stats_observer=SimpleNamespace(get_pool_stats=lambda: stats))
+
+
+def test_pool_peaks_cover_prefill_batches_and_reset_with_the_window(monkeypatch):
+    ex, g = exporter(monkeypatch)
+    monkeypatch.setattr(observe, "_EXPORTER", ex)
+    observe.before_run_batch(pool_scheduler(3, 300), batch([req(False, False)], decode=False))  # prefill of one request
+    observe.before_run_batch(pool_scheduler(9, 900), batch([req(False, False)] * 3))            # decode of three
+    observe.before_run_batch(pool_scheduler(6, 610), batch([req(False, False)] * 2))
+    assert g["mamba_used_peak"].value == 9 and g["kv_used_peak"].value == 900 and g["busy_periods"].value == 1
+    assert g["decode_steps"].value == 2  # the prefill batch opened the window but is no decode step
+    ex.publish(SimpleNamespace())
+    observe.before_run_batch(pool_scheduler(1, 40), batch([req(False, True)]))
+    assert g["mamba_used_peak"].value == 1 and g["kv_used_peak"].value == 40 and g["busy_periods"].value == 2
+    observe.before_run_batch(pool_scheduler(None, 50), batch([req(False, True)]))  # a pool without a mamba term
+    assert g["mamba_used_peak"].value == 1 and g["kv_used_peak"].value == 50

@@ -10,7 +10,8 @@ suite failed.  The clean run of the same selection must pass, or the score means
 sglang-cpu target: each fault of ``conformance.sglang_plugins.faults`` is loaded into the
 real SGLang servers of its plan with ``HYBRID_CONFORMANCE_SGLANG_FAULT=<name>``; caught =
 some check failed or the server died and its log names why (exit code and the log's
-leak/error line); a fault whose hooks never fired was not reached, which is a failure too.
+leak/error line), or, for a plan running the perf suite, ``compare`` flags a perf ratio
+against the plan's clean run; a fault whose hooks never fired was not reached, which is a failure too.
 A run that times out proved nothing: a fault is then NOT caught and a clean run fails;
 the timed-out pytest is killed with its whole process group (servers included).
 """
@@ -143,6 +144,16 @@ def fired_count(report_dir: Path, fault: str) -> int:
     return max(counts)
 
 
+def perf_regressions(clean_dir: Path, report_dir: Path) -> list[str]:
+    """``compare``'s perf rows between the clean run of a plan and a fault's run of it."""
+    from conformance.report.compare import compare_files
+
+    if not (clean_dir / "report.json").exists() or not (report_dir / "report.json").exists():
+        return []
+    rows = compare_files(clean_dir / "report.json", report_dir / "report.json").rows
+    return [f"perf (compare): {r.cell} {r.check} {r.old} -> {r.new}" for r in rows if r.kind == "perf"]
+
+
 def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
     report_dir = out_dir / (fault or "clean") / plan.key
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -158,6 +169,8 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
         why = f"timed out after {plan.timeout_s:.0f}s: not caught" if fault else f"timed out after {plan.timeout_s:.0f}s"
         return Outcome(fault or "clean", fault is None, [why], time.monotonic() - t0, code, timed_out=True)
     by = _caught_by(report_dir, output, code)
+    if fault and plan.suites[:1] == ("perf",):  # a slowdown fails no check: compare against the clean run catches it
+        by += perf_regressions(out_dir / "clean" / plan.key, report_dir)
     if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
         return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code)
     if plan.target == "sglang-cpu":

@@ -19,6 +19,9 @@ read from SGLang's request objects (``req.kv.mamba_ping_pong_empty``), published
 cumulative sums and window peaks (:data:`TRACK_GAUGES`).  A window starts at the first
 batch after an idle publish, so after a load the peaks are those of the last busy period
 (``busy_periods`` counts windows, so a reader can tell a load that spanned two).
+The same hook also keeps window peaks of the pools' ``used`` terms (:data:`POOL_GAUGES`,
+SGLang's own ``PoolStats``, read before every batch, prefill included), which SGLang's
+gauges only sample at its log intervals.
 
 Nothing here changes what SGLang schedules, allocates, caches or checks.
 """
@@ -57,6 +60,9 @@ TRACK_GAUGES = (
     "decode_running_peak",  # window peak of requests in one decode batch
     "busy_periods",  # windows started (cumulative)
 )
+#: Window peaks of the pools' used terms (SGLang's ``PoolStats``: size - available - evictable).
+POOL_GAUGES = ("mamba_used_peak", "kv_used_peak")
+_PEAKS = ("track_slots_step_peak", "track_slots_req_peak", "decode_running_peak", *POOL_GAUGES)
 
 
 def track_slots(req: Any) -> int:
@@ -73,7 +79,7 @@ class _Exporter:
         self.gauges: dict[str, Any] = {}
         self.seq = 0
         self.last = 0.0
-        self.track = dict.fromkeys(TRACK_GAUGES, 0)
+        self.track = dict.fromkeys((*TRACK_GAUGES, *POOL_GAUGES), 0)
         self.window_open = False
 
     def gauge(self, name: str) -> Any:
@@ -100,11 +106,7 @@ class _Exporter:
         if mode is None or not mode.is_decode():
             return
         t = self.track
-        if not self.window_open:
-            self.window_open = True
-            t["busy_periods"] += 1
-            for peak in ("track_slots_step_peak", "track_slots_req_peak", "decode_running_peak"):
-                t[peak] = 0
+        self._open_window()
         per_req = [track_slots(r) for r in batch.reqs]
         now = sum(per_req)
         t["decode_steps"] += 1
@@ -114,8 +116,25 @@ class _Exporter:
         t["track_slots_step_peak"] = max(t["track_slots_step_peak"], now)
         t["track_slots_req_peak"] = max(t["track_slots_req_peak"], max(per_req, default=0))
         t["decode_running_peak"] = max(t["decode_running_peak"], len(per_req))
-        for name, value in t.items():
-            self.gauge(name).set(value)
+        for name in TRACK_GAUGES:
+            self.gauge(name).set(t[name])
+
+    def _open_window(self) -> None:
+        if not self.window_open:
+            self.window_open = True
+            self.track["busy_periods"] += 1
+            for peak in _PEAKS:
+                self.track[peak] = 0
+
+    def pools(self, scheduler: Any) -> None:
+        """Account the pools' used terms before one batch (any mode) runs."""
+        stats = scheduler.pool_stats_observer.get_pool_stats()
+        self._open_window()
+        self.gauge("busy_periods").set(self.track["busy_periods"])
+        for name, used in (("mamba_used_peak", stats.mamba_num_used), ("kv_used_peak", stats.full_num_used)):
+            if used is not None:
+                self.track[name] = max(self.track[name], used)
+                self.gauge(name).set(self.track[name])
 
 
 _EXPORTER = _Exporter()
@@ -137,6 +156,10 @@ def idle_publish(original: Callable, reporter: Any, *args: Any, **kwargs: Any) -
 def before_run_batch(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
     """BEFORE hook: read the batch, change nothing (returns None: arguments unchanged)."""
     try:
+        _EXPORTER.pools(scheduler)
+    except Exception:  # an observer never breaks the server; a missing gauge is visible to the kit
+        pass
+    try:
         _EXPORTER.step(batch)
     except Exception:  # an observer never breaks the server; a missing gauge is visible to the kit
         pass
@@ -156,5 +179,5 @@ def install(role: str) -> dict[str, Any]:
     HookRegistry.apply_hooks()
     if getattr(pkgutil.resolve_name(owner), attr) is before:  # SGLang logs a failed hook and carries on
         raise RuntimeError(f"hook on {STEP_TARGET} was not applied")
-    gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES)) + [PREFIX + "idle_publish_seq"]
+    gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES)) + [PREFIX + "idle_publish_seq"]
     return {"around": [TARGET], "before": [STEP_TARGET], "gauges": gauges}

@@ -33,6 +33,7 @@ FAULT_MODULES = (
     "abort_leak",
     "cached_tokens_overreport",
     "state_drift",
+    "track_path_slowdown",            # performance: caught by compare on the perf ratios
 )
 
 
