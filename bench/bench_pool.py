@@ -25,7 +25,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    from conformance.targets.pool import sglang_api
+    from conformance.sglang_api import pool as sglang_api
 
     sglang_api.load()
     import_s = time.perf_counter() - t0

@@ -9,6 +9,7 @@ root="$(dirname "$here")"
 PY="${PYTHON:-python3}"
 TORCH_PIN="${HYBRID_CONFORMANCE_TORCH:-torch==2.14.1 torchvision==0.29.1}"
 SGLANG_PIN="${HYBRID_CONFORMANCE_SGLANG:-sglang==0.5.23}"
+[[ "$SGLANG_PIN" =~ ^[0-9]+(\.[0-9]+)+$ ]] && SGLANG_PIN="sglang==$SGLANG_PIN"  # a bare release number
 
 pipi() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
@@ -17,6 +18,12 @@ pipi $TORCH_PIN
 pipi -r "$here/requirements-cpu.txt" $TORCH_PIN
 # sglang pins CUDA-only packages; its CPU-importable part needs only the list above.
 pipi --no-deps "$SGLANG_PIN"
+# An older release needs older pins over the set above (conformance/sglang_api/release_pins.py).
+if [[ "$SGLANG_PIN" =~ ^sglang==(.+)$ ]]; then
+    release_pins="$("$PY" "$root/conformance/sglang_api/release_pins.py" "${BASH_REMATCH[1]}")"
+    # shellcheck disable=SC2086
+    [ -z "$release_pins" ] || pipi $release_pins $TORCH_PIN
+fi
 # Optional: sglang-router's own argument parser validates the PD router command.
 pipi --no-deps "${HYBRID_CONFORMANCE_SGLANG_ROUTER:-sglang-router==0.3.2}" || echo "setup-cpu: sglang-router not installed; PD router commands are checked by shape only"
 pipi --no-deps -e "$root"

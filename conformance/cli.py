@@ -1,4 +1,4 @@
-"""The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare.
+"""The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare | history.
 
 Bad arguments exit 2 with one line naming the bad value and the allowed ones;
 a :class:`KitError` anywhere exits 2 with its one line; no traceback walls.
@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     mut.add_argument("--only", help="comma list of fault names")
     mut.add_argument("--report-dir", default="reports/mutants")
     mut.add_argument("--fast", action="store_true", help="the CI subset")
+
+    from conformance.history import add_parser as add_history_parser
+
+    add_history_parser(sub)
 
     cmp_ = sub.add_parser("compare", help="what got worse between two report.json files")
     cmp_.add_argument("old")
@@ -232,12 +236,18 @@ def _validate_rows(rows: list[dict[str, Any]], cells: list[Cell], args: argparse
 
     from conformance.targets.disagg import not_applicable, pd_spec_for, validate_pd_spec
 
+    from conformance.sglang_api.probes import probe
+
+    print(f"hybrid-conformance: {probe().summary()}", file=sys.stderr)
     failures = 0
     pd_opts = argparse.Namespace(**{**vars(args), "gpus_per_worker": 3 * max(c.model.tp_size for c in cells)}) if cells else args
     for row, cell in zip(rows, cells):
         config = config_folder(cell, twins=args.twins)
         v = validate_server_args(strip_launcher(row["command"], args.sglang_launcher), cell, config=config)
-        row["validation"] = v.message
+        row["validation"] = v.message if v.status != "na" else f"n/a: {v.message}"
+        if v.status == "na":
+            print(f"hybrid-conformance: {cell.id}: not applicable on this SGLang: {v.message}", file=sys.stderr)
+            continue
         if not v.ok:
             failures += 1
             print(f"hybrid-conformance: {cell.id}: SGLang refuses the command: {v.message}", file=sys.stderr)
@@ -247,9 +257,11 @@ def _validate_rows(rows: list[dict[str, Any]], cells: list[Cell], args: argparse
         if cell.cache_variant.name != "radix":
             continue
         pd = validate_pd_spec(pd_spec_for(cell, pd_opts), cell, config=config)
-        row["pd"] = {role: val.message for role, val in pd.items()}
+        row["pd"] = {role: val.message if val.status != "na" else f"n/a: {val.message}" for role, val in pd.items()}
         for role, val in pd.items():
-            if not val.ok:
+            if val.status == "na":
+                print(f"hybrid-conformance: {cell.id}: PD {role} not applicable on this SGLang: {val.message}", file=sys.stderr)
+            elif not val.ok:
                 failures += 1
                 print(f"hybrid-conformance: {cell.id}: PD {role} command refused: {val.message}", file=sys.stderr)
     return failures
@@ -373,7 +385,13 @@ def cmd_mutants(args: argparse.Namespace) -> int:
     return run_mutants(target=args.target, only=args.only, report_dir=Path(args.report_dir), fast=args.fast)
 
 
-COMMANDS = {"run": cmd_run, "preflight": cmd_preflight, "plan": cmd_plan, "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants}
+def cmd_history(args: argparse.Namespace) -> int:
+    from conformance.history import run_history
+
+    return run_history(args)
+
+
+COMMANDS = {"run": cmd_run, "preflight": cmd_preflight, "plan": cmd_plan, "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants, "history": cmd_history}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -84,6 +84,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cpu: runs on CPU (reference target, pool tier)")
     config.addinivalue_line("markers", "pool: the in-process pool tier over SGLang's real memory classes")
     config.addinivalue_line("markers", "hicache: cells with --enable-hierarchical-cache")
+    config.addinivalue_line("markers", "release_range: runs hybrid-conformance history over SGLang releases in their own venvs (tests/test_release_range.py)")
+    if config.getoption("target", None) == "pool":  # a pool run that ran nothing is not green
+        from conformance.targets.pool.gate import PoolGate
+
+        config.pluginmanager.register(PoolGate(), "hybrid-conformance-pool-gate")
     for name, text in _CHECK_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
     for s in STRATEGIES:
@@ -250,7 +255,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_report_header(config: pytest.Config) -> list[str]:
     o = run_state(config).options
     sel = ", ".join(f"{k}={v}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes), ("tier", o.tier)) if v)
-    return [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
+    lines = [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
+    if o.target == "pool":  # the release's feature probes, one line (conformance.sglang_api.probes)
+        from conformance.sglang_api.probes import probe
+
+        lines.append(f"hybrid-conformance: {probe().summary()}")
+    return lines
 
 
 # ------------------------------------------------------------------ fixtures

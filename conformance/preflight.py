@@ -204,25 +204,6 @@ def gpu_line(req: Request) -> Line:
 # ------------------------------------------------------------------ SGLang
 
 
-_PROBE = r"""
-import argparse, json, sys, warnings
-warnings.simplefilter("ignore")
-out = {}
-try:
-    import sglang
-    out["version"] = getattr(sglang, "__version__", None)
-    from sglang.srt.server_args import ServerArgs
-    p = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(p)
-    acts = p._option_string_actions
-    flag = next((f for f in ("--mamba-radix-cache-strategy", "--mamba-scheduler-strategy") if f in acts), None)
-    out["strategy_flag"] = flag
-    out["strategies"] = list(acts[flag].choices or []) if flag else []
-    out["flags"] = [f for f in ("--enable-hierarchical-cache", "--disaggregation-mode", "--mamba-track-interval", "--device") if f in acts]
-except BaseException as e:
-    out["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-print("HC_PROBE " + json.dumps(out))
-"""
 
 
 def sglang_version() -> str | None:
@@ -234,15 +215,18 @@ def sglang_version() -> str | None:
 
 
 def probe_sglang(timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
-    """Import SGLang in a child interpreter: its version, strategy flag and choices, flags."""
+    """SGLang's answers from the kit's one adapter (``conformance.sglang_api.probes``), in a
+    child interpreter so a broken SGLang cannot take the preflight down; the probe caches
+    its answers per installation, so only the first run pays SGLang's import."""
     try:
-        out = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s,
-                             env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        out = subprocess.run([sys.executable, "-m", "conformance.sglang_api.probes", "--json"], capture_output=True, text=True,
+                             timeout=timeout_s, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     except subprocess.TimeoutExpired:
         return {"error": f"importing sglang took longer than {timeout_s:.0f}s"}
-    for line in out.stdout.splitlines():
-        if line.startswith("HC_PROBE "):
-            return json.loads(line[len("HC_PROBE "):])
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode == 0 and lines:
+        data = json.loads(lines[-1])
+        return {**data, "error": data.get("import_error")}
     tail = [ln for ln in out.stderr.splitlines() if ln.strip()]
     return {"error": f"the probe exited {out.returncode}: {tail[-1][:200] if tail else 'no output'}"}
 

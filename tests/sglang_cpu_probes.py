@@ -34,7 +34,7 @@ EXTRA_BUFFER_QWEN = ("qwen3-next", "extra_buffer")
 
 def require_sglang() -> None:
     """Skip (never pass) with the cause when real SGLang cannot be imported here."""
-    from conformance.targets.pool import sglang_api
+    from conformance.sglang_api import pool as sglang_api
 
     sglang_api.require()
 

@@ -156,7 +156,7 @@ def test_a_server_killed_by_its_leak_check_is_named_in_one_line(tmp_path: Path) 
 def test_fast_sglang_cpu_subset_as_typed(tmp_path: Path) -> None:
     """``hybrid-conformance mutants --target sglang-cpu --fast``: a leak and a state fault on
     real SGLang, each caught by the check that should catch it, after a clean run."""
-    from conformance.targets.pool import sglang_api
+    from conformance.sglang_api import pool as sglang_api
 
     sglang_api.require()
     import subprocess

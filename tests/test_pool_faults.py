@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.targets.pool import sglang_api
+from conformance.sglang_api import pool as sglang_api
 from conformance.targets.pool.runtime import PoolKey
 
 pytestmark = pytest.mark.pool

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.targets.pool import invariants, sglang_api, state_marker
+from conformance.sglang_api import pool as sglang_api
+from conformance.targets.pool import invariants, state_marker
 from conformance.targets.pool.harness import PoolHarness, PoolSizes, StateMismatch
 from conformance.targets.pool.runtime import PoolKey
 

@@ -58,7 +58,7 @@ def test_unknown_fault_is_one_line() -> None:
 
 
 def test_every_hook_target_resolves_in_the_installed_sglang() -> None:
-    from conformance.targets.pool import sglang_api
+    from conformance.sglang_api import pool as sglang_api
 
     sglang_api.require()
     for fault in catalogue.faults().values():
@@ -84,7 +84,7 @@ print(json.dumps({"installed": out, "missing": missing}))
 def test_installing_every_fault_takes_effect_through_sglangs_hook_registry() -> None:
     """In a fresh interpreter (the hooks patch SGLang process-wide): every fault's hooks go
     through SGLang's HookRegistry and are found on the patched SGLang symbols."""
-    from conformance.targets.pool import sglang_api
+    from conformance.sglang_api import pool as sglang_api
 
     sglang_api.require()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -96,7 +96,7 @@ def test_installing_every_fault_takes_effect_through_sglangs_hook_registry() -> 
 
 
 def test_a_hook_that_does_not_take_effect_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    from conformance.targets.pool import sglang_api
+    from conformance.sglang_api import pool as sglang_api
 
     sglang_api.require()
     from sglang.srt.plugins.hook_registry import HookRegistry
@@ -155,7 +155,7 @@ def test_fired_is_reported_sparsely_from_the_process(tmp_path: Path, monkeypatch
 def test_suppressed_frees_forgets_and_restores() -> None:
     import torch
 
-    from conformance.targets.pool import sglang_api
+    from conformance.sglang_api import pool as sglang_api
 
     api = sglang_api.require()
     alloc = api.MambaSlotAllocator(8, "cpu")
@@ -169,7 +169,7 @@ def test_suppressed_frees_forgets_and_restores() -> None:
 
 # ------------------------------------------------------------------ the index faults, on SGLang's own plan builder
 def _plan(mamba2: bool, extend_lens: list[int], chunk: int):
-    from conformance.targets.pool import sglang_api
+    from conformance.sglang_api import pool as sglang_api
 
     sglang_api.require()
     from sglang.srt.layers.attention.mamba.prefill_track_metadata import build_prefill_track_plan

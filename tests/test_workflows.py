@@ -30,7 +30,7 @@ BRIEF_RUN_FLAGS = {
     "--target", "--models", "--strategies", "--faults", "--page-sizes", "--tier", "--report-dir",
     "--sglang-launcher", "--gpus-per-worker", "-n", "-m", "--suite", "--twins",
 }
-SUBCOMMANDS = {"run", "plan", "compare", "mutants", "serve", "make-twins"}
+SUBCOMMANDS = {"run", "plan", "compare", "mutants", "serve", "make-twins", "history"}
 
 
 def cli_surface() -> tuple[dict[str, set[str]], dict[tuple[str, str], tuple[str, ...]]]:
@@ -260,6 +260,18 @@ def test_manual_passes_the_markers_input_to_dash_m():
     if value.startswith("$"):  # passed through env, as it should be
         value = step["env"][value.lstrip("$").strip("{}")]
     assert re.fullmatch(r"\$\{\{\s*inputs\.markers\s*\}\}", value)
+
+
+def test_history_runs_the_release_range_and_uploads_its_json():
+    wf = load("history")
+    assert workflow_problems(wf) == []
+    assert "schedule" in wf["on"] and "releases" in wf["on"]["workflow_dispatch"]["inputs"]
+    calls = [invocation(seg) for _, _, s in steps(wf) for seg in segments(s.get("run", ""))]
+    (tool, sub, flags, argv), = [c for c in calls if c and c[1] == "history"]
+    assert option(argv, "--format") == "json" and option(argv, "--releases") == "$RELEASES"
+    assert "0.5.12" in wf["jobs"]["history"]["env"]["RELEASES"]  # the oldest supported release
+    uploads = [s for _, _, s in steps(wf) if "upload-artifact" in str(s.get("uses", ""))]
+    assert uploads and "always()" in uploads[0]["if"] and uploads[0]["with"]["path"].endswith("reports/history")
 
 
 # ------------------------------------------------------------------ the validator on seeded faults

@@ -5,7 +5,7 @@ Use as a pytest plugin: ``HYBRID_CONFORMANCE_FAULT=<name> pytest -p conformance.
 pool_faults ...`` (``FAULT_ENV`` is read in one place: :func:`selected_fault`), or in
 process with ``with apply(name): ...``.  ``FAULTS`` maps name -> :class:`PoolFault`
 (description, real bug modelled, patch function, strategies it applies to).  A patch function takes the
-``sglang_api`` namespace and a ``setattr``-like ``patch(obj, name, value)`` callable.
+``conformance.sglang_api.pool`` namespace (the req.kv driver's symbols) and a ``setattr``-like ``patch(obj, name, value)`` callable.
 """
 
 from __future__ import annotations
@@ -204,6 +204,35 @@ def _refused_after_match_leak(api, patch):
     patch(api, "release_kv_cache", release_kv_cache)
 
 
+def _session_abort_keeps_record(api, patch):
+    cls = api.StreamingSession
+    original = cls.try_cache_finished_req
+
+    def try_cache_finished_req(self, req):
+        session_id = req.session.session_id if getattr(req, "session", None) is not None else None
+        slot = self.slots.get(session_id) if session_id is not None else None
+        kept = original(self, req)
+        if not kept and slot is not None and isinstance(req.finished_reason, api.FINISH_ABORT):
+            self.slots[session_id] = slot  # the aborted turn's record (released by the caller) stays with the session
+        return kept
+
+    patch(cls, "try_cache_finished_req", try_cache_finished_req)
+
+
+def _finish_keeps_the_next_track_slot(api, patch):
+    module = api.mem_cache_common
+    original = module.release_kv_cache
+
+    def release_kv_cache(req, tree_cache, *, checkpoint):
+        kv = req.kv
+        if checkpoint and kv.mamba_ping_pong_track_buffer is not None and kv.mamba_next_track_idx is not None:
+            kv.mamba_last_track_idx = kv.mamba_next_track_idx  # the slot the next forward writes, not the tracked one
+        return original(req, tree_cache, checkpoint=checkpoint)
+
+    patch(module, "release_kv_cache", release_kv_cache)
+    patch(api, "release_kv_cache", release_kv_cache)
+
+
 BUFFERED = ("extra_buffer", "extra_buffer_lazy")
 FAULTS: dict[str, PoolFault] = {
     f.name: f
@@ -241,6 +270,12 @@ FAULTS: dict[str, PoolFault] = {
         PoolFault("leak_on_abort", "aborted requests never return their mamba slots",
                   "leak only on the abort path",
                   _leak_on_abort),
+        PoolFault("session_abort_keeps_record", "an aborted streaming turn's released record stays with its session",
+                  "PR 26941 (abort path): try_cache_finished_req must hand the record back and clear it from the session",
+                  _session_abort_keeps_record, ("extra_buffer",)),
+        PoolFault("finish_keeps_next_track_slot", "a finishing request hands the tree the ping-pong slot the next forward writes",
+                  "overlap lookahead at finish: the launched forward overwrites the slot the tree was given",
+                  _finish_keeps_the_next_track_slot, ("extra_buffer",)),
         PoolFault("refused_after_match_leak", "a request refused after its match keeps its copy-on-write slot",
                   "matched-request scheduling failure leak (scheduler's revert of the matched mamba idx)",
                   _refused_after_match_leak),
@@ -257,7 +292,7 @@ def get(name: str) -> PoolFault:
 @contextlib.contextmanager
 def apply(name: str) -> Iterator[PoolFault]:
     """Install one fault for the duration of the block (undone in reverse order)."""
-    from conformance.targets.pool import sglang_api
+    from conformance.sglang_api import pool as sglang_api
 
     fault = get(name)
     api = sglang_api.load()

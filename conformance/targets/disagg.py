@@ -14,7 +14,6 @@ them down together, also on failure.  ``extra_buffer_lazy`` is refused under PD 
 
 from __future__ import annotations
 
-import functools
 
 import contextlib
 import os
@@ -55,19 +54,13 @@ def target_refusal(target: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=1)
 def _sglang_cpu_pd_refusal() -> str:
-    """SGLang's own answer when asked for its default PD transfer engine (Mooncake) here."""
-    try:
-        from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import (  # type: ignore[import-not-found]
-            MooncakeTransferEngine,
-        )
+    """SGLang's own answer when asked for its default PD transfer engine here (probed once)."""
+    from conformance.sglang_api.probes import probe
 
-        MooncakeTransferEngine("127.0.0.1")
-    except ImportError as e:
-        return f"not applicable on sglang-cpu: SGLang's PD transfer engine refuses this machine: {str(e).strip()}"
-    except Exception as e:  # the engine exists but cannot start here
-        return f"not applicable on sglang-cpu: SGLang's Mooncake transfer engine fails here: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+    refusal = probe().pd_transfer_refusal
+    if refusal:
+        return f"not applicable on sglang-cpu: SGLang's PD transfer engine refuses this machine: {refusal}"
     return "not applicable on sglang-cpu: the kit does not launch SGLang's PD roles on CPU yet (Mooncake is importable here); use --target reference"
 
 

@@ -1,10 +1,9 @@
 """The SGLang target: the exact ``sglang serve`` command and env per cell, and its validation.
 
-``launch_spec`` builds the command (launching nothing); ``validate_argv`` runs
-SGLang's own parser (``prepare_server_args``) and ``resolve_once()`` inside
-``override_platform(is_cuda=True)`` on CPU, with the model path swapped for a
-config.json-only folder, so a command SGLang would refuse fails in CI, not on
-the GPU box at 3 a.m.
+``launch_spec`` builds the command (launching nothing); ``validate_server_args`` runs
+SGLang's own parser through ``conformance.sglang_api.validate`` (tolerant of every
+release in the range) with the model path swapped for a config.json-only folder, so a
+command SGLang would refuse fails in CI, not on the GPU box at 3 a.m.
 """
 
 from __future__ import annotations
@@ -22,11 +21,11 @@ from typing import Iterator, Sequence
 
 from conformance.errors import KitError
 from conformance.matrix import FIXTURES_DIR, Cell, effective_chunk
+from conformance.sglang_api.probes import NEW_STRATEGY_FLAG, OLD_STRATEGY_FLAG
+from conformance.sglang_api.validate import Validation, validate_args
 from conformance.targets.base import LaunchSpec
 
 DEFAULT_LAUNCHER = "python -m sglang.launch_server"
-NEW_STRATEGY_FLAG = "--mamba-radix-cache-strategy"
-OLD_STRATEGY_FLAG = "--mamba-scheduler-strategy"
 CONFIG_DIR = FIXTURES_DIR / "models" / "configs"
 #: Where to go without a GPU (the "cannot run here" line of preflight and of a launch).
 NO_GPU_HINT = "real SGLang on CPU: --target sglang-cpu (serves the tiny twins); the kit's CPU engine: --target reference"
@@ -103,32 +102,14 @@ def gpus_for_worker(worker_index: int, gpus_per_worker: int) -> list[str]:
 def detect_strategy_flag(launcher: str = DEFAULT_LAUNCHER) -> str:
     """The strategy flag the installed SGLang accepts.
 
-    Prefer introspecting SGLang's own parser when it is importable here; else run
-    ``<launcher> --help`` (bounded); else assume the 0.5.23 name.
+    Ask the feature probe (SGLang's own parser) when sglang is importable here; else run
+    ``<launcher> --help`` (bounded); else assume the newest name.
     """
-    try:
-        from importlib.metadata import version
+    from conformance.sglang_api import probes
 
-        from packaging.version import Version
-
-        if Version(version("sglang")) >= Version("0.5.23"):
-            return NEW_STRATEGY_FLAG  # the name 0.5.23 ships (verified by validate_server_args in CI)
-    except Exception:
-        pass
-    try:
-        import argparse
-
-        from sglang.srt.server_args import ServerArgs  # type: ignore[import-not-found]
-
-        parser = argparse.ArgumentParser()
-        ServerArgs.add_cli_args(parser)
-        opts = parser._option_string_actions  # argparse has no public accessor
-        if NEW_STRATEGY_FLAG in opts:
-            return NEW_STRATEGY_FLAG
-        if OLD_STRATEGY_FLAG in opts:
-            return OLD_STRATEGY_FLAG
-    except Exception:  # sglang absent or unimportable on this machine
-        pass
+    flag = probes.probe().strategy_flag
+    if flag:
+        return flag
     try:
         out = subprocess.run(
             [*shlex.split(launcher), "--help"], capture_output=True, text=True, timeout=120
@@ -159,9 +140,9 @@ class SGLangTarget:
 
     def model_path(self, cell: Cell) -> str:
         if self.twins:
-            from conformance.reference.model import load_twin
+            from conformance.reference.twins import ensure_twin  # the folder; no model load
 
-            return str(load_twin(cell.model.twin).path)
+            return str(ensure_twin(cell.model.twin))
         return cell.model.hf_path
 
     def server_args(self, cell: Cell, *, model_path: str, port: int) -> list[str]:
@@ -216,9 +197,9 @@ def fault_plugin_env(env: dict[str, str]) -> tuple[str, ...]:
 def config_folder(cell: Cell, *, twins: bool = False) -> Path:
     """A config.json-only folder with the model's architecture (no weights)."""
     if twins:
-        from conformance.reference.model import load_twin
+        from conformance.reference.twins import ensure_twin  # the folder; no model load
 
-        return load_twin(cell.model.twin).path
+        return ensure_twin(cell.model.twin)
     folder = CONFIG_DIR / cell.model.id
     if not (folder / "config.json").exists():
         raise KitError(f"no config.json-only folder for model {cell.model.id!r} at {folder}")
@@ -232,77 +213,25 @@ def strip_launcher(argv: Sequence[str], launcher: str = DEFAULT_LAUNCHER) -> lis
     return list(argv[len(prefix):])
 
 
-def _swap_model_path(args: list[str], folder: Path) -> list[str]:
-    out = list(args)
-    i = out.index("--model-path")
-    out[i + 1] = str(folder)
-    return out
-
-
-@dataclass(frozen=True)
-class Validation:
-    ok: bool
-    message: str
-    resolved_chunk: int | None = None
-    resolved_strategy: str | None = None
-
-
 def validate_server_args(args: Sequence[str], cell: Cell | None = None, *, config: Path | None = None) -> Validation:
-    """Run SGLang's own parser and ``resolve_once()`` on CPU (platform faked as CUDA).
+    """SGLang's own parser and resolution on CPU (``conformance.sglang_api.validate``), then
+    the cell's expectations: the resolved strategy and mamba cache chunk.
 
-    ``args`` are the arguments after the launcher. The model path is replaced by
-    ``config`` (or the cell's config folder); the device is forced to CPU and the
-    tokenizer is skipped so nothing is loaded. Returns SGLang's own message on refusal.
+    ``args`` are the arguments after the launcher; the model path is replaced by ``config``
+    (or the cell's config folder).  ``status`` is ``na`` when the release predates the
+    cell's strategy (its parser's own line as the message).
     """
-    from sglang.srt.runtime_context import override_platform  # type: ignore[import-not-found]
-    from sglang.srt.server_args import prepare_server_args  # type: ignore[import-not-found]
-
-    local = list(args)
     if config is None and cell is not None:
         config = config_folder(cell)
-    if config is not None:
-        local = _swap_model_path(local, config)
-    local = _drop_option(local, "--tp-size")  # resolution on CPU cannot see GPUs
-    local += ["--device", "cpu", "--skip-tokenizer-init"]
-    try:
-        sa = prepare_server_args(local)
-        with override_platform(is_cuda=True):
-            sa.resolve_once()
-            resolved = sa.resolved_dict()
-            chunk = _resolved_chunk(sa)
-    except SystemExit as e:  # argparse refusing an unknown flag
-        return Validation(False, f"SGLang's parser rejected the arguments (exit {e.code})")
-    except Exception as e:  # SGLang raises AssertionError/ValueError with its own message
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return Validation(False, f"{type(e).__name__}: {msg}")
-    strategy = resolved.get("mamba_radix_cache_strategy")
-    if cell is not None:
-        if strategy != cell.strategy.name:
-            return Validation(False, f"SGLang resolved strategy {strategy!r}, expected {cell.strategy.name!r}", chunk, strategy)
-        if chunk is not None and chunk != effective_chunk(cell):
-            return Validation(False, f"SGLang resolved mamba cache chunk {chunk}, the matrix says {effective_chunk(cell)}", chunk, strategy)
-    return Validation(True, "ok", chunk, strategy)
-
-
-def _resolved_chunk(sa: object) -> int | None:
-    try:
-        from sglang.srt.arg_groups.overrides import mamba_cache_chunk_size  # type: ignore[import-not-found]
-
-        return int(mamba_cache_chunk_size(sa))
-    except Exception:
-        return getattr(sa, "_mamba_cache_chunk_size", None)
-
-
-def _drop_option(args: list[str], name: str) -> list[str]:
-    out, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-            continue
-        if a == name:
-            skip = True
-            continue
-        if re.match(rf"^{re.escape(name)}=", a):
-            continue
-        out.append(a)
-    return out
+    v = validate_args(args, config=config)
+    if not v.ok or cell is None:
+        return v
+    chunk, strategy = v.resolved_chunk, v.resolved_strategy
+    if strategy != cell.strategy.name and v.radix_cache_disabled and "--disable-radix-cache" not in args:
+        # e.g. a PD decode role on releases that run it without a radix cache
+        return Validation(False, f"SGLang disables the radix cache for this command (disable_radix_cache=True; strategy resolved to {strategy!r})", chunk, strategy, status="na")
+    if strategy != cell.strategy.name:
+        return Validation(False, f"SGLang resolved strategy {strategy!r}, expected {cell.strategy.name!r}", chunk, strategy)
+    if chunk is not None and chunk != effective_chunk(cell):
+        return Validation(False, f"SGLang resolved mamba cache chunk {chunk}, the matrix says {effective_chunk(cell)}", chunk, strategy)
+    return v

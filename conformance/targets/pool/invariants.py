@@ -3,11 +3,12 @@
 Each check raises :class:`PoolInvariantError` with one line naming the invariant and the
 numbers.  The set:
 
-* ``sglang_checker``: SGLang's own ``SchedulerInvariantChecker`` in strict mode: the idle
+* ``sglang_checker`` (where the release has it): SGLang's own ``SchedulerInvariantChecker`` in strict mode: the idle
   equation per pool (``available + evictable + protected + session_held + uncached ==
   total``) and the request-row check when idle, its busy full-pool check otherwise.
 * ``slot_partition``: every mamba slot 1..N is in exactly one of: the allocator's free
-  list, a radix-tree node, a running request (its state slot and ping-pong slots).
+  list, a radix-tree node, a running request (its state slot and ping-pong slots), a
+  streaming session's kept record.
   Catches leaks, double frees, frees into the wrong pool and stale references.
 * ``counts``: the kit's own equations for the mamba pool (also while busy) and the
   request-row pool.
@@ -33,7 +34,10 @@ def _fail(name: str, msg: str) -> PoolInvariantError:
 
 
 def make_sglang_checker(h):
-    """SGLang's pool-stats observer and invariant checker wired to the harness's pools."""
+    """SGLang's pool-stats observer and invariant checker wired to the driver's pools
+    (None where the release has no such checker: the other invariants still run)."""
+    if not h.sglang_checker:
+        return None
     api = h.api
     obs = api.SchedulerPoolStatsObserver(
         tree_cache=h.tree, token_to_kv_pool_allocator=h.alloc, req_to_token_pool=h.rtp,
@@ -53,7 +57,10 @@ def make_sglang_checker(h):
 
 
 def sglang_checker(h, checker=None) -> None:
-    obs, chk = checker or make_sglang_checker(h)
+    checker = checker or make_sglang_checker(h)
+    if checker is None:
+        return
+    obs, chk = checker
     with h.api.envs.SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE.override(True):
         try:
             if h.running:
@@ -72,20 +79,21 @@ def sglang_checker(h, checker=None) -> None:
 
 
 def request_slots(h, run) -> list[int]:
-    kv = run.req.kv
-    slots = [] if kv.mamba_pool_idx is None else [int(kv.mamba_pool_idx)]
-    if kv.mamba_ping_pong_track_buffer is not None:
-        slots += [int(s) for s, empty in zip(kv.mamba_ping_pong_track_buffer.tolist(), kv.mamba_ping_pong_empty) if not empty]
-    return slots
+    return h.request_slots(run.req)
 
 
 def slot_partition(h) -> None:
     size = h.rtp.mamba_pool.size
     owners: dict[int, list[str]] = {}
-    for s in h.rtp.mamba_allocator.free_slots.tolist():
-        owners.setdefault(int(s), []).append("free")
-    for s in h.tree.all_mamba_values_flatten().tolist():
-        owners.setdefault(int(s), []).append("tree")
+    for s in h.free_mamba_slots():
+        owners.setdefault(s, []).append("free")
+    for s in h.tree_mamba_slots():
+        owners.setdefault(s, []).append("tree")
+    live = {id(h.state(r.req)) for r in h.running.values()}
+    for sid, record in h.session_records().items():
+        if id(record) not in live:  # a running turn borrows its session's record
+            for s in _record_slots(record):
+                owners.setdefault(s, []).append(f"session:{sid}")
     for run in h.running.values():
         for s in request_slots(h, run):
             owners.setdefault(s, []).append(run.rid)
@@ -96,15 +104,25 @@ def slot_partition(h) -> None:
         raise _fail("slot_partition", f"mamba slots owned by nobody (leaked)={missing or None}, by several={shared or None}, out of range={foreign or None}")
 
 
+def _record_slots(kv) -> list[int]:
+    """Mamba slots a detached request record (a streaming session's) holds."""
+    from conformance.sglang_api.pool import record_slots
+
+    return record_slots(kv)
+
+
 def counts(h) -> None:
+    live = {id(h.state(r.req)) for r in h.running.values()}
     held = sum(len(request_slots(h, r)) for r in h.running.values())
-    avail = h.rtp.mamba_allocator.available_size()
+    held += sum(len(_record_slots(kv)) for kv in h.session_records().values() if id(kv) not in live)
+    avail = h.mamba_available()
     ev, prot, total = h.tree.mamba_evictable_size(), h.tree.mamba_protected_size(), h.rtp.mamba_pool.size
     if avail + ev + prot + held != total:
         raise _fail("counts", f"[mamba] available={avail} + evictable={ev} + protected={prot} + held_by_requests={held} != total={total}")
     rows = h.rtp.available_size()
-    if rows + len(h.running) != h.rtp.size:
-        raise _fail("counts", f"[req] available={rows} + running={len(h.running)} != total={h.rtp.size}")
+    sessions = sum(1 for kv in h.session_records().values() if id(kv) not in live and kv.req_pool_idx is not None)
+    if rows + len(h.running) + sessions != h.rtp.size:
+        raise _fail("counts", f"[req] available={rows} + running={len(h.running)} + session rows={sessions} != total={h.rtp.size}")
 
 
 def ping_pong(h) -> None:
@@ -112,30 +130,17 @@ def ping_pong(h) -> None:
         return
     want = 1 if h.lazy else 2
     for run in h.running.values():
-        kv = run.req.kv
+        kv = h.state(run.req)
         if kv.mamba_ping_pong_track_buffer is None:
             raise _fail("ping_pong", f"{run.rid} holds no ping-pong buffer")
-        held = sum(1 for e in kv.mamba_ping_pong_empty if not e)
+        held = len(h.request_slots(run.req)) - (kv.mamba_pool_idx is not None)
         if held != want:
             raise _fail("ping_pong", f"{h.key.strategy} request {run.rid} holds {held} track slots between steps, expected {want}")
 
 
 def tree_state_keys(h) -> dict[tuple[int, ...], int]:
     """Every state the tree holds: token key -> mamba slot."""
-    mamba = h.api.ComponentType.MAMBA
-    root = h.tree.root_node
-    out: dict[tuple[int, ...], int] = {}
-    stack = [(root, ())]
-    while stack:
-        node, path = stack.pop()
-        for child in node.children.values():
-            key = child.key
-            p = path + tuple(key.token_ids[: len(key)])
-            value = child.component_data[mamba].value
-            if value is not None:
-                out[p] = int(value.view(-1)[0])
-            stack.append((child, p))
-    return out
+    return h.tree_state_keys()
 
 
 def tree_states(h) -> None:
@@ -145,15 +150,21 @@ def tree_states(h) -> None:
         if got != state_marker.marker_for(key):
             raise _fail("tree_states", f"tree node at length {len(key)} (slot {slot}) holds {got}, expected {state_marker.marker_for(key)}")
     for run in h.running.values():
-        kv, seq = run.req.kv, run.tokens
-        if kv.mamba_pool_idx is not None and kv.req_pool_idx is not None:
+        kv, seq = h.state(run.req), run.tokens
+        covered = h.live_state_len(run)
+        if kv.mamba_pool_idx is not None and kv.req_pool_idx is not None and covered is not None:
             got = state_marker.read(pool, int(kv.mamba_pool_idx))
-            want = state_marker.marker_for(seq[: kv.kv_committed_len])
+            want = state_marker.marker_for(seq[:covered])
             if got != want:
                 raise _fail("tree_states", f"{run.rid} live slot {int(kv.mamba_pool_idx)} holds {got}, expected {want}")
         n = getattr(kv, "mamba_last_track_seqlen", None)
         if h.extra and n is not None and kv.mamba_ping_pong_track_buffer is not None:
-            slot = int(kv.mamba_ping_pong_track_buffer[kv.mamba_last_track_idx])
+            track = getattr(kv, "mamba_last_track_idx", None)
+            if track is None:  # older lifecycle: the kept slot is the other of the next one
+                track = 1 - kv.mamba_next_track_idx if kv.mamba_next_track_idx is not None else None
+            if track is None:
+                continue
+            slot = int(kv.mamba_ping_pong_track_buffer[track])
             if state_marker.read(pool, slot) != state_marker.marker_for(seq[:n]):
                 raise _fail("tree_states", f"{run.rid} tracked length {n} but slot {slot} holds {state_marker.read(pool, slot)}")
 
@@ -168,7 +179,7 @@ def check_all(h, checker=None) -> None:
 
 def back_to_totals(h) -> None:
     """After evict-all at idle every pool is back at its total."""
-    mamba = (h.rtp.mamba_allocator.available_size(), h.rtp.mamba_pool.size)
+    mamba = (h.mamba_available(), h.rtp.mamba_pool.size)
     kv = (h.alloc.available_size(), h.alloc.size)
     rows = (h.rtp.available_size(), h.rtp.size)
     if mamba[0] != mamba[1] or kv[0] != kv[1] or rows[0] != rows[1]:

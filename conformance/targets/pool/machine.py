@@ -10,7 +10,9 @@ so allocations fail and SGLang evicts on its own.  After every step all invarian
 ``invariants.check_all`` hold, and the tree's set of state keys equals the oracle's while
 no eviction happened since the last flush (eviction is not modelled by the oracle; after
 one, a hit must only be one of ``oracle.candidate_hits``).  Every arrival's matched length
-is compared the same way.
+is compared the same way.  On a driver whose lifecycle the oracle does not model
+(``oracle_exact`` False: the older lifecycle) the oracle comparisons are off and every
+pool invariant still runs.
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from conformance.targets.pool import invariants
-from conformance.targets.pool.harness import PoolExhausted, PoolHarness
+from conformance.targets.pool.driver import PoolExhausted
 
 
 class OracleMismatch(AssertionError):
     """SGLang's cache disagrees with the prefix oracle."""
 
 
-def pool_machine(harness_factory: Callable[[], PoolHarness], oracle_factory: Callable[[PoolHarness], object]):
+def pool_machine(harness_factory: Callable[[], object], oracle_factory: Callable[[object], object]):
     """A state-machine class that builds a fresh harness and a fresh oracle per run."""
 
     class PoolMachine(RuleBasedStateMachine):
@@ -45,10 +47,12 @@ def pool_machine(harness_factory: Callable[[], PoolHarness], oracle_factory: Cal
 
         # ------------------------------------------------------------ helpers
         def _exact(self) -> bool:
-            return self.h.evictions == 0
+            return self.h.oracle_exact and self.h.evictions == 0
 
         def _compare_hit(self, prompt, matched: int) -> None:
             want = self.oracle.expected_hit(prompt)
+            if not self.h.oracle_exact:
+                return
             if self._exact():
                 if matched != want:
                     raise OracleMismatch(f"arrival of {len(prompt)} tokens matched {matched}, oracle expects {want}")
@@ -62,7 +66,7 @@ def pool_machine(harness_factory: Callable[[], PoolHarness], oracle_factory: Cal
             except PoolExhausted as e:
                 note(f"prefill of {run.rid} deferred: {e}")
                 return
-            end = run.req.prefix_len
+            end = run.req.prefix_len if self._exact() else None
             if self._exact() and plan.get(end, "n/a") != stored and end in plan:
                 raise OracleMismatch(f"{run.rid} prefill chunk ending at {end} stored {stored}, oracle planned {plan[end]}")
             self.oracle.store(run.prompt, stored)
@@ -112,7 +116,7 @@ def pool_machine(harness_factory: Callable[[], PoolHarness], oracle_factory: Cal
             """Decode to ``past_boundary`` tokens after the next track boundary."""
             ready = sorted(r for r, run in self.h.running.items() if run.prefill_done)
             run = self.h.running[data.draw(st.sampled_from(ready))]
-            seq_len, grid = run.req.kv.kv_committed_len, self.h.track_grid
+            seq_len, grid = self.h.state(run.req).kv_committed_len, self.h.track_grid
             steps = max(1, (seq_len // grid + 1) * grid - seq_len + past_boundary)
             for i in range(steps):
                 try:

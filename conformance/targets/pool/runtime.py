@@ -92,6 +92,18 @@ def model_dir(key: PoolKey) -> Path:
     return folder
 
 
+def legacy_argv(key: PoolKey, strategy_flag: str) -> list[str]:
+    """SGLang CLI arguments for ``key`` (the strategy flag as the installed release names it)."""
+    argv = [
+        "--model-path", str(model_dir(key)), "--device", "cpu", "--skip-tokenizer-init",
+        strategy_flag, key.strategy, "--page-size", str(key.page_size),
+        "--mamba-track-interval", str(key.track_interval),
+    ]
+    if key.strategy == "no_buffer":
+        argv.append("--disable-overlap-schedule")
+    return argv
+
+
 _RESOLVED: dict[PoolKey, object] = {}
 
 
@@ -100,13 +112,7 @@ def publish_for(api, key: PoolKey):
     if key in _RESOLVED:
         api.publish(_RESOLVED[key], role="test")
         return _RESOLVED[key]
-    argv = [
-        "--model-path", str(model_dir(key)), "--device", "cpu", "--skip-tokenizer-init",
-        "--mamba-radix-cache-strategy", key.strategy, "--page-size", str(key.page_size),
-        "--mamba-track-interval", str(key.track_interval),
-    ]
-    if key.strategy == "no_buffer":
-        argv.append("--disable-overlap-schedule")
+    argv = legacy_argv(key, "--mamba-radix-cache-strategy")
     try:
         sa = api.prepare_server_args(argv)
         with api.override_platform(is_cuda=True):

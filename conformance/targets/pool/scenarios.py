@@ -71,9 +71,10 @@ class _Driver:
     def check(self) -> None:
         invariants.check_all(self.h, self.checker)
 
-    def arrive(self, rid: str, prompt, *, chunked: int | None = None):
-        want = self.oracle.expected_hit(prompt) if self.h.evictions == 0 else None
-        run = self.h.admit(rid, prompt, chunked_prefill_size=chunked)
+    def arrive(self, rid: str, prompt, *, chunked: int | None = None, session=None):
+        want = self.oracle.expected_hit(prompt) if self.h.evictions == 0 and self.h.oracle_exact and session is None else None
+        kw = {"session": session} if session is not None else {}
+        run = self.h.admit(rid, prompt, chunked_prefill_size=chunked, **kw)
         self.log.append(f"{rid}: {len(prompt)} tokens matched {run.matched}")
         if want is not None and run.matched != want:
             raise OracleMismatch(f"{rid}: matched {run.matched}, oracle expects {want} ({'; '.join(self.log)})")
@@ -88,8 +89,8 @@ class _Driver:
             self.h.decode(run)
         self.check()
 
-    def finish(self, run, *, abort: bool = False) -> list[int]:
-        self.h.finish(run, abort=abort)
+    def finish(self, run, *, abort: bool = False, lookahead: bool = False) -> list[int]:
+        self.h.finish(run, abort=abort, **({"lookahead": True} if lookahead else {}))
         seq = run.tokens
         self.oracle.record_finished(run.prompt, seq[len(run.prompt):], aborted=abort)
         self.check()
@@ -106,12 +107,16 @@ def branch_at_chunk_boundary(key: PoolKey) -> None:
     base = [1 + i % 5 for i in range(3 * g + 5)]
     a = d.arrive("A", base)
     d.decode(a, 3)
-    d.finish(a)
+    a_seq = d.finish(a)
     for i, cut in enumerate((2 * g, 2 * g - 1, 2 * g + 1)):
         run = d.arrive(f"B{i}", base[:cut] + [7 + i] * (g + 3))
         d.finish(run)
     hit = d.arrive("C", base[: 2 * g] + [9] * 5)
     d.finish(hit)
+    again = d.arrive("D", a_seq + [9] * 5)  # every lifecycle keeps a finished request's state
+    if again.matched == 0:
+        raise AssertionError(f"D extends A's finished {len(a_seq)} tokens but hit nothing: nothing was cached")
+    d.finish(again)
     d.drain()
 
 
@@ -124,13 +129,13 @@ def session_reuse(key: PoolKey) -> None:
     for turn in range(2):  # the same Req object carries the next turns
         prompt = seq + [40 + turn] * (g + 1)
         req = run.req
-        req.origin_input_ids = type(req.origin_input_ids)("q", prompt)
-        del req.output_ids[:]
-        req.finished_reason = None
-        want = d.oracle.expected_hit(prompt)
+        d.h.reuse(req, prompt)
+        want = d.oracle.expected_hit(prompt) if d.h.oracle_exact else None
         req.init_next_round_input(d.h.tree)
         run = d.h.adopt(f"S{turn}", req, prompt)
-        if run.matched != want:
+        if run.matched == 0:
+            raise AssertionError(f"session turn {turn} hit nothing of its {len(seq)}-token history: nothing was cached")
+        if want is not None and run.matched != want:
             raise OracleMismatch(f"session turn {turn}: matched {run.matched}, oracle expects {want}")
         while not run.prefill_done:
             d.oracle.store(prompt, d.h.prefill_chunk(run))
@@ -140,6 +145,52 @@ def session_reuse(key: PoolKey) -> None:
         d.decode(other, 2)
         d.finish(other)
         seq = d.finish(run)
+    d.drain()
+
+
+def session_abort(key: PoolKey) -> None:
+    """A streaming session (SGLang's own session slot): a finished turn's record stays with
+    the session, the next turn borrows it and aborts (the abort hands record and lock back
+    and is released like any request), a fresh first turn takes a new record, then the
+    session closes.  Every step is checked with the session's slots accounted for."""
+    d = _Driver(key)
+    g = d.h.checkpoint_grid
+    session = d.h.open_session("sess-1")
+    first = d.arrive("T1", [6 + i % 2 for i in range(g + 5)], session=session)
+    d.decode(first, 3)
+    seq = d.finish(first)
+    if not d.h.session_records():
+        raise AssertionError("a finished streaming turn left no record with its session")
+    second = d.arrive("T2", seq + [11] * (g + 2), session=session)
+    if second.matched < len(seq) - 1:
+        raise AssertionError(f"the second turn borrowed {second.matched} tokens of its session's {len(seq)}")
+    d.decode(second, 2)
+    d.finish(second, abort=True)
+    if d.h.session_records():
+        raise AssertionError("an aborted streaming turn left its record with the session")
+    third = d.arrive("T3", seq + [12] * 3, session=session)
+    d.decode(third, 2)
+    d.finish(third)
+    d.h.close_session(session)
+    d.check()
+    if d.h.session_records():
+        raise AssertionError("closing the session left its record in the tree")
+    d.drain()
+
+
+def overlap_lookahead_finish(key: PoolKey) -> None:
+    """Overlap's lookahead at finish: a request finishes one step before a track boundary
+    while the next forward (the boundary one) was already launched; another finishes on
+    the boundary with its lookahead one past it.  The dropped forward must not clobber
+    the state the tree keeps, nor leak its KV or transient slot; later hits follow the oracle."""
+    d = _Driver(key)
+    grid = d.h.track_grid
+    for i, finish_at in enumerate((grid - 1, grid)):
+        run = d.arrive(f"A{i}", [20 + i] * (d.h.checkpoint_grid + 1))
+        d.decode(run, finish_at - d.h.state(run.req).kv_committed_len)
+        seq = d.finish(run, lookahead=True)
+        hit = d.arrive(f"B{i}", seq + [30 + i] * 3)
+        d.finish(hit)
     d.drain()
 
 
@@ -208,11 +259,28 @@ def lazy_alloc_fail_effects(key: PoolKey) -> None:
 
 
 ALL = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
-# name -> (scenario, strategies it applies to)
+BUFFERED = ("extra_buffer", "extra_buffer_lazy")
+# name -> (scenario, strategies it applies to, driver capability it needs)
 SCENARIOS: dict[str, tuple[Callable[[PoolKey], None], tuple[str, ...]]] = {
     "branch_at_chunk_boundary": (branch_at_chunk_boundary, ALL),
-    "session_reuse": (session_reuse, ("extra_buffer", "extra_buffer_lazy")),
+    "session_reuse": (session_reuse, BUFFERED),
+    "session_abort": (session_abort, BUFFERED),
+    "overlap_lookahead_finish": (overlap_lookahead_finish, BUFFERED),
     "lazy_boundary_full_pool": (lazy_boundary_full_pool, ("extra_buffer_lazy",)),
     "refused_after_match": (refused_after_match, ALL),
     "lazy_alloc_fail_effects": (lazy_alloc_fail_effects, ("extra_buffer_lazy",)),
 }
+NEEDS = {"session_abort": "sessions", "overlap_lookahead_finish": "lookahead"}
+
+
+def not_applicable(name: str, key: PoolKey) -> str | None:
+    """Why scenario ``name`` does not apply to ``key`` on the installed SGLang (None: it runs).
+
+    The kit's own applicability (strategies) first, then the release: a strategy it
+    predates (its parser's own line) and what the driver that fits it cannot drive."""
+    from conformance.sglang_api import pool
+
+    _fn, strategies = SCENARIOS[name]
+    if key.strategy not in strategies:
+        return f"scenario {name} applies to {', '.join(strategies)} only"
+    return pool.driver_class().gap(pool.load(), key, NEEDS.get(name))

@@ -1,0 +1,356 @@
+"""``hybrid-conformance history``: the kit against each SGLang release of a list.
+
+Per release: a virtual environment under ``--venv-dir`` (``HYBRID_CONFORMANCE_VENVS``,
+default ``~/.cache/hybrid-conformance/venvs``) made with ``--system-site-packages`` so it
+shares this Python's torch, and filled by ``ci/setup-cpu.sh`` itself
+(``HYBRID_CONFORMANCE_SGLANG=<release>``: ``sglang==X --no-deps`` and the release range's
+pins, ``conformance/sglang_api/release_pins.py``); inside the venv, ``sglang`` and each
+pin must import at the release's versions, whether the venv holds them or the system
+already had exactly those (checked).  Then, in that venv: the feature probe (its one line is
+printed), ``plan --target sglang --validate``, the pool tier (each scenario and the state
+machine a check of its own), and the ``sglang-cpu`` premerge set where the kit has that
+target, the release has the extension points it needs and ``--with-sglang-cpu`` asks
+for it (an n/a row saying which, otherwise).
+
+A row is ``(release, check, status, reason)`` with status ``pass``, ``fail`` or ``na``;
+the command prints a release x check table (or ``--format json``:
+``{"rows": [...], "probes": {...}}``) and exits 1 when any release fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from conformance.errors import KitError
+from conformance.sglang_api.release_pins import pins_for, release_of
+
+ROOT = Path(__file__).resolve().parents[1]
+POOL_SUITE = ROOT / "conformance" / "leaks" / "test_pool_invariants.py"
+VENVS_ENV = "HYBRID_CONFORMANCE_VENVS"
+READY = ".hybrid-conformance-ready.json"
+STATUSES = ("pass", "fail", "na")
+CHECKS = ("validate", "pool", "machine", "sglang-cpu")  # --checks: what runs per release
+SETUP_TIMEOUT_S, PROBE_TIMEOUT_S, PLAN_TIMEOUT_S, POOL_TIMEOUT_S, CPU_TIMEOUT_S = 1800, 600, 900, 1800, 3600
+
+
+@dataclass(frozen=True)
+class Row:
+    release: str
+    check: str
+    status: str  # pass | fail | na
+    reason: str = ""
+
+
+def default_venv_dir() -> Path:
+    return Path(os.environ.get(VENVS_ENV) or Path.home() / ".cache" / "hybrid-conformance" / "venvs")
+
+
+def parse_releases(text: str) -> list[str]:
+    """``0.5.12,0.5.13`` -> releases; KitError (one line) for anything that is not one."""
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        release = release_of(item)
+        if release is None:
+            raise KitError(f"--releases: {item!r} is not a release number (e.g. 0.5.13)")
+        try:
+            pins_for(release)
+        except ValueError as e:
+            raise KitError(f"--releases: {e}") from None
+        out.append(release)
+    if not out:
+        raise KitError("--releases: no release given (e.g. --releases 0.5.12,0.5.13)")
+    return out
+
+
+def parse_checks(text: str | None) -> tuple[str, ...]:
+    if not text:
+        return CHECKS
+    chosen = tuple(c.strip() for c in text.split(",") if c.strip())
+    bad = [c for c in chosen if c not in CHECKS]
+    if bad or not chosen:
+        raise KitError(f"--checks: unknown value {', '.join(bad) or repr(text)}; allowed: {', '.join(CHECKS)}")
+    return chosen
+
+
+# ------------------------------------------------------------------ venvs
+
+def _run(argv: Sequence[str], *, timeout: float, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise KitError(f"{shlex.join(argv[:4])} ... did not finish in {timeout:.0f} s") from None
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def venv_env(venv: Path) -> dict[str, str]:
+    """The environment the kit's own code runs with inside a release's venv."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = os.pathsep.join((str(venv / "bin"), env.get("PATH", "")))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+_SHADOW_CHECK = """
+import importlib.metadata as md, json, sys
+import sglang
+names = sys.argv[1:]
+print(json.dumps({"sglang_file": sglang.__file__, "versions": {n: md.version(n) for n in ["sglang", *names]}}))
+"""
+
+
+def ensure_venv(release: str, root: Path, *, reinstall: bool = False, python: str = sys.executable) -> Path:
+    """The venv for ``release`` (made once, then reused); KitError with one line on failure."""
+    venv = root / f"sglang-{release}"
+    pins = pins_for(release)
+    ready = venv / READY
+    want = {"release": release, "pins": list(pins)}
+    if not reinstall and ready.exists() and json.loads(ready.read_text()) == want:
+        return venv
+    if ready.exists():
+        ready.unlink()
+    root.mkdir(parents=True, exist_ok=True)
+    if not (venv / "bin" / "python").exists():
+        made = _run([python, "-m", "venv", "--system-site-packages", str(venv)], timeout=300)
+        if made.returncode:
+            raise KitError(f"sglang {release}: python -m venv failed: {_last_line(made.stderr)}")
+    env = dict(os.environ, PYTHON=str(venv / "bin" / "python"), HYBRID_CONFORMANCE_SGLANG=f"sglang=={release}")
+    setup = _run(["bash", str(ROOT / "ci" / "setup-cpu.sh")], timeout=SETUP_TIMEOUT_S, env=env)
+    if setup.returncode:
+        raise KitError(f"sglang {release}: ci/setup-cpu.sh failed: {_last_line(setup.stderr or setup.stdout)}")
+    names = [p.split("==")[0] for p in pins]
+    shown = _run([str(venv / "bin" / "python"), "-c", _SHADOW_CHECK, *names], timeout=PROBE_TIMEOUT_S, env=venv_env(venv))
+    if shown.returncode:
+        raise KitError(f"sglang {release}: the venv cannot import sglang: {_last_line(shown.stderr)}")
+    seen = json.loads(shown.stdout.strip().splitlines()[-1])
+    expected = {"sglang": release, **{p.split("==")[0]: p.split("==")[1] for p in pins}}
+    wrong = {n: v for n, v in seen["versions"].items() if v != expected[n]}
+    if wrong:
+        raise KitError(f"sglang {release}: the venv does not shadow the system's packages: {wrong} (expected {expected})")
+    ready.write_text(json.dumps(want))
+    return venv
+
+
+# ------------------------------------------------------------------ checks
+
+def probe_in(venv: Path) -> dict:
+    out = _run([str(venv / "bin" / "python"), "-m", "conformance.sglang_api.probes", "--json"], timeout=PROBE_TIMEOUT_S, env=venv_env(venv))
+    if out.returncode:
+        raise KitError(f"the feature probe crashed: {_last_line(out.stderr)}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def summary_of(features: dict) -> str:
+    from conformance.sglang_api.probes import Features
+
+    known = {k: v for k, v in features.items() if k in Features.__dataclass_fields__}
+    known["strategies"] = tuple(known.get("strategies") or ())
+    return Features(**known).summary()
+
+
+def validate_rows(release: str, venv: Path, tier: str) -> list[Row]:
+    argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "plan", "--target", "sglang", "--validate", "--tier", tier, "--format", "json"]
+    out = _run(argv, timeout=PLAN_TIMEOUT_S, env=venv_env(venv))
+    if out.returncode not in (0, 1):
+        return [Row(release, "plan --validate", "fail", f"exit {out.returncode}: {_last_line(out.stderr)}")]
+    try:
+        cells = json.loads(out.stdout)["cells"]
+    except (ValueError, KeyError):
+        return [Row(release, "plan --validate", "fail", f"no JSON plan: {_last_line(out.stderr)}")]
+    ok = na = 0
+    refused: list[str] = []
+    for c in cells:
+        pd = c.get("pd")
+        for message in [str(c.get("validation", "")), *(pd.values() if isinstance(pd, dict) else [])]:
+            if message.startswith("ok"):
+                ok += 1
+            elif message.startswith("n/a"):
+                na += 1
+            else:
+                refused.append(f"{c.get('id')}: {message}")
+    counts = f"{len(cells)} cells, {ok + na + len(refused)} commands: {ok} accepted, {na} n/a, {len(refused)} refused"
+    if refused or out.returncode == 1:
+        return [Row(release, "plan --validate", "fail", f"{counts}; first: {refused[0] if refused else _last_line(out.stderr)}")]
+    if not ok:
+        return [Row(release, "plan --validate", "na", f"{counts} (nothing this release accepts)")]
+    return [Row(release, "plan --validate", "pass", counts)]
+
+
+def _case_check(case: ET.Element, scenarios: Sequence[str]) -> str:
+    name = case.get("name", "")
+    if name.startswith("test_pool_machine"):
+        return "pool:machine"
+    param = name[name.find("[") + 1 : -1] if "[" in name else ""
+    for s in sorted(scenarios, key=len, reverse=True):
+        if param.startswith(f"{s}-") or param.endswith(f"-{s}") or param == s:
+            return f"pool:{s}"
+    return f"pool:{name}"
+
+
+def _case_outcome(case: ET.Element) -> tuple[str, str]:
+    for tag, status in (("failure", "fail"), ("error", "fail"), ("skipped", "skip")):
+        el = case.find(tag)
+        if el is not None:
+            text = " ".join((el.get("message") or el.text or "").split())
+            return status, text[:400]
+    return "pass", ""
+
+
+def pool_rows(release: str, venv: Path, tier: str, *, machine: bool = True) -> list[Row]:
+    from conformance.targets.pool.scenarios import SCENARIOS
+
+    with tempfile.TemporaryDirectory(prefix="history-pool-") as tmp:
+        junit = Path(tmp) / "junit.xml"
+        argv = [
+            str(venv / "bin" / "python"), "-m", "pytest", str(POOL_SUITE), "--target", "pool", "--tier", tier,
+            "-p", "no:cacheprovider", "-p", "no:xdist", "-q", f"--junitxml={junit}", f"--report-dir={tmp}/report",
+        ] + ([] if machine else ["-k", "test_pool_scenario"])
+        env = venv_env(venv) | {"HYBRID_CONFORMANCE_REQUIRE_SGLANG": "1"}
+        out = _run(argv, timeout=POOL_TIMEOUT_S, env=env)
+        if out.returncode not in (0, 1) or not junit.exists():
+            return [Row(release, "pool tier", "fail", f"pytest exited {out.returncode}: {_last_line(out.stdout + out.stderr)}")]
+        cases = list(ET.parse(junit).getroot().iter("testcase"))
+    by_check: dict[str, list[tuple[str, str, str]]] = {}
+    for case in cases:
+        status, text = _case_outcome(case)
+        by_check.setdefault(_case_check(case, list(SCENARIOS)), []).append((status, text, case.get("name", "")))
+    rows = [] if machine else [Row(release, "pool:machine", "na", "not selected (--checks without machine)")]
+    for check in (["pool:machine"] if machine else []) + [*(f"pool:{s}" for s in SCENARIOS)] + sorted(set(by_check) - {"pool:machine", *(f"pool:{s}" for s in SCENARIOS)}):
+        rows.append(_aggregate(release, check, by_check.get(check, [])))
+    if not cases:
+        rows.append(Row(release, "pool tier", "fail", "pytest ran no test"))
+    return rows
+
+
+def _aggregate(release: str, check: str, outcomes: list[tuple[str, str, str]]) -> Row:
+    """fail if any case failed; pass if any passed; na if every case was not applicable."""
+    fails = [(t, n) for s, t, n in outcomes if s == "fail"]
+    if fails:
+        text, name = fails[0]
+        return Row(release, check, "fail", f"{len(fails)} of {len(outcomes)} failed; {name}: {text}")
+    passed = sum(1 for s, _, _ in outcomes if s == "pass")
+    na = [t for s, t, _ in outcomes if s == "skip" and t.startswith("n/a")]
+    if passed:
+        return Row(release, check, "pass", f"{passed} passed, {len(na)} n/a")
+    if na:
+        return Row(release, check, "na", na[0][len("n/a: "):] if na[0].startswith("n/a: ") else na[0])
+    return Row(release, check, "na", "no cell of the selected tier applies" if outcomes else "not collected")
+
+
+def sglang_cpu_row(release: str, venv: Path, features: dict, *, requested: bool, tier: str) -> Row:
+    """The hook for the sglang-cpu target's premerge set (n/a with the reason when it cannot run)."""
+    check = "sglang-cpu premerge"
+    if not (ROOT / "conformance" / "targets" / "sglang_cpu.py").exists():
+        return Row(release, check, "na", "the sglang-cpu target is not in this kit")
+    if not features.get("sglang_cpu_capable"):
+        return Row(release, check, "na", f"sglang {release} lacks an extension point the sglang-cpu target runs through (general plugins, "
+                   "out-of-tree platforms, the platform's support_mamba_cache_extra_buffer answer)")
+    if not requested:
+        return Row(release, check, "na", "not requested (--with-sglang-cpu runs it; minutes per release)")
+    with tempfile.TemporaryDirectory(prefix="history-cpu-") as tmp:
+        argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", "sglang-cpu", "--tier", tier, "--report-dir", tmp, "-n", "1"]
+        out = _run(argv, timeout=CPU_TIMEOUT_S, env=venv_env(venv))
+    if out.returncode == 0:
+        return Row(release, check, "pass", _last_line(out.stdout))
+    return Row(release, check, "fail", f"exit {out.returncode}: {_last_line(out.stderr or out.stdout)}")
+
+
+# ------------------------------------------------------------------ the command
+
+def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Sequence[str] = CHECKS, with_sglang_cpu: bool = False,
+            reinstall: bool = False, log: Callable[[str], None] = print) -> tuple[list[Row], dict[str, str]]:
+    rows: list[Row] = []
+    probes: dict[str, str] = {}
+    for release in releases:
+        start = time.monotonic()
+        try:
+            venv = ensure_venv(release, venv_dir, reinstall=reinstall)
+        except KitError as e:
+            rows.append(Row(release, "install", "fail", str(e)))
+            continue
+        rows.append(Row(release, "install", "pass", str(venv)))
+        try:
+            features = probe_in(venv)
+        except KitError as e:
+            rows.append(Row(release, "import", "fail", str(e)))
+            continue
+        probes[release] = summary_of(features)
+        log(probes[release])
+        if features.get("import_error"):
+            rows.append(Row(release, "import", "fail", f"sglang {release} is not importable: {features['import_error']}"))
+            continue
+        if "validate" in checks:
+            rows += validate_rows(release, venv, tier)
+        if "pool" in checks:
+            rows += pool_rows(release, venv, tier, machine="machine" in checks)
+        if "sglang-cpu" in checks:
+            rows.append(sglang_cpu_row(release, venv, features, requested=with_sglang_cpu, tier=tier))
+        log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
+    return rows, probes
+
+
+def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:
+    checks = list(dict.fromkeys(r.check for r in rows))
+    cell = {(r.release, r.check): r for r in rows}
+    width = max([len("check")] + [len(c) for c in checks]) + 2
+    lines = ["check".ljust(width) + "".join(rel.ljust(10) for rel in releases)]
+    for check in checks:
+        marks = []
+        for rel in releases:
+            r = cell.get((rel, check))
+            marks.append(("-" if r is None else {"pass": "pass", "fail": "FAIL", "na": "n/a"}[r.status]).ljust(10))
+        lines.append(check.ljust(width) + "".join(marks))
+    notes = [f"  {r.release} {r.check}: {'FAIL' if r.status == 'fail' else 'n/a'}: {r.reason}" for r in rows if r.status != "pass"]
+    if notes:
+        lines += ["", "why (fail and n/a):", *notes]
+    return "\n".join(lines)
+
+
+def failed_releases(rows: Sequence[Row]) -> list[str]:
+    return list(dict.fromkeys(r.release for r in rows if r.status == "fail"))
+
+
+def run_history(args) -> int:
+    releases = parse_releases(args.releases)
+    venv_dir = Path(args.venv_dir).expanduser() if args.venv_dir else default_venv_dir()
+    start = time.monotonic()
+    as_json = args.format == "json"
+    log = (lambda line: print(f"hybrid-conformance: {line}", file=sys.stderr)) if as_json else print
+    checks = parse_checks(args.checks)
+    rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu, reinstall=args.reinstall, log=log)
+    failed = failed_releases(rows)
+    if as_json:
+        print(json.dumps({"rows": [asdict(r) for r in rows], "probes": probes}, indent=2))
+    else:
+        print(render_table(rows, releases))
+        verdict = f"{len(failed)} of {len(releases)} releases failed ({', '.join(failed)})" if failed else f"all {len(releases)} releases passed"
+        print(f"history: {verdict} in {time.monotonic() - start:.0f} s; venvs in {venv_dir}")
+    return 1 if failed else 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("history", help="run the pool tier (and more) on each SGLang release of a list, print release x check")
+    p.add_argument("--releases", required=True, help="comma list of SGLang releases, e.g. 0.5.12,0.5.13")
+    p.add_argument("--venv-dir", help=f"where the per-release venvs live (default: ${VENVS_ENV} or ~/.cache/hybrid-conformance/venvs)")
+    p.add_argument("--tier", choices=("premerge", "standard", "nightly"), default="premerge", help="matrix tier for the pool tier and plan --validate (default: %(default)s)")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--checks", help=f"comma list of {', '.join(CHECKS)} (default: all; machine is the pool tier's state machine)")
+    p.add_argument("--with-sglang-cpu", action="store_true", help="also run the sglang-cpu target's premerge set where it can run")
+    p.add_argument("--reinstall", action="store_true", help="rebuild each release's venv")

@@ -1,0 +1,289 @@
+"""Feature probes of the installed SGLang: one frozen :class:`Features` record.
+
+Every difference between SGLang releases that the kit depends on is answered here by
+looking at the installed code (``hasattr``, ``inspect.signature``, a module's presence,
+the strategy flag's choices in SGLang's own parser, one config constructed), never by
+comparing version numbers.  The version is only printed.  Importing this module does not
+import sglang; :func:`probe` does, once per installation (the answers are kept in a file
+keyed by the installed sglang and transformers and this module's code).
+
+``Features.summary()`` is the one line printed at start, e.g.
+``sglang 0.5.13: lazy strategy absent -> lazy cells not applicable; ...``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import os
+from dataclasses import dataclass, fields
+
+LAZY = "extra_buffer_lazy"
+NEW_STRATEGY_FLAG = "--mamba-radix-cache-strategy"
+OLD_STRATEGY_FLAG = "--mamba-scheduler-strategy"
+
+
+@dataclass(frozen=True)
+class Features:
+    """What the installed SGLang offers the kit (each field a probe's answer)."""
+
+    version: str
+    import_error: str | None = None  # why ``import sglang.srt...`` failed (None: it worked)
+    strategy_flag: str | None = None  # the radix-cache strategy flag SGLang's parser takes
+    strategies: tuple[str, ...] = ()  # that flag's choices
+    req_kv: bool = False  # request cache state on ``req.kv`` (ReqKvInfo) rather than on the Req
+    runtime_context: bool = False  # sglang.srt.runtime_context
+    override_platform: bool = False  # runtime_context.override_platform
+    mamba_track_grid: bool = False  # runtime_context.mamba_track_grid
+    mem_allocation: bool = False  # sglang.srt.mem_cache.allocation
+    mamba_slot_allocator: bool = False  # mem_cache.allocator.mamba.MambaSlotAllocator
+    scheduler_components: bool = False  # managers.scheduler_components
+    unified_components: bool = False  # mem_cache.unified_cache.components
+    checkpoint_kv_cache: bool = False  # mem_cache.common.checkpoint_kv_cache
+    release_insert_kwarg: str | None = None  # release_kv_cache's insert keyword: checkpoint | is_insert
+    gather_track_indices: bool = False  # schedule_batch._gather_mamba_track_indices
+    mamba_radix_cache: bool = False  # mem_cache.mamba_radix_cache.MambaRadixCache (pre-unified tree)
+    session_slot_save: bool = False  # streaming SessionSlot.save_from_req (the pre-0.5.19 session slot)
+    granite_new_layer_names: bool = False  # granite config takes linear_attention/full_attention
+    general_plugins: bool = False  # sglang.srt.plugins.load_plugins (entry-point group sglang.srt.plugins)
+    oot_platforms: bool = False  # sglang.srt.platforms.interface.SRTPlatform (out-of-tree platforms)
+    platform_extra_buffer_answer: bool = False  # SRTPlatform.support_mamba_cache_extra_buffer (a platform may allow extra_buffer)
+    flags: tuple[str, ...] = ()  # which of PARSER_FLAGS SGLang's parser takes
+    pd_transfer_refusal: str | None = None  # SGLang's own line when its default PD transfer engine cannot be built here
+
+    # ------------------------------------------------------------ derived answers
+    @property
+    def importable(self) -> bool:
+        return self.import_error is None
+
+    @property
+    def lazy(self) -> bool:
+        return LAZY in self.strategies
+
+    @property
+    def pool_driver(self) -> str | None:
+        """Which pool-tier driver fits: ``kv`` (req.kv lifecycle), ``legacy`` (state on the Req)."""
+        if not self.importable:
+            return None
+        if self.req_kv and self.checkpoint_kv_cache and self.unified_components:
+            return "kv"
+        if not self.req_kv and self.mamba_radix_cache and self.release_insert_kwarg == "is_insert":
+            return "legacy"
+        return None
+
+    @property
+    def sglang_cpu_capable(self) -> bool:
+        """SGLang's extension points the sglang-cpu target runs through are all there."""
+        return self.general_plugins and self.oot_platforms and self.platform_extra_buffer_answer
+
+    def not_applicable(self, strategy: str) -> str | None:
+        """SGLang's own reason a strategy cannot be asked of this release (None: it can)."""
+        if not self.importable:
+            return None
+        if strategy not in self.strategies:
+            choices = ", ".join(self.strategies) or "none"
+            return f"sglang {self.version}: {self.strategy_flag or 'the strategy flag'} has no {strategy!r} (choices: {choices})"
+        return None
+
+    def summary(self) -> str:
+        """The one line printed at start: each probe and what follows from it."""
+        if not self.importable:
+            return f"sglang {self.version}: not importable ({self.import_error}) -> nothing runs against it"
+        parts = [
+            f"lazy strategy {'present' if self.lazy else 'absent -> lazy cells not applicable'}",
+            f"strategy flag {self.strategy_flag}",
+            f"req.kv lifecycle {'present' if self.req_kv else 'absent'} -> pool driver {self.pool_driver or 'none (pool tier not applicable)'}",
+            f"override_platform {'present' if self.override_platform else 'absent -> validator answers server_args.is_cuda'}",
+            f"release_kv_cache(*, {self.release_insert_kwarg})",
+            f"MambaSlotAllocator {'present' if self.mamba_slot_allocator else 'absent (mamba_pool.alloc/free)'}",
+            f"_gather_mamba_track_indices {'present' if self.gather_track_indices else 'absent (kit indexes the ping-pong mapping)'}",
+            f"granite layer names {'linear_attention/full_attention' if self.granite_new_layer_names else 'mamba/attention only -> granite configs rewritten'}",
+            f"plugins + out-of-tree platform with an extra_buffer answer {'present' if self.sglang_cpu_capable else 'absent -> sglang-cpu target not applicable'}",
+        ]
+        return f"sglang {self.version}: " + "; ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "lazy": self.lazy, "pool_driver": self.pool_driver, "sglang_cpu_capable": self.sglang_cpu_capable}
+
+
+def _module(name: str):
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    return importlib.import_module(name)
+
+
+#: Flags a selection may need, looked up in SGLang's own parser.
+PARSER_FLAGS = ("--enable-hierarchical-cache", "--disaggregation-mode", "--mamba-track-interval", "--device",
+                "--enable-streaming-session", "--sleep-on-idle")
+
+
+def _strategy_flag() -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
+    """(the strategy flag, its choices, which of :data:`PARSER_FLAGS` exist)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(parser)
+    actions = parser._option_string_actions  # argparse has no public accessor
+    flags = tuple(f for f in PARSER_FLAGS if f in actions)
+    for flag in (NEW_STRATEGY_FLAG, OLD_STRATEGY_FLAG):
+        action = actions.get(flag)
+        if action is not None:
+            return flag, tuple(action.choices or ()), flags
+    return None, (), flags
+
+
+def _pd_transfer_refusal() -> str | None:
+    """SGLang's own answer when asked for its default PD transfer engine (Mooncake) here."""
+    mod = _module("sglang.srt.distributed.device_communicators.mooncake_transfer_engine")
+    engine = getattr(mod, "MooncakeTransferEngine", None)
+    if engine is None:
+        return "this release has no Mooncake transfer engine module"
+    try:
+        engine("127.0.0.1")
+    except ImportError as e:
+        return " ".join(str(e).split())
+    except Exception as e:  # built, but cannot run here
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return None
+
+
+def _mamba_state_on_req_kv(schedule_batch) -> bool:
+    """Whether the request's mamba cache state lives in ``ReqKvInfo`` (``req.kv``)."""
+    import dataclasses
+
+    info = getattr(schedule_batch, "ReqKvInfo", None)
+    if info is None:
+        return False
+    if dataclasses.is_dataclass(info):
+        return "mamba_pool_idx" in {f.name for f in dataclasses.fields(info)}
+    try:
+        return hasattr(info(), "mamba_pool_idx")
+    except TypeError:
+        return "mamba_pool_idx" in inspect.getsource(info)
+
+
+def _granite_takes_new_names() -> bool:
+    mod = _module("sglang.srt.configs.granitemoehybrid")
+    if mod is None:
+        return True  # no SGLang-side config class: transformers' own spelling is the one read
+    try:
+        mod.GraniteMoeHybridConfig(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
+    except Exception:
+        return False
+    return True
+
+
+def _probe() -> Features:
+    try:
+        import sglang
+
+        version = str(getattr(sglang, "__version__", "unknown"))
+    except Exception as e:
+        return Features(version="(not installed)", import_error=f"{type(e).__name__}: {e}")
+    try:
+        schedule_batch = importlib.import_module("sglang.srt.managers.schedule_batch")
+        common = importlib.import_module("sglang.srt.mem_cache.common")
+        flag, strategies, flags = _strategy_flag()
+    except Exception as e:  # e.g. an incompatible transformers: "'qwen3_asr' is already used ..."
+        return Features(version=version, import_error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
+    runtime = _module("sglang.srt.runtime_context")
+    allocation = _module("sglang.srt.mem_cache.allocation")
+    release = getattr(allocation, "release_kv_cache", None) or getattr(common, "release_kv_cache", None)
+    params = inspect.signature(release).parameters if release is not None else {}
+    kwarg = next((k for k in ("checkpoint", "is_insert") if k in params), None)
+    allocator = _module("sglang.srt.mem_cache.allocator.mamba")
+    mamba_tree = _module("sglang.srt.mem_cache.mamba_radix_cache")
+    session = _module("sglang.srt.session.streaming_session")
+    slot_cls = getattr(session, "SessionSlot", None)
+    return Features(
+        version=version,
+        strategy_flag=flag,
+        strategies=strategies,
+        req_kv=_mamba_state_on_req_kv(schedule_batch),
+        runtime_context=runtime is not None,
+        override_platform=hasattr(runtime, "override_platform"),
+        mamba_track_grid=hasattr(runtime, "mamba_track_grid"),
+        mem_allocation=allocation is not None,
+        mamba_slot_allocator=hasattr(allocator, "MambaSlotAllocator"),
+        scheduler_components=_module("sglang.srt.managers.scheduler_components") is not None,
+        unified_components=_module("sglang.srt.mem_cache.unified_cache.components") is not None,
+        checkpoint_kv_cache=hasattr(common, "checkpoint_kv_cache") or hasattr(allocation, "checkpoint_kv_cache"),
+        release_insert_kwarg=kwarg,
+        gather_track_indices=hasattr(schedule_batch, "_gather_mamba_track_indices"),
+        mamba_radix_cache=hasattr(mamba_tree, "MambaRadixCache"),
+        session_slot_save=hasattr(slot_cls, "save_from_req"),
+        granite_new_layer_names=_granite_takes_new_names(),
+        general_plugins=hasattr(_module("sglang.srt.plugins"), "load_plugins"),
+        oot_platforms=hasattr(_module("sglang.srt.platforms.interface"), "SRTPlatform"),
+        platform_extra_buffer_answer=hasattr(getattr(_module("sglang.srt.platforms.interface"), "SRTPlatform", None), "support_mamba_cache_extra_buffer"),
+        flags=flags,
+        pd_transfer_refusal=_pd_transfer_refusal(),
+    )
+
+
+def _cache_file():
+    """Where this installation's answers are kept: keyed by this module's code and the
+    installed sglang and transformers distributions (their files' paths, versions and
+    RECORD times), so any reinstall or edit probes again.  None when sglang is absent."""
+    import hashlib
+    import importlib.metadata as md
+    import os
+    import tempfile
+    from pathlib import Path
+
+    parts = [Path(__file__).read_text()]
+    for name in ("sglang", "transformers"):
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            return None
+        record = Path(str(dist.locate_file(""))) / f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}.dist-info" / "RECORD"
+        parts += [name, dist.version, str(dist.locate_file("")), str(record.stat().st_mtime_ns) if record.exists() else "-"]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+    root = Path(os.environ.get("HYBRID_CONFORMANCE_PROBE_CACHE") or Path(tempfile.gettempdir()) / "hybrid-conformance-probes")
+    return root / f"{key}.json"
+
+
+@functools.lru_cache(maxsize=1)
+def probe() -> Features:
+    """Probe the installed SGLang once (imports it: 10-60 s); a successful probe is kept
+    for this exact installation (``_cache_file``), so later processes answer at once."""
+    import json
+    import logging
+    import warnings
+
+    cache = _cache_file()
+    if cache is not None and cache.exists():
+        data = json.loads(cache.read_text())
+        return Features(**{**data, "strategies": tuple(data["strategies"]), "flags": tuple(data.get("flags", ()))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        features = _probe()
+    for name in ("sglang", "sglang.srt"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if cache is not None and features.importable:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}")
+        tmp.write_text(json.dumps({f.name: getattr(features, f.name) for f in fields(features)}))
+        tmp.replace(cache)
+    return features
+
+
+def main() -> None:  # python -m conformance.sglang_api.probes
+    import json
+    import sys
+
+    f = probe()
+    print(json.dumps(f.as_dict()) if "--json" in sys.argv else f.summary())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,121 @@
+"""``hybrid-conformance history``: argument errors in one line, the release x check table and
+JSON rows, how pool-tier outcomes fold into a check (a failure is never hidden by a pass
+or an n/a; n/a is never a pass), and the exit code.  The end-to-end run over real releases
+is in ``tests/test_release_range.py``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conformance import history
+from conformance.errors import KitError
+from conformance.history import Row
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "conformance.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("history", "--releases", "0.5.x"), "'0.5.x' is not a release number"),
+        (("history", "--releases", "0.5.3"), "older than the oldest supported release 0.5.12"),
+        (("history", "--releases", ","), "no release given"),
+        (("history", "--releases", "0.5.13", "--checks", "pool,speed"), "--checks: unknown value speed"),
+    ],
+)
+def test_bad_arguments_are_one_line(args, needle):
+    out = cli(*args)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], out.stderr
+    assert not out.stdout
+
+
+def _case(name: str, child: str | None = None, message: str = "") -> ET.Element:
+    case = ET.Element("testcase", name=name)
+    if child:
+        ET.SubElement(case, child, message=message)
+    return case
+
+
+def test_pool_cases_fold_into_one_check_per_scenario():
+    scen = ["session_reuse", "session_abort", "refused_after_match"]
+    assert history._case_check(_case("test_pool_scenario[qwen3-next-80b-extra_buffer-p1-t256-session_reuse]"), scen) == "pool:session_reuse"
+    assert history._case_check(_case("test_pool_scenario[session_abort-qwen3-next-80b-extra_buffer-p1-t256]"), scen) == "pool:session_abort"
+    assert history._case_check(_case("test_pool_machine_coverage[x]"), scen) == "pool:machine"
+    assert history._case_outcome(_case("t", "failure", "[slot_partition] by several")) == ("fail", "[slot_partition] by several")
+    assert history._case_outcome(_case("t", "error", "teardown blew up"))[0] == "fail"
+    assert history._case_outcome(_case("t", "skipped", "n/a: sglang 0.5.12: no lazy")) == ("skip", "n/a: sglang 0.5.12: no lazy")
+    assert history._case_outcome(_case("t")) == ("pass", "")
+
+
+def test_aggregate_fail_beats_pass_and_na_is_not_a_pass():
+    fail = history._aggregate("0.5.12", "pool:session_reuse", [("pass", "", "a"), ("fail", "[slot_partition] x", "b"), ("skip", "n/a: y", "c")])
+    assert fail.status == "fail" and "1 of 3 failed; b: [slot_partition] x" in fail.reason
+    ok = history._aggregate("0.5.13", "pool:x", [("pass", "", "a"), ("skip", "n/a: lazy absent", "b")])
+    assert ok.status == "pass" and ok.reason == "1 passed, 1 n/a"
+    na = history._aggregate("0.5.12", "pool:lazy", [("skip", "n/a: sglang 0.5.12: no lazy", "a"), ("skip", "scenario applies to lazy only", "b")])
+    assert na == Row("0.5.12", "pool:lazy", "na", "sglang 0.5.12: no lazy")
+    nothing = history._aggregate("0.5.12", "pool:y", [])
+    assert nothing.status == "na" and nothing.reason == "not collected"
+
+
+def test_table_shows_every_release_and_why_each_non_pass():
+    rows = [
+        Row("0.5.12", "install", "pass", "/v/sglang-0.5.12"), Row("0.5.13", "install", "pass", "/v/sglang-0.5.13"),
+        Row("0.5.12", "pool:session_reuse", "fail", "[slot_partition] by several"), Row("0.5.13", "pool:session_reuse", "pass", "1 passed"),
+        Row("0.5.12", "pool:lazy_alloc_fail_effects", "na", "no lazy"),
+    ]
+    text = history.render_table(rows, ["0.5.12", "0.5.13"])
+    lines = text.splitlines()
+    assert lines[0].split() == ["check", "0.5.12", "0.5.13"]
+    assert next(ln for ln in lines if ln.startswith("pool:session_reuse")).split()[1:] == ["FAIL", "pass"]
+    assert next(ln for ln in lines if ln.startswith("pool:lazy_alloc_fail_effects")).split()[1:] == ["n/a", "-"]
+    assert "0.5.12 pool:session_reuse: FAIL: [slot_partition] by several" in text
+    assert "0.5.12 pool:lazy_alloc_fail_effects: n/a: no lazy" in text
+    assert history.failed_releases(rows) == ["0.5.12"]
+    assert history.failed_releases(rows[1:2] + rows[3:]) == []
+
+
+def test_run_history_exit_code_and_json_rows(monkeypatch, capsys):
+    rows = [Row("0.5.12", "pool:session_reuse", "fail", "leak"), Row("0.5.13", "pool:session_reuse", "pass", "ok")]
+    monkeypatch.setattr(history, "history", lambda *a, **k: (rows, {"0.5.12": "sglang 0.5.12: ...", "0.5.13": "sglang 0.5.13: ..."}))
+    args = history_args("--releases", "0.5.12,0.5.13", "--format", "json")
+    assert history.run_history(args) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rows"] == [{"release": "0.5.12", "check": "pool:session_reuse", "status": "fail", "reason": "leak"},
+                           {"release": "0.5.13", "check": "pool:session_reuse", "status": "pass", "reason": "ok"}]
+    assert all(r["status"] in history.STATUSES for r in doc["rows"])
+    monkeypatch.setattr(history, "history", lambda *a, **k: (rows[1:], {}))
+    assert history.run_history(history_args("--releases", "0.5.13")) == 0
+    assert "all 1 releases passed" in capsys.readouterr().out
+
+
+def history_args(*argv: str):
+    from conformance.cli import build_parser
+
+    return build_parser().parse_args(["history", *argv])
+
+
+def test_parse_checks():
+    assert history.parse_checks(None) == history.CHECKS
+    assert history.parse_checks("pool,validate") == ("pool", "validate")
+    with pytest.raises(KitError, match="unknown value nope"):
+        history.parse_checks("nope")
+
+
+def test_sglang_cpu_hook_is_an_explicit_na_row(tmp_path):
+    row = history.sglang_cpu_row("0.5.12", tmp_path, {"sglang_cpu_capable": False}, requested=True, tier="premerge")
+    assert row.status == "na" and ("support_mamba_cache_extra_buffer" in row.reason or "not in this kit" in row.reason)
+    row = history.sglang_cpu_row("0.5.23", tmp_path, {"sglang_cpu_capable": True}, requested=False, tier="premerge")
+    assert row.status == "na" and ("not requested" in row.reason or "not in this kit" in row.reason)

@@ -1,0 +1,206 @@
+"""The SGLang-facing adapter layer: feature probes and what follows from them, the
+release-tolerant validator's n/a and granite rewrite, the per-release install pins.
+
+The probe of the installed SGLang is checked against what that release really has (no
+recorded answers); the derived answers are checked on constructed Features records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.sglang_api import probes, validate
+from conformance.sglang_api.release_pins import pins_for, release_of
+
+ROOT = Path(__file__).resolve().parents[1]
+OLD = probes.Features(
+    version="0.5.12", strategy_flag=probes.OLD_STRATEGY_FLAG, strategies=("auto", "no_buffer", "extra_buffer"),
+    mamba_radix_cache=True, release_insert_kwarg="is_insert",
+)
+NEW = probes.Features(
+    version="0.5.23", strategy_flag=probes.NEW_STRATEGY_FLAG, strategies=("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"),
+    req_kv=True, checkpoint_kv_cache=True, unified_components=True, release_insert_kwarg="checkpoint",
+    override_platform=True, granite_new_layer_names=True, general_plugins=True, oot_platforms=True,
+    platform_extra_buffer_answer=True,
+)
+
+
+def test_probes_module_does_not_import_sglang():
+    code = "import sys, conformance.sglang_api.probes, conformance.sglang_api.validate; print('sglang' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-500:]
+
+
+def test_summary_is_one_line_naming_each_probe_and_its_consequence():
+    line = OLD.summary()
+    assert "\n" not in line and line.startswith("sglang 0.5.12: ")
+    assert "lazy strategy absent -> lazy cells not applicable" in line
+    assert "pool driver legacy" in line and "release_kv_cache(*, is_insert)" in line
+    assert "granite configs rewritten" in line and "sglang-cpu target not applicable" in line
+    assert "lazy strategy present" in NEW.summary() and "pool driver kv" in NEW.summary()
+    assert NEW.sglang_cpu_capable and not OLD.sglang_cpu_capable
+
+
+def test_pool_driver_follows_the_lifecycle_probes():
+    assert NEW.pool_driver == "kv" and OLD.pool_driver == "legacy"
+    half = probes.Features(version="x", req_kv=True, release_insert_kwarg="is_insert")  # no driver fits
+    assert half.pool_driver is None and "pool tier not applicable" in half.summary()
+    broken = probes.Features(version="0.5.12", import_error="ValueError: 'qwen3_asr' is already used by a Transformers config")
+    assert not broken.importable and broken.pool_driver is None
+    assert "not importable" in broken.summary() and "qwen3_asr" in broken.summary()
+
+
+def test_not_applicable_names_the_flag_and_its_choices():
+    reason = OLD.not_applicable("extra_buffer_lazy")
+    assert reason == "sglang 0.5.12: --mamba-scheduler-strategy has no 'extra_buffer_lazy' (choices: auto, no_buffer, extra_buffer)"
+    assert OLD.not_applicable("extra_buffer") is None and NEW.not_applicable("extra_buffer_lazy") is None
+
+
+def test_installed_sglang_probe_matches_its_code():
+    features = probes.probe()
+    if not features.importable:
+        pytest.skip(f"sglang not importable here: {features.import_error}")
+    from sglang.srt.managers import schedule_batch
+    from sglang.srt.mem_cache import common
+
+    assert features.gather_track_indices == hasattr(schedule_batch, "_gather_mamba_track_indices")
+    assert features.checkpoint_kv_cache == hasattr(common, "checkpoint_kv_cache")
+    assert features.lazy == ("extra_buffer_lazy" in features.strategies)
+    assert features.pool_driver in ("kv", "legacy")
+
+
+def test_granite_config_is_rewritten_only_for_releases_that_refuse_the_new_names(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYBRID_CONFORMANCE_POOL_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "granite"
+    folder.mkdir()
+    cfg = {"model_type": "granitemoehybrid", "layer_types": ["linear_attention", "full_attention", "linear_attention"]}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert validate.config_for_release(folder, NEW) == folder
+    legacy = validate.config_for_release(folder, OLD)
+    assert legacy != folder
+    assert json.loads((legacy / "config.json").read_text())["layer_types"] == ["mamba", "attention", "mamba"]
+    other = tmp_path / "qwen"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "qwen3_next", "layer_types": ["linear_attention"]}))
+    assert validate.config_for_release(other, OLD) == other
+
+
+def test_strategy_a_release_predates_is_na_not_refused(monkeypatch):
+    args = ["--model-path", "x", probes.OLD_STRATEGY_FLAG, "extra_buffer_lazy"]
+    monkeypatch.setattr(validate, "_parser_refusal", lambda a: None)  # SGLang's own line when its parser is here
+    v = validate._strategy_na(args, OLD)
+    assert v is not None and v.status == "na" and not v.ok
+    assert "has no 'extra_buffer_lazy'" in v.message
+    assert validate._strategy_na(["--model-path", "x", probes.OLD_STRATEGY_FLAG, "no_buffer"], OLD) is None
+    wrong_flag = validate._strategy_na(["--model-path", "x", probes.NEW_STRATEGY_FLAG, "no_buffer"], OLD)
+    assert wrong_flag.status == "na" and "it takes --mamba-scheduler-strategy" in wrong_flag.message
+
+
+def test_validation_status_defaults_from_ok():
+    assert validate.Validation(True, "ok").status == "ok"
+    assert validate.Validation(False, "AssertionError: x").status == "refused"
+    assert validate.Validation(False, "y", status="na").status == "na"
+
+
+@pytest.mark.parametrize(
+    "release, pins",
+    [("0.5.12", ("transformers==5.6.0",)), ("0.5.13", ("transformers==5.8.1",)), ("0.5.17", ("transformers==5.8.1",)),
+     ("0.5.18", ("transformers==5.12.1",)), ("0.5.22", ()), ("0.5.23", ()), ("0.6.1", ())],
+)
+def test_release_pins_by_range(release, pins):
+    assert pins_for(release) == pins
+
+
+def test_release_pins_refuse_older_releases_and_parse_specs():
+    with pytest.raises(ValueError, match="older than the oldest supported release 0.5.12"):
+        pins_for("0.5.11")
+    assert release_of("sglang==0.5.13") == "0.5.13" and release_of("0.5.13") == "0.5.13"
+    assert release_of("../python") is None and release_of("sglang>=0.5") is None
+    out = subprocess.run([sys.executable, str(ROOT / "conformance/sglang_api/release_pins.py"), "0.5.13"], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "transformers==5.8.1"
+    bad = subprocess.run([sys.executable, str(ROOT / "conformance/sglang_api/release_pins.py"), "0.4.0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "older than the oldest" in bad.stderr
+
+
+def test_setup_script_installs_the_release_pins():
+    script = (ROOT / "ci" / "setup-cpu.sh").read_text()
+    assert 'conformance/sglang_api/release_pins.py' in script
+    assert 'SGLANG_PIN="sglang==$SGLANG_PIN"' in script  # HYBRID_CONFORMANCE_SGLANG=0.5.13 works as typed
+
+
+def test_unusable_sglang_fails_when_the_pool_tier_was_asked_for(monkeypatch):
+    from types import SimpleNamespace
+
+    from conformance.sglang_api import pool
+
+    monkeypatch.setattr(pool, "_API", None)
+    monkeypatch.setattr(pool, "_ERROR", "sglang 0.5.11 is not importable (ImportError: x)")
+    monkeypatch.delenv(pool.REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="pool tier needs sglang: sglang 0.5.11"):
+        pool.require(SimpleNamespace(option=SimpleNamespace(target="reference", markexpr="")))
+    for option in (SimpleNamespace(target="pool", markexpr=""), SimpleNamespace(target="reference", markexpr="pool and lazy_alloc_fail")):
+        with pytest.raises(pytest.fail.Exception, match="pool tier asked for but cannot run: sglang 0.5.11 is not importable"):
+            pool.require(SimpleNamespace(option=option))
+    monkeypatch.setenv(pool.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception):
+        pool.require()
+
+
+def test_pool_tier_on_an_unimportable_sglang_exits_non_zero_with_one_line(tmp_path):
+    """A stand-in sglang that fails to import the way an old release does with the kit's
+    transformers: an explicit pool run fails naming it; an ordinary run skips (exit 0)."""
+    stub = tmp_path / "sglang"
+    stub.mkdir()
+    (stub / "__init__.py").write_text("raise ValueError(\"'qwen3_asr' is already used by a Transformers config, pick another name.\")\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    env.pop("HYBRID_CONFORMANCE_REQUIRE_SGLANG", None)
+    base = [sys.executable, "-m", "pytest", str(ROOT / "conformance/leaks/test_pool_invariants.py"), "--tier", "premerge",
+            "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-k", "branch_at_chunk_boundary and no_buffer", f"--report-dir={tmp_path / 'r'}"]
+    explicit = subprocess.run(base + ["--target", "pool"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert explicit.returncode == 1, explicit.stdout[-2000:]
+    assert "pool tier asked for but cannot run" in explicit.stdout and "qwen3_asr" in explicit.stdout
+    assert "Traceback" not in explicit.stdout
+    ordinary = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert ordinary.returncode == 0 and "skipped" in ordinary.stdout and "failed" not in ordinary.stdout, ordinary.stdout[-2000:]
+
+
+def test_probe_answers_are_kept_per_installation(monkeypatch, tmp_path):
+    monkeypatch.setenv("HYBRID_CONFORMANCE_PROBE_CACHE", str(tmp_path))
+    if probes._cache_file() is None:
+        pytest.skip("sglang is not installed here: nothing to key the answers on")
+    calls = []
+    monkeypatch.setattr(probes, "_probe", lambda: calls.append(1) or NEW)
+    probes.probe.cache_clear()
+    try:
+        assert probes.probe() == NEW and len(calls) == 1
+        probes.probe.cache_clear()
+        assert probes.probe() == NEW and len(calls) == 1  # answered from the file
+        probes._cache_file().unlink()
+        probes.probe.cache_clear()
+        assert probes.probe() == NEW and len(calls) == 2  # probed again
+        monkeypatch.setattr(probes, "_probe", lambda: calls.append(1) or probes.Features(version="0.5.12", import_error="ValueError: x"))
+        probes._cache_file().unlink()
+        probes.probe.cache_clear()
+        assert not probes.probe().importable and not probes._cache_file().exists()  # a failed import is never kept
+    finally:
+        probes.probe.cache_clear()
+
+
+def test_a_pool_run_that_ran_nothing_exits_non_zero(tmp_path):
+    if not probes.probe().importable:
+        pytest.skip("sglang not importable here")
+    argv = [sys.executable, "-m", "pytest", str(ROOT / "conformance/leaks/test_pool_invariants.py"), "--target", "pool",
+            "--tier", "premerge", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", f"--report-dir={tmp_path}",
+            "-k", "test_pool_scenario and session_reuse and no_buffer"]  # a selection the kit never runs
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert re.search(r"pool tier ran nothing: all \d+ selected tests were skipped \(first: scenario session_reuse applies to", out.stdout), out.stdout[-2000:]
+    ran = subprocess.run(argv[:-1] + ["test_pool_scenario and refused_after_match and no_buffer"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert ran.returncode == 0 and "ran nothing" not in ran.stdout, ran.stdout[-2000:]
