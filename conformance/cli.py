@@ -21,10 +21,11 @@ from conformance import __version__
 from conformance.errors import KitError
 from conformance.matrix import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, load_matrix
 
-SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg", "agreement", "programs")
+SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg", "agreement", "perf", "programs")
 DEFAULT_SUITES = ("kl", "prefix_branching", "gsm8k", "leaks")  # leaks last: it judges every scenario's idle probe
-#: Suites that only mean something on one target, added to its default set.
-TARGET_SUITES = {"sglang-cpu": ("agreement",)}
+#: Suites that only mean something on some targets, added to their default set (perf: from
+#: the standard tier up, see ``conformance.perf.not_selected``).
+TARGET_SUITES = {"sglang-cpu": ("agreement", "perf"), "sglang": ("perf",)}
 PKG_DIR = Path(__file__).resolve().parent
 
 
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="what got worse between two report.json files")
     cmp_.add_argument("old")
     cmp_.add_argument("new")
+    cmp_.add_argument("--perf-threshold", type=float, help="flag a perf ratio worse by more than this fraction (e.g. 0.3), never inside the noise (default: docs/perf.md)")
     return parser
 
 
@@ -124,7 +126,10 @@ def _csv(v: str | None) -> list[str] | None:
 
 
 def _suites(args: argparse.Namespace) -> list[str]:
-    default = [*TARGET_SUITES.get(getattr(args, "target", ""), ()), *DEFAULT_SUITES]
+    from conformance.perf.selection import not_selected
+
+    tier, target = getattr(args, "tier", None) or DEFAULT_TIER, getattr(args, "target", "")
+    default = [*(s for s in TARGET_SUITES.get(target, ()) if s != "perf" or not not_selected(target, tier, asked=False)), *DEFAULT_SUITES]
     suites = _csv(getattr(args, "suite", None)) or default
     for s in suites:
         if s not in SUITES:
@@ -385,7 +390,9 @@ def cmd_make_twins(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from conformance.report.compare import load_report_file, compare_reports, render_compare
 
-    result = compare_reports(load_report_file(Path(args.old)), load_report_file(Path(args.new)))
+    if args.perf_threshold is not None and not args.perf_threshold >= 0:
+        raise KitError(f"--perf-threshold: expected a fraction >= 0 (e.g. 0.3), got {args.perf_threshold}")
+    result = compare_reports(load_report_file(Path(args.old)), load_report_file(Path(args.new)), perf_threshold=args.perf_threshold)
     print(render_compare(result))
     return 1 if result.regressed else 0
 

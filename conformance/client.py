@@ -8,9 +8,10 @@ check), a failed call says whether the server process has exited.
 
 from __future__ import annotations
 
+import json
 import re
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import httpx
 
@@ -83,6 +84,29 @@ class SGLangClient:
     # -- SGLang's native API ----------------------------------------------------
     def generate(self, payload: Mapping[str, Any], *, timeout: float | None = None) -> Any:
         return self.request("POST", "/generate", json=dict(payload), timeout=timeout).json()
+
+    def generate_stream(self, payload: Mapping[str, Any], *, timeout: float | None = None) -> Iterator[dict[str, Any]]:
+        """``/generate`` with ``stream: true``: yield each SSE chunk as it arrives (the
+        read timeout bounds the wait for every chunk)."""
+        body = {**dict(payload), "stream": True}
+        where = f"POST {self.base_url}/generate (stream)"
+        try:
+            with self._http.stream("POST", "/generate", json=body, timeout=timeout or self.timeout) as resp:
+                if resp.status_code != 200:
+                    text = resp.read().decode(errors="replace").strip().replace("\n", " ")[:300]
+                    cls = ServerDiedError if resp.status_code >= 500 else KitError
+                    raise cls(f"{where}: HTTP {resp.status_code}: {text}{self._dead_reason()}")
+                for line in resp.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    yield json.loads(data)
+        except httpx.TimeoutException:
+            raise ServerDiedError(f"{where}: no chunk within {timeout or self.timeout:.0f}s{self._dead_reason()}") from None
+        except httpx.HTTPError as e:
+            raise ServerDiedError(f"{where}: {type(e).__name__}: {e}{self._dead_reason()}") from None
 
     def flush_cache(self, *, attempts: int = 20, pause_s: float = 0.5) -> None:
         """Flush the radix cache; SGLang refuses while requests run, so retry briefly."""

@@ -29,7 +29,7 @@ TIERS = ("premerge", "standard", "nightly")  # each tier includes the ones befor
 DEFAULT_TIER = "standard"
 #: Real SGLang on CPU is the kit's main CPU target; the reference engine is opt-in.
 DEFAULT_TARGET = "sglang-cpu"
-CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg", "agreement")
+CHECKS = ("kl", "gsm8k", "prefix_branching", "leaks", "disagg", "agreement", "perf")
 
 FIXTURES_DIR = Path(os.environ.get("HYBRID_CONFORMANCE_FIXTURES", Path(__file__).resolve().parents[1] / "fixtures"))
 DEFAULT_MATRIX = FIXTURES_DIR / "matrix.toml"
@@ -192,16 +192,41 @@ class Matrix:
         return out
 
     def baseline_for(self, cell: Cell) -> Cell | None:
-        """The no_buffer cell of the same model (the reference for paired comparisons)."""
-        for other in self.cells:
-            if (
-                other.model.id == cell.model.id
-                and other.strategy.name == "no_buffer"
-                and not other.fault.injected
-                and other.cache_variant.name == "radix"
-            ):
-                return other
+        """The cell's paired baseline (GSM8K's paired test): see :func:`baseline_spec`;
+        None for a cell that is its own baseline or whose baseline the matrix lacks."""
+        spec = baseline_spec(cell, self.strategies.get("no_buffer"))
+        if spec is None:
+            return None
+        return next((c for c in self.cells if _baseline_match(c, cell.model.id, *spec)), None)
+
+
+def baseline_spec(cell: Cell, no_buffer: Strategy | None) -> tuple[int, int] | None:
+    """(page size, track interval) of the ``no_buffer`` cell a cell is paired with, or None
+    for a baseline cell itself.
+
+    The pairing: the same model's ``no_buffer`` cell, no fault, radix cache, the same track
+    interval, and the same page size when SGLang allows ``no_buffer`` there; ``no_buffer``
+    only takes page size 1, so larger-page cells pair with the page-1 cell (the nearest
+    baseline SGLang allows), and hierarchical-cache cells with the radix cell (``no_buffer``
+    has no host-offload variant)."""
+    if cell.strategy.name == "no_buffer" and not cell.fault.injected and cell.cache_variant.name == "radix":
         return None
+    limit = no_buffer.max_page_size if no_buffer is not None else None
+    page = cell.page_size if limit is None or cell.page_size <= limit else limit
+    return page, cell.track_interval
+
+
+def baseline_id(cell: Cell, no_buffer: Strategy | None) -> str | None:
+    """The id the paired baseline cell has (for verdicts that name a missing one)."""
+    spec = baseline_spec(cell, no_buffer)
+    return None if spec is None else f"{cell.model.id}-no_buffer-p{spec[0]}-t{spec[1]}"
+
+
+def _baseline_match(c: Cell, model_id: str, page: int, interval: int) -> bool:
+    return (
+        c.model.id == model_id and c.strategy.name == "no_buffer" and not c.fault.injected
+        and c.cache_variant.name == "radix" and c.page_size == page and c.track_interval == interval
+    )
 
 
 def _check_choices(option: str, values: Iterable[str], allowed: Iterable[str]) -> None:
@@ -373,7 +398,24 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
                 raise ctx.fail(f"cell {cell.id}", f"defined twice (blocks {seen[cell.id]!r} and {bname!r})")
             seen[cell.id] = bname
             cells.append(cell)
-    return Matrix(p, models, strategies, faults, variants, tuple(cells))
+    matrix = Matrix(p, models, strategies, faults, variants, tuple(cells))
+    _validate_baselines(ctx, matrix)
+    return matrix
+
+
+def _validate_baselines(ctx: _Ctx, matrix: Matrix) -> None:
+    """Every cell's paired baseline exists, in the same or a smaller tier, for every target
+    that serves the cell (so any tier's run can pair each cell)."""
+    if "no_buffer" not in matrix.strategies:
+        return
+    for cell in matrix.cells:
+        want = baseline_id(cell, matrix.strategies["no_buffer"])
+        if want is None:
+            continue
+        base = matrix.baseline_for(cell)
+        if base is None or TIERS.index(base.tier) > TIERS.index(cell.tier) or not set(cell.targets) <= set(base.targets):
+            why = "is not defined" if base is None else f"is in tier {base.tier!r} or misses targets of the cell"
+            raise ctx.fail(f"cell {cell.id}", f"its paired GSM8K baseline {want} {why} (add it to a [[cells]] block of tier <= {cell.tier!r})")
 
 
 def _validate_cell(ctx: _Ctx, cell: Cell) -> None:

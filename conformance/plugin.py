@@ -34,8 +34,8 @@ from conformance.matrix import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, TARGETS
 from conformance.outcomes import Outcomes, cell_json, note_launch, note_server, note_server_end
 from conformance.records import Verdict
 
-#: The report hooks, and the request-program suite's options and marker (conformance/programs).
-pytest_plugins = ["conformance.report_hooks", "conformance.programs.options"]
+#: The report hooks, perf selection and quiet mode, and the request-program suite's options and marker.
+pytest_plugins = ["conformance.report_hooks", "conformance.perf.selection", "conformance.perf.quiet", "conformance.programs.options"]
 
 HELP_TARGET = "who answers: reference (the kit's embedded CPU engine, default), sglang-cpu (real SGLang on CPU serving the twins), sglang (real sglang serve on GPUs), pool (only the in-process pool tier)"
 HELP_MODELS = "comma list of model ids, families or twin names to run (default: all)"
@@ -54,6 +54,7 @@ _CHECK_MARKERS = {
     "leaks": "pool-leak invariants",
     "disagg": "PD disaggregation",
     "agreement": "real SGLang on CPU against the reference engine (target sglang-cpu)",
+    "perf": "what the cell's strategy costs: TTFT, tok/s, pool peaks (standard tier, real targets)",
 }
 
 
@@ -302,13 +303,15 @@ def matrix(pytestconfig: pytest.Config) -> Matrix:
 def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A healthy server for ``cell`` on the selected target, started once per cell.
     A launch that cannot happen is one line (``KitError``), never a traceback."""
+    from conformance.perf import quiet
     from conformance.targets.serving import serve_cell
 
     state = run_state(request.config)
     log_dir = state.options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     stack = contextlib.ExitStack()
     try:
-        ep = stack.enter_context(serve_cell(cell, state.options, log_dir=log_dir))
+        with quiet.shared(quiet.shared_dir(request.config, tmp_path_factory)):  # no launch while a perf test times
+            ep = stack.enter_context(serve_cell(cell, state.options, log_dir=log_dir))
     except KitError as e:
         problem = str(e)
     else:

@@ -273,7 +273,7 @@ def plugins_line(req: Request) -> Line | None:
     from conformance.sglang_plugins import activation
     from conformance.targets.sglang_cpu import STANDIN_PATH
 
-    want = {"sglang.srt.plugins": {activation.CPU_PLUGIN, activation.FAULT_PLUGIN}, "sglang.srt.platforms": {activation.PLATFORM_NAME}}
+    want = {"sglang.srt.plugins": {activation.CPU_PLUGIN, activation.OBSERVE_PLUGIN, activation.FAULT_PLUGIN}, "sglang.srt.platforms": {activation.PLATFORM_NAME}}
     missing = [f"{group}:{name}" for group, names in want.items() for name in sorted(names - {ep.name for ep in metadata.entry_points(group=group)})]
     if missing:
         return Line("plugins", False, f"the kit's SGLang entry points are not registered: {', '.join(missing)}", "reinstall the kit: pip install -e .")

@@ -16,6 +16,11 @@ pytest_plugins = ["pytester"]
 settings.register_profile("kit", deadline=None, derandomize=True, database=None)
 settings.load_profile("kit")
 
+# The kit's default target is real SGLang on CPU; the kit's own tests drive pytest and the
+# CLI in child processes against the reference engine or stand-ins unless a test names a
+# target itself (the sglang-cpu target has its own tests and suites).
+os.environ.setdefault("HYBRID_CONFORMANCE_TARGET", "reference")
+
 PROBE = "fault_probe"
 
 
@@ -39,9 +44,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     return [] if _all_probes_asked(config) else [f"real-SGLang fault probes: fast subset only (run all with -m {PROBE})"]
-
-
-# The kit's default target is real SGLang on CPU; the kit's own tests drive pytest and the
-# CLI in child processes against the reference engine or stand-ins unless a test names a
-# target itself (the sglang-cpu target has its own tests and suites).
-os.environ.setdefault("HYBRID_CONFORMANCE_TARGET", "reference")

@@ -271,3 +271,14 @@ def hits_then_idle(client: SGLangClient) -> dict[str, float]:
     generate_tokens(client, warm, 0)
     generate_tokens(client, [p + tail(5, f"h{i}") for i, p in enumerate(warm)], 4)
     return fresh_idle_metrics(client)
+
+
+def cold_ttfts(client: SGLangClient, n: int = 3) -> list[float]:
+    """SGLang's own ``first_token_latency`` of ``n`` cold 300-token prompts, one at a time."""
+    from conformance.workloads.perf import stream_one
+
+    out = []
+    for i, p in enumerate(prompts([300] * n, seed=31)):
+        client.flush_cache()
+        out.append(float(stream_one(client, p, 4, timeout=300).meta.get("first_token_latency") or 0.0))
+    return out

@@ -72,3 +72,20 @@ def test_refuses_to_pass_vacuously():
 def test_a_recording_that_names_no_engine_is_refused():
     with pytest.raises(KitError, match="engine"):
         gsm8k_verdict(GSM8KRecording(answers([True]).answers, 2, "x", ""), mode="accuracy")
+
+
+def test_a_missing_paired_baseline_is_named_in_the_verdict():
+    rec = answers([True] * 30)
+    v = gsm8k_verdict(rec, mode="accuracy", baseline_id="m-no_buffer-p1-t128")
+    assert v.status == "pass" and v.metrics["paired_n"] == 0 and v.metrics["paired_baseline"] == "m-no_buffer-p1-t128"
+    assert "paired test not run: baseline cell m-no_buffer-p1-t128 has no GSM8K answers" in v.reason
+    v = gsm8k_verdict(rec, mode="agreement", baseline_id="m-no_buffer-p1-t256")
+    assert v.status == "skip" and "m-no_buffer-p1-t256" in v.reason
+    paired = gsm8k_verdict(rec, mode="accuracy", baseline=answers([True] * 30), baseline_id="m-no_buffer-p1-t256")
+    assert paired.metrics["paired_n"] == 30 and paired.reason == "" and paired.metrics["mcnemar_p"] == 1.0
+
+
+def test_a_baseline_that_answered_other_questions_is_said_to_pair_nothing():
+    other = GSM8KRecording(tuple(GSM8KAnswer(i + 100, "x", strict=True, flexible=True) for i in range(5)), 2, "base", ENGINE)
+    v = gsm8k_verdict(answers([True] * 5), mode="accuracy", baseline=other, baseline_id="base")
+    assert v.metrics["paired_n"] == 0 and "answered none of these 5 questions" in v.reason

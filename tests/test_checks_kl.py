@@ -107,3 +107,54 @@ def test_topk_kl_is_zero_on_identical_rows_and_nonnegative(shift, k):
 def test_topk_kl_grows_with_the_shift():
     base = dist()
     assert 0 < topk_kl(base, dist(0.1)) < topk_kl(base, dist(1.0))
+
+
+# ------------------------------------------------------------------ the noise floor's cold paths
+def bf16_like(start: int, cached: int, *, hit_shift: float, cold_shift: float, n: int = 8, part_at: int | None = None) -> KLSequence:
+    """The shape measured on sglang-cpu in bfloat16: the reference (teacher-forced prefill)
+    is deterministic, so a rerun of it is exactly 0; the served tokens and the cold
+    generate both come from decode steps and sit off the reference by the same wobble."""
+    served = tl(n, hit_shift)
+    ref = TokenLogprobs(served.token_ids, tl(n).logprobs, tl(n).top)
+    cold = tl(n, cold_shift)
+    if part_at is not None:  # the cold generate picks another token there: later rows are not comparable
+        ids = list(cold.token_ids)
+        ids[part_at] = 99
+        tops = cold.top[:part_at + 1] + tuple(dist(3.0) for _ in range(n - part_at - 1))
+        cold = TokenLogprobs(tuple(ids), cold.logprobs, tops)
+    return KLSequence("prefill_hit", start, cached, served, ref, cold, cold.token_ids, ref)
+
+
+def test_healthy_non_exact_wobble_passes_against_the_cold_path_floor():
+    seqs = [bf16_like(250 + i, 192, hit_shift=0.05, cold_shift=0.05) for i in range(4)]
+    v = kl_verdict(rec(*seqs), chunk=CHUNK, track_interval=TRACK, floor_factor=10)
+    assert v.status == "pass", v.reason
+    assert v.metrics["noise_floor"] == pytest.approx(v.metrics["topk_kl_seq_max"])
+    assert v.metrics["noise_floor"] > 1e-4
+    # the old floor (a rerun of the reference, exactly 0 here) makes the same served tokens fail
+    rerun = [KLSequence(s.scenario, s.start, s.cached_tokens, s.served, s.reference, s.reference, s.cold_tokens) for s in seqs]
+    old = kl_verdict(rec(*rerun), chunk=CHUNK, track_interval=TRACK, floor_factor=10, min_limit=1e-6)
+    assert old.status == "fail" and old.metrics["noise_floor"] == 0.0
+
+
+def test_a_hit_fault_above_the_cold_path_noise_still_fails():
+    seqs = [bf16_like(250 + i, 192, hit_shift=0.05, cold_shift=0.05) for i in range(3)] + [bf16_like(300, 256, hit_shift=1.0, cold_shift=0.05)]
+    v = kl_verdict(rec(*seqs), chunk=CHUNK, track_interval=TRACK, floor_factor=10)
+    assert v.status == "fail" and "sequence 3" in v.reason
+
+
+def test_the_limit_never_goes_below_the_stated_minimum():
+    from conformance.checks.kl import MIN_LIMIT
+
+    quiet = [bf16_like(250, 192, hit_shift=0.0, cold_shift=0.0)]
+    v = kl_verdict(rec(*quiet), chunk=CHUNK, track_interval=TRACK)
+    assert v.metrics["noise_floor"] == 0.0 and v.metrics["topk_limit"] == MIN_LIMIT == v.metrics["topk_min_limit"]
+
+
+def test_floor_compares_only_the_positions_the_cold_generate_shares():
+    from conformance.checks.kl import floor_paths, shared_history
+
+    s = bf16_like(250, 192, hit_shift=0.0, cold_shift=0.0, part_at=2)
+    assert shared_history(s.served.token_ids, s.floor.token_ids) == 3
+    cold_path, prefill_path = floor_paths(s)
+    assert len(cold_path) == 3 and max(cold_path) == 0.0 and len(prefill_path) == 8

@@ -5,14 +5,20 @@ from __future__ import annotations
 from conformance.checks.leaks import (
     KV_GAUGE,
     MAMBA_GAUGE,
+    RUNNING_GAUGE,
     TRACK_SLOTS_GAUGE,
     IdleProbe,
+    SessionRecording,
+    TrackSlotUse,
+    TurnResult,
+    abort_problems,
     after_flush_problems,
     idle_invariant,
     OccupancySample,
-    lazy_resident_ratio,
     leak_verdict,
     scan_log,
+    track_slot_use,
+    track_slot_verdict,
 )
 
 IDLE = {MAMBA_GAUGE: 0.0, KV_GAUGE: 0.0}
@@ -33,10 +39,10 @@ CONTRACT = {"mamba_used_at_idle", "kv_used_at_idle", "leak_log_lines", "lazy_res
 
 
 def test_clean_cell_passes_with_contract_metrics_and_timeline():
-    v = leak_verdict([probe(), probe(scenario="sessions")], log_text="all good\n", timeline=LOAD, lazy_resident_ratio=0.5)
+    v = leak_verdict([probe(), probe(scenario="sessions")], log_text="all good\n", timeline=LOAD)
     assert v.status == "pass", v.reason
     assert CONTRACT <= set(v.metrics)
-    assert v.metrics["mamba_used_at_idle"] == 0.0 and v.metrics["lazy_resident_ratio"] == 0.5
+    assert v.metrics["mamba_used_at_idle"] == 0.0 and v.metrics["lazy_resident_ratio"] is None
     assert v.details["timeline"][1] == [0.1, 9.0, 300.0, 3.0]
 
 
@@ -70,18 +76,86 @@ def test_refuses_to_pass_vacuously():
     assert missing.status == "fail" and "missing from /metrics" in missing.reason
 
 
-def test_lazy_ratio_from_track_gauge_then_fallbacks():
-    lazy = [OccupancySample(0, {TRACK_SLOTS_GAUGE: 4.0, MAMBA_GAUGE: 12.0})]
-    eager = [OccupancySample(0, {TRACK_SLOTS_GAUGE: 8.0, MAMBA_GAUGE: 16.0})]
-    assert lazy_resident_ratio(lazy, eager) == (0.5, TRACK_SLOTS_GAUGE)
-    lazy_u = [OccupancySample(0, {MAMBA_GAUGE: 12.0})]
-    eager_u = [OccupancySample(0, {MAMBA_GAUGE: 16.0})]
-    base = [OccupancySample(0, {MAMBA_GAUGE: 8.0})]
-    assert lazy_resident_ratio(lazy_u, eager_u, baseline=base)[0] == 0.5
-    assert lazy_resident_ratio(lazy_u, eager_u)[0] == 0.75
-    assert lazy_resident_ratio([], eager_u) == (None, "unmeasured")
-    v = leak_verdict([probe()], timeline=LOAD, lazy_resident_ratio=0.9, lazy_ratio_max=0.75)
-    assert v.status == "fail" and "lazy resident ratio" in v.reason
+# ------------------------------------------------------------------ resident track slots
+K = "hybrid_conformance:"
+
+
+def counters(req_steps, slot_steps, *, req_peak=2.0, step_peak=24.0, running=12.0, windows=1.0):
+    return {K + "decode_req_steps": req_steps, K + "track_slot_req_steps": slot_steps, K + "track_slots_req_peak": req_peak,
+            K + "track_slots_step_peak": step_peak, K + "decode_running_peak": running, K + "busy_periods": windows}
+
+
+def timeline_of(before, after):
+    return [OccupancySample(0.0, before), OccupancySample(1.0, after)]
+
+
+# Numbers in the shape measured on sglang-cpu (qwen3-next twin, 52-request burst, 12 tokens
+# crossing the 256 boundary): lazy 1.17 slots per request-step, extra_buffer 2.0.
+LAZY = timeline_of(counters(10, 12, req_peak=1, step_peak=1, running=1, windows=1), counters(271, 317, windows=2))
+EAGER = timeline_of(counters(0, 0, windows=4), counters(261, 522, step_peak=18, running=9, windows=5))
+
+
+def test_track_slot_use_from_counters_uses_the_load_window_only():
+    use = track_slot_use(LAZY)
+    assert use.mean_per_request == (317 - 12) / (271 - 10) and use.peak_per_request == 2.0 and use.running_peak == 12.0
+    assert use.windows == 1 and use.request_steps == 261
+    assert track_slot_use(EAGER).mean_per_request == 2.0
+
+
+def test_track_slot_use_from_sampled_gauges_and_unmeasured():
+    sampled = [OccupancySample(0, {TRACK_SLOTS_GAUGE: 4.0, RUNNING_GAUGE: 4.0}), OccupancySample(1, {TRACK_SLOTS_GAUGE: 6.0, RUNNING_GAUGE: 4.0}),
+               OccupancySample(2, {TRACK_SLOTS_GAUGE: 0.0, RUNNING_GAUGE: 0.0})]
+    assert track_slot_use(sampled).mean_per_request == 1.25
+    assert track_slot_use([OccupancySample(0, {MAMBA_GAUGE: 3.0})]) is None
+
+
+def test_lazy_claim_against_the_sibling_passes_and_says_where_it_does_not_hold():
+    v = track_slot_verdict("extra_buffer_lazy", track_slot_use(LAZY), overlap=True, eager=track_slot_use(EAGER))
+    assert v.status == "pass", v.reason
+    assert 0.55 < v.metrics["lazy_resident_ratio"] < 0.6 and v.metrics["lazy_baseline"] == "extra_buffer sibling"
+    assert v.metrics["lazy_peak_ratio"] == 1.0 and "does not hold on the peak" in v.reason
+
+
+def test_lazy_claim_fails_when_lazy_holds_as_much_as_extra_buffer():
+    kept = timeline_of(counters(0, 0), counters(260, 500))  # the second slot is never given back
+    v = track_slot_verdict("extra_buffer_lazy", track_slot_use(kept), overlap=True, eager=track_slot_use(EAGER))
+    assert v.status == "fail" and "lazy resident ratio 0.96 > 0.75" in v.reason
+
+
+def test_lazy_claim_without_sibling_uses_the_contract_and_says_so():
+    v = track_slot_verdict("extra_buffer_lazy", track_slot_use(LAZY), overlap=True)
+    assert v.status == "pass" and "sibling not recorded" in v.reason and v.metrics["lazy_baseline_mean"] == 2.0
+    bad = timeline_of(counters(0, 0), counters(100, 300, req_peak=3, windows=2))
+    v = track_slot_verdict("extra_buffer_lazy", track_slot_use(bad), overlap=True)
+    assert v.status == "fail" and "held 3 track slots in one step" in v.reason
+
+
+def test_strategy_contracts_and_unmeasured_fail():
+    assert track_slot_verdict("extra_buffer", track_slot_use(EAGER), overlap=True).status == "pass"
+    v = track_slot_verdict("extra_buffer", track_slot_use(EAGER), overlap=False)
+    assert v.status == "fail" and "expected 1 (overlap off)" in v.reason
+    zero = timeline_of(counters(0, 0, req_peak=0), counters(50, 0, req_peak=0))
+    assert track_slot_verdict("no_buffer", track_slot_use(zero), overlap=False).status == "pass"
+    assert track_slot_verdict("no_buffer", track_slot_use(EAGER), overlap=False).status == "fail"
+    assert "unmeasured" in track_slot_verdict("extra_buffer_lazy", None, overlap=True).reason
+    idle = timeline_of(counters(5, 5), counters(5, 5))
+    v = track_slot_verdict("extra_buffer_lazy", track_slot_use(idle), overlap=True)
+    assert v.status == "fail" and "no decode step" in v.reason
+
+
+# ------------------------------------------------------------------ aborted turns
+def turn(finish="abort", seen=True, tokens=5, out=7, max_new=1024, aborted=True):
+    return TurnResult("s", 1, "r", finish, 0, out, decoding_seen=seen, tokens_at_abort=tokens, max_new_tokens=max_new, aborted=aborted)
+
+
+def test_abort_problems_each_way_it_can_go_wrong():
+    assert abort_problems(SessionRecording((turn(),), (), 3)) == []
+    assert "not exercised" in abort_problems(SessionRecording((turn(aborted=False, finish="length"),), (), 1))[0]
+    assert "never seen decoding" in abort_problems(SessionRecording((turn(seen=False, tokens=0),), (), 1))[0]
+    assert "expected 'abort'" in abort_problems(SessionRecording((turn(finish="length", out=1024),), (), 1))[0]
+    assert "after all 1024/1024" in abort_problems(SessionRecording((turn(out=1024),), (), 1))[0]
+    v = leak_verdict([probe()], require_load_evidence=False, sessions=SessionRecording((turn(finish="length"),), (), 1))
+    assert v.status == "fail" and "expected 'abort'" in v.reason and v.metrics["aborted_turns"] == 1
 
 
 # ------------------------------------------------------------------ SGLang's idle invariant

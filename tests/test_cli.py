@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import build_parser, pytest_argv_for_run
-from conformance.matrix import load_matrix
+from conformance.matrix import DEFAULT_TARGET, load_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def test_run_builds_pytest_arguments(tmp_path: Path) -> None:
     args = build_parser().parse_args(["run", "--tier", "premerge", "-m", "lazy_alloc_fail", "-n", "2", "--report-dir", str(tmp_path)])
     argv = pytest_argv_for_run(args)
     assert any(a.endswith("/conformance/kl") for a in argv)
-    assert "--target=reference" in argv and "--tier=premerge" in argv
+    assert f"--target={DEFAULT_TARGET}" in argv and "--tier=premerge" in argv
     assert argv[argv.index("-m") + 1] == "(lazy_alloc_fail) and (not pool)"
     assert argv[argv.index("-n") + 1] == "2" and "loadgroup" in argv
     assert f"--junitxml={tmp_path / 'junit.xml'}" in argv
@@ -107,5 +107,5 @@ def test_preflight_subcommand_prints_one_line_per_need() -> None:
     out = run_cli("preflight", "--tier", "premerge", "--suite", "kl")
     assert out.returncode == 0, out.stderr
     names = [ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("preflight ")]
-    assert names == ["selection", "gsm8k", "gpus", "sglang", "twins", "ports"]
+    assert names == ["selection", "gpus", "sglang", "plugins", "gsm8k", "twins", "ports"]
     assert "gsm8k     ok   not needed" in out.stdout

@@ -52,7 +52,7 @@ def clean_pd(tmp_path_factory):
 
 def _kl(pd, baseline):
     prompts = token_prompts(LENGTHS, vocab_size=57, seed=5)
-    rec = record_pd_logprobs(pd.router, baseline, prompts, new_tokens=6, top_k=3, vocab_size=57, cold_generate=True)
+    rec = record_pd_logprobs(pd.router, baseline, prompts, new_tokens=6, top_k=3, vocab_size=57)
     return kl_verdict(rec, chunk=64, track_interval=256, exact=True)
 
 

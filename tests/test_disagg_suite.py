@@ -14,7 +14,7 @@ from conformance.targets.disagg import LAZY_REFUSAL
 
 def test_lazy_cells_are_recorded_as_not_applicable_without_a_launch(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "run", "--suite", "disagg", "--models", "qwen3-next", "--tier", "premerge",
+        [sys.executable, "-m", "conformance.cli", "run", "--suite", "disagg", "--target", "reference", "--models", "qwen3-next", "--tier", "premerge",
          "--strategies", "extra_buffer_lazy", "--report-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )
@@ -33,7 +33,7 @@ def test_a_disagg_only_run_counts_its_launches_and_draws_its_plots(tmp_path: Pat
     """One PD cell: the non-PD server and the PD unit are two launches; the PD KL curve and
     the decode server's occupancy timeline are drawn and referenced by report.html."""
     out = subprocess.run(
-        [sys.executable, "-m", "conformance.cli", "run", "--suite", "disagg", "--models", "qwen3-next", "--tier", "premerge",
+        [sys.executable, "-m", "conformance.cli", "run", "--suite", "disagg", "--target", "reference", "--models", "qwen3-next", "--tier", "premerge",
          "--strategies", "extra_buffer", "--report-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=600,
     )

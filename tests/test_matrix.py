@@ -82,7 +82,8 @@ BAD = [
                               'strategies = ["no_buffer", "extra_buffer", "extra_buffer_lazy"]\npage_sizes = [16]'), r"cell qwen3-next-80b-no_buffer-p16-t256: SGLang refuses no_buffer with page size 16"),
     ("no_buffer overlap", ('overlap = false', 'overlap = true'), r"no_buffer with overlap scheduling"),
     ("lazy under pd", ('ping_pong_slots = 1\npd = false', 'ping_pong_slots = 1\npd = true'), r"extra_buffer_lazy under PD"),
-    ("track interval", ('page_sizes = [1]\ntrack_intervals = [128]', 'page_sizes = [64]\ntrack_intervals = [96]'), r"mamba_track_interval % page_size == 0 \(96 % 64 != 0\)"),
+    ("track interval", ('strategies = ["no_buffer", "extra_buffer", "extra_buffer_lazy"]\npage_sizes = [1]\ntrack_intervals = [128]',
+                        'strategies = ["extra_buffer"]\npage_sizes = [64]\ntrack_intervals = [96]'), r"mamba_track_interval % page_size == 0 \(96 % 64 != 0\)"),
     ("fault strategy", ('strategies = ["extra_buffer_lazy"]\npage_sizes = [1]\ntrack_intervals = [256]\nfaults = ["lazy_alloc_fail"]',
                         'strategies = ["extra_buffer"]\npage_sizes = [1]\ntrack_intervals = [256]\nfaults = ["lazy_alloc_fail"]'), r"fault 'lazy_alloc_fail' only applies to strategies extra_buffer_lazy"),
     ("unknown family", ('family = "falcon-h1"', 'family = "falcon-h2"'), r"unknown family 'falcon-h2'"),
@@ -119,3 +120,27 @@ def test_merge_keeps_measured_numbers_and_lets_failures_decide() -> None:
     merged = merge("leaks", [load, leak, sessions])
     assert merged.status == "fail" and merged.metrics["mamba_used_at_idle"] == 3 and merged.reason == "idle gauges not 0"
     assert merge("leaks", []).status == "skip"
+
+
+def test_every_cell_has_its_paired_baseline_and_large_pages_pair_with_page_1():
+    from conformance.matrix import baseline_id
+
+    m = load_matrix()
+    nb = m.strategies["no_buffer"]
+    for cell in m.cells:
+        base = m.baseline_for(cell)
+        if baseline_id(cell, nb) is None:
+            assert cell.strategy.name == "no_buffer" and base is None
+            continue
+        assert base is not None and base.id == baseline_id(cell, nb), cell.id
+        assert base.strategy.name == "no_buffer" and base.track_interval == cell.track_interval
+        assert base.page_size == (1 if cell.page_size > 1 else cell.page_size) and base.cache_variant.name == "radix"
+
+
+def test_a_matrix_without_a_needed_baseline_is_refused(tmp_path):
+    text = DEFAULT_MATRIX.read_text().replace('strategies = ["no_buffer", "extra_buffer", "extra_buffer_lazy"]\npage_sizes = [1]\ntrack_intervals = [128]',
+                                                        'strategies = ["extra_buffer", "extra_buffer_lazy"]\npage_sizes = [1]\ntrack_intervals = [128]')
+    bad = tmp_path / "m.toml"
+    bad.write_text(text)
+    with pytest.raises(MatrixError, match=r"extra_buffer-p1-t128: its paired GSM8K baseline qwen3-next-80b-no_buffer-p1-t128 is not defined"):
+        load_matrix(bad)

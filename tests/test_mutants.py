@@ -140,9 +140,17 @@ def test_sglang_run_that_times_out_is_not_caught(tmp_path: Path) -> None:
 def test_a_server_killed_by_its_leak_check_is_named_in_one_line(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
-    (logs / "cell.log").write_text("ok\nScheduler hit an exception: Traceback ...\n[mamba] total=48, available=45, evictable=0: memory leak detected\n")
+    (logs / "cell.log").write_text(
+        "ok\nScheduler hit an exception: Traceback ...\n"
+        "ValueError: pool memory leak detected! [full] total=8192, available=8192, evictable=0, protected=0, session_held=0, uncached=0\n"
+        "[mamba] total=48, available=46, evictable=0, protected=0, session_held=0, uncached=0, leaked_full_pages=None, leaked_mamba_pages={3, 4}\n"
+        "[2026-11-23 01:05:41] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n"
+    )
     output = "ERROR conformance/leaks/test_leaks.py::test_load_returns_to_idle[cell] - Failed: cell c: server is not serving: server process exited with code -9; log tail: x"
-    assert command._caught_by(tmp_path, output, 1) == ["server died (exit -9): [mamba] total=48, available=45, evictable=0: memory leak detected"]
+    assert command._caught_by(tmp_path, output, 1) == [
+        "server died (exit -9): SGLang's idle check: memory leak detected: "
+        "[mamba] total=48, available=46, evictable=0, protected=0, session_held=0, uncached=0, leaked_full_pages=None, leaked_mamba_pages={3, 4}"
+    ]
 
 
 @pytest.mark.fault_probe

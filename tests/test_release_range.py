@@ -6,8 +6,8 @@ script, on real SGLang releases from PyPI, each in its own venv (cached under
   PR 26941's ping-pong leak is flagged on 0.5.12 (``pool:session_reuse`` fails on the
   slot partition) and nothing fails on 0.5.22 and 0.5.23, where most scenarios run;
 * ``docs/history.md``'s commands as typed (the first is the CI command above): 0.5.12 and
-  0.5.13, where the leak clears; the table lists every check and the command exits 1
-  because 0.5.12 fails.
+  0.5.13, where the leak clears and the Mamba2 cache chunk follows the model; the table
+  lists every check and the command exits 1 because 0.5.12 fails.
 
 Needs PyPI on the first run (about 200 MB per release); afterwards the venvs are reused.
 """
@@ -78,6 +78,9 @@ def test_docs_history_command_as_typed():
     assert table["pool:session_reuse"] == ["FAIL", "pass"]
     assert table["install"] == ["pass", "pass"] and table["pool:machine"][1] == "pass"
     plan = next(ln for ln in lines if ln.startswith("plan --validate"))
-    assert plan.split()[2:] == ["pass", "pass"], plan  # SGLang's parser took every premerge command (or said n/a)
+    # 0.5.12 resolves the mamba cache chunk as max(FLA chunk 64, page) for every model, so the
+    # Mamba2 twin (chunk 128) is tracked off its kernel's chunk grid; 0.5.13 reads the model's chunk
+    assert plan.split()[2:] == ["FAIL", "pass"], plan
+    assert "SGLang resolved mamba cache chunk 64, the matrix says 128" in out.stdout
     assert any(ln.startswith("sglang 0.5.12: lazy strategy absent -> lazy cells not applicable") for ln in lines)
     assert "1 of 2 releases failed (0.5.12)" in out.stdout

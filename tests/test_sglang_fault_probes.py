@@ -24,6 +24,7 @@ from sglang_cpu_probes import (
     branch_cached_tokens,
     branch_point_hit,
     cell_for,
+    cold_ttfts,
     decode_across_boundary_then_idle,
     decode_hits,
     grid_prefill_hits,
@@ -34,6 +35,7 @@ from sglang_cpu_probes import (
 )
 
 from conformance.checks.leaks import idle_invariant
+from conformance.sglang_plugins.faults.track_path_slowdown import PREFILL_SLEEP_S
 
 pytestmark = [pytest.mark.fault_probe, pytest.mark.timeout(1800)]
 
@@ -77,6 +79,8 @@ PROBES: dict[str, Probe] = {
     "lazy_alloc_fail_still_inserts": Probe(LAZY, decode_hits, lambda rows: any(r.cached_tokens == 256 and r.diverged for r in rows), "lazy_alloc_fail"),
     # reporting: cached_tokens for B = P+Y after A = P+X (KV match 200, mamba state reused: none)
     "cached_tokens_overreport": Probe(EXTRA, branch_cached_tokens, lambda got: got == (200, 200)),
+    # performance: every cold prefill waits in the track path (SGLang's own first_token_latency)
+    "track_path_slowdown": Probe(EXTRA, cold_ttfts, lambda ttfts: min(ttfts) >= PREFILL_SLEEP_S),
 }
 FAST = ("cow_skipped",)
 

@@ -82,4 +82,6 @@ def test_reference_engine_and_real_sglang_agree_on_the_seeded_leak(leaky_sglang,
         assert before > 0 and after == 0, f"{target}: mamba used {before:g} before the flush, {after} after"
         assert not probe.reached and any("leaked" in p for p in probe.problems), (target, probe.problems)
         assert leak_verdict([probe], alive=True, require_load_evidence=False).status == "fail"
-    assert real.values[MAMBA_GAUGE] == ref.values[MAMBA_GAUGE] == REQUESTS, {t: p.values[MAMBA_GAUGE] for t, p in rows.items()}
+    # the fault leaks one track slot per finished request whose state was cached, two otherwise
+    leaked = {t: p.values[MAMBA_GAUGE] for t, p in rows.items()}
+    assert real.values[MAMBA_GAUGE] == ref.values[MAMBA_GAUGE] and REQUESTS <= real.values[MAMBA_GAUGE] <= 2 * REQUESTS, leaked

@@ -109,6 +109,26 @@ class FakeSGLang:
             outs = [self._one(list(s), sp, payload) for s, sp in zip(seqs, sps)]
         return outs if batch else outs[0]
 
+    def generate_stream(self, payload: dict, *, timeout: float | None = None):
+        """SSE chunks as SGLang sends them: cumulative ``completion_tokens``, the finish
+        reason only on the last chunk; an abort by rid ends the stream with ``abort``."""
+        toks, sp, rid = list(payload["input_ids"]), payload.get("sampling_params", {}), payload.get("rid")
+        self.running += 1
+        try:
+            out, finish = [], "length"
+            for _ in range(int(sp.get("max_new_tokens", 16))):
+                if rid is not None and rid in self.aborted:
+                    finish = "abort"
+                    break
+                lp = self.logprobs(toks + out, False)
+                out.append(max(range(self.vocab), key=lambda j: lp[j]))
+                if self.step_s:
+                    time.sleep(self.step_s)
+                yield {"text": "", "output_ids": list(out), "meta_info": {"completion_tokens": len(out), "cached_tokens": 0, "finish_reason": None}}
+        finally:
+            self.running -= 1
+        yield {"text": "", "output_ids": list(out), "meta_info": {"completion_tokens": len(out), "cached_tokens": 0, "finish_reason": {"type": finish}}}
+
     def flush_cache(self) -> None:
         """As SGLang 0.5.23: a flush rebuilds the free lists, so leaked slots read free after it."""
         self.oracle.flush()

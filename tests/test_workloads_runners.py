@@ -1,13 +1,13 @@
-"""Runners on recorded responses (tests/data/checks/*.json, replayed through the real
-runner code) and live against the in-process fake server.
-
-Regenerate the recordings with ``python tests/test_workloads_runners.py``.
+"""Runners on responses recorded from real SGLang on CPU (tests/data/checks/, replayed
+through the real runner code; recorded by ``python tests/data/record_checks.py``) and live
+against the in-process fake server.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +21,10 @@ from conformance.workloads.idle import idle_probe
 from conformance.workloads.runners import record_kl, record_sessions, record_tree, sample_occupancy
 from conformance.workloads.sessions import leak_session_scripts
 from conformance.workloads.trees import branching_tree
-from test_workloads_fake_server import DATA, FakeSGLang, Recorder, Replayer, load_transcript
+from test_workloads_fake_server import DATA, FakeSGLang, Replayer
+
+sys.path.insert(0, str(Path(__file__).parent / "data"))
+import record_checks as rc  # noqa: E402  (tests/data/record_checks.py: the recorded workloads)
 
 CHUNK, TRACK, VOCAB = 16, 32, 48
 
@@ -38,33 +41,91 @@ def _kl(client):
     return record_kl(client, kl_prompts(), vocab_size=VOCAB, new_tokens=6, top_k=4)
 
 
-# ------------------------------------------------------------------ replayed recordings
-def test_recorded_clean_kl_run_passes_exact_mode():
-    rec = _kl(Replayer(load_transcript("kl_prefill_clean.json")))
-    v = kl_verdict(rec, chunk=CHUNK, track_interval=TRACK, exact=True)
+# ------------------------------------------------------------------ recorded on real SGLang
+# tests/data/record_checks.py recorded these from the sglang-cpu target (SGLang's own server,
+# scheduler, radix cache and pools; MANIFEST.json names the version); they replay through
+# the same runner code, so cached_tokens and logprobs are SGLang's, judged by the kit.
+def _replay(name: str) -> Replayer:
+    return Replayer(rc.load(name))
+
+
+def _hit_sequences_shifted(rec, delta: float):
+    """A seeded hit fault on real data: on every sequence that hit the cache, move
+    probability between the served top-k alternatives (not the chosen token), so the chosen
+    token's logprob -- all SGLang's k3 estimator sees -- stays as SGLang served it."""
+    seqs = []
+    for s in rec.sequences:
+        if s.cached_tokens > 0:
+            tops = tuple(((t[0][0], t[0][1]), (t[1][0], t[1][1] + delta), (t[2][0], t[2][1] - 4 * delta), *t[3:]) for t in s.served.top)
+            s = dataclasses.replace(s, served=dataclasses.replace(s.served, top=tops))
+        seqs.append(s)
+    return dataclasses.replace(rec, sequences=tuple(seqs))
+
+
+def test_recordings_name_the_sglang_that_recorded_them():
+    m = rc.manifest()
+    assert m["target"] == "sglang-cpu" and m["cell"] == rc.CELL_ID and m["sglang_version"]
+    assert set(m["recordings"]) == set(rc.RECORDINGS) and all((DATA / n).exists() for n in rc.RECORDINGS)
+    assert {s["dtype"] for s in m["servers"].values()} == {"float32", "bfloat16"}
+
+
+def test_real_sglang_fp32_prefill_hits_pass_exact_mode_at_the_chunk_floor():
+    rec = rc.record_kl(_replay("kl_prefill_hit_fp32.json.gz"), "prefill_hit")
+    v = kl_verdict(rec, chunk=rc.CHUNK, track_interval=rc.TRACK, exact=True)
     assert v.status == "pass", v.reason
-    assert v.metrics["hit_fraction"] == 1.0 and v.metrics["tokens"] == 24
+    assert v.metrics["hit_fraction"] == 1.0 and v.metrics["tokens"] == rc.KL["n"] * rc.KL["new_tokens"]
+    # SGLang's hit on the warmed prompt: its length floored to the 64-token chunk
+    assert [s.cached_tokens for s in rec.sequences] == [len(p) // rc.CHUNK * rc.CHUNK for p in rc.kl_prompts("prefill_hit")]
 
 
-def test_recorded_faulty_kl_run_fails_and_k3_alone_would_miss_it():
-    rec = _kl(Replayer(load_transcript("kl_prefill_hit_noise.json")))
-    v = kl_verdict(rec, chunk=CHUNK, track_interval=TRACK, exact=True)
-    assert v.status == "fail"
-    assert "top-k KL" in v.reason
-    assert v.metrics["k3_mean"] < 0.002  # SGLang's estimator at its threshold passes this bug
-    assert v.metrics["argmax_mismatch_fraction"] > 0
+def test_a_seeded_hit_fault_on_real_sglang_data_fails_and_k3_alone_misses_it():
+    rec = _hit_sequences_shifted(rc.record_kl(_replay("kl_prefill_hit_fp32.json.gz"), "prefill_hit"), 0.05)
+    v = kl_verdict(rec, chunk=rc.CHUNK, track_interval=rc.TRACK, exact=True)
+    assert v.status == "fail" and "top-k KL" in v.reason
+    assert v.metrics["k3_mean"] < 0.002  # SGLang's estimator at its own threshold passes this
 
 
-def test_recorded_tree_run_passes_and_faulty_outputs_fail_with_path():
-    oracle = PrefixOracle("extra_buffer", CHUNK, 1, TRACK)
-    clean = record_tree(Replayer(load_transcript("tree_clean.json")), small_tree())
-    v = prefix_branching_verdict(clean, oracle, exact=True)
+@pytest.mark.parametrize("name,scenario", [("kl_prefill_hit_bf16.json.gz", "prefill_hit"), ("kl_decode_hit_bf16.json.gz", "decode_hit")])
+def test_real_sglang_bf16_passes_against_the_cold_path_floor_not_against_a_rerun(name, scenario):
+    from conformance.checks.kl import MIN_LIMIT
+
+    rec = rc.record_kl(_replay(name), scenario)
+    v = kl_verdict(rec, chunk=rc.CHUNK, track_interval=rc.TRACK, exact=False)
+    assert v.status == "pass", v.reason
+    assert v.metrics["topk_kl_seq_max"] > 1e-5  # bfloat16: the served tokens do wobble
+    assert v.metrics["noise_floor"] > 0 and v.metrics["topk_limit"] >= MIN_LIMIT
+    # the old floor, a rerun of the deterministic reference, is exactly 0: the same healthy
+    # server would fail under it with its old 1e-6 minimum
+    rerun = dataclasses.replace(rec, sequences=tuple(dataclasses.replace(s, floor=s.reference, floor_prefill=None) for s in rec.sequences))
+    old = kl_verdict(rerun, chunk=rc.CHUNK, track_interval=rc.TRACK, exact=False, min_limit=1e-6)
+    assert old.status == "fail" and old.metrics["noise_floor"] == 0.0
+    # a hit fault that moves the distribution well past the bf16 noise still fails
+    bad = kl_verdict(_hit_sequences_shifted(rec, 0.5), chunk=rc.CHUNK, track_interval=rc.TRACK, exact=False)
+    assert bad.status == "fail" and "top-k KL" in bad.reason
+
+
+def _tree_oracle(strategy: str) -> tuple[PrefixOracle, dict]:
+    server = rc.manifest()["servers"]["float32"]
+    kw = dict(lookahead=0 if server["disable_overlap_schedule"] else 1, chunked_prefill_size=server["chunked_prefill_size"], exact=True)
+    return PrefixOracle(strategy, rc.CHUNK, 1, rc.TRACK), kw
+
+
+def test_real_sglang_tree_matches_the_oracle_and_a_wrong_oracle_or_output_fails():
+    oracle, kw = _tree_oracle("extra_buffer")
+    rec = rc.record_tree(_replay("tree_fp32.json.gz"))
+    v = prefix_branching_verdict(rec, oracle, **kw)
     assert v.status == "pass", v.reason
     assert v.metrics["hits_expected"] == v.metrics["hits_observed"] > 0
-    bad = record_tree(Replayer(load_transcript("tree_hit_noise.json")), small_tree())
-    v = prefix_branching_verdict(bad, oracle, exact=True)
+    wrong, kw = _tree_oracle("no_buffer")
+    v = prefix_branching_verdict(rec, wrong, **kw)
+    assert v.status == "fail" and v.metrics["hit_mismatches"] > 0
+    # a seeded output fault: the first request served on a hit answers another token
+    calls = rc.load("tree_fp32.json.gz")
+    hit = next(c for c in calls if c["method"] == "generate" and c["response"][0]["meta_info"]["cached_tokens"] > 0)
+    hit["response"][0]["output_ids"][0] += 1
+    bad = rc.record_tree(Replayer(calls))
+    v = prefix_branching_verdict(bad, oracle, **kw)
     assert v.status == "fail" and "differs from the cold output" in v.reason
-    assert v.reason.split(":")[0] in {r.path for r in bad.requests}
 
 
 # ------------------------------------------------------------------ live against the fake
@@ -113,20 +174,3 @@ def test_sample_occupancy_sees_load_and_returns_the_result():
     assert len(out["output_ids"]) == 40
     assert max(s.values["sglang:mamba_used_tokens"] for s in timeline) > 0
     assert isinstance(timeline[0], OccupancySample)
-
-
-# ------------------------------------------------------------------ regenerate the data
-def _write(name: str, fn, fake: FakeSGLang) -> None:
-    rec = Recorder(fake)
-    fn(rec)
-    (DATA / name).write_text(json.dumps(rec.calls, separators=(",", ":")))
-    print(f"wrote {DATA / name}: {len(rec.calls)} calls")
-
-
-if __name__ == "__main__":
-    DATA.mkdir(parents=True, exist_ok=True)
-    _write("kl_prefill_clean.json", _kl, FakeSGLang())
-    _write("kl_prefill_hit_noise.json", _kl, FakeSGLang(hit_noise=0.05))
-    _write("tree_clean.json", lambda c: record_tree(c, small_tree()), FakeSGLang())
-    _write("tree_hit_noise.json", lambda c: record_tree(c, small_tree()), FakeSGLang(hit_noise=2.0))
-    sys.exit(0)

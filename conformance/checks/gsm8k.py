@@ -13,6 +13,10 @@ whether an item is correct; this module only counts.  Two modes:
 * ``agreement`` (CPU twins, where accuracy means nothing): every completion must equal
   the baseline cell's completion for the same question.
 
+The paired baseline is named (``baseline_id``, ``matrix.baseline_id``): when its answers are
+missing from the run, the verdict says so and which cell it was, never a silent
+``paired_n=0``.
+
 Every verdict's metrics name the ``engine`` (``lm-eval <version>``) that produced the answers.
 """
 
@@ -61,8 +65,11 @@ def gsm8k_verdict(
     alpha: float = 0.05,
     primary: Filter = "flexible",
     margin: float = 0.02,
+    baseline_id: str | None = None,
 ) -> Verdict:
-    """Judge one cell's answers (and, given, the baseline cell's answers to the same items)."""
+    """Judge one cell's answers (and, given, the baseline cell's answers to the same items).
+    ``baseline_id`` names the paired baseline cell; without its answers the verdict says
+    the paired test did not run and why."""
     n = len(rec.answers)
     if mode not in ("accuracy", "agreement"):
         raise KitError(f"gsm8k: unknown mode {mode!r} (accuracy or agreement)")
@@ -71,6 +78,11 @@ def gsm8k_verdict(
     if n == 0:
         return Verdict(CHECK, "skip", {"n": 0, "accuracy": None, "wilson_low": None, "agreement": None, "engine": rec.engine, "mode": mode},
                        "no question was answered")
+    missing = ""
+    if baseline is None and baseline_id:
+        missing = f"paired test not run: baseline cell {baseline_id} has no GSM8K answers in this run (select it too)"
+    elif baseline is not None and not _pairs(rec, baseline):
+        missing = f"paired test not run: baseline {baseline.label or baseline_id} answered none of these {n} questions"
     correct = sum(is_correct(a, primary) for a in rec.answers)
     acc = correct / n
     low, high = wilson_interval(correct, n)
@@ -88,6 +100,7 @@ def gsm8k_verdict(
         "flexible_accuracy": flex_acc,
         "standard_error": standard_error(acc, n),
         "paired_n": len(pairs),
+        "paired_baseline": baseline_id or (baseline.label if baseline is not None else None),
         "mode": mode,
         "engine": rec.engine,
     }
@@ -96,7 +109,7 @@ def gsm8k_verdict(
     if mode == "agreement":
         details["rule"] = "agreement mode (CPU twin, accuracy not meaningful): every completion equals the baseline cell's"
         if not pairs:
-            return Verdict(CHECK, "skip", metrics, "agreement mode needs the baseline cell's answers to the same questions", details)
+            return Verdict(CHECK, "skip", metrics, missing or "agreement mode needs the baseline cell's answers to the same questions", details)
         differing = [a.index for a, b in pairs if a.completion != b.completion]
         if differing:
             return Verdict(CHECK, "fail", metrics, f"{len(differing)}/{len(pairs)} completions differ from the baseline (items {differing[:8]})", details)
@@ -119,8 +132,8 @@ def gsm8k_verdict(
     if p_worse is not None and p_worse < alpha:
         fails.append(f"significantly worse than the baseline: {only_base} vs {only_this} discordant, McNemar p={p_worse:.3g}")
     if fails:
-        return Verdict(CHECK, "fail", metrics, "; ".join(fails), details)
-    return Verdict(CHECK, "pass", metrics, "", details)
+        return Verdict(CHECK, "fail", metrics, "; ".join(fails + ([missing] if missing else [])), details)
+    return Verdict(CHECK, "pass", metrics, missing, details)
 
 
 def _pairs(rec: GSM8KRecording, baseline: GSM8KRecording | None) -> list[tuple[GSM8KAnswer, GSM8KAnswer]]:

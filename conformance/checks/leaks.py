@@ -2,9 +2,15 @@
 process, and a pool-occupancy timeline that shows the gauges actually move under load.
 
 Inputs are plain values (gauge dicts from ``SGLangClient.metrics()``, the log text, the
-process state), so the check needs no server. The lazy claim (``extra_buffer_lazy`` holds
-about half the resident ping-pong slots of ``extra_buffer``) is measured by
-:func:`lazy_resident_ratio` from two occupancy timelines under the same load.
+process state, session turn records), so the check needs no server.
+
+* :func:`leak_verdict`: SGLang's idle invariant after every scenario, before any flush;
+* :func:`track_slot_verdict`: resident ping-pong track slots per running request under a
+  burst (:func:`track_slot_use`), each strategy against its contract, and the lazy claim
+  (``extra_buffer_lazy`` holds about half the resident ping-pong slots of ``extra_buffer``)
+  against the ``extra_buffer`` sibling cell under the same load;
+* :func:`abort_problems`: an aborted session turn really was decoding when aborted and
+  finished as an abort, cut short.
 """
 
 from __future__ import annotations
@@ -128,31 +134,193 @@ def peak(samples: Sequence[OccupancySample], gauge: str) -> float | None:
     return max(vals) if vals else None
 
 
-def lazy_resident_ratio(
-    lazy: Sequence[OccupancySample],
-    eager: Sequence[OccupancySample],
-    *,
-    baseline: Sequence[OccupancySample] = (),
-    gauge: str = TRACK_SLOTS_GAUGE,
-    fallback_gauge: str = MAMBA_GAUGE,
-) -> tuple[float | None, str]:
-    """Peak resident track slots of ``extra_buffer_lazy`` over ``extra_buffer`` under the
-    same load, and how it was measured.
+# ------------------------------------------------------------------ resident track slots
+# Busy-side gauges the kit's observe plugin publishes from SGLang's request objects
+# (conformance/sglang_plugins/observe.py): cumulative sums over decode steps and peaks.
+DECODE_REQ_STEPS = KIT + "decode_req_steps"
+TRACK_SLOT_REQ_STEPS = KIT + "track_slot_req_steps"
+TRACK_SLOTS_REQ_PEAK = KIT + "track_slots_req_peak"
+TRACK_SLOTS_STEP_PEAK = KIT + "track_slots_step_peak"
+DECODE_RUNNING_PEAK = KIT + "decode_running_peak"
+BUSY_PERIODS = KIT + "busy_periods"
+TRACK_GAUGES = (DECODE_REQ_STEPS, TRACK_SLOT_REQ_STEPS, TRACK_SLOTS_REQ_PEAK, TRACK_SLOTS_STEP_PEAK, DECODE_RUNNING_PEAK, BUSY_PERIODS)
+#: "about half" of extra_buffer's resident ping-pong slots: the mean ratio must not exceed this.
+LAZY_RATIO_MAX = 0.75
 
-    Uses ``gauge`` when both timelines carry it; otherwise (real SGLang) the peak of
-    ``fallback_gauge`` minus the ``no_buffer`` baseline's peak when one is given (the
-    ping-pong slots alone), else the raw peak ratio.
-    """
-    lp, ep = peak(lazy, gauge), peak(eager, gauge)
-    if lp is not None and ep is not None:
-        return (lp / ep if ep > 0 else None), gauge
-    lp, ep = peak(lazy, fallback_gauge), peak(eager, fallback_gauge)
-    if lp is None or ep is None:
-        return None, "unmeasured"
-    bp = peak(baseline, fallback_gauge) if baseline else None
-    if bp is not None:
-        return ((lp - bp) / (ep - bp) if ep > bp else None), f"{fallback_gauge} peak minus no_buffer peak"
-    return (lp / ep if ep > 0 else None), f"{fallback_gauge} peak"
+
+@dataclass(frozen=True)
+class TrackSlotUse:
+    """Ping-pong track slots held per running request under one load, and how measured.
+
+    ``mean_per_request``: track slots held per request-step of decode, averaged over the
+    load (what stays resident); ``peak_per_request``: the most one request held in one
+    step; ``peak_step_total`` / ``running_peak``: the most held by one decode batch and the
+    most requests in one.  ``request_steps`` is the evidence (0: nothing decoded)."""
+
+    method: str
+    mean_per_request: float | None
+    peak_per_request: float | None
+    peak_step_total: float | None = None
+    running_peak: float | None = None
+    request_steps: float = 0.0
+    windows: int = 0
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def track_slot_use(timeline: Sequence[OccupancySample]) -> TrackSlotUse | None:
+    """Resident track slots per running request from an occupancy timeline taken around a
+    load: from the kit's cumulative observe gauges (real SGLang) when present, else from
+    sampled instantaneous gauges (:data:`TRACK_SLOTS_GAUGE` over running requests, the
+    reference server); None when the target exports neither."""
+    with_counters = [s for s in timeline if DECODE_REQ_STEPS in s.values and TRACK_SLOT_REQ_STEPS in s.values]
+    if len(with_counters) >= 2:
+        first, last = with_counters[0].values, with_counters[-1].values
+        steps = last[DECODE_REQ_STEPS] - first[DECODE_REQ_STEPS]
+        slots = last[TRACK_SLOT_REQ_STEPS] - first[TRACK_SLOT_REQ_STEPS]
+        w0 = first.get(BUSY_PERIODS, 0.0)
+        inside = [s.values for s in with_counters if s.values.get(BUSY_PERIODS, 0.0) > w0]  # windows opened by this load
+        return TrackSlotUse(
+            "hybrid_conformance observe gauges (SGLang request objects, every decode step)",
+            slots / steps if steps > 0 else None,
+            max((v.get(TRACK_SLOTS_REQ_PEAK, 0.0) for v in inside), default=None),
+            max((v.get(TRACK_SLOTS_STEP_PEAK, 0.0) for v in inside), default=None),
+            max((v.get(DECODE_RUNNING_PEAK, 0.0) for v in inside), default=None),
+            steps,
+            int(last.get(BUSY_PERIODS, 0.0) - w0),
+        )
+    busy = [s.values for s in timeline if TRACK_SLOTS_GAUGE in s.values and s.values.get(RUNNING_GAUGE, 0.0) > 0]
+    if busy:
+        ratios = [v[TRACK_SLOTS_GAUGE] / v[RUNNING_GAUGE] for v in busy]
+        return TrackSlotUse(
+            f"{TRACK_SLOTS_GAUGE} / {RUNNING_GAUGE} over {len(busy)} busy samples",
+            sum(ratios) / len(ratios),
+            None,
+            max(v[TRACK_SLOTS_GAUGE] for v in busy),
+            max(v[RUNNING_GAUGE] for v in busy),
+            float(sum(v[RUNNING_GAUGE] for v in busy)),
+            1,
+        )
+    return None
+
+
+def extra_buffer_slots(*, overlap: bool) -> int:
+    """SGLang 0.5.23's contract (``get_mamba_tracking_slots``): extra_buffer requests hold 2
+    track slots with the overlap scheduler on, 1 with it off."""
+    return 2 if overlap else 1
+
+
+def track_slot_verdict(
+    strategy: str,
+    use: TrackSlotUse | None,
+    *,
+    overlap: bool,
+    eager: TrackSlotUse | None = None,
+    ratio_max: float = LAZY_RATIO_MAX,
+) -> Verdict:
+    """Judge one cell's resident track slots against its strategy's contract and, for
+    ``extra_buffer_lazy``, the claim "about half the resident ping-pong memory of
+    extra_buffer" against the ``extra_buffer`` sibling measured under the same load (or, when
+    the sibling was not recorded in this run, against extra_buffer's contract, said so).
+
+    The claim is asserted on the mean; the peak ratio is reported with a note when the claim
+    does not hold for it (requests that cross a track boundary in the same step each hold 2)."""
+    metrics: dict = {"lazy_resident_ratio": None, "track_slots_mean_per_request": None}
+    if use is None or use.mean_per_request is None:
+        why = "the target exports no track-slot gauge" if use is None else "no decode step was observed under load"
+        return Verdict(CHECK, "fail", metrics, f"{strategy}: resident track slots unmeasured: {why}")
+    metrics.update(
+        track_slots_mean_per_request=round(use.mean_per_request, 4),
+        track_slots_peak_per_request=use.peak_per_request,
+        decode_running_peak=use.running_peak,
+        track_slot_request_steps=use.request_steps,
+    )
+    details: dict = {"track_slots": use.to_json()}
+    mean, peak = use.mean_per_request, use.peak_per_request
+    fails: list[str] = []
+    notes: list[str] = []
+    contract = extra_buffer_slots(overlap=overlap)
+    if strategy == "no_buffer":
+        if mean != 0 or (peak or 0) != 0:
+            fails.append(f"no_buffer requests held track slots (mean {mean:.3g}, peak {peak}): expected none")
+    elif strategy == "extra_buffer":
+        if abs(mean - contract) > 1e-9 or (peak is not None and peak != contract):
+            fails.append(f"extra_buffer requests held {mean:.3g} track slots on average (peak {peak}), expected {contract} (overlap {'on' if overlap else 'off'})")
+    elif strategy == "extra_buffer_lazy":
+        if eager is not None and eager.mean_per_request:
+            base, base_name = eager.mean_per_request, "extra_buffer sibling"
+            base_peak = eager.peak_per_request
+        else:
+            base, base_name, base_peak = float(contract), "extra_buffer contract (sibling not recorded in this run)", float(contract)
+            notes.append(f"extra_buffer sibling not recorded in this run: compared with its contract of {contract} slots per request")
+        ratio = mean / base
+        metrics.update(lazy_resident_ratio=round(ratio, 4), lazy_baseline=base_name, lazy_baseline_mean=base)
+        if peak is not None and base_peak:
+            metrics["lazy_peak_ratio"] = round(peak / base_peak, 4)
+        if mean < 1 - 1e-9:
+            fails.append(f"lazy requests held {mean:.3g} track slots on average: below the 1 they always hold")
+        if peak is not None and peak > 2:
+            fails.append(f"a lazy request held {peak:g} track slots in one step (at most 2)")
+        if ratio > ratio_max:
+            fails.append(f"lazy resident ratio {ratio:.2f} > {ratio_max:.2f}: mean {mean:.3g} vs {base:.3g} slots per request ({base_name}); claim: about half")
+        else:
+            notes.append(f"claim holds on the mean: {mean:.3g} vs {base:.3g} slots per running request ({ratio:.2f})")
+        if metrics.get("lazy_peak_ratio") is not None and metrics["lazy_peak_ratio"] > ratio_max:
+            notes.append(
+                f"claim does not hold on the peak: a lazy request held {peak:g} slots in one step vs {base_peak:g} "
+                f"(ratio {metrics['lazy_peak_ratio']:.2f}): requests that cross a track boundary together each hold 2"
+            )
+    details["notes"] = notes
+    if fails:
+        return Verdict(CHECK, "fail", metrics, "; ".join(fails + notes), details)
+    return Verdict(CHECK, "pass", metrics, "; ".join(notes), details)
+
+
+# ------------------------------------------------------------------ session turns
+@dataclass(frozen=True)
+class TurnResult:
+    """One session turn as served.  Abort turns also carry ``decoding_seen`` (the stream had
+    delivered ``tokens_at_abort`` >= 2 output tokens when the abort was sent) and the turn's
+    ``max_new_tokens``."""
+
+    session: str
+    turn: int
+    rid: str
+    finish: str  # the finish reason type ("length", "abort", ...) or "error"
+    cached_tokens: int
+    output_len: int
+    error: str = ""
+    decoding_seen: bool | None = None
+    tokens_at_abort: int | None = None
+    max_new_tokens: int | None = None
+    aborted: bool = False  # the kit sent an abort for this turn
+
+
+@dataclass(frozen=True)
+class SessionRecording:
+    turns: tuple[TurnResult, ...]
+    errors: tuple[str, ...]
+    requests: int
+
+
+def abort_problems(rec: SessionRecording) -> list[str]:
+    """Every turn the kit aborted must have been seen decoding before the abort, end with
+    finish reason ``abort``, and stop short of its ``max_new_tokens``; a recording that was
+    asked to abort nothing proves nothing about aborts."""
+    aborted = [t for t in rec.turns if t.aborted]
+    if not aborted:
+        return ["no turn was aborted: the abort path was not exercised"]
+    out = []
+    for t in aborted:
+        where = f"session {t.session} turn {t.turn} (aborted)"
+        if not t.decoding_seen:
+            out.append(f"{where}: never seen decoding before the abort ({t.tokens_at_abort} tokens streamed): the abort did not hit a decoding request")
+        if t.finish != "abort":
+            out.append(f"{where}: finish reason {t.finish!r}, expected 'abort'" + (f" ({t.error})" if t.error else ""))
+        elif t.max_new_tokens is not None and t.output_len >= t.max_new_tokens:
+            out.append(f"{where}: reported abort after all {t.output_len}/{t.max_new_tokens} tokens")
+    return out
 
 
 def leak_verdict(
@@ -164,12 +332,12 @@ def leak_verdict(
     ok_exit_codes: Sequence[int] = (0, -15, 143),
     timeline: Sequence[OccupancySample] = (),
     require_load_evidence: bool = True,
-    lazy_resident_ratio: float | None = None,
-    lazy_ratio_max: float | None = None,
     scenario_errors: Sequence[str] = (),
     gauges: Sequence[str] = (MAMBA_GAUGE, KV_GAUGE),
+    sessions: SessionRecording | None = None,
 ) -> Verdict:
-    """Judge the idle probes of a cell's scenarios plus its log and process state."""
+    """Judge the idle probes of a cell's scenarios plus its log and process state (and,
+    given a session recording, its aborted turns: :func:`abort_problems`)."""
     log_lines = scan_log(log_text)
     rows = timeline_rows(timeline)
     at_idle = {g: _worst(p.values.get(g) for p in probes) for g in gauges}
@@ -177,13 +345,19 @@ def leak_verdict(
         "mamba_used_at_idle": at_idle.get(MAMBA_GAUGE),
         "kv_used_at_idle": at_idle.get(KV_GAUGE),
         "leak_log_lines": len(log_lines),
-        "lazy_resident_ratio": lazy_resident_ratio,
+        "lazy_resident_ratio": None,  # judged by track_slot_verdict
         "scenarios": len(probes),
         "mamba_used_peak": peak(timeline, MAMBA_GAUGE),
         "idle_wait_s_max": max((p.waited_s for p in probes), default=None),
     }
     details = {"timeline": rows, "log_lines": log_lines[:50], "probes": [_probe_row(p) for p in probes]}
     fails: list[str] = []
+    if sessions is not None:
+        aborted = [t for t in sessions.turns if t.aborted]
+        metrics["aborted_turns"] = len(aborted)
+        metrics["abort_tokens_streamed_min"] = min((t.tokens_at_abort or 0 for t in aborted), default=None)
+        details["turns"] = [dict(t.__dict__) for t in sessions.turns]
+        fails += abort_problems(sessions)
     if not alive:
         fails.append(f"server process is not alive after the scenarios (exit code {exit_code})")
     elif exit_code is not None and exit_code not in ok_exit_codes:
@@ -208,8 +382,6 @@ def leak_verdict(
             fails.append("no occupancy sample under load: cannot tell the gauges are live")
         elif not moved:
             fails.append(f"{MAMBA_GAUGE} never rose above 0 under load: a leak would be invisible")
-    if lazy_ratio_max is not None and lazy_resident_ratio is not None and lazy_resident_ratio > lazy_ratio_max:
-        fails.append(f"lazy resident ratio {lazy_resident_ratio:.2f} > {lazy_ratio_max:.2f} (claim: about half of extra_buffer)")
     if fails:
         return Verdict(CHECK, "fail", metrics, "; ".join(fails), details)
     return Verdict(CHECK, "pass", metrics, "", details)

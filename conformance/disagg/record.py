@@ -24,7 +24,6 @@ def record_pd_logprobs(
     top_k: int,
     vocab_size: int,
     ext_len: int = 8,
-    cold_generate: bool = False,
     timeout: float | None = None,
 ) -> KLRecording:
     """PD-served logprobs against the NON-PD server's cold re-prefill of the same tokens.
@@ -32,9 +31,8 @@ def record_pd_logprobs(
     Served: through the PD router on a prefill-side cache hit (each prompt warmed through
     the router, then prompt + ``ext_len`` new tokens generated), so the decode server
     continues from a shipped state that the prefill server partly took from its cache.
-    Reference and noise floor: two cold teacher-forced prefills of the served tokens on
-    the non-PD server; ``cold_generate`` adds the non-PD server's free-running greedy
-    tokens (exact mode).
+    Reference, noise floor and free-running cold tokens: ``judge_against_cold`` on the
+    non-PD server.
     """
     enabled = cache_enabled(pd)
     pd.flush_cache()
@@ -44,7 +42,7 @@ def record_pd_logprobs(
     pd.flush_cache()
     return judge_against_cold(
         served, inputs, baseline, scenario=SCENARIO, enabled=enabled, new_tokens=new_tokens,
-        top_k=top_k, cold_generate=cold_generate, timeout=timeout,
+        top_k=top_k, timeout=timeout,
     )
 
 

@@ -78,7 +78,7 @@ def test_pd_logprobs(cell, request, record_verdict):
     chunk, grid = grids(cell)
     vocab = vocab_size(base)
     prompts = token_prompts(prefill_hit_lengths(chunk, grid, n=size.kl_prompts, max_len=size.kl_max_len), vocab_size=vocab, seed=SEEDS["logprobs"])
-    rec = record_pd_logprobs(pd.router, base.client, prompts, new_tokens=size.kl_new_tokens, top_k=size.top_k, vocab_size=vocab, cold_generate=exact_mode(pd))
+    rec = record_pd_logprobs(pd.router, base.client, prompts, new_tokens=size.kl_new_tokens, top_k=size.top_k, vocab_size=vocab)
     probe_both(pd, "after pd_logprobs", requests=len(prompts), gauges=_gauges(pd))
     th = cell.model.thresholds
     kl = kl_verdict(rec, chunk=chunk, track_interval=grid, k3_max=th.kl_k3_max, floor_factor=th.kl_floor_factor, abs_cap=th.kl_abs_cap,

@@ -36,7 +36,6 @@ def test_kl(endpoint, scenario, record_verdict):
         top_k=size.top_k,
         turn1_tokens=size.kl_turn1_tokens,
         vocab_size=vocab_size(endpoint),
-        cold_generate=exact_mode(endpoint),
     )
     th = cell.model.thresholds
     verdict = kl_verdict(

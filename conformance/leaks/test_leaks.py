@@ -1,42 +1,55 @@
-"""Leaks suite (server targets): idle gauges back to 0 after load and after session
-scenarios, a clean server log, a live process, the occupancy timeline, and the lazy
-resident-slot ratio.  Every other suite's scenario also leaves an idle probe on the
-endpoint (plugin); the cell's teardown fails if any of them did not reach idle.
+"""Leaks suite (server targets): SGLang's idle invariant after a burst larger than the pool
+and after session scenarios (judged before any flush), a clean server log, a live process,
+the occupancy timeline, resident track slots per running request against each strategy's
+contract and the lazy claim against the extra_buffer sibling, and the aborted session turns.
+Every other suite's scenario also leaves an idle probe on the endpoint (plugin); the cell's
+teardown fails if any of them did not reach idle.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from conformance.checks.leaks import TRACK_SLOTS_GAUGE, lazy_resident_ratio, leak_verdict
+from conformance.checks.leaks import TrackSlotUse, leak_verdict, track_slot_use, track_slot_verdict
+from conformance.records import merge
 from conformance.suites import grids, idle_deadline, note_idle_probe, settle, sizes_for, vocab_size
-from conformance.workloads.cell_store import CellStore, synthetic_eager_timeline
-from conformance.workloads.prompts import token_prompts
+from conformance.workloads.cell_store import CellStore, sibling_key
 from conformance.workloads.idle import idle_probe
+from conformance.workloads.prompts import token_prompts
 from conformance.workloads.runners import generate_tokens, record_sessions, sample_occupancy
 from conformance.workloads.sessions import leak_session_scripts
 
 pytestmark = pytest.mark.leaks
 
-LAZY_RATIO_MAX = 0.75  # "about half" of extra_buffer's resident ping-pong slots
+#: Decode steps each burst request runs past the track boundary its prompt sits before.
+PAST_BOUNDARY = 6
 
 
 def _burst_load(endpoint):
-    """A burst of requests that all match one cached prefix, sized to exceed the mamba pool
-    when the server says how big it is (admissions then fail after their match and must
-    give back what they took), else the per-target default."""
-    cell = endpoint.cell
+    """One burst, the same for every strategy of a model: more requests than the mamba pool
+    holds (the server says how big it is), all on one cached prefix, each prompt ending
+    just before a decode track boundary so every request decodes across it (where lazy
+    takes its second slot).  Admissions beyond the pool wait or fail after their match and
+    must give back what they took."""
     size = sizes_for(endpoint)
-    chunk, _ = grids(cell)
+    _, grid = grids(endpoint.cell)
     slots = int(endpoint.info.get("max_mamba_cache_size") or 0)
-    burst = min(slots // (1 + cell.strategy.ping_pong_slots) + 4, 96) if slots else size.load_requests
-    (prefix,) = token_prompts([chunk + 5], vocab_size=vocab_size(endpoint), seed=21)
+    burst = min(slots + 4, 96) if slots else size.load_requests
+    new_tokens = max(size.load_new_tokens, 2 * PAST_BOUNDARY)
+    (prefix,) = token_prompts([grid - new_tokens + PAST_BOUNDARY - 2], vocab_size=vocab_size(endpoint), seed=21)
     tails = token_prompts([2] * burst, vocab_size=vocab_size(endpoint), seed=22)
     prompts = [prefix + t for t in tails]
     generate_tokens(endpoint.client, [prefix], 1)  # cache the shared prefix first
-    return len(prompts), lambda: generate_tokens(endpoint.client, prompts, size.load_new_tokens)
+    return len(prompts), lambda: generate_tokens(endpoint.client, prompts, new_tokens)
+
+
+def _overlap(endpoint) -> bool:
+    """Whether the server's track-slot contract is SGLang's with the overlap scheduler on.
+    The reference engine decodes without lookahead (it reports the overlap scheduler off)
+    but holds the track slots SGLang holds with it on (the matrix's ``ping_pong_slots``)."""
+    if endpoint.target == "reference":
+        return endpoint.cell.strategy.overlap
+    return not endpoint.info.get("disable_overlap_schedule", not endpoint.cell.strategy.overlap)
 
 
 def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):
@@ -46,26 +59,15 @@ def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):
     timeline, _ = sample_occupancy(endpoint.client, load)
     probe = note_idle_probe(endpoint, idle_probe(endpoint.client, f"burst of {sent} requests on one cached prefix", requests=sent, deadline_s=idle_deadline(endpoint)))
     cell_store.save_timeline(cell, timeline)
-    ratio, extra = None, {}
-    if cell.strategy.name == "extra_buffer_lazy":
-        # Per running request, against extra_buffer's contract of 2 resident slots each: a
-        # burst admits more lazy requests than extra_buffer ones, so raw peaks would mislead.
-        ratio, how = lazy_resident_ratio(timeline, synthetic_eager_timeline(timeline), gauge=TRACK_SLOTS_GAUGE)
-        extra["lazy_ratio_method"] = f"{how} per running request vs 2 (extra_buffer's contract)"
-        eager = cell_store.sibling_timeline(cell, "extra_buffer")
-        if eager is not None:
-            extra["lazy_vs_extra_buffer_cell_peak_ratio"] = lazy_resident_ratio(timeline, eager, gauge=TRACK_SLOTS_GAUGE)[0]
-    verdict = leak_verdict(
-        [probe],
-        log_text=endpoint.log_text(),
-        alive=endpoint.alive(),
-        timeline=timeline,
-        lazy_resident_ratio=ratio,
-        lazy_ratio_max=LAZY_RATIO_MAX if ratio is not None else None,
-    )
-    if extra:
-        verdict = dataclasses.replace(verdict, metrics={**verdict.metrics, **extra})
-    settle(record_verdict(verdict))
+    use = track_slot_use(timeline)
+    if use is not None and cell.fault.name == "none":
+        cell_store.save("track_slots", cell, use.to_json())
+    raw = cell_store.load("track_slots", sibling_key(cell, "extra_buffer")) if cell.strategy.name == "extra_buffer_lazy" else None
+    verdicts = [
+        leak_verdict([probe], log_text=endpoint.log_text(), alive=endpoint.alive(), timeline=timeline),
+        track_slot_verdict(cell.strategy.name, use, overlap=_overlap(endpoint), eager=TrackSlotUse(**raw) if raw else None),
+    ]
+    settle(record_verdict(merge("leaks", verdicts)))
 
 
 def test_sessions_return_to_idle(endpoint, record_verdict):
@@ -74,20 +76,29 @@ def test_sessions_return_to_idle(endpoint, record_verdict):
     scripts = leak_session_scripts(vocab_size=vocab_size(endpoint), track_interval=grid, turns=max(3, size.session_turns))
     endpoint.client.flush_cache()
     errors: list[str] = []
+    probes = []
+
+    def after_abort(turn) -> None:  # the sessions stay open: judge the invariant with their holdings, no flush
+        probes.append(idle_probe(endpoint.client, f"after aborting {turn.session} turn {turn.turn}", requests=1, flush=False, deadline_s=idle_deadline(endpoint)))
+
+    recording = None
     try:
-        recording = record_sessions(endpoint.client, scripts)
+        recording = record_sessions(endpoint.client, scripts, after_abort=after_abort)
         errors += list(recording.errors)
         sent = recording.requests
     except Exception as e:  # a failing scenario is a finding, judged below with the gauges
         errors.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
         sent = 1
-    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, "sessions (streaming + non-streaming, abort, branch)", requests=sent, deadline_s=idle_deadline(endpoint)))
+    probes.append(idle_probe(endpoint.client, "sessions (streaming + non-streaming, abort, branch)", requests=sent, deadline_s=idle_deadline(endpoint)))
+    for p in probes:
+        note_idle_probe(endpoint, p)
     verdict = leak_verdict(
-        [probe],
+        probes,
         log_text=endpoint.log_text(),
         alive=endpoint.alive(),
         require_load_evidence=False,
         scenario_errors=errors,
+        sessions=recording,
     )
     settle(record_verdict(verdict))
 

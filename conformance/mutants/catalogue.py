@@ -101,7 +101,7 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
     for name, f in selected.items():
         model, strategy, cell_fault = cell_of(f)
         union = needed[(model, strategy, cell_fault)]
-        suites = tuple(f.suites) + tuple(s for s in ("kl", "prefix_branching", "leaks", "gsm8k") if s in union and s not in f.suites)
+        suites = tuple(f.suites) + tuple(s for s in ("kl", "prefix_branching", "leaks", "gsm8k", "perf") if s in union and s not in f.suites)
         fault_part = "" if cell_fault == "none" else f"+{cell_fault}"
         key = f"sglang-cpu/{model}/{strategy}{fault_part}:{'+'.join(sorted(union))}"
         plans[name] = MutantPlan(

@@ -6,12 +6,12 @@ names (``catalogue.REFERENCE_PLANS``); caught = some check of report.json failed
 run errored (e.g. the cell teardown found the pools not idle).
 Pool target: each fault of ``conformance.mutants.pool_faults`` is loaded as a pytest
 plugin (``-p conformance.mutants.pool_faults``) into the pool suite; caught = the pool
-suite failed.
+suite failed.  The clean run of the same selection must pass, or the score means nothing.
 sglang-cpu target: each fault of ``conformance.sglang_plugins.faults`` is loaded into the
 real SGLang servers of its plan with ``HYBRID_CONFORMANCE_SGLANG_FAULT=<name>``; caught =
 some check failed or the server died and its log names why (exit code and the log's
-leak/error line); a fault whose hooks never fired was not reached, which is a failure too.
-The clean run of the same selection must pass, or the score means nothing.
+leak/error line), or, for a plan running the perf suite, ``compare`` flags a perf ratio
+against the plan's clean run; a fault whose hooks never fired was not reached, which is a failure too.
 A run that times out proved nothing: a fault is then NOT caught and a clean run fails;
 the timed-out pytest is killed with its whole process group (servers included).
 """
@@ -105,19 +105,34 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
 
 
 _EXIT_CODE = re.compile(r"exit(?:ed)?(?: during start-up)? with (?:code|status) (-?\d+)")
+_POOL_LINE = re.compile(r"\[(\w+)\] total=(\d+), available=(-?\d+), evictable=(-?\d+), protected=(-?\d+), session_held=(-?\d+), uncached=(-?\d+)")
+
+
+def _leak_line(log: str) -> str:
+    """SGLang's idle-check report in one line: the pools whose terms do not add up (the
+    report spans one line per pool), else the first leak/error line of the log."""
+    from conformance.checks.leaks import scan_log
+
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if "memory leak detected" not in line:
+            continue
+        block = [line] + [ln for ln in lines[i + 1 : i + 8] if ln.startswith("[")]
+        bad = [ln[m.start():].strip() for ln in block for m in _POOL_LINE.finditer(ln) if sum(map(int, m.groups()[2:])) != int(m.group(2))]
+        return "SGLang's idle check: memory leak detected: " + " | ".join(bad or [line.strip()])
+    found = scan_log(log)
+    return found[0] if found else ""
 
 
 def _died_line(why: str, report_dir: Path) -> str:
-    """A dead server in one line: its exit code and the first leak/error line of its log."""
-    from conformance.checks.leaks import scan_log
-
+    """A dead server in one line: its exit code and what its log says killed it."""
     code = _EXIT_CODE.search(why)
-    lines: list[str] = []
-    for log in sorted((report_dir / "logs").glob("*.log")):
-        lines += scan_log(log.read_text(errors="replace"))
-    leak = next((ln for ln in lines if "leak" in ln.lower()), lines[0] if lines else "")
     head = f"server died (exit {code.group(1)})" if code else "server died"
-    return f"{head}: {leak[:160]}" if leak else f"{head}: {why.split('server is not serving: ', 1)[-1][:110]}"
+    for log in sorted((report_dir / "logs").glob("*.log")):
+        line = _leak_line(log.read_text(errors="replace"))
+        if line:
+            return f"{head}: {line[:240]}"
+    return f"{head}: {why.split('server is not serving: ', 1)[-1][:110]}"
 
 
 def fired_count(report_dir: Path, fault: str) -> int:
@@ -128,6 +143,16 @@ def fired_count(report_dir: Path, fault: str) -> int:
     for path in (report_dir / "logs").glob("*.plugins.jsonl"):
         counts += [int(r.get("count", 0)) for r in read_report(path) if r.get("plugin") == FAULT_PLUGIN and r.get("status") == "fired" and r.get("fault") == fault]
     return max(counts)
+
+
+def perf_regressions(clean_dir: Path, report_dir: Path) -> list[str]:
+    """``compare``'s perf rows between the clean run of a plan and a fault's run of it."""
+    from conformance.report.compare import compare_files
+
+    if not (clean_dir / "report.json").exists() or not (report_dir / "report.json").exists():
+        return []
+    rows = compare_files(clean_dir / "report.json", report_dir / "report.json").rows
+    return [f"perf (compare): {r.cell} {r.check} {r.old} -> {r.new}" for r in rows if r.kind == "perf"]
 
 
 def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
@@ -145,23 +170,13 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
         why = f"timed out after {plan.timeout_s:.0f}s: not caught" if fault else f"timed out after {plan.timeout_s:.0f}s"
         return Outcome(fault or "clean", fault is None, [why], time.monotonic() - t0, code, timed_out=True)
     by = _caught_by(report_dir, output, code)
+    if fault and plan.suites[:1] == ("perf",):  # a slowdown fails no check: compare against the clean run catches it
+        by += perf_regressions(out_dir / "clean" / plan.key, report_dir)
     if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
         return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code)
     if plan.target == "sglang-cpu":
         return _judge_sglang(plan, fault, by, code, report_dir, time.monotonic() - t0)
     return Outcome(fault or "clean", bool(by) or code != 0, by, time.monotonic() - t0, code)
-
-
-def _judge_sglang(plan: MutantPlan, fault: str | None, by: list[str], code: int, report_dir: Path, seconds: float) -> Outcome:
-    """Real SGLang: a timed-out run is not caught; a fault that never fired was not reached."""
-    if code == -1:
-        return Outcome(fault or "clean", fault is None, [f"timed out after {plan.timeout_s:.0f}s on {plan.key}"], seconds, code)
-    if fault is None:
-        return Outcome("clean", bool(by) or code != 0, by, seconds, code)
-    fired = fired_count(report_dir, fault)
-    if not fired:
-        return Outcome(fault, False, [f"never reached: {fault} did not fire on {plan.key}", *by], seconds, code, 0)
-    return Outcome(fault, bool(by) or code != 0, by, seconds, code, fired)
 
 
 def run_bounded(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tuple[int, str, bool]:
@@ -183,6 +198,18 @@ def run_bounded(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tu
             except subprocess.TimeoutExpired:
                 output = ""
         return -1, (output or "") + f"\ntimed out after {timeout_s:.0f}s", True
+
+
+def _judge_sglang(plan: MutantPlan, fault: str | None, by: list[str], code: int, report_dir: Path, seconds: float) -> Outcome:
+    """Real SGLang: a timed-out run is not caught; a fault that never fired was not reached."""
+    if code == -1:
+        return Outcome(fault or "clean", fault is None, [f"timed out after {plan.timeout_s:.0f}s on {plan.key}"], seconds, code)
+    if fault is None:
+        return Outcome("clean", bool(by) or code != 0, by, seconds, code)
+    fired = fired_count(report_dir, fault)
+    if not fired:
+        return Outcome(fault, False, [f"never reached: {fault} did not fire on {plan.key}", *by], seconds, code, 0)
+    return Outcome(fault, bool(by) or code != 0, by, seconds, code, fired)
 
 
 def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None,
@@ -233,9 +260,10 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
         fired = "" if out.fired is None else f" (fired {out.fired}x)"
         if out.caught:
             cell = escape("\n".join(out.by[:4]))
+        elif out.timed_out:
+            cell = f"[red]NOT CAUGHT[/] ({escape(out.by[0])})"
         else:
-            why = (f" ({out.by[0]})" if out.timed_out else f": {out.by[0]}") if out.by else ""
-            cell = "[red]NOT CAUGHT[/]" + escape(why)
+            cell = "[red]NOT CAUGHT[/]" + (f": {escape(out.by[0])}" if out.by else "")
         table.add_row(escape(out.name + fired), cell, f"{out.seconds:.1f}s")
     console.print(table)
     caught = sum(o.caught for o in outcomes)

@@ -88,14 +88,19 @@ def _lazy_alloc_fail_tracks_empty_slot(api, patch):
 
 
 def _track_shift(delta: int):
+    """Off by ``delta`` in the track seqlen SGLang hands to the kernel (the entry's
+    ``track_seqlen``, where ``_force_track_h``'s +1 lives), while the length SGLang records
+    as tracked (``mamba_last_track_seqlen``) stays right: the kernel snapshots another
+    position's state (or a chunk state past the sequence) under the recorded key."""
+
     def apply(api, patch):
         cls = api.ScheduleBatch
         original = cls._mamba_radix_cache_v2_req_prepare_for_extend
 
         def prepare(self, req):
             entry = original(self, req)
-            if entry.track_mask and req.kv.mamba_last_track_seqlen is not None:
-                req.kv.mamba_last_track_seqlen += delta
+            if entry.track_mask:
+                return entry._replace(track_seqlen=entry.track_seqlen + delta)
             return entry
 
         patch(cls, "_mamba_radix_cache_v2_req_prepare_for_extend", prepare)
@@ -244,11 +249,11 @@ FAULTS: dict[str, PoolFault] = {
         PoolFault("lazy_alloc_fail_tracks_empty_slot", "a failed lazy boundary allocation still tracks into the missing slot, which is then inserted",
                   "PR 27118 class: alloc-fail path inserting a state that was never written",
                   _lazy_alloc_fail_tracks_empty_slot, ("extra_buffer_lazy",)),
-        PoolFault("track_boundary_early", "prefill records its tracked state one token before where it was taken",
-                  "PR 15829 class: track index/length misalignment caches wrong states",
+        PoolFault("track_boundary_early", "prefill passes the kernel a track seqlen one token short (the +1 of _force_track_h dropped); the recorded length stays right",
+                  "off-by-one in SGLang's track seqlen (_mamba_radix_cache_v2_req_prepare_for_extend): the state of another position is cached under the key",
                   _track_shift(-1), BUFFERED),
-        PoolFault("track_boundary_late", "prefill records its tracked state one token after where it was taken",
-                  "PR 15829 class: track index/length misalignment caches wrong states",
+        PoolFault("track_boundary_late", "prefill passes the kernel a track seqlen one token long (a +1 where the last position is aligned); the recorded length stays right",
+                  "off-by-one in SGLang's track seqlen: an aligned snapshot reads a chunk state past the sequence's own",
                   _track_shift(+1), BUFFERED),
         PoolFault("cow_skipped", "a cache hit does not copy the matched state into the request's slot",
                   "PR 26877 class: a hit continues from a zeroed or stale state",

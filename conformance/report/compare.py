@@ -10,7 +10,10 @@ Regression kinds, one row each:
 - ``kl``       new top-k KL mean > max(old value, noise floor) * ``kl_factor``;
 - ``accuracy`` new GSM8K accuracy < the old run's Wilson lower bound;
 - ``launches`` more server launches for the same or fewer cells;
-- ``wall``     wall time up by more than ``wall_factor`` and by more than ``wall_min_s``.
+- ``wall``     wall time up by more than ``wall_factor`` and by more than ``wall_min_s``;
+- ``perf``     a ratio of a cell's ``perf`` block got worse by more than ``perf_threshold``
+  (relative; default per ratio kind, ``conformance.report.perf.DEFAULT_THRESHOLDS``) and
+  outside the measured noise (old and new intervals do not overlap).
 
 Pure: no I/O besides :func:`compare_files`, which loads both files first.
 """
@@ -63,6 +66,7 @@ def compare_reports(
     kl_factor: float = 2.0,
     wall_factor: float = 1.5,
     wall_min_s: float = 30.0,
+    perf_threshold: float | None = None,
 ) -> CompareResult:
     """Rows for every regression of ``new`` against ``old`` (both validated schema-1 reports)."""
     validate_report(old, "old report")
@@ -94,13 +98,24 @@ def compare_reports(
             if check not in old_cell["checks"] and new_v["status"] == "fail":
                 rows.append(CompareRow("status", cid, check, "absent", "fail", new_v.get("reason", "")))
     rows += _error_rows(new_cells)
+    rows += _perf_rows(old_cells, new_cells, perf_threshold)
     rows += _run_rows(old, new, wall_factor, wall_min_s)
     added = tuple(cid for cid in new_cells if cid not in old_cells)
     compared = sum(1 for cid, cell in old_cells.items() if cid in new_cells and cell["checks"])
     return CompareResult(tuple(rows), compared, added, tuple(notes))
 
 
-def compare_files(old_path: str | Path, new_path: str | Path, **thresholds: float) -> CompareResult:
+def _perf_rows(old_cells: Mapping[str, Mapping[str, Any]], new_cells: Mapping[str, Mapping[str, Any]], threshold: float | None) -> list[CompareRow]:
+    from conformance.report.perf import note_of, ratio_changes
+
+    return [
+        CompareRow("perf", c.cell, c.name, f"{c.old:.3g}", f"{c.new:.3g}", note_of(c))
+        for c in ratio_changes(old_cells, new_cells, threshold)
+        if c.flagged
+    ]
+
+
+def compare_files(old_path: str | Path, new_path: str | Path, **thresholds: float | None) -> CompareResult:
     """Load both report.json files (a missing/malformed one is one ``ReportError`` line) and compare."""
     return compare_reports(load_report(old_path), load_report(new_path), **thresholds)
 

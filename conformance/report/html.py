@@ -75,6 +75,7 @@ def render_html(report: Mapping[str, Any], plots: Sequence[Plot], base_dir: Path
     if grid:
         parts += ["<h2>Verdict matrix</h2>", grid]
     parts += ["<h2>Cells</h2>", _table(report["cells"])]
+    parts += _perf(report["cells"])
     if report.get("disagg"):
         parts += ["<h2>PD disaggregation</h2>", _table(report["disagg"])]
     if report.get("pool") is not None:
@@ -118,6 +119,18 @@ def _table(cells: Sequence[Mapping[str, Any]]) -> str:
             tds.append(f'<td class="{status}"{tip}>{status}' + (f"<br><small>{escape(nums)}</small>" if nums else "") + "</td>")
         rows.append("<tr>" + "".join(tds) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _perf(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    from conformance.report.perf import engines, perf_rows
+
+    rows = perf_rows(cells)
+    if not rows:
+        return []
+    head = "".join(f"<th>{escape(h)}</th>" for h in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
+    note = f'<p class="meta">Engine: {escape("; ".join(engines(cells)))}. Ratios are taken inside this run (plot below); compare judges them.</p>'
+    return ["<h2>Performance</h2>", note, f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"]
 
 
 def _grid(cells: Sequence[Mapping[str, Any]]) -> str:

@@ -40,6 +40,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if grid:
         lines += ["## Verdict matrix", "", *grid, "", "## Cells", ""]
     lines += summary_table(report["cells"])
+    lines += perf_section(report["cells"])
     if report.get("disagg"):
         lines += ["", "## PD disaggregation", "", *summary_table(report["disagg"])]
     if report.get("pool") is not None:
@@ -56,6 +57,18 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if unbound:
         lines += ["", "## Failures outside any cell", ""] + [f"- `{r['nodeid']}` ({r['when']}): {_inline(r['reason'])}" for r in unbound]
     return "\n".join(lines) + "\n"
+
+
+def perf_section(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The cells' perf blocks as one table (medians; ratios inside this run), engines named."""
+    from conformance.report.perf import engines, perf_rows
+
+    rows = perf_rows(cells)
+    if not rows:
+        return []
+    out = ["", "## Performance", "", f"Engine: {_inline('; '.join(engines(cells)))}. Ratios are taken inside this run; `compare` judges them.", ""]
+    out += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    return out + ["| " + " | ".join(_inline(c) for c in r) + " |" for r in rows[1:]]
 
 
 def matrix_groups(cells: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str], dict[tuple[str, str], list[Mapping[str, Any]]]]:

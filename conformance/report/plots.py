@@ -36,7 +36,9 @@ def draw_all(report: Mapping[str, Any], plot_dir: Path) -> list[Plot]:
     """Write every plot of ``report`` into ``plot_dir``; return them in display order."""
     plot_dir.mkdir(parents=True, exist_ok=True)
     cells = list(report.get("cells", [])) + list(report.get("disagg", []))
-    return [*kl_plots(cells, plot_dir), *occupancy_plots(cells, plot_dir), *gsm8k_plots(cells, plot_dir)]
+    from conformance.report.perf import perf_plots
+
+    return [*kl_plots(cells, plot_dir), *occupancy_plots(cells, plot_dir), *gsm8k_plots(cells, plot_dir), *perf_plots(report.get("cells", []), plot_dir)]
 
 
 def safe_name(text: str) -> str:

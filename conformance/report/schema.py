@@ -6,7 +6,8 @@ users' own tooling::
     {"schema": 1, "target", "launches", "wall_s", "complete", "versions",
      "cells": [{"id", "model", "family", "strategy", "fault", [page_size, ...], ["served_model"],
                 "checks": {name: {"status", "metrics": {...}, ["reason"], ["details"]}},
-                ["server": {"version", ..., "alive_at_end"}]}],
+                ["server": {"version", ..., "alive_at_end"}],
+                ["perf": {"ttft_cold_s", "ttft_hit_s", "decode_tok_s", "repeats", "ratios": {name: value}, ...}]}],
      ["cells_not_run"], ["incomplete_reasons"], ["tests": {passed, failed, skipped, errors}],
      ["machine"], ["twins"], ["preflight"], ["disagg": [...]], ["pool": ...], ["summary"], ["generated_at"]}
 
@@ -16,7 +17,8 @@ stopped early, refused at preflight, nothing selected); ``versions`` holds at le
 status is ``pass``, ``fail`` (a finding), ``skip`` (a stated reason) or ``error`` (the
 check did not complete: the test raised, its setup failed).  Every metric the contract
 names for a check is present (``null`` when not measured); every status but ``pass``
-carries a ``reason``.  A cell the run declared not
+carries a ``reason``.  A cell whose ``perf`` check ran has a ``perf`` block
+(``conformance.report.perf``: medians, spreads, ``ratios`` inside the run).  A cell the run declared not
 applicable is ``{"id", "not_applicable": reason, "checks": {}}``.  Non-finite floats become
 ``null`` so the file is strict JSON.
 """
@@ -44,6 +46,7 @@ CHECK_METRICS: dict[str, tuple[str, ...]] = {
     "prefix_branching": ("requests", "hits_expected", "hits_observed", "mismatches"),
     "leaks": ("mamba_used_at_idle", "kv_used_at_idle", "leak_log_lines", "lazy_resident_ratio"),
     "gsm8k": ("n", "accuracy", "wilson_low", "agreement"),
+    "perf": ("ttft_cold_s", "ttft_hit_s", "decode_tok_s", "repeats"),
 }
 CHECK_ORDER = tuple(CHECK_METRICS)
 
@@ -79,6 +82,9 @@ def build_report(
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cells": [_normalise_cell(c) for c in _merge_duplicates(cells)],
     }
+    from conformance.report.perf import attach_perf_blocks
+
+    attach_perf_blocks(report["cells"])
     if disagg is not None:
         report["disagg"] = [_normalise_cell(c) for c in _merge_duplicates(disagg)]
     if pool is not None:
@@ -230,6 +236,10 @@ def _validate_cell(cell: Any, where: str, fail) -> None:
                 raise fail(at, f"metric {key!r} must be a number or null, got {metrics[key]!r}")
         if "details" in verdict and not isinstance(verdict["details"], Mapping):
             raise fail(at, "'details' must be an object")
+    if "perf" in cell:
+        from conformance.report.perf import validate_perf_block
+
+        validate_perf_block(cell["perf"], where, fail)
 
 
 def _is_number(v: Any) -> bool:
@@ -291,6 +301,8 @@ def key_numbers(check: str, verdict: Mapping[str, Any]) -> str:
         parts.append(_kv("mism", m.get("mismatches")))
     elif check == "leaks":
         parts = [_kv("mamba", m.get("mamba_used_at_idle")), _kv("kv", m.get("kv_used_at_idle")), _kv("lazy", m.get("lazy_resident_ratio"))]
+    elif check == "perf":
+        parts = [_kv("cold", m.get("ttft_cold_s")), _kv("hit", m.get("ttft_hit_s")), _kv("dec", m.get("decode_tok_s"))]
     elif check == "gsm8k" and m.get("mode") == "agreement":
         agree = m.get("agreement")
         parts = [f"agreement mode: {agree:.0%} identical to baseline" if isinstance(agree, (int, float)) else "agreement mode", _kv("n", m.get("n"))]

@@ -411,9 +411,10 @@ class KvPoolDriver(PoolDriverBase):
         state_marker.write(pool, slot, state_marker.marker_for(prompt[:end]))
         tracked = None
         if entry is not None and entry.track_mask:
-            tracked = req.kv.mamba_last_track_seqlen
+            tracked = req.kv.mamba_last_track_seqlen  # what SGLang records; the kernel snapshots at the entry's track_seqlen
             track_slot = self._track_slot(entry, batch)
-            state_marker.write(pool, int(track_slot[0]), state_marker.marker_for(prompt[:tracked]))
+            snap = state_marker.snapshot_marker(prompt, entry.track_seqlen, prefix_len=start, extend_end=end, state_chunk=self.key.model_chunk)
+            state_marker.write(pool, int(track_slot[0]), snap)
         if end == len(prompt):
             run.prefill_done = True
             req.output_ids.append(self.fresh_token())

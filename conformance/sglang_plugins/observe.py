@@ -1,5 +1,5 @@
-"""Fresh idle gauges and SGLang's whole idle invariant on ``/metrics`` (general plugin
-``hybrid_conformance_observe``, scheduler process only).
+"""Fresh idle gauges, SGLang's whole idle invariant and resident track slots on
+``/metrics`` (general plugin ``hybrid_conformance_observe``, scheduler process only).
 
 SGLang publishes its pool gauges at idle only when its running-request gauge is stale
 or every 30 s, so a reader can see the last batch's numbers long after the server went
@@ -12,6 +12,17 @@ invariant SGLang checks at idle but does not export:
 ``hybrid_conformance:idle_publish_seq`` (incremented after each idle publish, so a scrape
 that shows a newer sequence number holds gauges refreshed while idle).
 
+Busy side (a BEFORE hook on ``Scheduler.run_batch``, so the batch is seen after
+``prepare_for_decode`` took any lazy boundary slot and before the step's result gives it
+back): for every decode step, the ping-pong track slots each request of the batch holds,
+read from SGLang's request objects (``req.kv.mamba_ping_pong_empty``), published as
+cumulative sums and window peaks (:data:`TRACK_GAUGES`).  A window starts at the first
+batch after an idle publish, so after a load the peaks are those of the last busy period
+(``busy_periods`` counts windows, so a reader can tell a load that spanned two).
+The same hook also keeps window peaks of the pools' ``used`` terms (:data:`POOL_GAUGES`,
+SGLang's own ``PoolStats``, read before every batch, prefill included), which SGLang's
+gauges only sample at its log intervals.
+
 Nothing here changes what SGLang schedules, allocates, caches or checks.
 """
 
@@ -21,6 +32,7 @@ import time
 from typing import Any, Callable
 
 TARGET = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter._maybe_log_idle_metrics"
+STEP_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 MIN_INTERVAL_S = 0.2
 PREFIX = "hybrid_conformance:"
 
@@ -37,12 +49,38 @@ READERS: dict[str, Callable[[Any], float]] = {
     "waiting_reqs": lambda s: len(s.waiting_queue),
 }
 
+#: Busy-side gauges (all cumulative or window peaks; see the module docstring).
+TRACK_GAUGES = (
+    "decode_steps",  # decode batches run (cumulative)
+    "decode_req_steps",  # sum over decode steps of requests in the batch (cumulative)
+    "track_slot_req_steps",  # sum over decode steps of track slots those requests held (cumulative)
+    "track_slots_now",  # track slots held by the last decode batch's requests
+    "track_slots_step_peak",  # window peak of the per-step sum
+    "track_slots_req_peak",  # window peak of one request's track slots
+    "decode_running_peak",  # window peak of requests in one decode batch
+    "busy_periods",  # windows started (cumulative)
+)
+#: Window peaks of the pools' used terms (SGLang's ``PoolStats``: size - available - evictable).
+POOL_GAUGES = ("mamba_used_peak", "kv_used_peak")
+_PEAKS = ("track_slots_step_peak", "track_slots_req_peak", "decode_running_peak", *POOL_GAUGES)
+
+
+def track_slots(req: Any) -> int:
+    """Ping-pong track slots one SGLang request holds right now (0 without a buffer)."""
+    kv = getattr(req, "kv", None)
+    empty = getattr(kv, "mamba_ping_pong_empty", None)
+    if getattr(kv, "mamba_ping_pong_track_buffer", None) is None or empty is None:
+        return 0
+    return sum(1 for e in empty if not e)
+
 
 class _Exporter:
     def __init__(self) -> None:
         self.gauges: dict[str, Any] = {}
         self.seq = 0
         self.last = 0.0
+        self.track = dict.fromkeys((*TRACK_GAUGES, *POOL_GAUGES), 0)
+        self.window_open = False
 
     def gauge(self, name: str) -> Any:
         if name not in self.gauges:
@@ -59,7 +97,44 @@ class _Exporter:
                 continue
             self.gauge(name).set(value)
         self.seq += 1
+        self.window_open = False  # the next batch starts a new busy window
         self.gauge("idle_publish_seq").set(self.seq)
+
+    def step(self, batch: Any) -> None:
+        """Account one batch about to run (decode batches only)."""
+        mode = getattr(batch, "forward_mode", None)
+        if mode is None or not mode.is_decode():
+            return
+        t = self.track
+        self._open_window()
+        per_req = [track_slots(r) for r in batch.reqs]
+        now = sum(per_req)
+        t["decode_steps"] += 1
+        t["decode_req_steps"] += len(per_req)
+        t["track_slot_req_steps"] += now
+        t["track_slots_now"] = now
+        t["track_slots_step_peak"] = max(t["track_slots_step_peak"], now)
+        t["track_slots_req_peak"] = max(t["track_slots_req_peak"], max(per_req, default=0))
+        t["decode_running_peak"] = max(t["decode_running_peak"], len(per_req))
+        for name in TRACK_GAUGES:
+            self.gauge(name).set(t[name])
+
+    def _open_window(self) -> None:
+        if not self.window_open:
+            self.window_open = True
+            self.track["busy_periods"] += 1
+            for peak in _PEAKS:
+                self.track[peak] = 0
+
+    def pools(self, scheduler: Any) -> None:
+        """Account the pools' used terms before one batch (any mode) runs."""
+        stats = scheduler.pool_stats_observer.get_pool_stats()
+        self._open_window()
+        self.gauge("busy_periods").set(self.track["busy_periods"])
+        for name, used in (("mamba_used_peak", stats.mamba_num_used), ("kv_used_peak", stats.full_num_used)):
+            if used is not None:
+                self.track[name] = max(self.track[name], used)
+                self.gauge(name).set(self.track[name])
 
 
 _EXPORTER = _Exporter()
@@ -78,11 +153,31 @@ def idle_publish(original: Callable, reporter: Any, *args: Any, **kwargs: Any) -
     return result
 
 
+def before_run_batch(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:
+    """BEFORE hook: read the batch, change nothing (returns None: arguments unchanged)."""
+    try:
+        _EXPORTER.pools(scheduler)
+    except Exception:  # an observer never breaks the server; a missing gauge is visible to the kit
+        pass
+    try:
+        _EXPORTER.step(batch)
+    except Exception:  # an observer never breaks the server; a missing gauge is visible to the kit
+        pass
+
+
 def install(role: str) -> dict[str, Any]:
     if role != "scheduler":
         return {}
+    import pkgutil
+
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    owner, attr = STEP_TARGET.rsplit(".", 1)
+    before = getattr(pkgutil.resolve_name(owner), attr)
     HookRegistry.register(TARGET, idle_publish, HookType.AROUND)
+    HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
     HookRegistry.apply_hooks()
-    return {"around": [TARGET], "gauges": sorted(PREFIX + n for n in READERS) + [PREFIX + "idle_publish_seq"]}
+    if getattr(pkgutil.resolve_name(owner), attr) is before:  # SGLang logs a failed hook and carries on
+        raise RuntimeError(f"hook on {STEP_TARGET} was not applied")
+    gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES)) + [PREFIX + "idle_publish_seq"]
+    return {"around": [TARGET], "before": [STEP_TARGET], "gauges": gauges}

@@ -83,7 +83,8 @@ class SGLangCpuTarget:
             "SGLANG_PLUGINS": ",".join((activation.CPU_PLUGIN, activation.OBSERVE_PLUGIN, activation.FAULT_PLUGIN)),
             activation.CPU_ENV: "1",
             activation.OBSERVE_ENV: "1",
-            "SGLANG_MAMBA_CONV_DTYPE": "float32",
+            # the conv state takes the activations as they are: it must be the model's dtype
+            "SGLANG_MAMBA_CONV_DTYPE": self.dtype,
             "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
             "SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK": "1",
             "OMP_NUM_THREADS": "1",

@@ -1,8 +1,8 @@
 """Recordings shared between the cells of a run, one JSON file per (kind, cell).
 
 Used where a check compares a cell with a sibling cell of the same model: the lazy
-resident-slot ratio (extra_buffer_lazy vs extra_buffer occupancy) and GSM8K agreement or
-paired tests (a strategy vs the model's no_buffer cell). The folder is the run's report
+resident track slots (extra_buffer_lazy vs extra_buffer under the same burst) and GSM8K
+agreement or paired tests (a strategy vs its paired baseline cell). The folder is the run's report
 directory, or a temp folder shared by the xdist workers of the run.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from conformance.checks.leaks import RUNNING_GAUGE, TRACK_SLOTS_GAUGE, OccupancySample
+from conformance.checks.leaks import OccupancySample
 from conformance.matrix import Cell
 
 
@@ -41,12 +41,3 @@ class CellStore:
     # -- occupancy timelines ------------------------------------------------------
     def save_timeline(self, cell: Cell, timeline: Sequence[OccupancySample]) -> Path:
         return self.save("occupancy", cell, [[s.t_s, dict(s.values)] for s in timeline])
-
-    def sibling_timeline(self, cell: Cell, strategy: str) -> list[OccupancySample] | None:
-        raw = self.load("occupancy", sibling_key(cell, strategy))
-        return None if raw is None else [OccupancySample(t, v) for t, v in raw]
-
-
-def synthetic_eager_timeline(timeline: Sequence[OccupancySample], slots_per_request: int = 2) -> list[OccupancySample]:
-    """What extra_buffer would hold for the same running requests: 2 track slots each."""
-    return [OccupancySample(s.t_s, {TRACK_SLOTS_GAUGE: slots_per_request * s.values.get(RUNNING_GAUGE, 0.0)}) for s in timeline]

@@ -5,14 +5,23 @@ and wait is bounded (the client's timeout, a deadline, a thread join with a time
 
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from conformance.checks.kl import KLRecording, KLSequence, TokenLogprobs, TopK
-from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, RUNNING_GAUGE, TRACK_SLOTS_GAUGE, IdleProbe, OccupancySample
+from conformance.checks.leaks import (
+    KV_GAUGE,
+    MAMBA_GAUGE,
+    RUNNING_GAUGE,
+    TRACK_GAUGES,
+    TRACK_SLOTS_GAUGE,
+    OccupancySample,
+    SessionRecording,
+    TurnResult,
+)
 from conformance.checks.prefix_branching import TreeRecording, TreeRequestRecord, consecutive_groups
 from conformance.client import SGLangClient
 from conformance.errors import KitError, ServerDiedError
@@ -21,7 +30,7 @@ from conformance.workloads.sessions import SessionScript
 from conformance.workloads.trees import BranchTree
 
 Tokens = tuple[int, ...]
-OCCUPANCY_GAUGES = (MAMBA_GAUGE, KV_GAUGE, RUNNING_GAUGE, TRACK_SLOTS_GAUGE)
+OCCUPANCY_GAUGES = (MAMBA_GAUGE, KV_GAUGE, RUNNING_GAUGE, TRACK_SLOTS_GAUGE, *TRACK_GAUGES)
 
 
 # ------------------------------------------------------------------ plumbing
@@ -121,7 +130,6 @@ def record_kl(
     top_k: int = 5,
     turn1_tokens: int = 16,
     ext_len: int = 8,
-    cold_generate: bool = False,
     timeout: float | None = None,
 ) -> KLRecording:
     """Serve ``prompts`` on a cache hit, then re-prefill served tokens cold twice.
@@ -130,9 +138,8 @@ def record_kl(
     new tokens (with ``ext_len=0`` the identical prompt, SGLang's variant, which can never
     hit under ``no_buffer``: its only state sits at the full prompt, past the key limit).
     ``decode_hit``: turn one generates ``turn1_tokens``; turn two (prompt + output +
-    ``ext_len`` new tokens) is served, hitting what turn one's decode cached. ``cold_generate`` adds a free-running
-    cold generate (the check's ``greedy_mismatch_fraction``); without it the check still
-    compares every served token with the cold run's argmax at the same position.
+    ``ext_len`` new tokens) is served, hitting what turn one's decode cached.  The cold
+    half (reference, noise floor, cold generate) is :func:`judge_against_cold`'s.
     """
     if scenario not in ("prefill_hit", "decode_hit"):
         raise KitError(f"record_kl: unknown scenario {scenario!r} (prefill_hit or decode_hit)")
@@ -147,7 +154,7 @@ def record_kl(
     served = generate_tokens(client, inputs, new_tokens, top_k=top_k, timeout=timeout)
     return judge_against_cold(
         served, inputs, client, scenario=scenario, enabled=enabled, new_tokens=new_tokens,
-        top_k=top_k, cold_generate=cold_generate, timeout=timeout,
+        top_k=top_k, timeout=timeout,
     )
 
 
@@ -160,25 +167,30 @@ def judge_against_cold(
     enabled: bool,
     new_tokens: int,
     top_k: int,
-    cold_generate: bool = False,
     timeout: float | None = None,
 ) -> KLRecording:
-    """The cold half of a KL recording: re-prefill the served tokens twice on ``reference``
-    (flushed; reference and noise floor) and, with ``cold_generate``, its free-running tokens."""
+    """The cold half of a KL recording, on ``reference`` with a flushed cache:
+
+    * the reference: one teacher-forced cold prefill of input + served tokens (batched);
+    * the noise floor, from two cold paths that differ from that reference the way a hit
+      does, not from a rerun of it: the same inputs generated cold (prefill of the input,
+      then decode steps, in the same batch as the hit was served: its tokens are also the
+      free-running cold generate), and the reference prefill again one sequence at a time
+      (another batch composition)."""
     hits = [cached_tokens(r) for r in served]
     served_lp = [served_logprobs(r) for r in served]
-    cold: list[Tokens] = [()] * len(inputs)
-    if cold_generate:
-        reference.flush_cache()
-        cold = [output_ids(r) for r in generate_tokens(reference, inputs, new_tokens, timeout=timeout)]
+    reference.flush_cache()
+    cold_served = [served_logprobs(r) for r in generate_tokens(reference, inputs, new_tokens, top_k=top_k, timeout=timeout)]
     full = [tuple(inp) + s.token_ids for inp, s in zip(inputs, served_lp)]
     starts = [len(inp) for inp in inputs]
     reference.flush_cache()
     ref = prefill_logprobs(reference, full, starts, top_k=top_k, timeout=timeout)
+    one_by_one = [prefill_logprobs(reference, [f], [st], top_k=top_k, timeout=timeout)[0] for f, st in zip(full, starts)]
     reference.flush_cache()
-    floor = prefill_logprobs(reference, full, starts, top_k=top_k, timeout=timeout)
-    reference.flush_cache()
-    seqs = tuple(KLSequence(scenario, st, h, s, r, f, c) for st, h, s, r, f, c in zip(starts, hits, served_lp, ref, floor, cold))
+    seqs = tuple(
+        KLSequence(scenario, st, h, s, r, cs, cs.token_ids, alone)
+        for st, h, s, r, cs, alone in zip(starts, hits, served_lp, ref, cold_served, one_by_one)
+    )
     return KLRecording(seqs, enabled, top_k)
 
 
@@ -227,25 +239,6 @@ def record_tree(client: SGLangClient, tree: BranchTree, *, top_k: int = 0, timeo
 
 
 # ------------------------------------------------------------------ leaks
-@dataclass(frozen=True)
-class TurnResult:
-    session: str
-    turn: int
-    rid: str
-    finish: str  # the finish reason type ("length", "abort", ...) or "error"
-    cached_tokens: int
-    output_len: int
-    error: str = ""
-    decoding_seen: bool | None = None  # abort turns: was it decoding when aborted?
-
-
-@dataclass(frozen=True)
-class SessionRecording:
-    turns: tuple[TurnResult, ...]
-    errors: tuple[str, ...]
-    requests: int
-
-
 def _turn_payload(turn_tokens: Tokens, max_new: int, rid: str, sid: str, parent: str | None, replace: bool) -> dict[str, Any]:
     params: dict[str, Any] = {"id": sid}
     if parent is not None:
@@ -255,67 +248,102 @@ def _turn_payload(turn_tokens: Tokens, max_new: int, rid: str, sid: str, parent:
     return {"input_ids": list(turn_tokens), "sampling_params": _sampling(max_new), "rid": rid, "session_params": params}
 
 
-def _wait_decoding(
-    client: SGLangClient, fut: Future, kv_before: float | None, new_tokens: int, *, min_s: float, deadline_s: float, poll_s: float = 0.02
-) -> bool:
-    """Wait at least ``min_s``, then until the KV gauge shows two decoded tokens past the
-    turn's prefill, the request ends, or ``deadline_s`` passes; True if decoding was seen."""
-    time.sleep(min_s)
-    if kv_before is None:
-        return False
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end and not fut.done():
-        if client.metrics().get(KV_GAUGE, 0.0) >= kv_before + new_tokens + 2:
-            return True
-        time.sleep(poll_s)
-    return False
+def _streamed_tokens(chunk: dict[str, Any]) -> int:
+    mi = chunk.get("meta_info") or {}
+    if mi.get("completion_tokens") is not None:
+        return int(mi["completion_tokens"])
+    return len(chunk.get("output_ids") or [])
 
 
-def record_sessions(client: SGLangClient, scripts: Sequence[SessionScript], *, timeout: float = 60.0) -> SessionRecording:
-    """Run each session script (open, turns, close). A turn with ``abort_after_s`` is
-    aborted by rid once the KV gauge shows it decoding (at least ``abort_after_s`` after
-    it was sent)."""
+def _aborted_turn(
+    client: SGLangClient, payload: dict[str, Any], *, min_s: float, min_tokens: int = 2, timeout: float
+) -> tuple[dict[str, Any] | None, int, str]:
+    """Stream one turn, abort it by rid once the stream has delivered ``min_tokens`` output
+    tokens (and at least ``min_s`` after it was sent), read the stream to its end.
+
+    Returns (last chunk, output tokens streamed when the abort was sent, error).  Decoding
+    is seen on the stream itself, not on a gauge SGLang publishes only every 40 steps."""
+    seen = threading.Event()
+    done = threading.Event()
+    box: dict[str, Any] = {"last": None, "tokens": 0, "error": ""}
+
+    def consume() -> None:
+        try:
+            for chunk in client.generate_stream(payload, timeout=timeout):
+                box["last"] = chunk
+                box["tokens"] = _streamed_tokens(chunk)
+                if box["tokens"] >= min_tokens:
+                    seen.set()
+        except KitError as e:
+            box["error"] = str(e).splitlines()[0][:200]
+        finally:
+            done.set()
+
+    t0 = time.monotonic()
+    reader = threading.Thread(target=consume, name=f"stream-{payload['rid']}", daemon=True)
+    reader.start()
+    end = t0 + timeout
+    while time.monotonic() < end and not done.is_set() and not (seen.is_set() and time.monotonic() - t0 >= min_s):
+        time.sleep(0.01)
+    at_abort = box["tokens"]
+    client.abort_request(payload["rid"])
+    done.wait(timeout)
+    reader.join(timeout=1.0)
+    if not done.is_set():
+        return box["last"], at_abort, f"stream still open {timeout:.0f}s after the abort"
+    return box["last"], at_abort, box["error"]
+
+
+def record_sessions(
+    client: SGLangClient,
+    scripts: Sequence[SessionScript],
+    *,
+    timeout: float = 60.0,
+    after_abort: Callable[[TurnResult], None] | None = None,
+) -> SessionRecording:
+    """Run each session script (open, turns, close).  A turn with ``abort_after_s`` is
+    streamed and aborted by rid once the stream shows it decoding (at least
+    ``abort_after_s`` after it was sent); ``after_abort`` is called with its record while
+    its session is still open (e.g. an idle probe without a flush)."""
     turns: list[TurnResult] = []
     errors: list[str] = []
     sent = 0
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        for script in scripts:
-            sid = client.open_session(script.capacity_of_str_len, streaming=script.streaming)
-            rids: list[str] = []
-            last_ok: str | None = None
-            try:
-                for i, turn in enumerate(script.turns):
-                    rid = f"{sid}-t{i}"
-                    rids.append(rid)
-                    parent = None if script.streaming else (rids[turn.parent] if turn.parent is not None else last_ok)
-                    payload = _turn_payload(turn.tokens, turn.max_new_tokens, rid, sid, parent, turn.replace)
-                    sent += 1
-                    seen: bool | None = None
-                    try:
-                        if turn.abort_after_s is None:
-                            resp = client.generate(payload, timeout=timeout)
-                        else:
-                            before = client.metrics().get(KV_GAUGE)
-                            fut = pool.submit(client.generate, payload, timeout=timeout)
-                            seen = _wait_decoding(client, fut, before, len(turn.tokens), min_s=turn.abort_after_s, deadline_s=timeout / 2)
-                            client.abort_request(rid)
-                            resp = fut.result(timeout=timeout)
-                    except (KitError, FutureTimeout) as e:
-                        if isinstance(e, ServerDiedError) or turn.abort_after_s is None:
-                            raise KitError(f"session {script.name} turn {i}: {e}") from None
-                        if not seen:  # failed before it was ever seen decoding: not our abort
-                            errors.append(f"session {script.name} turn {i} failed before decoding: {str(e)[:200]}")
-                        turns.append(TurnResult(script.name, i, rid, "abort" if seen else "error", 0, 0, str(e)[:200], seen))
-                        continue
-                    resp = resp[0] if isinstance(resp, list) else resp
-                    fin = (resp.get("meta_info", {}).get("finish_reason") or {}).get("type", "unknown")
-                    turns.append(TurnResult(script.name, i, rid, fin, cached_tokens(resp), len(output_ids(resp)), "", seen))
-                    if turn.abort_after_s is None and fin == "abort":
-                        errors.append(f"session {script.name} turn {i} was aborted by the server: {resp['meta_info'].get('finish_reason')}")
-                    if fin != "abort":
-                        last_ok = rid
-            finally:
-                client.close_session(sid)
+    for script in scripts:
+        sid = client.open_session(script.capacity_of_str_len, streaming=script.streaming)
+        rids: list[str] = []
+        last_ok: str | None = None
+        try:
+            for i, turn in enumerate(script.turns):
+                rid = f"{sid}-t{i}"
+                rids.append(rid)
+                parent = None if script.streaming else (rids[turn.parent] if turn.parent is not None else last_ok)
+                payload = _turn_payload(turn.tokens, turn.max_new_tokens, rid, sid, parent, turn.replace)
+                sent += 1
+                if turn.abort_after_s is not None:
+                    last, at_abort, err = _aborted_turn(client, payload, min_s=turn.abort_after_s, timeout=timeout)
+                    mi = (last or {}).get("meta_info") or {}
+                    fin = (mi.get("finish_reason") or {}).get("type", "error" if err else "unknown")
+                    rec = TurnResult(
+                        script.name, i, rid, fin, int(mi.get("cached_tokens", 0) or 0), _streamed_tokens(last or {}), err,
+                        decoding_seen=at_abort >= 2, tokens_at_abort=at_abort, max_new_tokens=turn.max_new_tokens, aborted=True,
+                    )
+                    turns.append(rec)
+                    if after_abort is not None:
+                        after_abort(rec)
+                    continue
+                try:
+                    resp = client.generate(payload, timeout=timeout)
+                except KitError as e:
+                    raise KitError(f"session {script.name} turn {i}: {e}") from None
+                resp = resp[0] if isinstance(resp, list) else resp
+                fin = (resp.get("meta_info", {}).get("finish_reason") or {}).get("type", "unknown")
+                turns.append(TurnResult(script.name, i, rid, fin, cached_tokens(resp), len(output_ids(resp)), max_new_tokens=turn.max_new_tokens))
+                if fin == "abort":
+                    errors.append(f"session {script.name} turn {i} was aborted by the server: {resp['meta_info'].get('finish_reason')}")
+                else:
+                    last_ok = rid
+        finally:
+            client.close_session(sid)
     return SessionRecording(tuple(turns), tuple(errors), sent)
 
 

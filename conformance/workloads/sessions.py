@@ -1,7 +1,8 @@
 """Session scripts for the leak check: the workload that exposed SGLang's session leaks
 (PR 26941, issue 23496). A streaming and a non-streaming session each run several turns
-whose context crosses track boundaries; one turn is aborted mid-decode, and the
-non-streaming session branches from an earlier turn by ``rid`` and replaces one
+whose context crosses track boundaries; one turn is aborted mid-decode (the runner streams
+it and aborts once the stream has delivered decoded tokens, ``runners.record_sessions``),
+and the non-streaming session branches from an earlier turn by ``rid`` and replaces one
 (``replace`` is refused in streaming sessions, so that script only appends).
 """
 
@@ -16,7 +17,8 @@ from conformance.workloads.prompts import extension
 @dataclass(frozen=True)
 class SessionTurn:
     """One turn: ``tokens`` appended to the context of turn ``parent`` (None: the latest
-    finished turn); ``abort_after_s`` aborts it mid-decode after that delay."""
+    finished turn); ``abort_after_s`` aborts it mid-decode, no earlier than that delay and
+    only once it is seen decoding."""
 
     tokens: tuple[int, ...]
     max_new_tokens: int

@@ -17,7 +17,6 @@ the checks missed.
 
 from __future__ import annotations
 
-import os
 import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -108,13 +107,6 @@ def fired(name: str, **detail: Any) -> None:
 
 def fire_count(name: str) -> int:
     return _FIRED.get(name, 0)
-
-
-def selected() -> str | None:
-    """The fault this process was started with (the kit's launcher sets the env var)."""
-    from conformance.sglang_plugins.activation import FAULT_ENV
-
-    return os.environ.get(FAULT_ENV) or None
 
 
 def plan_arg(args: tuple, kwargs: dict, index: int, name: str) -> Any:

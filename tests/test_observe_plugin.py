@@ -1,0 +1,85 @@
+"""The observe plugin's busy-side readers (conformance/sglang_plugins/observe.py), driven
+with request objects shaped like SGLang's (``req.kv.mamba_ping_pong_*``); no server."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from conformance.sglang_plugins import observe
+
+
+class Mode:
+    def __init__(self, decode: bool):
+        self.decode = decode
+
+    def is_decode(self) -> bool:
+        return self.decode
+
+
+def req(*empty: bool):
+    buf = None if not empty else object()
+    return SimpleNamespace(kv=SimpleNamespace(mamba_ping_pong_track_buffer=buf, mamba_ping_pong_empty=list(empty) if empty else None))
+
+
+def batch(reqs, decode=True):
+    return SimpleNamespace(forward_mode=Mode(decode), reqs=reqs)
+
+
+class Recorded:
+    def __init__(self):
+        self.value = None
+
+    def set(self, v):
+        self.value = v
+
+
+def exporter(monkeypatch):
+    ex = observe._Exporter()
+    gauges: dict[str, Recorded] = {}
+    monkeypatch.setattr(ex, "gauge", lambda name: gauges.setdefault(name, Recorded()))
+    return ex, gauges
+
+
+def test_track_slots_counts_held_ping_pong_slots():
+    assert observe.track_slots(req(False, False)) == 2
+    assert observe.track_slots(req(False, True)) == 1
+    assert observe.track_slots(req()) == 0  # no buffer: no_buffer, or released
+
+
+def test_decode_steps_accumulate_and_peaks_reset_after_an_idle_publish(monkeypatch):
+    ex, g = exporter(monkeypatch)
+    ex.step(batch([req(False, True), req(False, True)]))        # lazy between boundaries
+    ex.step(batch([req(False, False), req(False, True)]))       # one request at its boundary
+    ex.step(batch([req(False, False)], decode=False))           # a prefill batch is not counted
+    assert g["decode_steps"].value == 2 and g["decode_req_steps"].value == 4 and g["track_slot_req_steps"].value == 5
+    assert g["track_slots_req_peak"].value == 2 and g["track_slots_step_peak"].value == 3 and g["busy_periods"].value == 1
+    ex.publish(SimpleNamespace())  # idle: readers of a bare object fail and publish nothing
+    ex.step(batch([req(False, True)]))
+    assert g["busy_periods"].value == 2 and g["track_slots_req_peak"].value == 1 and g["decode_running_peak"].value == 1
+    assert g["track_slot_req_steps"].value == 6  # sums stay cumulative
+
+
+def test_the_before_hook_never_raises_into_sglang(monkeypatch):
+    ex, _ = exporter(monkeypatch)
+    monkeypatch.setattr(observe, "_EXPORTER", ex)
+    assert observe.before_run_batch(object(), SimpleNamespace(forward_mode=Mode(True), reqs=None)) is None
+
+
+def pool_scheduler(mamba: int | None, kv: int):
+    stats = SimpleNamespace(mamba_num_used=mamba, full_num_used=kv)
+    return SimpleNamespace(pool_stats_observer=SimpleNamespace(get_pool_stats=lambda: stats))
+
+
+def test_pool_peaks_cover_prefill_batches_and_reset_with_the_window(monkeypatch):
+    ex, g = exporter(monkeypatch)
+    monkeypatch.setattr(observe, "_EXPORTER", ex)
+    observe.before_run_batch(pool_scheduler(3, 300), batch([req(False, False)], decode=False))  # prefill of one request
+    observe.before_run_batch(pool_scheduler(9, 900), batch([req(False, False)] * 3))            # decode of three
+    observe.before_run_batch(pool_scheduler(6, 610), batch([req(False, False)] * 2))
+    assert g["mamba_used_peak"].value == 9 and g["kv_used_peak"].value == 900 and g["busy_periods"].value == 1
+    assert g["decode_steps"].value == 2  # the prefill batch opened the window but is no decode step
+    ex.publish(SimpleNamespace())
+    observe.before_run_batch(pool_scheduler(1, 40), batch([req(False, True)]))
+    assert g["mamba_used_peak"].value == 1 and g["kv_used_peak"].value == 40 and g["busy_periods"].value == 2
+    observe.before_run_batch(pool_scheduler(None, 50), batch([req(False, True)]))  # a pool without a mamba term
+    assert g["mamba_used_peak"].value == 1 and g["kv_used_peak"].value == 50
