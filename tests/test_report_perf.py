@@ -42,13 +42,14 @@ COLD = [0.20, 0.21, 0.22, 0.23, 0.24]
 HIT = [0.06, 0.065, 0.07, 0.075, 0.08]
 
 
-def run_report(extra_slowdown: float = 0.0, *, noisy: bool = False) -> dict:
-    """A three-cell run; ``extra_slowdown`` seconds are added to the extra_buffer cells' TTFTs."""
+def run_report(extra_slowdown: float = 0.0, *, noisy: bool = False, extra_decode: float = 25.0) -> dict:
+    """A three-cell run; ``extra_slowdown`` seconds are added to the extra_buffer cells' TTFTs,
+    which decode at ``extra_decode`` tok/s (the no_buffer cell: 30)."""
     spread = [0.05, 0.2, 0.21, 0.22, 0.6] if noisy else COLD
     cells = [
         cell("no_buffer", rec(COLD, HIT, 30.0, slots=0.0, mamba=8.0)),
-        cell("extra_buffer", rec([c + 0.1 + extra_slowdown for c in spread], [h + 0.05 + extra_slowdown for h in HIT], 25.0, slots=2.0, mamba=16.0)),
-        cell("extra_buffer_lazy", rec([c + 0.1 + extra_slowdown for c in COLD], [h + 0.05 + extra_slowdown for h in HIT], 25.0, slots=1.0, mamba=12.0)),
+        cell("extra_buffer", rec([c + 0.1 + extra_slowdown for c in spread], [h + 0.05 + extra_slowdown for h in HIT], extra_decode, slots=2.0, mamba=16.0)),
+        cell("extra_buffer_lazy", rec([c + 0.1 + extra_slowdown for c in COLD], [h + 0.05 + extra_slowdown for h in HIT], extra_decode, slots=1.0, mamba=12.0)),
     ]
     return build_report(target="sglang-cpu", launches=3, wall_s=100.0, cells=cells)
 
@@ -150,3 +151,15 @@ def test_compare_perf_threshold_as_typed(tmp_path: Path) -> None:
 
 def test_kit_error_is_the_cli_refusal() -> None:
     assert issubclass(ReportError, KitError)
+
+
+def test_decode_ratios_across_cells_have_their_own_default_above_the_measured_clean_swing() -> None:
+    """docs/perf.md: on the shared machine a clean pair moved a decode ratio by +530% outside
+    both intervals, so the throughput default tolerates that; a user threshold still flags it."""
+    old, new = run_report(), run_report(extra_decode=10.0)  # 25 -> 10 tok/s: 2.5x slower decode
+    change = next(c for c in ratio_changes(by_id(old), by_id(new)) if c.cell.endswith("-extra_buffer-p1-t256") and c.name == "decode_vs_no_buffer")
+    assert change.worse_by == pytest.approx(1.5, abs=1e-3) and not change.in_noise
+    assert change.threshold == DEFAULT_THRESHOLDS["throughput"] > 5.3 and not change.flagged
+    assert not [r for r in compare_reports(old, new).rows if r.kind == "perf"]
+    flagged = {r.check for r in compare_reports(old, new, perf_threshold=0.5).rows if r.kind == "perf"}
+    assert {"decode_vs_no_buffer", "decode_concurrent_vs_no_buffer"} <= flagged
