@@ -99,8 +99,14 @@ def test_mutants_programs_as_typed(tmp_path: Path) -> None:
 def test_fuzz_sglang_cpu_as_typed(tmp_path: Path) -> None:
     out = sh(FUZZ_SGLANG_CPU, tmp_path, timeout=2400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    check = _programs_check(tmp_path / "reports" / "fuzz" / "report.json")
-    assert check["status"] == "pass" and check["metrics"]["examples"] == 4
+    # extra_buffer_lazy selects two premerge cells: clean and the lazy allocation-failure fault
+    data = json.loads((tmp_path / "reports" / "fuzz" / "report.json").read_text())
+    cells = {c["id"]: c["checks"]["programs"] for c in data["cells"]}
+    assert set(cells) == {"qwen3-next-80b-extra_buffer_lazy-p1-t256", "qwen3-next-80b-extra_buffer_lazy-p1-t256-lazy_alloc_fail"}, cells
+    assert data["launches"] >= len(cells) and data["target"] == "sglang-cpu"
+    for check in cells.values():
+        assert check["status"] == "pass" and check["metrics"]["examples"] == 4, check
+        assert check["metrics"]["requests"] > 0, check
 
 
 # ------------------------------------------------------------------ the verdict
