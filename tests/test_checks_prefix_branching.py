@@ -46,6 +46,18 @@ def test_output_on_a_hit_must_equal_the_cold_output():
     assert v.status == "fail" and "b257/2: output differs from the cold output at token 2" in v.reason
 
 
+def test_exact_mode_sees_a_wrong_state_that_leaves_the_argmax_alone():
+    """Same tokens, but the hit's logprobs drifted: a state taken at the wrong position
+    (force_track_h_dropped on real SGLang) moves logprobs long before it flips a token."""
+    cold = (-0.5, -1.25, -0.75)
+    same = prefix_branching_verdict(sglang_scenario(256, output_logprobs=cold, cold_output_logprobs=cold), oracle())
+    noise = prefix_branching_verdict(sglang_scenario(256, output_logprobs=(-0.5, -1.25 + 5e-5, -0.75), cold_output_logprobs=cold), oracle())
+    drift = prefix_branching_verdict(sglang_scenario(256, output_logprobs=(-0.5, -1.25, -0.74), cold_output_logprobs=cold), oracle())
+    assert same.status == "pass" and noise.status == "pass", (same.reason, noise.reason)
+    assert drift.status == "fail" and "b257/2: output token 2 logprob -0.740000 vs cold -0.750000" in drift.reason
+    assert drift.metrics["output_mismatches"] == 1
+
+
 def test_non_exact_mode_bounds_first_token_kl():
     a = ((1, -0.1), (2, -2.5))
     b = ((2, -0.1), (1, -2.5))

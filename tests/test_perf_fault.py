@@ -36,6 +36,8 @@ def test_mutants_runs_perf_first_and_the_clean_run_of_its_cell_times_it_too() ->
     plans = catalogue.sglang_cpu_plans()
     plan = plans["track_path_slowdown"]
     assert plan.suites[0] == "perf" and plan.fault_env == "HYBRID_CONFORMANCE_SGLANG_FAULT"
+    # the ratios compare flags (ttft_vs_no_buffer, decode_vs_no_buffer) need the no_buffer sibling in the run
+    assert plan.strategies.split(",") == ["no_buffer", "extra_buffer"], plan.strategies
     same_cell = [p for p in plans.values() if p.key == plan.key]
     assert all("perf" in p.suites for p in same_cell)  # whichever plan runs the cell's clean run
 

@@ -204,3 +204,31 @@ def test_a_pool_run_that_ran_nothing_exits_non_zero(tmp_path):
     assert re.search(r"pool tier ran nothing: all \d+ selected tests were skipped \(first: scenario session_reuse applies to", out.stdout), out.stdout[-2000:]
     ran = subprocess.run(argv[:-1] + ["test_pool_scenario and refused_after_match and no_buffer"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert ran.returncode == 0 and "ran nothing" not in ran.stdout, ran.stdout[-2000:]
+
+
+def test_fault_hook_targets_are_probed_with_sglangs_own_line():
+    """A seeded fault's hook target that a release renamed is answered by the probe (SGLang's
+    import/attribute error), and ``mutants`` reports that fault not applicable, unscored."""
+    features = probes.probe()
+    if not features.importable:
+        pytest.skip(f"sglang not importable here: {features.import_error}")
+    assert features.missing_hook_targets == ()  # 0.5.23, the release the catalogue was written on
+    renamed = "sglang.srt.managers.schedule_batch.ScheduleBatch._no_such_prepare_for_extend"
+    ((target, line),) = probes._unresolved((renamed,))
+    assert target == renamed and line.startswith("AttributeError: ") and "_no_such_prepare_for_extend" in line
+    ((_, gone),) = probes._unresolved(("sglang.srt.no_such_module.fn",))
+    assert "no_such_module" in gone and gone.split(":")[0] in ("AttributeError", "ModuleNotFoundError")
+
+
+def test_mutants_reports_a_fault_whose_hook_is_missing_as_not_applicable(monkeypatch):
+    from conformance.errors import KitError
+    from conformance.mutants import command
+    from conformance.sglang_plugins.faults.catalogue import get_fault
+
+    target = get_fault("double_free").hooks[0].target
+    old = probes.Features(version="0.5.99", missing_hook_targets=((target, "AttributeError: gone"),))
+    monkeypatch.setattr(probes, "probe", lambda: old)
+    assert command.sglang_not_applicable(("double_free", "cow_skipped")) == {"double_free": f"sglang 0.5.99 has no {target}: AttributeError: gone"}
+    assert "1 missing -> their faults not applicable" in old.summary()
+    with pytest.raises(KitError, match=r"^mutants: no selected fault applies to the installed SGLang \(sglang 0\.5\.99 has no "):
+        command.run_mutants(target="sglang-cpu", only="double_free", report_dir=Path("/nonexistent"))

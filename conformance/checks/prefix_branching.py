@@ -6,8 +6,10 @@ in the order they were sent. A group of requests sent together (concurrent sibli
 be admitted together or one after another, so each member accepts either prediction.
 After eviction pressure the oracle is an upper bound, so a request accepts any length
 that was ever stored for its prefix (``candidate_hits``). Outputs on a hit must equal the
-cold outputs exactly (CPU twins) or, outside exact mode, keep the first token's top-k KL
-under a cap. A mismatch fails with the request's path in the tree.
+cold outputs exactly (CPU twins: the same tokens, and each served token's logprob within
+float noise of the cold one, so a wrong state that leaves a tiny model's argmax alone is
+still seen) or, outside exact mode, keep the first token's top-k KL under a cap. A
+mismatch fails with the request's path in the tree.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import copy
 from dataclasses import dataclass
 from typing import Sequence
 
+from conformance.checks.differential import Tolerance
 from conformance.checks.kl import TopK, topk_kl
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
@@ -39,6 +42,8 @@ class TreeRequestRecord:
     cold_output: tuple[int, ...] = ()
     first_top: TopK = ()
     cold_first_top: TopK = ()
+    output_logprobs: tuple[float, ...] = ()  # the served tokens' logprobs (exact mode compares them)
+    cold_output_logprobs: tuple[float, ...] = ()
     flushed_before: bool = False  # the cache was flushed right before this request's group
     after_pressure: bool = False  # eviction pressure ran since the last flush
 
@@ -94,6 +99,11 @@ def _outputs_match(r: TreeRequestRecord, exact: bool, kl_cap: float) -> tuple[bo
         if tuple(r.output) != tuple(r.cold_output):
             first = next((i for i, (a, b) in enumerate(zip(r.output, r.cold_output)) if a != b), min(len(r.output), len(r.cold_output)))
             return False, f"output differs from the cold output at token {first}"
+        atol = Tolerance().logprob_atol
+        gaps = [abs(a - b) for a, b in zip(r.output_logprobs, r.cold_output_logprobs)]
+        worst = max(range(len(gaps)), key=gaps.__getitem__, default=None)
+        if worst is not None and gaps[worst] > atol:
+            return False, f"output token {worst} logprob {r.output_logprobs[worst]:.6f} vs cold {r.cold_output_logprobs[worst]:.6f} (|diff| {gaps[worst]:.2e} > {atol:g})"
         return True, ""
     if not r.first_top or not r.cold_first_top:
         raise KitError(f"prefix_branching: request {r.path} has no first-token top-k to compare (non-exact mode)")

@@ -84,6 +84,8 @@ def pool_plans() -> dict[str, MutantPlan]:
 def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPlan]:
     """Each real-SGLang fault (of ``names``, default all) on the cheapest premerge cell where
     it can show (its first model family and strategy, with the matrix fault it needs).
+    A fault judged by the perf suite also runs the model's ``no_buffer`` cell, whose
+    timings the perf ratios (``ttft_vs_no_buffer``, ``decode_vs_no_buffer``) divide by.
     Faults of one cell share one selection of suites -- the union of what the selected
     ones need -- so one clean run per cell vouches for all of them; each fault runs its own
     catching suite first and stops at the first failure."""
@@ -92,7 +94,10 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
     selected = {n: f for n, f in faults().items() if names is None or n in names}
 
     def cell_of(f) -> tuple[str, str, str]:
-        return f.families[0], f.strategies[0], f.cell_fault
+        strategy = f.strategies[0]
+        if "perf" in f.suites and strategy != "no_buffer":  # the perf ratios are taken against the no_buffer sibling
+            strategy = f"no_buffer,{strategy}"
+        return f.families[0], strategy, f.cell_fault
 
     needed: dict[tuple[str, str, str], set[str]] = {}
     for f in selected.values():

@@ -212,6 +212,25 @@ def _judge_sglang(plan: MutantPlan, fault: str | None, by: list[str], code: int,
     return Outcome(fault, bool(by) or code != 0, by, seconds, code, fired)
 
 
+def sglang_not_applicable(names: tuple[str, ...]) -> dict[str, str]:
+    """Fault -> SGLang's own line, for each seeded fault whose hook target the installed
+    release lacks (``sglang_api.probes``): a renamed symbol makes the fault not applicable,
+    reported, not scored."""
+    from conformance.sglang_api.probes import probe
+    from conformance.sglang_plugins.faults.catalogue import faults
+
+    features = probe()
+    if not features.importable:
+        raise KitError(f"mutants --target sglang-cpu: sglang {features.version} is not importable: {features.import_error}")
+    known = faults()
+    out = {}
+    for name in names:
+        line = features.hook_target_missing(h.target for h in known[name].hooks)
+        if line:
+            out[name] = f"sglang {features.version} has no {line}"
+    return out
+
+
 def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None,
                 programs: str | None = None, seed: int = 0, programs_only: bool = False) -> int:
     console = console or Console(width=200)
@@ -225,8 +244,14 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
     elif fast:
         keep = {"reference": FAST_REFERENCE, "pool": FAST_POOL, "sglang-cpu": FAST_SGLANG_CPU}[target]
         plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in keep}
+    not_applicable: dict[str, str] = {}
     if target == "sglang-cpu":  # a cell runs only the suites the selected faults need
-        plans = sglang_cpu_plans(tuple(plans))
+        not_applicable = sglang_not_applicable(tuple(plans))
+        for name, line in not_applicable.items():
+            console.print(f"{escape(name)}: not applicable: {escape(line)}")
+        if len(not_applicable) == len(plans):
+            raise KitError(f"mutants: no selected fault applies to the installed SGLang ({next(iter(not_applicable.values()))})")
+        plans = sglang_cpu_plans(tuple(n for n in plans if n not in not_applicable))
     from conformance.preflight import preflight_only
 
     if preflight_only():  # what would run, and nothing else (the docs test's "as typed" mode)
@@ -269,5 +294,6 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
     caught = sum(o.caught for o in outcomes)
     if not clean_ok:
         console.print("clean run failed: the score is void")
-    console.print(f"mutation score: {caught}/{len(outcomes)}")
+    skipped = f" ({len(not_applicable)} not applicable on this SGLang: {', '.join(not_applicable)})" if not_applicable else ""
+    console.print(f"mutation score: {caught}/{len(outcomes)}{skipped}")
     return 0 if clean_ok and caught == len(outcomes) else 1

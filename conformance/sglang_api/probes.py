@@ -52,6 +52,12 @@ class Features:
     platform_extra_buffer_answer: bool = False  # SRTPlatform.support_mamba_cache_extra_buffer (a platform may allow extra_buffer)
     flags: tuple[str, ...] = ()  # which of PARSER_FLAGS SGLang's parser takes
     pd_transfer_refusal: str | None = None  # SGLang's own line when its default PD transfer engine cannot be built here
+    missing_hook_targets: tuple[tuple[str, str], ...] = ()  # (seeded fault's hook target, SGLang's line) that do not resolve here
+
+    def hook_target_missing(self, targets) -> str | None:
+        """SGLang's own line for the first of ``targets`` this release lacks (None: all resolve)."""
+        missing = dict(self.missing_hook_targets)
+        return next((f"{t}: {missing[t]}" for t in targets if t in missing), None)
 
     # ------------------------------------------------------------ derived answers
     @property
@@ -101,6 +107,7 @@ class Features:
             f"_gather_mamba_track_indices {'present' if self.gather_track_indices else 'absent (kit indexes the ping-pong mapping)'}",
             f"granite layer names {'linear_attention/full_attention' if self.granite_new_layer_names else 'mamba/attention only -> granite configs rewritten'}",
             f"plugins + out-of-tree platform with an extra_buffer answer {'present' if self.sglang_cpu_capable else 'absent -> sglang-cpu target not applicable'}",
+            f"seeded-fault hook targets {'all resolve' if not self.missing_hook_targets else f'{len(self.missing_hook_targets)} missing -> their faults not applicable'}",
         ]
         return f"sglang {self.version}: " + "; ".join(parts)
 
@@ -181,6 +188,26 @@ def _granite_takes_new_names() -> bool:
     return True
 
 
+def _fault_hook_targets() -> tuple[str, ...]:
+    """Every SGLang symbol a seeded fault of the kit hooks (the catalogue imports no SGLang)."""
+    from conformance.sglang_plugins.faults.catalogue import faults
+
+    return tuple(sorted({h.target for f in faults().values() for h in f.hooks}))
+
+
+def _unresolved(targets: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(target, SGLang's own error line) for each dotted symbol that does not resolve."""
+    import pkgutil
+
+    out = []
+    for target in targets:
+        try:
+            pkgutil.resolve_name(target)
+        except (ImportError, AttributeError, ValueError) as e:
+            out.append((target, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"))
+    return tuple(out)
+
+
 def _probe() -> Features:
     try:
         import sglang
@@ -226,6 +253,7 @@ def _probe() -> Features:
         platform_extra_buffer_answer=hasattr(getattr(_module("sglang.srt.platforms.interface"), "SRTPlatform", None), "support_mamba_cache_extra_buffer"),
         flags=flags,
         pd_transfer_refusal=_pd_transfer_refusal(),
+        missing_hook_targets=_unresolved(_fault_hook_targets()),
     )
 
 
@@ -239,7 +267,7 @@ def _cache_file():
     import tempfile
     from pathlib import Path
 
-    parts = [Path(__file__).read_text()]
+    parts = [Path(__file__).read_text(), *_fault_hook_targets()]
     for name in ("sglang", "transformers"):
         try:
             dist = md.distribution(name)
@@ -263,7 +291,8 @@ def probe() -> Features:
     cache = _cache_file()
     if cache is not None and cache.exists():
         data = json.loads(cache.read_text())
-        return Features(**{**data, "strategies": tuple(data["strategies"]), "flags": tuple(data.get("flags", ()))})
+        return Features(**{**data, "strategies": tuple(data["strategies"]), "flags": tuple(data.get("flags", ())),
+                           "missing_hook_targets": tuple(tuple(m) for m in data.get("missing_hook_targets", ()))})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         features = _probe()

@@ -198,8 +198,10 @@ def judge_against_cold(
 def record_tree(client: SGLangClient, tree: BranchTree, *, top_k: int = 0, timeout: float | None = None) -> TreeRecording:
     """Send a tree group by group, then re-run every request that hit the cache cold.
 
-    ``top_k`` > 0 records the first output token's top-k (non-exact mode on GPU).
+    ``top_k`` > 0 records the first output token's top-k (non-exact mode on GPU); the served
+    tokens' logprobs are recorded always (exact mode compares them with the cold ones).
     """
+    asked = max(top_k, 1)
     enabled = cache_enabled(client)
     sent: dict[str, tuple[Tokens, Tokens]] = {}
     rows: list[TreeRequestRecord] = []
@@ -220,19 +222,22 @@ def record_tree(client: SGLangClient, tree: BranchTree, *, top_k: int = 0, timeo
                 raise KitError(f"tree {tree.name}: {r.path} extends {r.extends}, which was not sent before it")
             else:
                 prompts.append(sent[r.extends][0] + sent[r.extends][1] + r.tokens)
-        resps = generate_tokens(client, prompts, [r.max_new_tokens for r in group], top_k=top_k, timeout=timeout)
+        resps = generate_tokens(client, prompts, [r.max_new_tokens for r in group], top_k=asked, timeout=timeout)
         for r, p, resp in zip(group, prompts, resps):
             out = output_ids(resp)
             sent[r.path] = (p, out)
-            first = served_logprobs(resp).top[0] if top_k > 0 and served_logprobs(resp).top else ()
-            rows.append(TreeRequestRecord(r.path, p, out, cached_tokens(resp), r.group, first_top=first, flushed_before=flushed, after_pressure=pressured))
+            lp = served_logprobs(resp)
+            first = lp.top[0] if top_k > 0 and lp.top else ()
+            rows.append(TreeRequestRecord(r.path, p, out, cached_tokens(resp), r.group, first_top=first, output_logprobs=tuple(lp.logprobs),
+                                          flushed_before=flushed, after_pressure=pressured))
     final = []
     for row, r in zip(rows, tree.requests):
         if row.cached_tokens > 0:
             client.flush_cache()
-            (resp,) = generate_tokens(client, [row.prompt], r.max_new_tokens, top_k=top_k, timeout=timeout)
-            cold_top = served_logprobs(resp).top[0] if top_k > 0 and served_logprobs(resp).top else ()
-            row = replace(row, cold_output=output_ids(resp), cold_first_top=cold_top)
+            (resp,) = generate_tokens(client, [row.prompt], r.max_new_tokens, top_k=asked, timeout=timeout)
+            lp = served_logprobs(resp)
+            cold_top = lp.top[0] if top_k > 0 and lp.top else ()
+            row = replace(row, cold_output=output_ids(resp), cold_first_top=cold_top, cold_output_logprobs=tuple(lp.logprobs))
         final.append(row)
     client.flush_cache()
     return TreeRecording(tuple(final), enabled, tree.name)
