@@ -157,6 +157,42 @@ def test_differential_checks_input_logprobs_and_alignment() -> None:
     assert "no logprob" in differential_problems([1, 2, 3], [9], ServedLogprobs(), short, Tolerance())[0]
 
 
+def _sglang_cold(seq: list[int], start: int) -> dict:
+    """A cold prefill's meta_info the way SGLang shapes it from ``logprob_start_len=start``:
+    the first position has no row before it (None), then position p's logprob of seq[p]."""
+    lp = lambda p: -0.01 * (p + 1)  # noqa: E731 - a deterministic stand-in for the model
+    rows = [[None if p == start else lp(p), seq[p], None] for p in range(start, len(seq))]
+    return {"input_token_logprobs": rows, "input_top_logprobs": [[] if r[0] is None else [[r[0], r[1], None]] for r in rows]}
+
+
+@pytest.mark.parametrize("served_start", [None, 0, 1, 2])
+def test_cold_side_starts_one_position_before_what_was_served(served_start: int | None) -> None:
+    """The runner's cold computation starts one position early (SGLang's first row is None);
+    starting where the served logprobs start would leave the first compared position empty."""
+    from conformance.checks.differential import cold_from_meta, served_logprobs
+    from conformance.programs.runner import cold_logprob_start
+
+    inp, out = [5, 6, 7], [8, 9]
+    seq = inp + out
+    served_meta = {"output_token_logprobs": [[-0.01 * (len(inp) + k + 1), t, None] for k, t in enumerate(out)]}
+    if served_start is not None:
+        served_meta["input_token_logprobs"] = [[None if p == 0 else -0.01 * (p + 1), inp[p], None] for p in range(served_start, len(inp))]
+    served = served_logprobs(served_meta, served_start)
+    start = cold_logprob_start(len(inp), served_start)
+    assert start == max(0, (len(inp) if served_start is None else served_start) - 1)
+    assert differential_problems(inp, out, served, cold_from_meta(_sglang_cold(seq, start), start), Tolerance()) == []
+    late = start + 1  # the misalignment the runner once had: every sglang-cpu cell failed on it
+    problems = differential_problems(inp, out, served, cold_from_meta(_sglang_cold(seq, late), late), Tolerance())
+    assert problems and ("misaligned" in problems[0] or "no input logprob" in problems[0]), problems
+
+
+def test_cells_draw_different_programs_from_one_seed() -> None:
+    from conformance.programs.explore import cell_seed
+
+    a, b = cell_seed(0, "qwen3-next-80b-extra_buffer-p1-t256"), cell_seed(0, "qwen3-next-80b-no_buffer-p1-t0")
+    assert a != b and a == cell_seed(0, "qwen3-next-80b-extra_buffer-p1-t256") and a != cell_seed(1, "qwen3-next-80b-extra_buffer-p1-t256")
+
+
 def test_differential_non_exact_uses_topk_kl() -> None:
     tol = Tolerance.for_mode(False, kl_cap=0.005)
     cold = Cold(1, ((-0.1, 7),), (((-0.1, 7), (-2.5, 9)),))
@@ -316,7 +352,7 @@ def test_explore_spends_the_budget_when_nothing_fails() -> None:
         return RunStats(requests=1)
 
     ex = explore(passes, SPEC, Budget("t", examples=12), seed=0)
-    assert ex.finding is None and ex.examples == 12 and len(seen) == 12 and ex.requests == 12
+    assert ex.finding is None and ex.examples == 12 and len(seen) == 12 and ex.total.requests == 12
     assert len({s.dumps() for s in seen}) == 12  # a program is never run twice
 
 

@@ -75,6 +75,12 @@ def parse_budget(text: str, *, shrink_s: float | None = None) -> Budget:
     return replace(b, shrink_s=shrink_s) if shrink_s is not None else b
 
 
+def cell_seed(seed: int, cell_id: str) -> int:
+    """The generator seed of one cell: ``--seed`` mixed with the cell's id, so cells draw
+    different programs and a cell draws the same ones on every run with that ``--seed``."""
+    return int(hashlib.sha256(f"{seed}:{cell_id}".encode()).hexdigest()[:12], 16)
+
+
 def spec_for_size(base: GenSpec, size: str) -> GenSpec:
     return replace(base, **SIZES[size])
 
@@ -91,18 +97,19 @@ class Finding:
 
 @dataclass
 class Exploration:
+    """What one exploration did: ``stats`` per passing program, ``total`` their sum."""
+
     examples: int = 0
     seconds: float = 0.0
-    requests: int = 0
-    hits: int = 0
-    compared_tokens: int = 0
-    idle_checks: int = 0
-    max_logprob_gap: float = 0.0
     restarts: int = 0
     finding: Finding | None = None
     replayed_from_db: bool = False
     rounds: int = 0
     stats: list[RunStats] = field(default_factory=list)
+
+    @property
+    def total(self) -> RunStats:
+        return RunStats.total(self.stats)
 
 
 class _Stop(BaseException):
@@ -204,12 +211,6 @@ def explore(
                 out.finding.program, out.finding.failure = state["last"]
             out.finding.shrink_runs = state["shrink_runs"]
             out.finding.shrunk_steps = len(out.finding.program.steps)
-        for s in out.stats:
-            out.requests += s.requests
-            out.hits += s.hits
-            out.compared_tokens += s.compared_tokens
-            out.idle_checks += s.idle_checks
-            out.max_logprob_gap = max(out.max_logprob_gap, s.max_logprob_gap)
     return out
 
 

@@ -69,6 +69,24 @@ class RunStats:
     seconds: float = 0.0
     max_logprob_gap: float = 0.0  # largest |served - cold| logprob seen (exact mode: the noise)
 
+    @classmethod
+    def total(cls, runs: "list[RunStats]") -> "RunStats":
+        """The sum over several programs' runs (the largest logprob gap of any)."""
+        return cls(
+            sum(r.requests for r in runs), sum(r.hits for r in runs), sum(r.compared_tokens for r in runs),
+            sum(r.idle_checks for r in runs), sum(r.steps for r in runs), sum(r.seconds for r in runs),
+            max((r.max_logprob_gap for r in runs), default=0.0),
+        )
+
+
+def cold_logprob_start(input_len: int, served_start: int | None) -> int:
+    """``logprob_start_len`` of the cold computation of a request whose input logprobs were
+    served from ``served_start`` (None: output logprobs only).  SGLang answers None at the
+    first position of a prefill's logprobs (it has no row before it), so the cold side
+    starts one position earlier: its first real value is then the served first position
+    (or, output only, the first output token)."""
+    return max(0, min(input_len, served_start if served_start is not None else input_len) - 1)
+
 
 class ProgramRun:
     def __init__(self, program: Program, target: Target) -> None:
@@ -285,9 +303,7 @@ class ProgramRun:
             served_start = s.logprob_start if s.meta.get("input_token_logprobs") else None
             if not s.output_ids and served_start is None:
                 continue
-            # SGLang answers None for the first position from logprob_start_len on (it has no
-            # row before it), so the cold side starts one position earlier.
-            start = max(0, min(len(s.input_ids), served_start if served_start is not None else len(s.input_ids)) - 1)
+            start = cold_logprob_start(len(s.input_ids), served_start)
             todo.append((s, start, served_start))
         if not todo:
             return

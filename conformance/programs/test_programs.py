@@ -18,7 +18,7 @@ import pytest
 
 from conformance.errors import KitError
 from conformance.programs.bind import FAULT_SWITCHES, cold_cell, gen_spec, prepare_twin, restart_if_dead, serve_cold, target_for
-from conformance.programs.explore import Exploration, explore, failure_file, parse_budget, replay_command
+from conformance.programs.explore import cell_seed, Exploration, explore, failure_file, parse_budget, replay_command
 from conformance.programs.options import program_options
 from conformance.programs.runner import run_program
 from conformance.records import Verdict
@@ -85,10 +85,11 @@ def cold_start(cell: Any, cold_twins: ColdTwins) -> Future:
 
 
 def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = "", replay: str = "", file: str = "") -> Verdict:
+    total = ex.total
     metrics: dict[str, Any] = {
-        "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": ex.requests, "hits": ex.hits,
-        "compared_tokens": ex.compared_tokens, "idle_checks": ex.idle_checks, "restarts": ex.restarts, "seed": seed,
-        "max_logprob_gap": ex.max_logprob_gap,
+        "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": total.requests, "hits": total.hits,
+        "compared_tokens": total.compared_tokens, "idle_checks": total.idle_checks, "restarts": ex.restarts, "seed": seed,
+        "max_logprob_gap": total.max_logprob_gap,
     }
     details: dict[str, Any] = {"budget": budget}
     if ex.finding is not None:
@@ -99,7 +100,7 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         return Verdict(CHECK, "fail", metrics, f"{failure}; replay: {replay}", details)
     if ex.examples == 0:
         return Verdict(CHECK, "fail", metrics, "no program ran within the budget: nothing was tested", details)
-    if ex.requests == 0:
+    if total.requests == 0:
         return Verdict(CHECK, "fail", metrics, "the programs sent no request the oracle could judge", details)
     return Verdict(CHECK, "pass", metrics, "", details)
 
@@ -113,7 +114,7 @@ def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: 
         pytest.fail(f"cell {cell.id}: the cache-off twin did not start: {e}", pytrace=False)
     target = target_for(endpoint, cold)
     db = opts.db_root / endpoint.target / cell.id if opts.db_root else None
-    ex = explore(lambda p: run_program(p, target), gen_spec(endpoint, target), budget, seed=opts.seed, db_dir=db,
+    ex = explore(lambda p: run_program(p, target), gen_spec(endpoint, target), budget, seed=cell_seed(opts.seed, cell.id), db_dir=db,
                  ensure_alive=lambda: restart_if_dead(endpoint))
     failure = replay = path = ""
     if ex.finding is not None:
