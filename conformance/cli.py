@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     mut.add_argument("--programs", metavar="BUDGET", help="also run the request programs per fault with this budget (premerge, nightly, N, Ns)")
     mut.add_argument("--programs-only", action="store_true", help="only the request programs (no scripted suites)")
     mut.add_argument("--seed", type=int, default=0, help="request-program seed (default: %(default)s)")
+    mut.add_argument("--shrink-budget", type=float, default=None, help="seconds of shrinking after a program finds a fault (default: the budget's own)")
 
     fuzz = sub.add_parser("fuzz", help="randomized request programs per cell (the programs suite) under a budget")
     _add_selection(fuzz, default_target="reference")
@@ -407,7 +408,7 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         if args.target == "pool":
             raise KitError("--programs: the pool tier has no server for request programs; use --target reference or sglang-cpu")
     return run_mutants(target=args.target, only=args.only, report_dir=Path(args.report_dir), fast=args.fast,
-                       programs=args.programs, seed=args.seed, programs_only=args.programs_only)
+                       programs=args.programs, seed=args.seed, programs_only=args.programs_only, shrink_s=args.shrink_budget)
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:

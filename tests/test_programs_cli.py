@@ -121,3 +121,21 @@ def test_verdict_of_a_finding_names_file_and_replay() -> None:
     v = programs_verdict(Exploration(examples=7, finding=f), budget="premerge", seed=3, failure=f.failure.what,
                          replay="hybrid-conformance replay x.json --target reference", file="x.json")
     assert v.status == "fail" and v.metrics["examples_to_failure"] == 7 and "replay: hybrid-conformance replay x.json" in v.reason
+
+
+def test_mutants_programs_names_the_faults_programs_cannot_reach() -> None:
+    """A PD transfer fault is out of a one-server program's reach: named, not scored, and
+    the shrink budget reaches the programs run."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from conformance.mutants import catalogue, power
+
+    plans = catalogue.reference_plans()
+    buf = StringIO()
+    reach = power.programs_reach(plans, Console(file=buf, width=300))
+    assert "pd_state_off_by_one" not in reach and len(reach) == len(plans) - 1
+    assert "pd_state_off_by_one: not applicable to request programs (a PD transfer fault" in buf.getvalue()
+    pp = power.programs_plan(plans["double_free"], budget="5m", seed=2, shrink_s=10)
+    assert pp.suites == ("programs",) and {"--budget=5m", "--seed=2", "--program-db=none", "--shrink-budget=10"} <= set(pp.extra_args)

@@ -232,7 +232,7 @@ def sglang_not_applicable(names: tuple[str, ...]) -> dict[str, str]:
 
 
 def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None,
-                programs: str | None = None, seed: int = 0, programs_only: bool = False) -> int:
+                programs: str | None = None, seed: int = 0, programs_only: bool = False, shrink_s: float | None = None) -> int:
     console = console or Console(width=200)
     plans = {"reference": reference_plans, "pool": pool_plans, "sglang-cpu": sglang_cpu_plans}[target]()
     if only:
@@ -264,7 +264,8 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
         from conformance.mutants import power
 
         budget = programs or "premerge"
-        clean, rows = power.measure(plans, budget=budget, seed=seed, report_dir=report_dir, programs_only=programs_only)
+        plans = power.programs_reach(plans, console)
+        clean, rows = power.measure(plans, budget=budget, seed=seed, report_dir=report_dir, programs_only=programs_only, shrink_s=shrink_s)
         return power.render(target, budget, seed, clean, rows, console)
 
     clean_rows = []

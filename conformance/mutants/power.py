@@ -47,11 +47,24 @@ class Power:
         return self.examples is not None
 
 
-def programs_plan(plan: MutantPlan, *, budget: str, seed: int) -> MutantPlan:
+def programs_reach(plans: dict[str, MutantPlan], console: Console) -> dict[str, MutantPlan]:
+    """The faults request programs can reach: a PD fault lives in the transfer between a
+    prefill and a decode server, which a program (one server) never makes; each is named."""
+    out = {}
+    for name, plan in plans.items():
+        if "disagg" in plan.suites:
+            console.print(f"{escape(name)}: not applicable to request programs (a PD transfer fault; programs drive one server); scored by the disagg suite")
+        else:
+            out[name] = plan
+    return out
+
+
+def programs_plan(plan: MutantPlan, *, budget: str, seed: int, shrink_s: float | None = None) -> MutantPlan:
     """The same cell as ``plan``, with the programs suite instead of the scripted ones."""
+    shrink = (f"--shrink-budget={shrink_s:g}",) if shrink_s is not None else ()
     return dataclasses.replace(
         plan, key=f"{plan.key}:programs", suites=("programs",), stop_at_first=True, timeout_s=PROGRAMS_TIMEOUT_S + 300,
-        extra_args=(f"--budget={budget}", f"--seed={seed}", "--program-db=none", f"--timeout={PROGRAMS_TIMEOUT_S}"),
+        extra_args=(f"--budget={budget}", f"--seed={seed}", "--program-db=none", f"--timeout={PROGRAMS_TIMEOUT_S}", *shrink),
     )
 
 
@@ -71,19 +84,20 @@ def programs_finding(report_dir: Path) -> tuple[int | None, float | None, str]:
     return None, None, "no programs verdict"
 
 
-def measure(plans: dict[str, MutantPlan], *, budget: str, seed: int, report_dir: Path, programs_only: bool = False) -> tuple[list[tuple[str, Outcome]], list[Power]]:
+def measure(plans: dict[str, MutantPlan], *, budget: str, seed: int, report_dir: Path, programs_only: bool = False,
+            shrink_s: float | None = None) -> tuple[list[tuple[str, Outcome]], list[Power]]:
     """Clean runs (scripted and programs, once per cell) then every fault both ways."""
     clean: list[tuple[str, Outcome]] = []
     cells = {p.key: p for p in plans.values()}
     for plan in cells.values():
         if not programs_only:
             clean.append((plan.key, run_plan(plan, None, report_dir)))
-        pp = programs_plan(plan, budget=budget, seed=seed)
+        pp = programs_plan(plan, budget=budget, seed=seed, shrink_s=shrink_s)
         clean.append((pp.key, run_plan(pp, None, report_dir)))
     rows = []
     for name, plan in plans.items():
         scripted = None if programs_only else run_plan(plan, name, report_dir)
-        pp = programs_plan(plan, budget=budget, seed=seed)
+        pp = programs_plan(plan, budget=budget, seed=seed, shrink_s=shrink_s)
         prog = run_plan(pp, name, report_dir)
         examples, seconds, reason = programs_finding(report_dir / name / pp.key)
         rows.append(Power(name, scripted, prog, examples, seconds, reason))
