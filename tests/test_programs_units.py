@@ -274,6 +274,24 @@ def test_hitbook_sequential_exact_and_concurrent_bounds() -> None:
     assert book.judge(y) is None and book.judge(x) is None
 
 
+def test_hitbook_accepts_zero_for_a_request_aborted_before_its_prefill() -> None:
+    """SGLang counts cached_tokens when it prepares the extend: a request aborted while it
+    waited reports 0 although its prefix was cached (found by a clean nightly-size run)."""
+    limits = Limits(context_len=100000, kv_total=1e6, mamba_total=1000)
+    prompt = tuple(range(10, 330))
+    book = HitBook(GRID, limits)
+    first = _served("a", prompt, (1, 2), 0, 1, 2)
+    aborted = _served("b", prompt + (7,) * 5, (), 0, 3, 4, abort_requested=True)
+    aborted.response["meta_info"]["finish_reason"] = {"type": "abort"}
+    served_late = _served("c", prompt + (8,) * 5, (3,), 0, 5, 6, abort_requested=True)  # decoded before the abort: it was prefilled
+    served_late.response["meta_info"]["finish_reason"] = {"type": "abort"}
+    for s in (first, aborted, served_late):
+        book.add(s)
+    book.ready([])
+    assert book.judge(first) is None and book.judge(aborted) is None
+    assert "allows [320]" in book.judge(served_late)
+
+
 def test_answer_problems() -> None:
     limits = Limits(context_len=1000, max_input=990, kv_total=5000)
     ok = _served("a", (1,) * 10, (2, 3), 0, 1, 2)

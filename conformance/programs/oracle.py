@@ -227,6 +227,8 @@ class HitBook:
         if r.streaming_turn and r.prev_committed is not None:
             c = min(r.prev_committed, max(len(r.input_ids) - 1, 0))
             allowed |= {c, c // self.grid.page_size * self.grid.page_size}
+        if r.abort_requested and r.finish_type == "abort" and not r.output_ids:
+            allowed.add(0)  # aborted while waiting: SGLang counts cached_tokens only when it prepares the extend
         if r.cached_tokens in allowed:
             return None
         return (f"cached_tokens {r.cached_tokens}, the prefix oracle allows {sorted(allowed)} "

@@ -44,6 +44,11 @@ FAULT_MODULES = (
 )
 
 
+#: Written for the request programs (issue "randomized request programs"): bug classes the
+#: scripted suites rarely or never reach; ``mutants --programs`` measures them.
+PROGRAMS_FAULTS = FAULT_MODULES[FAULT_MODULES.index("dup_insert_leak"):]
+
+
 @functools.lru_cache(maxsize=1)
 def faults() -> dict[str, SGLangFault]:
     out: dict[str, SGLangFault] = {}
