@@ -137,5 +137,8 @@ def test_mutants_programs_names_the_faults_programs_cannot_reach() -> None:
     reach = power.programs_reach(plans, Console(file=buf, width=300))
     assert "pd_state_off_by_one" not in reach and len(reach) == len(plans) - 1
     assert "pd_state_off_by_one: not applicable to request programs (a PD transfer fault" in buf.getvalue()
+    real = catalogue.sglang_cpu_plans()
+    assert "track_path_slowdown" not in power.programs_reach(real, Console(file=buf, width=300))
+    assert "track_path_slowdown: not applicable to request programs (a performance fault" in buf.getvalue()
     pp = power.programs_plan(plans["double_free"], budget="5m", seed=2, shrink_s=10)
     assert pp.suites == ("programs",) and {"--budget=5m", "--seed=2", "--program-db=none", "--shrink-budget=10"} <= set(pp.extra_args)

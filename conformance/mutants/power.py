@@ -49,11 +49,14 @@ class Power:
 
 def programs_reach(plans: dict[str, MutantPlan], console: Console) -> dict[str, MutantPlan]:
     """The faults request programs can reach: a PD fault lives in the transfer between a
-    prefill and a decode server, which a program (one server) never makes; each is named."""
+    prefill and a decode server, which a program (one server) never makes; a performance
+    fault changes no answer, so no oracle can see it.  Each left out is named."""
     out = {}
     for name, plan in plans.items():
         if "disagg" in plan.suites:
             console.print(f"{escape(name)}: not applicable to request programs (a PD transfer fault; programs drive one server); scored by the disagg suite")
+        elif plan.suites[:1] == ("perf",):
+            console.print(f"{escape(name)}: not applicable to request programs (a performance fault: every answer is unchanged); scored by compare on the perf suite")
         else:
             out[name] = plan
     return out
