@@ -61,8 +61,17 @@ def test_clean_bf16_cell_passes_kl(tmp_path):
         assert v["metrics"]["exact"] is False and v["metrics"]["noise_floor"] > 0
 
 
+#: KL-caught in float32 but below what bfloat16 resolves (measured, not assumed): strict
+#: xfail, so the day bf16 catches it the test says so.
+BELOW_BF16 = {
+    "state_drift": "float32 top-k KL 1.1e-4 (limit 3e-9); in bfloat16 its hits read top-k KL 1.2e-3 "
+                   "mean against a noise floor of 1.3e-3 between cold paths (limit 5e-3): inside bf16's own noise",
+}
+
+
 @SERVERS
-@pytest.mark.parametrize("fault", kl_faults())
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=BELOW_BF16[f])) if f in BELOW_BF16 else f
+                                   for f in kl_faults()])
 def test_kl_caught_real_sglang_fault_still_fails_in_bf16(tmp_path, fault):
     verdicts = run_kl_bf16(tmp_path, HYBRID_CONFORMANCE_SGLANG_FAULT=fault)
     assert any(v["status"] == "fail" for v in verdicts.values()), f"{fault} passed the KL suite in bf16: {verdicts}"
@@ -70,3 +79,4 @@ def test_kl_caught_real_sglang_fault_still_fails_in_bf16(tmp_path, fault):
 
 def test_the_catalogue_names_kl_faults_for_this_cell():
     assert kl_faults(), "no real-SGLang fault in the catalogue is caught by KL on qwen3-next / extra_buffer"
+    assert set(BELOW_BF16) <= set(kl_faults()) and len(BELOW_BF16) < len(kl_faults())
