@@ -142,3 +142,26 @@ def test_mutants_programs_names_the_faults_programs_cannot_reach() -> None:
     assert "track_path_slowdown: not applicable to request programs (a performance fault" in buf.getvalue()
     pp = power.programs_plan(plans["double_free"], budget="5m", seed=2, shrink_s=10)
     assert pp.suites == ("programs",) and {"--budget=5m", "--seed=2", "--program-db=none", "--shrink-budget=10"} <= set(pp.extra_args)
+
+
+def test_power_tells_a_start_up_death_from_a_programs_finding(tmp_path: Path) -> None:
+    """A fault that kills SGLang on its warmup request is caught by the kit at start-up,
+    not by the programs: the row says so and names the log's line."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from conformance.mutants import power
+    from conformance.mutants.command import Outcome
+
+    died = "server died (exit -9): SGLang's idle check: memory leak detected: [mamba] total=48, available=46"
+    rows = [power.Power("pingpong_leak_on_finish", None, Outcome("pingpong_leak_on_finish", True, [died]), None, None, "no report.json", died),
+            power.Power("cow_skipped", None, Outcome("cow_skipped", True, ["programs: ..."]), 3, 40.0, "")]
+    assert [r.caught_by for r in rows] == ["start-up", "programs"]
+    buf = StringIO()
+    code = power.render("sglang-cpu", "90s", 0, [("k", Outcome("clean", False))], rows, Console(file=buf, width=300))
+    out = buf.getvalue()
+    assert code == 0 and "no program ran" in out and "server died at start-up (before any program): 1" in out
+    assert "programs caught 1/2" in out
+    missed = power.Power("x", None, Outcome("x", False), None, None, "8 programs, 90s: nothing found")
+    assert missed.caught_by == "neither" and power.render("sglang-cpu", "90s", 0, [], [missed], Console(file=StringIO())) == 1

@@ -6,7 +6,9 @@ fault the usual scripted plan runs (unless ``--programs-only``), then the progra
 (``conformance/programs``) on the same cell with the budget and seed and no hypothesis
 database (a remembered failure would make the count meaningless).  Caught by programs =
 the ``programs`` check of that run failed; its ``examples_to_failure`` and
-``seconds_to_failure`` are the numbers reported.  Both clean runs must pass.
+``seconds_to_failure`` are the numbers reported.  A fault whose server died before any
+program ran (SGLang's strict idle check on its warmup request) is told apart: caught by
+the kit at start-up, with the log's line, not by the programs.  Both clean runs must pass.
 """
 
 from __future__ import annotations
@@ -35,11 +37,14 @@ class Power:
     examples: int | None = None
     seconds: float | None = None
     programs_reason: str = ""
+    died_at_start: str = ""  # the server the fault ran in died before any program (SGLang's idle check on its warmup request)
 
     @property
     def caught_by(self) -> str:
         s = bool(self.scripted and self.scripted.caught)
         p = self.programs_caught
+        if self.died_at_start and not p:
+            return "start-up" if not s else "scripted, start-up"
         return {(True, True): "both", (True, False): "scripted", (False, True): "programs", (False, False): "neither"}[(s, p)]
 
     @property
@@ -103,7 +108,8 @@ def measure(plans: dict[str, MutantPlan], *, budget: str, seed: int, report_dir:
         pp = programs_plan(plan, budget=budget, seed=seed, shrink_s=shrink_s)
         prog = run_plan(pp, name, report_dir)
         examples, seconds, reason = programs_finding(report_dir / name / pp.key)
-        rows.append(Power(name, scripted, prog, examples, seconds, reason))
+        died = next((b for b in prog.by if b.startswith("server died")), "") if examples is None and reason.startswith("no ") else ""
+        rows.append(Power(name, scripted, prog, examples, seconds, reason, died))
     return clean, rows
 
 
@@ -117,7 +123,12 @@ def render(target: str, budget: str, seed: int, clean: list[tuple[str, Outcome]]
         table.add_row(escape(f"clean [{key}]"), "", "[green]passes[/]" if not out.caught else f"[red]FAILS: {escape('; '.join(out.by[:2]))}[/]", "", "", f"{out.seconds:.0f}s")
     for r in rows:
         scripted = "-" if r.scripted is None else ("[green]caught[/]" if r.scripted.caught else "[red]missed[/]")
-        programs = "[green]caught[/]" if r.programs_caught else f"[red]missed[/]: {escape(r.programs_reason[:60])}"
+        if r.programs_caught:
+            programs = "[green]caught[/]"
+        elif r.died_at_start:
+            programs = f"[yellow]no program ran[/]: {escape(r.died_at_start[:90])}"
+        else:
+            programs = f"[red]missed[/]: {escape(r.programs_reason[:60])}"
         table.add_row(escape(r.name), scripted, programs, r.caught_by, "-" if r.examples is None else str(r.examples),
                       "-" if r.seconds is None else f"{r.seconds:.0f}")
     console.print(table)
@@ -126,5 +137,6 @@ def render(target: str, budget: str, seed: int, clean: list[tuple[str, Outcome]]
     if not clean_ok:
         console.print("a clean run failed: the scores are void")
     console.print(f"programs caught {by_programs}/{len(rows)}; scripted caught {by_scripted}/{len(rows) if rows and rows[0].scripted else 0}; "
-                  f"only programs: {sum(r.caught_by == 'programs' for r in rows)}, only scripted: {sum(r.caught_by == 'scripted' for r in rows)}")
-    return 0 if clean_ok and by_programs == len(rows) else 1
+                  f"only programs: {sum(r.caught_by == 'programs' for r in rows)}, only scripted: {sum(r.caught_by == 'scripted' for r in rows)}; "
+                  f"server died at start-up (before any program): {sum(bool(r.died_at_start) and not r.programs_caught for r in rows)}")
+    return 0 if clean_ok and all(r.programs_caught or r.died_at_start for r in rows) else 1
