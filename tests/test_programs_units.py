@@ -374,6 +374,24 @@ def test_explore_spends_the_budget_when_nothing_fails() -> None:
     assert len({s.dumps() for s in seen}) == 12  # a program is never run twice
 
 
+def test_an_examples_budget_draws_on_until_a_request_was_judged() -> None:
+    """``ci`` is 2 programs, the first always empty: when the second sends nothing judged
+    either (it depends on the cell's seed), a few more are drawn instead of a vacuous run."""
+    from conformance.programs.explore import VACUOUS_EXTRA, Budget, explore
+    from conformance.programs.runner import RunStats
+
+    runs: list[int] = []
+
+    def judged_from_the_fourth(p: Program) -> RunStats:
+        runs.append(1)
+        return RunStats(requests=int(len(runs) >= 4))
+
+    ex = explore(judged_from_the_fourth, SPEC, Budget("t", examples=2), seed=0)
+    assert ex.examples == 4 and ex.total.requests == 1
+    never = explore(lambda p: RunStats(), SPEC, Budget("t", examples=2), seed=0)
+    assert never.examples == 2 + VACUOUS_EXTRA and never.total.requests == 0
+
+
 def test_explore_stops_on_an_infrastructure_error() -> None:
     from conformance.programs.explore import Budget, explore
 
