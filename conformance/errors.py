@@ -14,5 +14,9 @@ class ServerStartError(KitError):
     """A server process exited during start-up or never became healthy."""
 
 
+class PortTakenError(ServerStartError):
+    """The port picked for a server was taken by another process before the server bound it."""
+
+
 class ServerDiedError(KitError):
     """A server process died while a check was talking to it."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conformance.errors import ServerStartError
+from conformance.errors import PortTakenError, ServerStartError
 from conformance.targets.launcher import ServerProcess, free_port
 
 STANDIN = Path(__file__).parent / "standins" / "server.py"
@@ -83,6 +83,29 @@ def test_never_healthy_times_out(tmp_path: Path) -> None:
     assert gone(pid), "a server that never became healthy must be killed"
 
 
+BIND_FAILS_THEN_HANGS = (
+    "print('ERROR:    [Errno 98] error while attempting to bind on address (\\'127.0.0.1\\', 1): address already in use', flush=True)\n"
+    "import time; time.sleep(120)"
+)
+
+
+def test_a_taken_port_fails_at_once_not_at_the_deadline(tmp_path: Path) -> None:
+    """SGLang's HTTP server that cannot bind its port logs uvicorn's line and hangs in
+    shutdown: the launcher names it at once (the serving layer then retries on a new port)."""
+    port = free_port()
+    sp = ServerProcess(name="taken", argv=[sys.executable, "-c", BIND_FAILS_THEN_HANGS], health_url=f"http://127.0.0.1:{port}/health",
+                       log_path=tmp_path / "taken.log", start_timeout_s=90.0, stop_timeout_s=2.0)
+    t0 = time.monotonic()
+    with pytest.raises(PortTakenError, match=r"^taken: its port was taken by another process before it bound it: ERROR: +\[Errno 98\]"):
+        sp.start()
+    assert time.monotonic() - t0 < 30 and not sp.alive()
+    # the line from that start, still in the log, does not fail the next start on the same log
+    again = standin(tmp_path, "healthy")
+    again.log_path.write_text((tmp_path / "taken.log").read_text())
+    with again:
+        assert again.alive()
+
+
 def test_sigterm_ignoring_server_is_killed(tmp_path: Path) -> None:
     sp = standin(tmp_path, "ignore-term")
     sp.start()
@@ -90,3 +113,26 @@ def test_sigterm_ignoring_server_is_killed(tmp_path: Path) -> None:
     code = sp.stop()
     assert code == -signal.SIGKILL
     assert gone(pid)
+
+
+def test_serve_cell_retries_a_taken_port_then_gives_up_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conformance.targets import serving
+
+    tries: list[int] = []
+
+    def start(cell, options, log_dir, fail_times):
+        tries.append(1)
+        if len(tries) <= fail_times:
+            raise PortTakenError(f"cell: its port was taken by another process before it bound it: try {len(tries)}")
+        return ("spec", "proc", "name", tmp_path, tmp_path)
+
+    monkeypatch.setattr(serving, "_yield_endpoint", lambda *a: iter(["endpoint"]))
+    monkeypatch.setattr(serving, "_start_cell", lambda c, o, d: start(c, o, d, 2))
+    with serving.serve_cell("cell", object(), log_dir=tmp_path) as ep:
+        assert ep == "endpoint" and len(tries) == 3
+    tries.clear()
+    monkeypatch.setattr(serving, "_start_cell", lambda c, o, d: start(c, o, d, 99))
+    with pytest.raises(PortTakenError, match="try 3$"):
+        with serving.serve_cell("cell", object(), log_dir=tmp_path):
+            pass
+    assert len(tries) == serving.PORT_ATTEMPTS

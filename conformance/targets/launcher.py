@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from conformance.errors import ServerStartError
+from conformance.errors import PortTakenError, ServerStartError
 
 _LIVE: "set[ServerProcess]" = set()
 #: What names a start-up failure in a server log, most specific first.
@@ -50,6 +50,8 @@ _CAUSE_PATTERNS = (
     re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception): "),
 )
 _LIVE_LOCK = threading.Lock()
+#: The server could not bind its port (uvicorn's line; SGLang then hangs in shutdown).
+_PORT_TAKEN = re.compile(r"\[Errno 98\]|address already in use", re.I)
 
 
 class _Reaper:
@@ -119,6 +121,7 @@ class ServerProcess:
     # -- lifecycle --------------------------------------------------------------
     def start(self) -> "ServerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0  # this start's part of the log
         env = {**os.environ, **self.env}
         if self.entry:
             self.proc = _ForkedChild.start(self.entry, list(self.entry_argv), env, self.log_path, self.preload)
@@ -165,6 +168,9 @@ class ServerProcess:
                         return
                 except httpx.HTTPError:
                     pass
+                taken = self._port_taken()
+                if taken:
+                    raise PortTakenError(f"{self.name}: its port was taken by another process before it bound it: {taken} (log {self.log_path})")
                 if time.monotonic() >= deadline:
                     raise ServerStartError(
                         f"{self.name}: not healthy at {self.health_url} within {self.start_timeout_s:.0f}s; log {self.log_path}: {self.log_tail(5, joiner=' | ')}"
@@ -212,6 +218,16 @@ class ServerProcess:
             self.returncode = proc.returncode
         _Reaper.tell("group", forget, forget=True)
         return self.returncode
+
+    def _port_taken(self) -> str:
+        """The log line of this start saying the port is in use ('' if none)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(getattr(self, "_log_start", 0))
+                tail = f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return next((ln.strip()[:300] for ln in tail.splitlines() if _PORT_TAKEN.search(ln)), "")
 
     def log_text(self) -> str:
         try:

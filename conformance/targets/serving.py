@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from conformance.client import SGLangClient
-from conformance.errors import KitError, ServerStartError
+from conformance.errors import KitError, PortTakenError, ServerStartError
 from conformance.matrix import Cell
 from conformance.targets.base import Endpoint, LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
@@ -64,8 +64,25 @@ def _with_plugin_failure(error: ServerStartError, name: str, report: Path, log_p
     return ServerStartError(f"{name}: kit plugin {r.get('plugin')} failed in SGLang's {r.get('role')} process: {r.get('error')} (log {log_path})")
 
 
+#: Starts of one cell when the picked port was taken by another process in between.
+PORT_ATTEMPTS = 3
+
+
 @contextlib.contextmanager
 def serve_cell(cell: Cell, options: Any, *, log_dir: Path) -> Iterator[Endpoint]:
+    """Start the cell's server (on a new port when the picked one was taken meanwhile by
+    another process: a concurrent worker's server), yield its endpoint, stop it."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            spec, proc, name, plugin_report, log_path = _start_cell(cell, options, log_dir)
+            break
+        except PortTakenError:
+            if attempt == PORT_ATTEMPTS:
+                raise
+    yield from _yield_endpoint(cell, options, spec, proc, name, plugin_report, log_path)
+
+
+def _start_cell(cell: Cell, options: Any, log_dir: Path) -> tuple[LaunchSpec, ServerProcess, str, Path, Path]:
     spec = spec_for(cell, options)
     log_path = Path(log_dir) / f"{cell.id}.log"
     env = dict(spec.env)
@@ -90,8 +107,15 @@ def serve_cell(cell: Cell, options: Any, *, log_dir: Path) -> Iterator[Endpoint]
     )
     try:
         proc.start()
+    except PortTakenError:
+        raise
     except ServerStartError as e:
         raise _with_plugin_failure(e, name, plugin_report, log_path) if spec.plugins else e
+    return spec, proc, name, plugin_report, log_path
+
+
+def _yield_endpoint(cell: Cell, options: Any, spec: LaunchSpec, proc: ServerProcess, name: str, plugin_report: Path, log_path: Path) -> Iterator[Endpoint]:
+    """The started server's endpoint (its plugins proven first); the server stops after."""
     client = SGLangClient(spec.base_url, liveness=proc.exit_reason)
     try:
         if spec.plugins:
