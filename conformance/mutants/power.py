@@ -25,6 +25,8 @@ from rich.table import Table
 from conformance.mutants.catalogue import MutantPlan
 from conformance.mutants.command import Outcome, run_plan
 
+#: Why a programs run has no finding when no program was judged at all (the server never served).
+NO_REPORT, NO_VERDICT = "no report.json", "no programs verdict"
 #: Per-test timeout of a programs run: the budget, shrinking and two server starts.
 PROGRAMS_TIMEOUT_S = 3600
 
@@ -80,7 +82,7 @@ def programs_finding(report_dir: Path) -> tuple[int | None, float | None, str]:
     """(examples to failure, seconds to failure, reason) of a programs run's verdict."""
     path = report_dir / "report.json"
     if not path.exists():
-        return None, None, "no report.json"
+        return None, None, NO_REPORT
     for cell in json.loads(path.read_text()).get("cells", []):
         v = cell.get("checks", {}).get("programs")
         if v is None:
@@ -89,7 +91,7 @@ def programs_finding(report_dir: Path) -> tuple[int | None, float | None, str]:
         if v.get("status") == "fail" and m.get("examples_to_failure") is not None:
             return int(m["examples_to_failure"]), float(m.get("seconds_to_failure") or 0.0), v.get("reason", "")
         return None, None, v.get("reason") or f"{m.get('examples')} programs, {m.get('seconds')}s: nothing found"
-    return None, None, "no programs verdict"
+    return None, None, NO_VERDICT
 
 
 def measure(plans: dict[str, MutantPlan], *, budget: str, seed: int, report_dir: Path, programs_only: bool = False,
@@ -108,7 +110,7 @@ def measure(plans: dict[str, MutantPlan], *, budget: str, seed: int, report_dir:
         pp = programs_plan(plan, budget=budget, seed=seed, shrink_s=shrink_s)
         prog = run_plan(pp, name, report_dir)
         examples, seconds, reason = programs_finding(report_dir / name / pp.key)
-        died = next((b for b in prog.by if b.startswith("server died")), "") if examples is None and reason.startswith("no ") else ""
+        died = next((b for b in prog.by if b.startswith("server died")), "") if reason in (NO_REPORT, NO_VERDICT) else ""
         rows.append(Power(name, scripted, prog, examples, seconds, reason, died))
     return clean, rows
 

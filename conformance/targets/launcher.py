@@ -117,11 +117,12 @@ class ServerProcess:
     preload: Sequence[str] = ()
     proc: "subprocess.Popen | _ForkedChild | None" = None
     returncode: int | None = None
+    _log_start: int = field(default=0, init=False, repr=False)  # where this start's part of the log begins
 
     # -- lifecycle --------------------------------------------------------------
     def start(self) -> "ServerProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0  # this start's part of the log
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = {**os.environ, **self.env}
         if self.entry:
             self.proc = _ForkedChild.start(self.entry, list(self.entry_argv), env, self.log_path, self.preload)
@@ -223,7 +224,7 @@ class ServerProcess:
         """The log line of this start saying the port is in use ('' if none)."""
         try:
             with open(self.log_path, "rb") as f:
-                f.seek(getattr(self, "_log_start", 0))
+                f.seek(self._log_start)
                 tail = f.read().decode(errors="replace")
         except FileNotFoundError:
             return ""
