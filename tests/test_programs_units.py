@@ -312,6 +312,36 @@ def test_answer_problems() -> None:
     assert answer_problems(stray_abort, limits) == []
 
 
+def test_a_turn_refused_because_its_session_closed_first_is_not_judged() -> None:
+    """A turn sent before close_session can reach SGLang's scheduler after the close (two
+    HTTP connections, no order): SGLang refuses it and reports a 1-token prompt with one
+    token out.  Found by a clean sglang-cpu run; only that refusal is exempt."""
+    limits = Limits(context_len=1000, max_input=990, kv_total=5000)
+    refusal = {"type": "abort", "message": "Invalid request: session id 3f2a does not exist"}
+
+    def turn(**kw) -> Served:
+        s = _served("t1", (1,) * 130, (7,), 0, 1, 2, kind="turn", **kw)
+        s.response["meta_info"].update(prompt_tokens=1, finish_reason=dict(refusal))
+        return s
+
+    assert turn(abort_requested=True).refused_for_closed_session
+    assert answer_problems(turn(abort_requested=True), limits) == []
+    closing = turn(abort_requested=True)
+    closing.response["meta_info"]["finish_reason"]["message"] = "Invalid request: close was requested for session 3f2a"
+    assert answer_problems(closing, limits) == []
+    # the kit did not close the session: a refusal nobody asked for is a finding
+    assert "refused although it fits" in answer_problems(turn(), limits)[0]
+    # an abort for another reason still has its prompt judged
+    other = turn(abort_requested=True)
+    other.response["meta_info"]["finish_reason"]["message"] = "Abort requested"
+    assert not other.refused_for_closed_session
+    assert "prompt_tokens 1" in answer_problems(other, limits)[0]
+    # a plain request is never a session refusal
+    plain = turn(abort_requested=True)
+    plain.kind = "send"
+    assert not plain.refused_for_closed_session
+
+
 def test_counters_and_log_lines() -> None:
     assert counter_problems(320, 320.0, 320) == []
     assert "grew by 0" in counter_problems(320, 0.0, None)[0]

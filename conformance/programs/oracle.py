@@ -89,6 +89,17 @@ class Served:
         return self.answered and not self.abort_requested and self.finish_type in ("length", "stop") and not self.in_streaming_session
 
     @property
+    def refused_for_closed_session(self) -> bool:
+        """A turn the kit raced with closing its session, which reached SGLang's scheduler
+        after the close and was refused there (``Invalid request: session id ... does not
+        exist`` / ``close was requested for session``): nothing of it was served, so its
+        answer (SGLang reports a placeholder prompt) is neither a prompt nor an output to judge."""
+        fin = self.meta.get("finish_reason")
+        message = str(fin.get("message", "")) if isinstance(fin, dict) else ""
+        return (self.kind == "turn" and self.abort_requested and self.finish_type == "abort" and "session" in message
+                and ("does not exist" in message or "close was requested" in message))
+
+    @property
     def logprob_start(self) -> int | None:
         if not self.options.get("return_logprob"):
             return None
@@ -244,6 +255,8 @@ def answer_problems(s: Served, limits: Limits) -> list[str]:
             return []
         if fits:
             return [f"refused although it fits ({why}): {reason[:200]}"]
+        return []
+    if s.refused_for_closed_session:
         return []
     problems = []
     if not fits:

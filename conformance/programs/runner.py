@@ -281,7 +281,7 @@ class ProgramRun:
     # ------------------------------------------------------------ judging
     def _settle(self, final: bool = False) -> None:
         fresh = self._collect()
-        dead = self._dead()
+        dead = self._dead() if any(not s.answered for s in fresh) else self._exited()
         if dead:
             self.fail(f"server died: {dead}")
         for s in fresh:
@@ -300,6 +300,8 @@ class ProgramRun:
     def _compare_cold(self, fresh: list[Served]) -> None:
         todo = []
         for s in fresh:
+            if s.refused_for_closed_session:
+                continue
             served_start = s.logprob_start if s.meta.get("input_token_logprobs") else None
             if not s.output_ids and served_start is None:
                 continue
@@ -360,6 +362,13 @@ class ProgramRun:
     # ------------------------------------------------------------ liveness / cleanup
     def _dead(self) -> str | None:
         return not_serving(self.t.client, self.t.alive, self.t.log_text)
+
+    def _exited(self) -> str | None:
+        """The per-step liveness check: has the server process exited?  SGLang's ``/health``
+        runs a one-token generation and answers after >= 1 s, so it is asked only at a
+        program's start and when an answer came back as an error (a scheduler that hangs
+        instead shows as a request that does not answer within WAIT_S)."""
+        return self.t.alive() if self.t.alive else None
 
     def _cleanup(self) -> None:
         """After a failure: abort what runs, close sessions, so the server is usable."""

@@ -29,7 +29,14 @@ from conformance.checks.leaks import (
 )
 from conformance.client import SGLangClient
 
-POLL_S = 0.25
+POLL_S = 0.1
+#: Publishes after the first scrape that make a sample fresh.  One is enough: the caller
+#: holds every answer, and SGLang's scheduler (one thread) released each request before it
+#: sent its output; a publish that ends after the first scrape cannot have started before
+#: that release, because nothing else runs on that thread while it publishes.  (With
+#: ``--sleep-on-idle`` an idle scheduler publishes about once a second, so each further
+#: publish awaited costs about a second per idle check.)
+FRESH_AFTER = 1
 #: With fresh samples, a broken invariant that persists this long is a finding, not a
 #: request still winding down (the observe plugin republishes every 0.2 s while idle).
 SETTLE_S = 3.0
@@ -47,7 +54,7 @@ def _fresh_idle_sample(client: SGLangClient, deadline_s: float, judge) -> tuple[
         values = client.metrics()
         now = time.monotonic()
         seq = values.get(SEQ_GAUGE)
-        fresh = observed and seq is not None and seq >= seq0 + 2
+        fresh = observed and seq is not None and seq >= seq0 + FRESH_AFTER
         if is_idle(values) and (fresh or not observed):
             if not judge(values):
                 return values, fresh, now - start
