@@ -350,8 +350,8 @@ def _teardown_idle_check(ep: Any) -> None:
     probes.append(idle_probe(ep.client, "cell teardown", requests=0, deadline_s=idle_deadline(ep)))
     bad = [p for p in probes if not p.reached]
     if bad:
-        vals = ", ".join(f"{k}={v:g}" for k, v in bad[-1].values.items())
-        raise KitError(f"cell {ep.cell.id}: pools not idle after {', '.join(p.scenario for p in bad[:3])} ({vals})")
+        where = "; ".join(f"{p.scenario}: {', '.join(p.problems[:2]) or 'not idle'}" for p in bad[:3])
+        raise KitError(f"cell {ep.cell.id}: pools not idle ({where})")
 
 
 @pytest.fixture(autouse=True)

@@ -165,3 +165,44 @@ def test_power_tells_a_start_up_death_from_a_programs_finding(tmp_path: Path) ->
     assert "programs caught 1/2" in out
     missed = power.Power("x", None, Outcome("x", False), None, None, "8 programs, 90s: nothing found")
     assert missed.caught_by == "neither" and power.render("sglang-cpu", "90s", 0, [], [missed], Console(file=StringIO())) == 1
+
+
+def test_a_start_up_death_is_measured_again_with_sglangs_strict_check_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A leak SGLang's own strict idle check kills the server for is re-run on the same
+    cell with that check off (matrix fault no_strict_idle_check), so the programs' idle
+    invariant is what is scored; a cell that already carries a matrix fault is not."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from conformance.matrix import load_matrix
+    from conformance.mutants import catalogue, power
+    from conformance.mutants.command import Outcome
+
+    plans = catalogue.sglang_cpu_plans(("pingpong_leak_on_finish", "lazy_alloc_fail_still_inserts"))
+    lenient = power.strict_off_plan(plans["pingpong_leak_on_finish"])
+    assert lenient.faults == power.NO_STRICT and lenient.tier == "nightly" and "+no_strict_idle_check:" in lenient.key
+    assert power.strict_off_plan(plans["lazy_alloc_fail_still_inserts"]) is None  # one matrix fault per cell
+    cells = load_matrix(Path("fixtures/matrix.toml")).select(tier="nightly", target="sglang-cpu", models=["qwen3-next"],
+                                                            strategies=["extra_buffer"], faults=[power.NO_STRICT])
+    assert [dict(c.env).get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE") for c in cells] == ["0"]
+
+    died = "server died (exit -9): SGLang's idle check: memory leak detected"
+    ran: list[str] = []
+
+    def fake_run(plan, fault, out_dir):
+        ran.append(plan.key)
+        return Outcome(fault or "clean", fault is not None and power.NO_STRICT in plan.key, [] if power.NO_STRICT in plan.key else [died])
+
+    def fake_finding(report_dir):
+        return (2, 11.0, "idle invariant: mamba: 1 used at idle") if power.NO_STRICT in str(report_dir) else (None, None, power.NO_REPORT)
+
+    monkeypatch.setattr(power, "run_plan", fake_run)
+    monkeypatch.setattr(power, "programs_finding", fake_finding)
+    only = {"pingpong_leak_on_finish": plans["pingpong_leak_on_finish"]}
+    clean, rows = power.measure(only, budget="nightly", seed=0, report_dir=tmp_path, programs_only=True)
+    assert rows[0].strict_off and rows[0].examples == 2 and rows[0].caught_by == "programs"
+    assert sum(power.NO_STRICT in k for k in ran) == 1 and len(clean) == 1
+    buf = StringIO()
+    assert power.render("sglang-cpu", "nightly", 0, clean, rows, Console(file=buf, width=300)) == 0
+    assert "caught (SGLang's strict idle check off)" in buf.getvalue()

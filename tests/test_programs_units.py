@@ -18,7 +18,9 @@ from conformance.checks.hit_bounds import (
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
 from conformance.programs.explore import parse_budget
-from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
+from conformance.programs.oracle import (
+    HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, lazy_checkpoint_may_drop, log_cached_tokens,
+)
 from conformance.programs.program import After, Burst, Gate, Options, Program, Root, Send, Stop, Turn, load_program, program_from_json
 from conformance.programs.resolve import cut_position
 from conformance.programs.strategies import GenSpec, programs
@@ -290,6 +292,56 @@ def test_hitbook_accepts_zero_for_a_request_aborted_before_its_prefill() -> None
     book.ready([])
     assert book.judge(first) is None and book.judge(aborted) is None
     assert "allows [320]" in book.judge(served_late)
+
+
+@pytest.mark.parametrize("strategy,cut_hit", [("extra_buffer_lazy", 192), ("no_buffer", 256)])
+def test_hitbook_allows_a_hit_where_sglang_cut_a_packed_prefill(strategy: str, cut_hit: int) -> None:
+    """SGLang packs waiting requests into a prefill batch up to chunked_prefill_size and
+    cuts the last one where the budget ends, caching the cut part: a burst whose members
+    bring more tokens than the budget may hit there (seen on clean SGLang 0.5.23)."""
+    grid = Grid(strategy, 64, 1, 64, 256)
+    prompt = tuple(range(10, 331))
+
+    def burst(budget: int | None) -> tuple[HitBook, list[Served]]:
+        book = HitBook(grid, Limits(context_len=100000, kv_total=1e6, mamba_total=1000, prefill_budget=budget))
+        members = [_served(f"b.{i}", prompt + (1000 + i,) * 65, (), 0, 1, 2 + i) for i in range(20)]
+        members[12].response["meta_info"]["cached_tokens"] = cut_hit
+        for m in members:
+            book.add(m)
+        book.ready([])
+        return book, members
+
+    book, members = burst(4096)  # 20 x 386 tokens > 4096: SGLang may cut one of them anywhere
+    assert all(book.judge(m) is None for m in members)
+    book, members = burst(None)  # a server that never cuts: the hit is unexplained
+    assert f"cached_tokens {cut_hit}" in "".join(filter(None, (book.judge(m) for m in members)))
+    book, members = burst(100000)  # the burst fits one prefill batch: nothing is cut
+    assert f"cached_tokens {cut_hit}" in "".join(filter(None, (book.judge(m) for m in members)))
+
+
+def test_hitbook_lazy_alloc_fail_may_drop_the_prefill_checkpoint_at_a_boundary() -> None:
+    """With every lazy boundary allocation failing, SGLang invalidates the kept prefill
+    checkpoint when the decode reaches a track boundary: a follow-up may then hit 0."""
+    limits = Limits(context_len=100000, kv_total=1e6, mamba_total=1000)
+    prompt = tuple(range(10, 265))  # 255 tokens: prefill checkpoint at 192
+    out = tuple(range(600, 1119))  # 519 tokens: the decode crosses 256, 512 and 768
+    follow = prompt + out[:512] + (5,) * 5
+
+    def judge(grid: Grid, follow_out: tuple) -> str | None:
+        book = HitBook(grid, limits)
+        first = _served("a", prompt, out, 0, 1, 2)
+        second = _served("b", follow_out, (3,), 0, 3, 4)
+        for s in (first, second):
+            book.add(s)
+        book.ready([])
+        assert book.judge(first) is None
+        return book.judge(second)
+
+    failing = Grid("extra_buffer_lazy", 64, 1, 64, 256, lazy_alloc_fail=True)
+    assert judge(failing, follow) is None
+    assert "allows" in (judge(Grid("extra_buffer_lazy", 64, 1, 64, 256), follow) or "")  # the checkpoints survive without the fault
+    short = _served("c", prompt[:200], (1, 2, 3), 0, 1, 2)  # a decode that reaches no boundary keeps its checkpoint
+    assert not lazy_checkpoint_may_drop(short, failing) and lazy_checkpoint_may_drop(_served("d", prompt, out, 0, 1, 2), failing)
 
 
 def test_answer_problems() -> None:

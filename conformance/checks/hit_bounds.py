@@ -114,6 +114,19 @@ def prefill_stores(prompt: Key, hits: Iterable[int], branches: Iterable[int | No
     return out
 
 
+def cut_prefill_stores(prompt: Key, hit: int, grid: Grid) -> set[Key]:
+    """Where the state of a prefill that SGLang cut at a point of its own choosing may land:
+    the checkpoint after any cut -- every checkpoint-grid position past the hit, or, without
+    a buffer (the request's own state is cached where the cut fell), every page."""
+    step = grid.checkpoint_grid if grid.buffered else grid.page_size
+    out = set()
+    for end in range(hit + step, len(prompt), step):
+        n = floor_to(end, grid.page_size)
+        if n > hit:
+            out.add(prompt[:n])
+    return out
+
+
 def finish_store(prompt: Key, output: Key, grid: Grid) -> Key | None:
     """The state a normally finished request inserts (``PrefixOracle.finish_insert_len``)."""
     seq = prompt + output

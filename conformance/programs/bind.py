@@ -88,6 +88,7 @@ def target_for(ep: Endpoint, cold: Endpoint) -> Target:
         max_input=int(info["max_req_input_len"]) if info.get("max_req_input_len") else None,
         kv_total=float(kv_total) if kv_total else None,
         mamba_total=metrics.get("hybrid_conformance:mamba_total") or metrics.get("sglang:mamba_total_tokens"),
+        prefill_budget=int(info["chunked_prefill_size"]) if (info.get("chunked_prefill_size") or 0) > 0 else None,
     )
     exact = exact_mode(ep)
     return Target(

@@ -27,6 +27,7 @@ from conformance.checks.hit_bounds import (
     Stores,
     allowed_hits,
     branch_candidates,
+    cut_prefill_stores,
     finish_store,
     key_limit,
     may_have_evicted,
@@ -115,6 +116,9 @@ class Limits:
     max_input: int | None = None  # SGLang's max_req_input_len
     kv_total: float | None = None
     mamba_total: float | None = None
+    #: SGLang's ``chunked_prefill_size``: a prefill batch packs requests up to this many new
+    #: tokens and cuts the last one where the budget ends (None: the server never chunks)
+    prefill_budget: int | None = None
 
     def fits(self, input_len: int, max_new: int) -> tuple[bool, str]:
         if input_len + max_new > self.context_len:
@@ -175,6 +179,8 @@ class HitBook:
         alts: set[Key] = set()
         for h in self._hits(q):
             alts |= prefill_stores(q.input_ids, {h}, branch_candidates(q.input_ids, keys, self.grid, h), self.grid)
+            if self._could_be_cut(q):
+                alts |= cut_prefill_stores(q.input_ids, h, self.grid)
         if q.regular:
             key = finish_store(q.input_ids, q.output_ids, self.grid)
             if key:
@@ -182,6 +188,22 @@ class HitBook:
         else:
             alts |= possible_finish_stores(q.input_ids, q.output_ids, self.grid)
         return alts
+
+    def _could_be_cut(self, q: Served) -> bool:
+        """Could SGLang have cut ``q``'s prefill at a point of its own choosing?  It packs the
+        waiting requests into one prefill batch up to ``chunked_prefill_size`` new tokens and
+        cuts the last one where the budget ends; the cut part is cached with its state (a
+        hit there was seen on a clean SGLang: 40 requests of 386 tokens, 11 in the first
+        batch, the 11th cut at 236 and cached at 192; without a buffer, 12 requests of 320
+        and the 13th cut and cached at 256).  That needs the requests that
+        overlapped ``q`` to bring more new tokens than the budget."""
+        budget = self.limits.prefill_budget
+        if not budget:
+            return False
+        end = q.done_seq or float("inf")
+        tokens = len(q.input_ids) + sum(
+            len(x.input_ids) for x in self.records if x is not q and x.sent_seq < end and (not x.done_seq or x.done_seq > q.sent_seq))
+        return tokens > budget
 
     def _keys(self, group: list[Served]) -> set[Key]:
         """The keys ``group`` may have stored, branch points iterated to a fixed point."""
@@ -203,7 +225,7 @@ class HitBook:
             before = [x for x in self.records if x is not q and x.done_seq and x.sent_seq < q.done_seq]
             keys = self._keys(before)
             prefill = prefill_stores(q.input_ids, {q.cached_tokens}, branch_candidates(q.input_ids, keys, self.grid, q.cached_tokens), self.grid)
-            if len(prefill) == 1:
+            if len(prefill) == 1 and not self._could_be_cut(q) and not lazy_checkpoint_may_drop(q, self.grid):
                 out.add(next(iter(prefill)), sure=True)
             out.add(finish_store(q.input_ids, q.output_ids, self.grid), sure=True)
         self._certain[q.rid] = out
@@ -244,6 +266,18 @@ class HitBook:
             return None
         return (f"cached_tokens {r.cached_tokens}, the prefix oracle allows {sorted(allowed)} "
                 f"(input {len(r.input_ids)} tokens{', after possible evictions' if self.evicted else ''})")
+
+
+def lazy_checkpoint_may_drop(q: Served, grid: Grid) -> bool:
+    """With every lazy boundary allocation failing, SGLang invalidates a request's kept
+    checkpoint when its decode reaches a track boundary (``mamba_lazy_prealloc_at_boundary``:
+    "the in-flight write invalidates the keep slot's old checkpoint"), unless the overlap
+    scheduler skipped that step -- so the prefill checkpoint of such a request may be gone
+    at its finish (seen on a clean SGLang: a follow-up of a 255 + 519-token request hit 0)."""
+    if not grid.lazy_alloc_fail:
+        return False
+    start, end = len(q.input_ids), len(q.input_ids) + len(q.output_ids)
+    return any(m % grid.track_grid == 0 for m in range(start, end + 1))
 
 
 def answer_problems(s: Served, limits: Limits) -> list[str]:
