@@ -496,3 +496,17 @@ def test_landing_resolves_max_new_from_the_input_length() -> None:
             assert len(ids) + max_new - 1 == 256 + {"boundary": 0, "boundary-1": -1, "boundary+1": 1}[land]
     _, max_new, payload, _ = r.send(Send("r2", Root(0, 10), (), 4, overflow=True), {})
     assert 10 + max_new > 4096
+
+
+def test_the_cache_off_twin_never_loads_the_seeded_sglang_fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mutants`` sets the fault in the caller's environment; the twin blanks it in its
+    cell env, and a blank must win over the caller's (it did not: the twin of a double_free
+    run loaded the fault and died at start-up)."""
+    from conformance.programs.bind import FAULT_SWITCHES
+    from conformance.sglang_plugins.activation import FAULT_ENV
+    from conformance.sglang_plugins.faults import fault_for_launch
+
+    monkeypatch.setenv(FAULT_ENV, "double_free")
+    assert FAULT_ENV in FAULT_SWITCHES
+    assert fault_for_launch({FAULT_ENV: ""}) is None
+    assert fault_for_launch({}) == "double_free"

@@ -24,7 +24,8 @@ def fault_for_launch(cell_env: Mapping[str, str]) -> str | None:
     from conformance.sglang_plugins.activation import FAULT_ENV
     from conformance.sglang_plugins.faults.catalogue import get_fault
 
-    name = cell_env.get(FAULT_ENV) or os.environ.get(FAULT_ENV) or None
+    # a cell that sets the switch, even to "" (the programs' cache-off twin), overrides the caller's
+    name = (cell_env[FAULT_ENV] if FAULT_ENV in cell_env else os.environ.get(FAULT_ENV)) or None
     if name:
         get_fault(name)
     return name
