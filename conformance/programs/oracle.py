@@ -177,9 +177,10 @@ class HitBook:
         if not q.answered and not q.abort_requested:
             return set()  # refused: it never ran
         alts: set[Key] = set()
+        cut = self._could_be_cut(q)
         for h in self._hits(q):
             alts |= prefill_stores(q.input_ids, {h}, branch_candidates(q.input_ids, keys, self.grid, h), self.grid)
-            if self._could_be_cut(q):
+            if cut:
                 alts |= cut_prefill_stores(q.input_ids, h, self.grid)
         if q.regular:
             key = finish_store(q.input_ids, q.output_ids, self.grid)
