@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from conformance.checks.differential import Cold, ServedLogprobs, Tolerance, differential_problems
 from conformance.checks.hit_bounds import (
-    Grid, allowed_hits, branch_candidates, finish_store, key_limit, may_have_evicted, possible_finish_stores, prefill_stores, trie_size,
+    Grid, allowed_hits, branch_candidates, cut_prefill_stores, finish_store, key_limit, may_have_evicted, possible_finish_stores, prefill_stores, trie_size,
 )
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
@@ -319,6 +319,39 @@ def test_hitbook_allows_a_hit_where_sglang_cut_a_packed_prefill(strategy: str, c
     assert f"cached_tokens {cut_hit}" in "".join(filter(None, (book.judge(m) for m in members)))
 
 
+@pytest.mark.parametrize("hit,allowed", [(421, True), (446, True), (384, True), (300, False), (386, False)])
+def test_hitbook_a_cut_request_continues_on_a_grid_relative_to_its_cut(hit: int, allowed: bool) -> None:
+    """SGLang tracks a chunk's checkpoint at ``prefix_len + floor(extend_len, 64)``: a burst
+    member cut at 37 continues from there and is cached at 421 (seen on a clean SGLang:
+    40 members of 447 shared + 4 own tokens, 21 hit 0, then 19 hit 421).  Only the last
+    grid window before the end is opened: 300 stays unexplained."""
+    grid = Grid("extra_buffer_lazy", 64, 1, 64, 256)
+    base = tuple(range(10, 457))
+    members = [_served(f"b.{i}", base + (1000 + i,) * 4, (7,), 0, 1, 2 + i) for i in range(40)]
+    members[25].response["meta_info"]["cached_tokens"] = hit
+    book = HitBook(grid, Limits(context_len=100000, kv_total=1e6, mamba_total=1000, prefill_budget=4096))
+    for m in members:
+        book.add(m)
+    book.ready([])
+    verdicts = [book.judge(m) for m in members]
+    assert (verdicts[25] is None) is allowed, verdicts[25]
+    assert all(v is None for i, v in enumerate(verdicts) if i != 25)
+
+
+def test_cut_prefill_stores_relative_grid_and_repeated_cuts() -> None:
+    """With a buffer: the first chunk's grid from the hit and the continuation's last
+    window; without one, or past the budget (cut again), every page."""
+    prompt = tuple(range(451))
+    lens = lambda keys: sorted(len(k) for k in keys)  # noqa: E731
+    buffered = Grid("extra_buffer", 64, 1, 64, 256)
+    got = lens(cut_prefill_stores(prompt, 0, buffered, budget=4096))
+    assert got == [64, 128, 192, 256, 320, 384] + list(range(388, 452))
+    assert lens(cut_prefill_stores(prompt, 0, buffered, budget=200)) == list(range(1, 452))
+    assert lens(cut_prefill_stores(prompt, 0, Grid("no_buffer", 64, 1, 64, 256))) == list(range(1, 452))
+    paged = lens(cut_prefill_stores(prompt, 64, Grid("extra_buffer", 64, 16, 64, 256), budget=4096))
+    assert paged == [128, 192, 256, 320, 384, 400, 416, 432, 448] and all(n % 16 == 0 for n in paged)
+
+
 def test_hitbook_lazy_alloc_fail_may_drop_the_prefill_checkpoint_at_a_boundary() -> None:
     """With every lazy boundary allocation failing, SGLang invalidates the kept prefill
     checkpoint when the decode reaches a track boundary: a follow-up may then hit 0."""
@@ -392,6 +425,27 @@ def test_a_turn_refused_because_its_session_closed_first_is_not_judged() -> None
     plain = turn(abort_requested=True)
     plain.kind = "send"
     assert not plain.refused_for_closed_session
+
+
+def test_a_turn_refused_because_its_session_closed_first_has_no_hit_to_judge() -> None:
+    """The refused turn reports cached_tokens 0 whatever the tree holds (seen on a clean
+    sglang-cpu lazy_alloc_fail run: a turn whose parent's 64 tokens were cached); another
+    abort with the same numbers is still judged."""
+    prompt = tuple(range(10, 330))
+
+    def judge(message: str) -> str | None:
+        book = HitBook(GRID, Limits(context_len=100000, kv_total=1e6, mamba_total=1000))
+        first = _served("a", prompt, (1, 2), 0, 1, 2)
+        turn = _served("t", prompt + (7,) * 5, (3,), 0, 3, 4, kind="turn", abort_requested=True)
+        turn.response["meta_info"]["finish_reason"] = {"type": "abort", "message": message}
+        for s in (first, turn):
+            book.add(s)
+        book.ready([])
+        assert book.judge(first) is None
+        return book.judge(turn)
+
+    assert judge("Invalid request: session id 3f2a does not exist") is None
+    assert "allows [320]" in (judge("Abort requested") or "")
 
 
 def test_counters_and_log_lines() -> None:

@@ -147,10 +147,16 @@ class HitBook:
         self.max_sessions = 0
         self.evicted = False
         self._certain: dict[str, Stores] = {}
+        #: (rid, hit) -> {key: the branch point it gives or None}: judging asks again with
+        #: overlapping key sets, so each key is compared once per request
+        self._branch_memo: dict[tuple[str, int], dict[Key, int | None]] = {}
+        self._fixed: dict[str, frozenset[Key]] = {}
 
     def reset(self) -> None:
         self.records.clear()
         self._certain.clear()
+        self._branch_memo.clear()
+        self._fixed.clear()
         self.max_in_flight = self.max_sessions = 0
         self.evicted = False
 
@@ -174,21 +180,41 @@ class HitBook:
 
     def _alternatives(self, q: Served, keys: set[Key]) -> set[Key]:
         """Every key ``q`` may have stored (prefill checkpoint and finish)."""
-        if not q.answered and not q.abort_requested:
+        if not q.answered and not q.abort_requested or q.refused_for_closed_session:
             return set()  # refused: it never ran
-        alts: set[Key] = set()
-        cut = self._could_be_cut(q)
+        alts = set(self._fixed_alternatives(q))
         for h in self._hits(q):
-            alts |= prefill_stores(q.input_ids, {h}, branch_candidates(q.input_ids, keys, self.grid, h), self.grid)
-            if cut:
-                alts |= cut_prefill_stores(q.input_ids, h, self.grid)
+            alts |= prefill_stores(q.input_ids, {h}, self._branches(q, h, keys), self.grid)
+        return alts
+
+    def _fixed_alternatives(self, q: Served) -> frozenset[Key]:
+        """The keys of ``_alternatives`` that do not depend on what else was stored: the
+        checkpoints after a cut and the finish.  Fixed once ``q`` has answered (whatever is
+        sent later cannot have overlapped it), so kept from then on."""
+        if q.rid in self._fixed:
+            return self._fixed[q.rid]
+        alts: set[Key] = set()
+        if self._could_be_cut(q):
+            for h in self._hits(q):
+                alts |= cut_prefill_stores(q.input_ids, h, self.grid, budget=self.limits.prefill_budget)
         if q.regular:
             key = finish_store(q.input_ids, q.output_ids, self.grid)
             if key:
                 alts.add(key)
         else:
             alts |= possible_finish_stores(q.input_ids, q.output_ids, self.grid)
-        return alts
+        out = frozenset(alts)
+        if q.done_seq:
+            self._fixed[q.rid] = out
+        return out
+
+    def _branches(self, q: Served, hit: int, keys: set[Key]) -> set[int | None]:
+        """``branch_candidates`` of ``q`` over ``keys``, each key compared once per book."""
+        memo = self._branch_memo.setdefault((q.rid, hit), {})
+        for k in keys:
+            if k not in memo:
+                memo[k] = max((b for b in branch_candidates(q.input_ids, (k,), self.grid, hit) if b is not None), default=None)
+        return {None} | {memo[k] for k in keys}
 
     def _could_be_cut(self, q: Served) -> bool:
         """Could SGLang have cut ``q``'s prefill at a point of its own choosing?  It packs the
@@ -225,7 +251,7 @@ class HitBook:
         if q.regular:
             before = [x for x in self.records if x is not q and x.done_seq and x.sent_seq < q.done_seq]
             keys = self._keys(before)
-            prefill = prefill_stores(q.input_ids, {q.cached_tokens}, branch_candidates(q.input_ids, keys, self.grid, q.cached_tokens), self.grid)
+            prefill = prefill_stores(q.input_ids, {q.cached_tokens}, self._branches(q, q.cached_tokens, keys), self.grid)
             if len(prefill) == 1 and not self._could_be_cut(q) and not lazy_checkpoint_may_drop(q, self.grid):
                 out.add(next(iter(prefill)), sure=True)
             out.add(finish_store(q.input_ids, q.output_ids, self.grid), sure=True)
@@ -247,8 +273,8 @@ class HitBook:
     def judge(self, r: Served) -> str | None:
         """Judge ``r``'s hit; a problem string or None."""
         r.judged = True
-        if not r.answered:
-            return None
+        if not r.answered or r.refused_for_closed_session:
+            return None  # never ran: SGLang's placeholder answer says nothing about the tree
         self._update_evicted()
         universe = [q for q in self.records if q is not r and q.done_seq and q.sent_seq < r.done_seq]
         certain: set[Key] = set()
