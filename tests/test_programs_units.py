@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 
 from conformance.checks.differential import Cold, ServedLogprobs, Tolerance, differential_problems
 from conformance.checks.hit_bounds import (
-    Grid, allowed_hits, branch_candidates, cut_prefill_stores, finish_store, key_limit, may_have_evicted, possible_finish_stores, prefill_stores, trie_size,
+    Grid, Prefix, allowed_hits, branch_candidates, cut_prefill_stores, finish_store, key_limit, may_have_evicted, possible_finish_stores, prefill_stores, trie_size,
 )
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
@@ -350,6 +350,18 @@ def test_cut_prefill_stores_relative_grid_and_repeated_cuts() -> None:
     assert lens(cut_prefill_stores(prompt, 0, Grid("no_buffer", 64, 1, 64, 256))) == list(range(1, 452))
     paged = lens(cut_prefill_stores(prompt, 64, Grid("extra_buffer", 64, 16, 64, 256), budget=4096))
     assert paged == [128, 192, 256, 320, 384, 400, 416, 432, 448] and all(n % 16 == 0 for n in paged)
+
+
+def test_stored_keys_are_the_same_keys_as_plain_token_tuples() -> None:
+    """Stored keys hash once (speed); as keys they must stay interchangeable with the
+    token tuples the oracle compares them with."""
+    prompt = tuple(range(300))
+    stores = cut_prefill_stores(prompt, 0, Grid("no_buffer", 64, 1, 64, 256))
+    assert all(isinstance(k, Prefix) for k in stores)
+    assert prompt[:128] in stores and tuple(range(129)) in stores and (1, 2) not in stores
+    assert {prompt[:64]: "a"}[next(k for k in stores if len(k) == 64)] == "a"
+    assert Prefix(prompt[:10]) == prompt[:10] and hash(Prefix(prompt[:10])) == hash(prompt[:10])
+    assert prompt[:10] + (5,) == Prefix(prompt[:10]) + (5,)  # slicing and concatenation give plain tuples
 
 
 def test_hitbook_lazy_alloc_fail_may_drop_the_prefill_checkpoint_at_a_boundary() -> None:

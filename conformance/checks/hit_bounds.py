@@ -26,6 +26,23 @@ from conformance.checks.prefix_oracle import decode_track_positions, floor_to, p
 
 Key = tuple[int, ...]
 
+
+class Prefix(tuple):
+    """A stored key: a token prefix that hashes once.  The oracle keeps thousands of keys
+    of several hundred tokens in sets and dicts (a burst whose prefills may have been cut
+    anywhere stores every page); a plain tuple rehashes every token on each lookup."""
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash
+        except AttributeError:
+            self._hash = tuple.__hash__(self)
+            return self._hash
+
+
+def _prefix(seq: Key, n: int) -> Prefix:
+    return Prefix(seq[:n])
+
 #: Mamba slots a running request can hold at once, per strategy (lazy: +1 at a boundary).
 SLOTS_PER_REQUEST = {"no_buffer": 1, "extra_buffer": 3, "extra_buffer_lazy": 3}
 
@@ -118,7 +135,7 @@ def prefill_stores(prompt: Key, hits: Iterable[int], branches: Iterable[int | No
         for b in branches:
             n = prefill_checkpoint_len(grid.strategy, h, len(prompt), checkpoint_grid=grid.checkpoint_grid, chunk=grid.chunk, branching_seqlen=b)
             if n is not None and floor_to(n, grid.page_size) > 0:
-                out.add(prompt[: floor_to(n, grid.page_size)])
+                out.add(_prefix(prompt, floor_to(n, grid.page_size)))
     return out
 
 
@@ -137,7 +154,7 @@ def cut_prefill_stores(prompt: Key, hit: int, grid: Grid, *, budget: int | None 
     if not every_page:
         for c in range(floor_to(hit, page) + page, end - grid.checkpoint_grid + 1, page):
             ends.add(c + floor_to(end - c, grid.checkpoint_grid))
-    return {prompt[:n] for n in (floor_to(e, page) for e in ends) if hit < n <= end}
+    return {_prefix(prompt, n) for n in (floor_to(e, page) for e in ends) if hit < n <= end}
 
 
 def finish_store(prompt: Key, output: Key, grid: Grid) -> Key | None:
@@ -155,7 +172,7 @@ def finish_store(prompt: Key, output: Key, grid: Grid) -> Key | None:
         n = tracks[-1] if tracks else None
     if n is None or floor_to(n, grid.page_size) <= 0:
         return None
-    return seq[: floor_to(n, grid.page_size)]
+    return _prefix(seq, floor_to(n, grid.page_size))
 
 
 def possible_finish_stores(prompt: Key, output: Key, grid: Grid, *, extra: int = 2) -> set[Key]:
@@ -168,11 +185,11 @@ def possible_finish_stores(prompt: Key, output: Key, grid: Grid, *, extra: int =
     if not grid.buffered:
         for n in range(max(committed - 1, 1), committed + extra + 1):
             if floor_to(n, grid.page_size) > 0 and n <= len(seq):
-                out.add(seq[: floor_to(n, grid.page_size)])
+                out.add(_prefix(seq, floor_to(n, grid.page_size)))
         return out
     for n in decode_track_positions(len(prompt), committed + extra, grid.track_grid):
         if n <= len(seq):
-            out.add(seq[: floor_to(n, grid.page_size)])
+            out.add(_prefix(seq, floor_to(n, grid.page_size)))
     return out
 
 
