@@ -115,17 +115,17 @@ def _common(a: Key, b: Key) -> int:
     return lo
 
 
+def branch_point(prompt: Key, key: Key, grid: Grid, hit: int) -> int | None:
+    """SGLang's ``mamba_branching_seqlen`` for a request that met the tree holding ``key``:
+    the full-KV match floored to the checkpoint grid, when that exceeds the hit."""
+    full = floor_to(min(_common(key, prompt), key_limit(len(prompt), grid.page_size)), grid.page_size)
+    b = floor_to(full, grid.checkpoint_grid)
+    return b if b > hit else None
+
+
 def branch_candidates(prompt: Key, keys: Iterable[Key], grid: Grid, hit: int) -> set[int | None]:
-    """SGLang's ``mamba_branching_seqlen`` for each tree the request may have met: the
-    full-KV match floored to the checkpoint grid, when that exceeds the hit."""
-    limit = key_limit(len(prompt), grid.page_size)
-    out: set[int | None] = {None}
-    for k in keys:
-        full = floor_to(min(_common(k, prompt), limit), grid.page_size)
-        b = floor_to(full, grid.checkpoint_grid)
-        if b > hit:
-            out.add(b)
-    return out
+    """:func:`branch_point` for each tree the request may have met, and None (none met)."""
+    return {None} | {branch_point(prompt, k, grid, hit) for k in keys}
 
 
 def prefill_stores(prompt: Key, hits: Iterable[int], branches: Iterable[int | None], grid: Grid) -> set[Key]:

@@ -26,7 +26,7 @@ from conformance.checks.hit_bounds import (
     Key,
     Stores,
     allowed_hits,
-    branch_candidates,
+    branch_point,
     cut_prefill_stores,
     finish_store,
     key_limit,
@@ -209,11 +209,11 @@ class HitBook:
         return out
 
     def _branches(self, q: Served, hit: int, keys: set[Key]) -> set[int | None]:
-        """``branch_candidates`` of ``q`` over ``keys``, each key compared once per book."""
+        """``q``'s branch points against ``keys`` (and None): each key compared once per book."""
         memo = self._branch_memo.setdefault((q.rid, hit), {})
         for k in keys:
             if k not in memo:
-                memo[k] = max((b for b in branch_candidates(q.input_ids, (k,), self.grid, hit) if b is not None), default=None)
+                memo[k] = branch_point(q.input_ids, k, self.grid, hit)
         return {None} | {memo[k] for k in keys}
 
     def _could_be_cut(self, q: Served) -> bool:
