@@ -7,9 +7,9 @@ the file, the cell (or block) and the rule that was broken.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import itertools
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +21,11 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from conformance.errors import KitError
+from conformance.grid import Grid
+from conformance.strategy import BASELINE, NAMES, Strategy
+from conformance.strategy import STRATEGIES as SGLANG_STRATEGIES
 
-STRATEGIES = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
+STRATEGIES = NAMES
 FAMILIES = ("qwen3-next", "nemotron-h", "granite-h", "falcon-h1")
 TARGETS = ("reference", "sglang", "sglang-cpu", "pool")
 TIERS = ("premerge", "standard", "nightly")  # each tier includes the ones before it
@@ -57,16 +60,6 @@ class Model:
     tp_size: int
     mamba_chunk_size: int
     thresholds: Thresholds = field(default_factory=Thresholds)
-
-
-@dataclass(frozen=True)
-class Strategy:
-    name: str
-    description: str
-    overlap: bool
-    ping_pong_slots: int
-    pd: bool
-    max_page_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +110,11 @@ class Cell:
     @property
     def env(self) -> dict[str, str]:
         return dict(self.fault.env)
+
+    @property
+    def grid(self) -> Grid:
+        """SGLang's resolved chunk and cached-state grids for this cell."""
+        return Grid.of(self)
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -194,7 +192,7 @@ class Matrix:
     def baseline_for(self, cell: Cell) -> Cell | None:
         """The cell's paired baseline (GSM8K's paired test): see :func:`baseline_spec`;
         None for a cell that is its own baseline or whose baseline the matrix lacks."""
-        spec = baseline_spec(cell, self.strategies.get("no_buffer"))
+        spec = baseline_spec(cell, self.strategies.get(BASELINE))
         if spec is None:
             return None
         return next((c for c in self.cells if _baseline_match(c, cell.model.id, *spec)), None)
@@ -209,7 +207,7 @@ def baseline_spec(cell: Cell, no_buffer: Strategy | None) -> tuple[int, int] | N
     only takes page size 1, so larger-page cells pair with the page-1 cell (the nearest
     baseline SGLang allows), and hierarchical-cache cells with the radix cell (``no_buffer``
     has no host-offload variant)."""
-    if cell.strategy.name == "no_buffer" and not cell.fault.injected and cell.cache_variant.name == "radix":
+    if cell.strategy.is_baseline and not cell.fault.injected and cell.cache_variant.name == "radix":
         return None
     limit = no_buffer.max_page_size if no_buffer is not None else None
     page = cell.page_size if limit is None or cell.page_size <= limit else limit
@@ -219,12 +217,12 @@ def baseline_spec(cell: Cell, no_buffer: Strategy | None) -> tuple[int, int] | N
 def baseline_id(cell: Cell, no_buffer: Strategy | None) -> str | None:
     """The id the paired baseline cell has (for verdicts that name a missing one)."""
     spec = baseline_spec(cell, no_buffer)
-    return None if spec is None else f"{cell.model.id}-no_buffer-p{spec[0]}-t{spec[1]}"
+    return None if spec is None else f"{cell.model.id}-{BASELINE}-p{spec[0]}-t{spec[1]}"
 
 
 def _baseline_match(c: Cell, model_id: str, page: int, interval: int) -> bool:
     return (
-        c.model.id == model_id and c.strategy.name == "no_buffer" and not c.fault.injected
+        c.model.id == model_id and c.strategy.is_baseline and not c.fault.injected
         and c.cache_variant.name == "radix" and c.page_size == page and c.track_interval == interval
     )
 
@@ -294,18 +292,18 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
         if name not in STRATEGIES:
             raise ctx.fail(where, f"strategy {name!r} does not exist in SGLang 0.5.23 (it has {', '.join(STRATEGIES)})")
         ctx.keys(where, t, _STRATEGY_KEYS, required=("overlap", "ping_pong_slots", "pd"))
-        strategies[name] = Strategy(
-            name=name,
+        strategies[name] = dataclasses.replace(
+            SGLANG_STRATEGIES[name],
             description=t.get("description", ""),
             overlap=ctx.typed(where, t["overlap"], bool, "overlap"),
             ping_pong_slots=ctx.typed(where, t["ping_pong_slots"], int, "ping_pong_slots"),
             pd=ctx.typed(where, t["pd"], bool, "pd"),
             max_page_size=t.get("max_page_size"),
         )
-    if strategies.get("no_buffer") and strategies["no_buffer"].overlap:
-        raise ctx.fail("[strategies.no_buffer]", "SGLang refuses no_buffer with overlap scheduling (overlap must be false)")
-    if strategies.get("extra_buffer_lazy") and strategies["extra_buffer_lazy"].pd:
-        raise ctx.fail("[strategies.extra_buffer_lazy]", "SGLang 0.5.23 refuses extra_buffer_lazy under PD disaggregation (pd must be false)")
+    for name, s in strategies.items():
+        refusal = SGLANG_STRATEGIES[name].refuses_settings(overlap=s.overlap, pd=s.pd)
+        if refusal:
+            raise ctx.fail(f"[strategies.{name}]", refusal)
 
     faults: dict[str, Fault] = {}
     for name, t in raw["faults"].items():
@@ -406,10 +404,10 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
 def _validate_baselines(ctx: _Ctx, matrix: Matrix) -> None:
     """Every cell's paired baseline exists, in the same or a smaller tier, for every target
     that serves the cell (so any tier's run can pair each cell)."""
-    if "no_buffer" not in matrix.strategies:
+    if BASELINE not in matrix.strategies:
         return
     for cell in matrix.cells:
-        want = baseline_id(cell, matrix.strategies["no_buffer"])
+        want = baseline_id(cell, matrix.strategies[BASELINE])
         if want is None:
             continue
         base = matrix.baseline_for(cell)
@@ -422,13 +420,13 @@ def _validate_cell(ctx: _Ctx, cell: Cell) -> None:
     """The combination rules SGLang 0.5.23 enforces (mamba_hook.py) plus the kit's own."""
     where = f"cell {cell.id}"
     s = cell.strategy
-    if s.max_page_size is not None and cell.page_size > s.max_page_size:
-        raise ctx.fail(where, f"SGLang refuses {s.name} with page size {cell.page_size} (no_buffer only supports page_size=1)")
-    if s.name != "no_buffer" and cell.track_interval % cell.page_size:
-        raise ctx.fail(where, f"SGLang requires mamba_track_interval % page_size == 0 ({cell.track_interval} % {cell.page_size} != 0)")
-    chunk = cell.model.mamba_chunk_size
-    if max(chunk, cell.page_size) % min(chunk, cell.page_size):
-        raise ctx.fail(where, f"SGLang requires chunk size and page size to divide one another (chunk {chunk}, page {cell.page_size})")
+    refusal = (
+        s.refuses_page_size(cell.page_size)
+        or s.refuses_track_interval(cell.track_interval, cell.page_size)
+        or Grid.refuses(cell.model.mamba_chunk_size, cell.page_size)
+    )
+    if refusal:
+        raise ctx.fail(where, refusal)
     if s.name not in cell.fault.strategies:
         raise ctx.fail(where, f"fault {cell.fault.name!r} only applies to strategies {', '.join(cell.fault.strategies)}")
     if s.name not in cell.cache_variant.strategies:
@@ -436,12 +434,3 @@ def _validate_cell(ctx: _Ctx, cell: Cell) -> None:
     if not cell.targets:
         raise ctx.fail(where, "no target can serve this cell")
 
-
-def effective_chunk(cell: Cell) -> int:
-    """SGLang's mamba_cache_chunk_size: max(model chunk, page size)."""
-    return max(cell.model.mamba_chunk_size, cell.page_size)
-
-
-def effective_track_interval(cell: Cell) -> int:
-    """SGLang's mamba_track_grid: lcm(chunk grid, page, track interval)."""
-    return math.lcm(math.lcm(effective_chunk(cell), cell.page_size), cell.track_interval)

@@ -14,7 +14,7 @@ import pytest
 
 from conformance.checks.leaks import IdleProbe
 from conformance.checks.prefix_oracle import PrefixOracle
-from conformance.matrix import Cell, effective_chunk, effective_track_interval
+from conformance.matrix import Cell
 from conformance.records import Verdict
 
 
@@ -88,7 +88,7 @@ def vocab_size(endpoint: Any, default: int = 512) -> int:
 
 def grids(cell: Cell) -> tuple[int, int]:
     """(SGLang's mamba cache chunk, SGLang's decode track grid) for the cell."""
-    return effective_chunk(cell), effective_track_interval(cell)
+    return cell.grid.chunk, cell.grid.track_grid
 
 
 def lookahead(endpoint: Any) -> int:
@@ -101,8 +101,8 @@ def lookahead(endpoint: Any) -> int:
 def oracle_for(endpoint: Any) -> PrefixOracle:
     cell = endpoint.cell
     return PrefixOracle(
-        cell.strategy.name,
-        effective_chunk(cell),
+        cell.strategy,
+        cell.grid.chunk,
         cell.page_size,
         cell.track_interval,
         lazy_alloc_fail=cell.fault.name == "lazy_alloc_fail",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.matrix import DEFAULT_MATRIX, MatrixError, effective_chunk, effective_track_interval, load_matrix
+from conformance.matrix import DEFAULT_MATRIX, MatrixError, load_matrix
 
 SHIPPED = load_matrix()
 
@@ -43,8 +43,8 @@ def test_markers_and_ids() -> None:
 
 def test_effective_chunk_and_grid() -> None:
     cell = next(c for c in SHIPPED.cells if c.model.family == "granite-h" and c.track_interval == 128)
-    assert effective_chunk(cell) == 256
-    assert effective_track_interval(cell) == 256  # lcm(256, 1, 128)
+    assert cell.grid.chunk == 256
+    assert cell.grid.track_grid == 256  # lcm(256, 1, 128)
 
 
 def test_select_filters_and_rejects_unknown_values() -> None:

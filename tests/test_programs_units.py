@@ -5,7 +5,6 @@ refusing to pass vacuously)."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 
 from conformance.checks.differential import Cold, ServedLogprobs, Tolerance, differential_problems
 from conformance.checks.hit_bounds import (
-    Grid, Prefix, allowed_hits, branch_candidates, cut_prefill_stores, finish_store, key_limit, may_have_evicted, possible_finish_stores, prefill_stores, trie_size,
+    Prefix, StrategyGrid, allowed_hits, branch_candidates, cut_prefill_stores, finish_store, key_limit, may_have_evicted, possible_finish_stores, prefill_stores, trie_size,
 )
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
@@ -24,9 +23,10 @@ from conformance.programs.oracle import (
 from conformance.programs.program import After, Burst, Gate, Options, Program, Root, Send, Stop, Turn, load_program, program_from_json
 from conformance.programs.resolve import cut_position
 from conformance.programs.strategies import GenSpec, programs
+from conformance.strategy import strategy_named
 
 SPEC = GenSpec(vocab_size=500, chunk=64, checkpoint_grid=64, track_grid=256, page_size=1, context_len=4096)
-GRID = Grid("extra_buffer", 64, 1, 64, 256)
+GRID = StrategyGrid(64, 1, 256, strategy_named("extra_buffer"))
 
 
 # ------------------------------------------------------------------ the file format
@@ -223,7 +223,7 @@ def test_key_limit_pages_and_logprob_start() -> None:
 def test_stores_follow_the_prefix_oracle() -> None:
     """hit_bounds' stores agree with PrefixOracle.record_request for a lone request."""
     for strategy, page in (("no_buffer", 1), ("extra_buffer", 1), ("extra_buffer", 64), ("extra_buffer_lazy", 1)):
-        g = Grid(strategy, 64, page, 64, math.lcm(64, page, 256))
+        g = StrategyGrid(64, page, 256, strategy_named(strategy))
         oracle = PrefixOracle(strategy, 64, page, 256)
         prompt, out = tuple(range(5, 300)), tuple(range(1000, 1230))
         oracle.record_request(prompt, out)
@@ -299,7 +299,7 @@ def test_hitbook_allows_a_hit_where_sglang_cut_a_packed_prefill(strategy: str, c
     """SGLang packs waiting requests into a prefill batch up to chunked_prefill_size and
     cuts the last one where the budget ends, caching the cut part: a burst whose members
     bring more tokens than the budget may hit there (seen on clean SGLang 0.5.23)."""
-    grid = Grid(strategy, 64, 1, 64, 256)
+    grid = StrategyGrid(64, 1, 256, strategy_named(strategy))
     prompt = tuple(range(10, 331))
 
     def burst(budget: int | None) -> tuple[HitBook, list[Served]]:
@@ -325,7 +325,7 @@ def test_hitbook_a_cut_request_continues_on_a_grid_relative_to_its_cut(hit: int,
     member cut at 37 continues from there and is cached at 421 (seen on a clean SGLang:
     40 members of 447 shared + 4 own tokens, 21 hit 0, then 19 hit 421).  Only the last
     grid window before the end is opened: 300 stays unexplained."""
-    grid = Grid("extra_buffer_lazy", 64, 1, 64, 256)
+    grid = StrategyGrid(64, 1, 256, strategy_named("extra_buffer_lazy"))
     base = tuple(range(10, 457))
     members = [_served(f"b.{i}", base + (1000 + i,) * 4, (7,), 0, 1, 2 + i) for i in range(40)]
     members[25].response["meta_info"]["cached_tokens"] = hit
@@ -343,12 +343,12 @@ def test_cut_prefill_stores_relative_grid_and_repeated_cuts() -> None:
     window; without one, or past the budget (cut again), every page."""
     prompt = tuple(range(451))
     lens = lambda keys: sorted(len(k) for k in keys)  # noqa: E731
-    buffered = Grid("extra_buffer", 64, 1, 64, 256)
+    buffered = StrategyGrid(64, 1, 256, strategy_named("extra_buffer"))
     got = lens(cut_prefill_stores(prompt, 0, buffered, budget=4096))
     assert got == [64, 128, 192, 256, 320, 384] + list(range(388, 452))
     assert lens(cut_prefill_stores(prompt, 0, buffered, budget=200)) == list(range(1, 452))
-    assert lens(cut_prefill_stores(prompt, 0, Grid("no_buffer", 64, 1, 64, 256))) == list(range(1, 452))
-    paged = lens(cut_prefill_stores(prompt, 64, Grid("extra_buffer", 64, 16, 64, 256), budget=4096))
+    assert lens(cut_prefill_stores(prompt, 0, StrategyGrid(64, 1, 256, strategy_named("no_buffer")))) == list(range(1, 452))
+    paged = lens(cut_prefill_stores(prompt, 64, StrategyGrid(64, 16, 256, strategy_named("extra_buffer")), budget=4096))
     assert paged == [128, 192, 256, 320, 384, 400, 416, 432, 448] and all(n % 16 == 0 for n in paged)
 
 
@@ -356,7 +356,7 @@ def test_stored_keys_are_the_same_keys_as_plain_token_tuples() -> None:
     """Stored keys hash once (speed); as keys they must stay interchangeable with the
     token tuples the oracle compares them with."""
     prompt = tuple(range(300))
-    stores = cut_prefill_stores(prompt, 0, Grid("no_buffer", 64, 1, 64, 256))
+    stores = cut_prefill_stores(prompt, 0, StrategyGrid(64, 1, 256, strategy_named("no_buffer")))
     assert all(isinstance(k, Prefix) for k in stores)
     assert prompt[:128] in stores and tuple(range(129)) in stores and (1, 2) not in stores
     assert {prompt[:64]: "a"}[next(k for k in stores if len(k) == 64)] == "a"
@@ -372,7 +372,7 @@ def test_hitbook_lazy_alloc_fail_may_drop_the_prefill_checkpoint_at_a_boundary()
     out = tuple(range(600, 1119))  # 519 tokens: the decode crosses 256, 512 and 768
     follow = prompt + out[:512] + (5,) * 5
 
-    def judge(grid: Grid, follow_out: tuple) -> str | None:
+    def judge(grid: StrategyGrid, follow_out: tuple) -> str | None:
         book = HitBook(grid, limits)
         first = _served("a", prompt, out, 0, 1, 2)
         second = _served("b", follow_out, (3,), 0, 3, 4)
@@ -382,9 +382,9 @@ def test_hitbook_lazy_alloc_fail_may_drop_the_prefill_checkpoint_at_a_boundary()
         assert book.judge(first) is None
         return book.judge(second)
 
-    failing = Grid("extra_buffer_lazy", 64, 1, 64, 256, lazy_alloc_fail=True)
+    failing = StrategyGrid(64, 1, 256, strategy_named("extra_buffer_lazy"), lazy_alloc_fail=True)
     assert judge(failing, follow) is None
-    assert "allows" in (judge(Grid("extra_buffer_lazy", 64, 1, 64, 256), follow) or "")  # the checkpoints survive without the fault
+    assert "allows" in (judge(StrategyGrid(64, 1, 256, strategy_named("extra_buffer_lazy")), follow) or "")  # the checkpoints survive without the fault
     short = _served("c", prompt[:200], (1, 2, 3), 0, 1, 2)  # a decode that reaches no boundary keeps its checkpoint
     assert not lazy_checkpoint_may_drop(short, failing) and lazy_checkpoint_may_drop(_served("d", prompt, out, 0, 1, 2), failing)
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("sglang", reason="sglang is not installed: run ci/setup-cpu.sh (the pool tier's install)")
 
-from conformance.matrix import effective_chunk, load_matrix  # noqa: E402
+from conformance.matrix import load_matrix  # noqa: E402
 from conformance.targets.sglang import SGLangTarget, detect_strategy_flag, strip_launcher, validate_server_args  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -27,7 +27,7 @@ def test_every_shipped_command_passes_sglang_validation(cell) -> None:
     v = validate_server_args(strip_launcher(spec.argv), cell)
     assert v.ok, f"{cell.id}: {v.message}"
     assert v.resolved_strategy == cell.strategy.name
-    assert v.resolved_chunk == effective_chunk(cell)
+    assert v.resolved_chunk == cell.grid.chunk
 
 
 def _args_for(cell, **changes):

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from conformance.checks.prefix_oracle import decode_track_positions, floor_to, prefill_checkpoint_len
+from conformance.grid import Grid
+from conformance.strategy import Strategy, strategy_named
 
 Key = tuple[int, ...]
 
@@ -43,23 +45,18 @@ class Prefix(tuple):
 def _prefix(seq: Key, n: int) -> Prefix:
     return Prefix(seq[:n])
 
-#: Mamba slots a running request can hold at once, per strategy (lazy: +1 at a boundary).
-SLOTS_PER_REQUEST = {"no_buffer": 1, "extra_buffer": 3, "extra_buffer_lazy": 3}
-
-
 @dataclass(frozen=True)
-class Grid:
-    strategy: str
-    chunk: int
-    page_size: int
-    checkpoint_grid: int
-    track_grid: int
+class StrategyGrid(Grid):
+    """A cell's :class:`~conformance.grid.Grid` under its strategy, with what the judge needs
+    of its schedule (the lazy-alloc-fail fault, steps in flight)."""
+
+    strategy: Strategy
     lazy_alloc_fail: bool = False
     lookahead: int = 0
 
     @property
     def buffered(self) -> bool:
-        return self.strategy != "no_buffer"
+        return self.strategy.has_buffer
 
 
 @dataclass
@@ -115,7 +112,7 @@ def _common(a: Key, b: Key) -> int:
     return lo
 
 
-def branch_point(prompt: Key, key: Key, grid: Grid, hit: int) -> int | None:
+def branch_point(prompt: Key, key: Key, grid: StrategyGrid, hit: int) -> int | None:
     """SGLang's ``mamba_branching_seqlen`` for a request that met the tree holding ``key``:
     the full-KV match floored to the checkpoint grid, when that exceeds the hit."""
     full = floor_to(min(_common(key, prompt), key_limit(len(prompt), grid.page_size)), grid.page_size)
@@ -123,12 +120,12 @@ def branch_point(prompt: Key, key: Key, grid: Grid, hit: int) -> int | None:
     return b if b > hit else None
 
 
-def branch_candidates(prompt: Key, keys: Iterable[Key], grid: Grid, hit: int) -> set[int | None]:
+def branch_candidates(prompt: Key, keys: Iterable[Key], grid: StrategyGrid, hit: int) -> set[int | None]:
     """:func:`branch_point` for each tree the request may have met, and None (none met)."""
     return {None} | {branch_point(prompt, k, grid, hit) for k in keys}
 
 
-def prefill_stores(prompt: Key, hits: Iterable[int], branches: Iterable[int | None], grid: Grid) -> set[Key]:
+def prefill_stores(prompt: Key, hits: Iterable[int], branches: Iterable[int | None], grid: StrategyGrid) -> set[Key]:
     """Where the prefill checkpoint of ``prompt`` lands for each possible admission."""
     out = set()
     for h in hits:
@@ -139,7 +136,7 @@ def prefill_stores(prompt: Key, hits: Iterable[int], branches: Iterable[int | No
     return out
 
 
-def cut_prefill_stores(prompt: Key, hit: int, grid: Grid, *, budget: int | None = None) -> set[Key]:
+def cut_prefill_stores(prompt: Key, hit: int, grid: StrategyGrid, *, budget: int | None = None) -> set[Key]:
     """Where the state of a prefill that SGLang cut at a page ``c`` of its own choosing may
     land.  Without a buffer the request's own state is cached where the cut fell: every
     page.  With one, SGLang tracks each chunk's checkpoint on a grid relative to where
@@ -157,7 +154,7 @@ def cut_prefill_stores(prompt: Key, hit: int, grid: Grid, *, budget: int | None 
     return {_prefix(prompt, n) for n in (floor_to(e, page) for e in ends) if hit < n <= end}
 
 
-def finish_store(prompt: Key, output: Key, grid: Grid) -> Key | None:
+def finish_store(prompt: Key, output: Key, grid: StrategyGrid) -> Key | None:
     """The state a normally finished request inserts (``PrefixOracle.finish_insert_len``)."""
     seq = prompt + output
     committed = len(seq) - 1 if output else len(prompt)
@@ -175,7 +172,7 @@ def finish_store(prompt: Key, output: Key, grid: Grid) -> Key | None:
     return _prefix(seq, floor_to(n, grid.page_size))
 
 
-def possible_finish_stores(prompt: Key, output: Key, grid: Grid, *, extra: int = 2) -> set[Key]:
+def possible_finish_stores(prompt: Key, output: Key, grid: StrategyGrid, *, extra: int = 2) -> set[Key]:
     """Every state an irregular finish (abort, a session's hand-over) may insert: any decode
     track position up to ``extra`` tokens past what was returned, or (no_buffer) any
     committed length in that window."""
@@ -203,12 +200,12 @@ def trie_size(seqs: Iterable[Key]) -> int:
     return total
 
 
-def may_have_evicted(*, states: int, max_in_flight: int, sessions: int, strategy: str, mamba_total: float | None,
+def may_have_evicted(*, states: int, max_in_flight: int, sessions: int, strategy: Strategy | str, mamba_total: float | None,
                      tokens: int, reserved_tokens: int, kv_total: float | None) -> bool:
     """Could the pools have had to evict since the last flush?  A bound: every state ever
     stored plus what the most requests ever in flight hold, against each pool's size (an
     unknown size counts as 'could')."""
-    slots = states + (max_in_flight + sessions) * SLOTS_PER_REQUEST[strategy]
+    slots = states + (max_in_flight + sessions) * strategy_named(strategy).mamba_slots_per_request
     if mamba_total is None or slots + 1 > mamba_total:
         return True
     return kv_total is None or tokens + reserved_tokens > kv_total

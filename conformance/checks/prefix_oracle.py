@@ -3,8 +3,8 @@ from the cache's history.  Pure Python, no sglang import; shared by the pool tie
 validates it against the real ``UnifiedRadixCache``), the server-tier prefix-branching
 check and the reference engine.
 
-Grids (``chunk`` is SGLang's ``mamba_cache_chunk_size`` = max(model chunk, page), i.e.
-``conformance.matrix.effective_chunk``)::
+Grids (``chunk`` is SGLang's ``mamba_cache_chunk_size`` = max(model chunk, page); both
+are :class:`conformance.grid.Grid`'s)::
 
     checkpoint_grid = lcm(chunk, page_size)                    # prefill checkpoints
     track_grid      = lcm(checkpoint_grid, track_interval)     # decode tracks
@@ -54,11 +54,12 @@ compare exactly while no eviction happened since the last ``flush`` and otherwis
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-STRATEGIES = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
+from conformance.errors import KitError
+from conformance.grid import Grid
+from conformance.strategy import Strategy, strategy_named
 
 
 class OracleError(ValueError):
@@ -79,14 +80,14 @@ def floor_to(n: int, grid: int) -> int:
 
 
 def prefill_checkpoint_len(
-    strategy: str, prefix_len: int, extend_end: int, *, checkpoint_grid: int, chunk: int, branching_seqlen: int | None = None
+    strategy: Strategy | str, prefix_len: int, extend_end: int, *, checkpoint_grid: int, chunk: int, branching_seqlen: int | None = None
 ) -> int | None:
     """Where the state computed by one prefill chunk ``[prefix_len, extend_end)`` lands in
     the tree at the checkpoint after it (None: nothing is stored)."""
     extend_len = extend_end - prefix_len
     if extend_len <= 0:
         return None
-    if strategy == "no_buffer":
+    if not strategy_named(strategy).has_buffer:
         return extend_end
     if extend_len < checkpoint_grid:
         return None
@@ -120,40 +121,39 @@ def chunk_ends(prefix_len: int, prompt_len: int, chunked_prefill_size: int | Non
 class PrefixOracle:
     """The set of mamba states the radix tree holds, keyed by token prefix (no eviction)."""
 
-    def __init__(self, strategy: str, chunk: int, page_size: int, track_interval: int, lazy_alloc_fail: bool = False):
-        if strategy not in STRATEGIES:
-            raise OracleError(f"unknown strategy {strategy!r} (allowed: {', '.join(STRATEGIES)})")
-        if strategy == "no_buffer" and page_size != 1:
-            raise OracleError(f"no_buffer needs page size 1, got {page_size}")
-        if lazy_alloc_fail and strategy != "extra_buffer_lazy":
-            raise OracleError("lazy_alloc_fail only applies to extra_buffer_lazy")
-        self.strategy = strategy
-        self.chunk = chunk
-        self.page_size = page_size
-        self.track_interval = track_interval
+    def __init__(self, strategy: Strategy | str, chunk: int, page_size: int, track_interval: int, lazy_alloc_fail: bool = False):
+        try:
+            s = strategy_named(strategy)
+        except KitError as e:
+            raise OracleError(str(e)) from None
+        refusal = s.refuses_page_size(page_size)
+        if refusal:
+            raise OracleError(refusal)
+        if lazy_alloc_fail and not s.lazy:
+            raise OracleError(f"lazy_alloc_fail only applies to lazy strategies, not {s.name}")
+        self.strategy = s
+        self.grid = Grid(chunk, page_size, track_interval)
         self.lazy_alloc_fail = lazy_alloc_fail
-        self.checkpoint_grid = math.lcm(chunk, page_size)
-        self.track_grid = math.lcm(self.checkpoint_grid, track_interval)
         self._states: set[tuple[int, ...]] = set()
         self._ever: set[tuple[int, ...]] = set()
 
     def __repr__(self) -> str:
         return (
-            f"PrefixOracle({self.strategy!r}, chunk={self.chunk}, page_size={self.page_size}, "
-            f"track_interval={self.track_interval}, lazy_alloc_fail={self.lazy_alloc_fail})"
+            f"PrefixOracle({self.strategy.name!r}, chunk={self.grid.chunk}, page_size={self.grid.page_size}, "
+            f"track_interval={self.grid.track_interval}, lazy_alloc_fail={self.lazy_alloc_fail})"
         )
 
     # ------------------------------------------------------------- queries
     @property
     def buffered(self) -> bool:
-        return self.strategy != "no_buffer"
+        return self.strategy.has_buffer
 
     def stored_keys(self) -> list[tuple[int, ...]]:
         """Token keys of every state the tree holds (shortest first)."""
         return sorted(self._states, key=lambda k: (len(k), k))
 
     def _limit(self, tokens: Sequence[int]) -> int:
-        return floor_to(max(len(tokens) - 1, 0), self.page_size)
+        return floor_to(max(len(tokens) - 1, 0), self.grid.page_size)
 
     def _best(self, tokens: Sequence[int], keys: Iterable[tuple[int, ...]]) -> int:
         t, limit = tuple(tokens), self._limit(tokens)
@@ -175,12 +175,12 @@ class PrefixOracle:
             n = min(len(k), limit)
             common = next((i for i in range(n) if k[i] != t[i]), n)
             best = max(best, common)
-        return floor_to(best, self.page_size)
+        return floor_to(best, self.grid.page_size)
 
     def admit(self, tokens: Sequence[int]) -> Admission:
         hit = self.expected_hit(tokens)
         full = self.full_kv_hit(tokens)
-        aligned = floor_to(full, self.checkpoint_grid)
+        aligned = floor_to(full, self.grid.checkpoint_grid)
         return Admission(hit, aligned if aligned > hit else None, full)
 
     def prefill_plan(
@@ -189,9 +189,9 @@ class PrefixOracle:
         """(extend_end, stored length or None) per prefill chunk for a request admitted now."""
         adm = admission or self.admit(prompt)
         plan, prefix = [], adm.hit
-        for end in chunk_ends(adm.hit, len(prompt), chunked_prefill_size, self.page_size):
+        for end in chunk_ends(adm.hit, len(prompt), chunked_prefill_size, self.grid.page_size):
             stored = prefill_checkpoint_len(
-                self.strategy, prefix, end, checkpoint_grid=self.checkpoint_grid, chunk=self.chunk, branching_seqlen=adm.branching_seqlen
+                self.strategy, prefix, end, checkpoint_grid=self.grid.checkpoint_grid, chunk=self.grid.chunk, branching_seqlen=adm.branching_seqlen
             )
             plan.append((end, stored))
             prefix = end
@@ -203,9 +203,9 @@ class PrefixOracle:
             return None
         if not self.buffered:
             return committed_len
-        if self.lazy_alloc_fail and lookahead == 1 and (committed_len + 1) % self.track_grid == 0:
+        if self.lazy_alloc_fail and lookahead == 1 and (committed_len + 1) % self.grid.track_grid == 0:
             return None
-        tracks = decode_track_positions(prompt_len, committed_len, self.track_grid)
+        tracks = decode_track_positions(prompt_len, committed_len, self.grid.track_grid)
         return tracks[-1] if tracks else None
 
     # ------------------------------------------------------------- updates
@@ -213,7 +213,7 @@ class PrefixOracle:
         """Record that the tree now holds the state of ``tokens[:length]`` (page-floored key)."""
         if length is None:
             return
-        n = floor_to(length, self.page_size)
+        n = floor_to(length, self.grid.page_size)
         if n <= 0:
             return
         key = tuple(tokens[:n])

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from pathlib import Path
 from typing import Any, Iterator
 
 from conformance.checks.differential import Tolerance
-from conformance.checks.hit_bounds import Grid
-from conformance.matrix import CacheVariant, Cell, Fault, Strategy, effective_chunk, effective_track_interval
+from conformance.checks.hit_bounds import StrategyGrid
+from conformance.matrix import CacheVariant, Cell, Fault
 from conformance.programs.runner import Target
 from conformance.programs.strategies import GenSpec
+from conformance.strategy import BASELINE, STRATEGIES
 from conformance.suites import exact_mode, idle_deadline, lookahead, vocab_size
 from conformance.targets.base import Endpoint
 
@@ -36,7 +36,7 @@ FAULT_SWITCHES = (
     "SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL",
 )
 COLD_VARIANT = CacheVariant("cold", "radix cache disabled: the programs' cache-off twin", ("--disable-radix-cache",))
-NO_BUFFER = Strategy("no_buffer", "cache-off twin", overlap=False, ping_pong_slots=0, pd=True, max_page_size=1)
+NO_BUFFER = dataclasses.replace(STRATEGIES[BASELINE], description="cache-off twin")
 
 
 def cold_cell(cell: Cell) -> Cell:
@@ -66,12 +66,10 @@ def serve_cold(cell: Cell, options: Any, log_dir: Path) -> Iterator[Endpoint]:
         yield ep
 
 
-def grid_for(ep: Endpoint) -> Grid:
-    cell = ep.cell
-    chunk = effective_chunk(cell)
-    return Grid(
-        strategy=cell.strategy.name, chunk=chunk, page_size=cell.page_size,
-        checkpoint_grid=math.lcm(chunk, cell.page_size), track_grid=effective_track_interval(cell),
+def grid_for(ep: Endpoint) -> StrategyGrid:
+    cell, g = ep.cell, ep.cell.grid
+    return StrategyGrid(
+        g.chunk, g.page_size, g.track_interval, strategy=cell.strategy,
         lazy_alloc_fail=cell.fault.name == "lazy_alloc_fail", lookahead=lookahead(ep),
     )
 

@@ -22,9 +22,9 @@ from typing import Any, Iterable, Mapping
 
 from conformance.checks.leaks import KIT, POOLS, idle_invariant
 from conformance.checks.hit_bounds import (
-    Grid,
     Key,
     Stores,
+    StrategyGrid,
     allowed_hits,
     branch_point,
     cut_prefill_stores,
@@ -140,7 +140,7 @@ class HitBook:
     fixed point over the keys of those requests.
     """
 
-    def __init__(self, grid: Grid, limits: Limits) -> None:
+    def __init__(self, grid: StrategyGrid, limits: Limits) -> None:
         self.grid, self.limits = grid, limits
         self.records: list[Served] = []
         self.max_in_flight = 0
@@ -295,7 +295,7 @@ class HitBook:
                 f"(input {len(r.input_ids)} tokens{', after possible evictions' if self.evicted else ''})")
 
 
-def lazy_checkpoint_may_drop(q: Served, grid: Grid) -> bool:
+def lazy_checkpoint_may_drop(q: Served, grid: StrategyGrid) -> bool:
     """With every lazy boundary allocation failing, SGLang invalidates a request's kept
     checkpoint when its decode reaches a track boundary (``mamba_lazy_prealloc_at_boundary``:
     "the in-flight write invalidates the keep slot's old checkpoint"), unless the overlap

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.checks.hit_bounds import Grid
+from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.prefix_oracle import floor_to
 from conformance.programs.oracle import Limits, Served
 from conformance.programs.program import LAND_MAX_NEW, After, Burst, Options, Program, Root, Send, Turn
@@ -30,7 +30,7 @@ from conformance.programs.program import LAND_MAX_NEW, After, Burst, Options, Pr
 Key = tuple[int, ...]
 
 
-def cut_position(cut: str, full: int, prompt: int, grid: Grid) -> int:
+def cut_position(cut: str, full: int, prompt: int, grid: StrategyGrid) -> int:
     """Where ``cut`` falls in a sequence of ``full`` tokens whose prompt had ``prompt``."""
     track = floor_to(full, grid.track_grid)
     chunk = floor_to(full, grid.checkpoint_grid)
@@ -53,7 +53,7 @@ class _Session:
 
 
 class Resolver:
-    def __init__(self, program: Program, grid: Grid, limits: Limits, *, exact: bool, tag: str) -> None:
+    def __init__(self, program: Program, grid: StrategyGrid, limits: Limits, *, exact: bool, tag: str) -> None:
         self.p, self.grid, self.limits, self.exact, self.tag = program, grid, limits, exact, tag
         self.sessions: dict[str, _Session] = {}
 

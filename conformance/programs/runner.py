@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.checks.differential import Tolerance, cold_from_meta, differential_problems, logprob_gap, served_logprobs
-from conformance.checks.hit_bounds import Grid
+from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.leaks import scan_log
 from conformance.client import SGLangClient
 from conformance.errors import KitError, ServerDiedError
@@ -49,7 +49,7 @@ class Target:
 
     client: SGLangClient
     cold: SGLangClient
-    grid: Grid
+    grid: StrategyGrid
     limits: Limits
     tol: Tolerance
     exact: bool

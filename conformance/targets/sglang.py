@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from conformance.errors import KitError
-from conformance.matrix import FIXTURES_DIR, Cell, effective_chunk
+from conformance.matrix import FIXTURES_DIR, Cell
 from conformance.sglang_api.probes import NEW_STRATEGY_FLAG, OLD_STRATEGY_FLAG
 from conformance.sglang_api.validate import Validation, validate_args
 from conformance.targets.base import LaunchSpec
@@ -232,6 +232,6 @@ def validate_server_args(args: Sequence[str], cell: Cell | None = None, *, confi
         return Validation(False, f"SGLang disables the radix cache for this command (disable_radix_cache=True; strategy resolved to {strategy!r})", chunk, strategy, status="na")
     if strategy != cell.strategy.name:
         return Validation(False, f"SGLang resolved strategy {strategy!r}, expected {cell.strategy.name!r}", chunk, strategy)
-    if chunk is not None and chunk != effective_chunk(cell):
-        return Validation(False, f"SGLang resolved mamba cache chunk {chunk}, the matrix says {effective_chunk(cell)}", chunk, strategy)
+    if chunk is not None and chunk != cell.grid.chunk:
+        return Validation(False, f"SGLang resolved mamba cache chunk {chunk}, the matrix says {cell.grid.chunk}", chunk, strategy)
     return v
