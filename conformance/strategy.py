@@ -61,6 +61,12 @@ class Strategy:
         track slots."""
         return 1 + self.peak_track_slots
 
+    @property
+    def eager(self) -> Strategy:
+        """The strategy the lazy claim is measured against (the record itself when it has no
+        eager sibling)."""
+        return STRATEGIES[self.eager_sibling] if self.eager_sibling else self
+
     def resident_track_slots(self, *, overlap: bool) -> int:
         """Track slots a running request holds at every decode step (SGLang's
         ``get_mamba_tracking_slots``): both ping-pong slots with the overlap scheduler on, one

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from conformance.records import Verdict
+from conformance.strategy import Strategy, strategy_named
 
 CHECK = "leaks"
 MAMBA_GAUGE = "sglang:mamba_used_tokens"
@@ -205,14 +206,8 @@ def track_slot_use(timeline: Sequence[OccupancySample]) -> TrackSlotUse | None:
     return None
 
 
-def extra_buffer_slots(*, overlap: bool) -> int:
-    """SGLang 0.5.23's contract (``get_mamba_tracking_slots``): extra_buffer requests hold 2
-    track slots with the overlap scheduler on, 1 with it off."""
-    return 2 if overlap else 1
-
-
 def track_slot_verdict(
-    strategy: str,
+    strategy: Strategy | str,
     use: TrackSlotUse | None,
     *,
     overlap: bool,
@@ -226,10 +221,11 @@ def track_slot_verdict(
 
     The claim is asserted on the mean; the peak ratio is reported with a note when the claim
     does not hold for it (requests that cross a track boundary in the same step each hold 2)."""
+    s = strategy_named(strategy)
     metrics: dict = {"lazy_resident_ratio": None, "track_slots_mean_per_request": None}
     if use is None or use.mean_per_request is None:
         why = "the target exports no track-slot gauge" if use is None else "no decode step was observed under load"
-        return Verdict(CHECK, "fail", metrics, f"{strategy}: resident track slots unmeasured: {why}")
+        return Verdict(CHECK, "fail", metrics, f"{s.name}: resident track slots unmeasured: {why}")
     metrics.update(
         track_slots_mean_per_request=round(use.mean_per_request, 4),
         track_slots_peak_per_request=use.peak_per_request,
@@ -240,28 +236,30 @@ def track_slot_verdict(
     mean, peak = use.mean_per_request, use.peak_per_request
     fails: list[str] = []
     notes: list[str] = []
-    contract = extra_buffer_slots(overlap=overlap)
-    if strategy == "no_buffer":
+    resident = s.resident_track_slots(overlap=overlap)
+    if not s.has_buffer:
         if mean != 0 or (peak or 0) != 0:
-            fails.append(f"no_buffer requests held track slots (mean {mean:.3g}, peak {peak}): expected none")
-    elif strategy == "extra_buffer":
-        if abs(mean - contract) > 1e-9 or (peak is not None and peak != contract):
-            fails.append(f"extra_buffer requests held {mean:.3g} track slots on average (peak {peak}), expected {contract} (overlap {'on' if overlap else 'off'})")
-    elif strategy == "extra_buffer_lazy":
+            fails.append(f"{s.name} requests held track slots (mean {mean:.3g}, peak {peak}): expected none")
+    elif not s.lazy:
+        if abs(mean - resident) > 1e-9 or (peak is not None and peak != resident):
+            fails.append(f"{s.name} requests held {mean:.3g} track slots on average (peak {peak}), expected {resident} (overlap {'on' if overlap else 'off'})")
+    else:
+        sibling = s.eager
+        contract = sibling.resident_track_slots(overlap=overlap)
         if eager is not None and eager.mean_per_request:
-            base, base_name = eager.mean_per_request, "extra_buffer sibling"
+            base, base_name = eager.mean_per_request, f"{sibling.name} sibling"
             base_peak = eager.peak_per_request
         else:
-            base, base_name, base_peak = float(contract), "extra_buffer contract (sibling not recorded in this run)", float(contract)
-            notes.append(f"extra_buffer sibling not recorded in this run: compared with its contract of {contract} slots per request")
+            base, base_name, base_peak = float(contract), f"{sibling.name} contract (sibling not recorded in this run)", float(contract)
+            notes.append(f"{sibling.name} sibling not recorded in this run: compared with its contract of {contract} slots per request")
         ratio = mean / base
         metrics.update(lazy_resident_ratio=round(ratio, 4), lazy_baseline=base_name, lazy_baseline_mean=base)
         if peak is not None and base_peak:
             metrics["lazy_peak_ratio"] = round(peak / base_peak, 4)
-        if mean < 1 - 1e-9:
-            fails.append(f"lazy requests held {mean:.3g} track slots on average: below the 1 they always hold")
-        if peak is not None and peak > 2:
-            fails.append(f"a lazy request held {peak:g} track slots in one step (at most 2)")
+        if mean < resident - 1e-9:
+            fails.append(f"lazy requests held {mean:.3g} track slots on average: below the {resident} they always hold")
+        if peak is not None and peak > s.peak_track_slots:
+            fails.append(f"a lazy request held {peak:g} track slots in one step (at most {s.peak_track_slots})")
         if ratio > ratio_max:
             fails.append(f"lazy resident ratio {ratio:.2f} > {ratio_max:.2f}: mean {mean:.3g} vs {base:.3g} slots per request ({base_name}); claim: about half")
         else:

@@ -21,6 +21,7 @@ import pytest
 from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording, gsm8k_verdict
 from conformance.matrix import baseline_id
 from conformance.records import Verdict, merge
+from conformance.strategy import BASELINE
 from conformance.suites import on_cpu, settle, sizes_for
 from conformance.workloads.cell_store import sibling_key
 from conformance.workloads.gsm8k import pick_items
@@ -71,12 +72,12 @@ def test_gsm8k(endpoint, gsm8k_data, cell_store, matrix, record_verdict):
     items = pick_items(gsm8k_data, size.gsm8k_n)
     endpoint.client.flush_cache()
     served = driver.record(items, label=cell.id, samples_log=log)  # one shared few-shot prefix: hits from item 2 on
-    base_id = baseline_id(cell, matrix.strategies.get("no_buffer"))
+    base_id = baseline_id(cell, matrix.strategies.get(BASELINE))
     base_cell = matrix.baseline_for(cell)
-    base_key = sibling_key(base_cell, "no_buffer") if base_cell is not None else None
+    base_key = sibling_key(base_cell, base_cell.strategy.name) if base_cell is not None else None
     cell_store.save("gsm8k", cell, _to_json(served, baseline=base_id))  # before looking for the baseline: see the docstring
     baseline_raw = cell_store.load("gsm8k", base_key) if base_key else None
-    baseline = _from_json(baseline_raw, base_id or "no_buffer") if baseline_raw else None
+    baseline = _from_json(baseline_raw, base_id or BASELINE) if baseline_raw else None
     if baseline is not None:
         cell_store.save("gsm8k", cell, {**_to_json(served, baseline=base_id), "paired": True})
     verdicts = []

@@ -62,10 +62,10 @@ def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):
     use = track_slot_use(timeline)
     if use is not None and cell.fault.name == "none":
         cell_store.save("track_slots", cell, use.to_json())
-    raw = cell_store.load("track_slots", sibling_key(cell, "extra_buffer")) if cell.strategy.name == "extra_buffer_lazy" else None
+    raw = cell_store.load("track_slots", sibling_key(cell, cell.strategy.eager.name)) if cell.strategy.lazy else None
     verdicts = [
         leak_verdict([probe], log_text=endpoint.log_text(), alive=endpoint.alive(), timeline=timeline),
-        track_slot_verdict(cell.strategy.name, use, overlap=_overlap(endpoint), eager=TrackSlotUse(**raw) if raw else None),
+        track_slot_verdict(cell.strategy, use, overlap=_overlap(endpoint), eager=TrackSlotUse(**raw) if raw else None),
     ]
     settle(record_verdict(merge("leaks", verdicts)))
 

@@ -14,6 +14,7 @@ import pytest
 from conformance.checks.perf import perf_verdict
 from conformance.matrix import Matrix, baseline_id
 from conformance.perf import quiet
+from conformance.strategy import BASELINE
 from conformance.suites import on_cpu, settle, vocab_size
 from conformance.workloads.perf import CPU_PLAN, GPU_PLAN, engine_label, record_perf
 
@@ -22,9 +23,9 @@ pytestmark = pytest.mark.perf
 
 def pairing(cell, matrix: Matrix) -> dict[str, str | None]:
     """The cells a perf ratio of ``cell`` divides by, by id (None: the cell is its own)."""
-    out = {"baseline_cell": baseline_id(cell, matrix.strategies.get("no_buffer")), "extra_buffer_cell": None}
-    if cell.strategy.name == "extra_buffer_lazy" and "extra_buffer" in matrix.strategies:
-        sibling = dataclasses.replace(cell, strategy=matrix.strategies["extra_buffer"], fault=matrix.faults["none"])
+    out = {"baseline_cell": baseline_id(cell, matrix.strategies.get(BASELINE)), "extra_buffer_cell": None}
+    if cell.strategy.lazy and cell.strategy.eager.name in matrix.strategies:
+        sibling = dataclasses.replace(cell, strategy=matrix.strategies[cell.strategy.eager.name], fault=matrix.faults["none"])
         out["extra_buffer_cell"] = sibling.id
     return out
 
