@@ -15,28 +15,29 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import threading
 from dataclasses import dataclass
 
 import torch
 
 from conformance.errors import KitError
+from conformance.grid import Grid
 from conformance.reference.faults import FaultSwitch
 from conformance.reference.pools import MambaSlotPool, PoolCheck, RequestPool, TokenPool, check_pool, leak_message
 from conformance.reference.radix import RadixCache, Snapshot
 from conformance.reference.request import Req, check_finish, sample, top_entries
 from conformance.reference.sessions import SessionStore
 from conformance.reference.slots import SlotKeeper
+from conformance.strategy import BASELINE, NAMES, strategy_named
 
 log = logging.getLogger("sglang.srt.managers.scheduler")
-STRATEGIES = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
+STRATEGIES = NAMES
 MAX_PREFILL_BATCH = 8
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    strategy: str = "no_buffer"
+    strategy: str = BASELINE
     page_size: int = 1
     track_interval: int = 256
     max_mamba_slots: int = 64
@@ -47,17 +48,17 @@ class EngineConfig:
 
 def validate_config(cfg: EngineConfig, model_chunk: int) -> None:
     """The combinations SGLang refuses, as one-line KitErrors."""
-    if cfg.strategy not in STRATEGIES:
-        raise KitError(f"unknown strategy {cfg.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    strategy = strategy_named(cfg.strategy)
     for name in ("page_size", "track_interval", "max_mamba_slots", "max_running_requests", "kv_tokens"):
         if getattr(cfg, name) < 1:
             raise KitError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.strategy == "no_buffer" and cfg.page_size != 1:
-        raise KitError(f"no_buffer requires --page-size 1 (got {cfg.page_size}), as in SGLang")
-    if cfg.strategy != "no_buffer" and cfg.track_interval % cfg.page_size:
-        raise KitError(f"SGLang requires mamba_track_interval % page_size == 0 ({cfg.track_interval} % {cfg.page_size})")
-    if max(model_chunk, cfg.page_size) % min(model_chunk, cfg.page_size):
-        raise KitError(f"chunk size {model_chunk} and page size {cfg.page_size} must divide one another")
+    refusal = (
+        strategy.refuses_page_size(cfg.page_size)
+        or strategy.refuses_track_interval(cfg.track_interval, cfg.page_size)
+        or Grid.refuses(model_chunk, cfg.page_size)
+    )
+    if refusal:
+        raise KitError(refusal)
 
 
 class Engine:
@@ -68,9 +69,9 @@ class Engine:
         validate_config(cfg, model.mamba_chunk_size)
         self.model, self.cfg = model, cfg
         self.faults = faults or FaultSwitch()
-        self.chunk = max(model.mamba_chunk_size, cfg.page_size)
-        self.checkpoint_grid = math.lcm(self.chunk, cfg.page_size)
-        self.track_grid = math.lcm(self.checkpoint_grid, cfg.track_interval)
+        self.strategy = strategy_named(cfg.strategy)
+        self.grid = Grid.resolve(model.mamba_chunk_size, cfg.page_size, cfg.track_interval)
+        self.chunk, self.checkpoint_grid, self.track_grid = self.grid.chunk, self.grid.checkpoint_grid, self.grid.track_grid
         self.mamba_pool = MambaSlotPool(cfg.max_mamba_slots)
         self.kv_pool = TokenPool(cfg.kv_tokens)
         self.req_pool = RequestPool(cfg.max_running_requests)

@@ -20,19 +20,18 @@ from conformance.reference.radix import Snapshot
 from conformance.reference.request import Req
 
 log = logging.getLogger("sglang.srt.managers.schedule_batch")
-_EXTRA_SLOTS = {"no_buffer": 0, "extra_buffer": 2, "extra_buffer_lazy": 1}
 
 
 class SlotKeeper:
     def __init__(self, engine) -> None:
         self.engine = engine
-        self.strategy = engine.cfg.strategy
-        self.lazy = self.strategy == "extra_buffer_lazy"
+        self.strategy = engine.strategy
+        self.lazy = self.strategy.lazy
         self.peak = 0
 
     # ------------------------------------------------------------ allocation
     def slots_per_request(self) -> int:
-        return 1 + _EXTRA_SLOTS[self.strategy]
+        return 1 + self.strategy.ping_pong_slots
 
     def _alloc(self, n: int) -> list[int] | None:
         e = self.engine
@@ -69,14 +68,14 @@ class SlotKeeper:
 
     # ------------------------------------------------------------ tracking
     def tracks_decode(self) -> bool:
-        return self.strategy != "no_buffer" and not self.engine.cfg.disable_radix_cache
+        return self.strategy.has_buffer and not self.engine.cfg.disable_radix_cache
 
     def prefill_track_position(self, req: Req) -> int | None:
         """SGLang's prefill checkpoint: prefix + whole checkpoint grids of the extend, or the
         branching point when it lies inside this extend."""
         e, p = self.engine, req.prefix_len
         extend = len(req.input_ids) - p
-        if self.strategy == "no_buffer":
+        if not self.strategy.has_buffer:
             return len(req.input_ids) if extend > 0 else None
         if extend < e.checkpoint_grid:
             return None
@@ -89,11 +88,11 @@ class SlotKeeper:
     def track(self, req: Req, pos: int, state, row) -> None:
         """Store a snapshot at ``pos`` in the request's next track slot (no_buffer: in a
         holder that gets its own slot when it is checkpointed)."""
-        idx = 0 if self.strategy == "no_buffer" else req.next_track_idx
+        idx = req.next_track_idx if self.strategy.has_buffer else 0
         req.track[idx] = Snapshot(req.pingpong[idx], state, row)
         req.prev_track_seqlen, req.last_track_seqlen = req.last_track_seqlen, pos
         req.last_track_idx = idx
-        if self.strategy == "extra_buffer":
+        if self.strategy.has_buffer and not self.lazy:
             req.next_track_idx = 1 - idx
 
     def checkpoint_after_prefill(self, req: Req) -> None:
@@ -110,7 +109,7 @@ class SlotKeeper:
         fresh = self._alloc(1)
         if fresh is None:  # nothing evictable: the checkpoint is skipped
             return
-        if self.strategy == "no_buffer":
+        if not self.strategy.has_buffer:
             snap.slot = fresh[0]
         else:
             req.pingpong[idx] = fresh[0]
@@ -192,13 +191,13 @@ class SlotKeeper:
 
     def _finished_checkpoint(self, req: Req) -> tuple[int, Snapshot | None]:
         f = self.engine.faults
-        if self.strategy == "no_buffer":
+        if not self.strategy.has_buffer:
             short = f.active("stop_finish_key_short") and (req.finish_reason or {}).get("type") == "stop" and req.output_ids
             return req.state.seq_len - bool(short), Snapshot(req.working_slot, req.state, req.last_row)
         if req.last_track_seqlen is None or req.last_track_idx not in req.track:
             return 0, None
         older = 1 - req.last_track_idx
-        if f.active("older_pingpong_inserted") and self.strategy == "extra_buffer" and older in req.track:
+        if f.active("older_pingpong_inserted") and not self.lazy and older in req.track:
             return req.last_track_seqlen, req.track[older]
         return req.last_track_seqlen, req.track[req.last_track_idx]
 

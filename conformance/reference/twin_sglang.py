@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.errors import KitError
+from conformance.strategy import strategy_named
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,7 @@ def server_argv(path: Path, strategy: str, page_size: int = 1) -> list[str]:
     """The `sglang serve` arguments the kit would use for a twin folder on CPU."""
     argv = ["--model-path", str(path), "--device", "cpu", "--skip-tokenizer-init",
             "--mamba-radix-cache-strategy", strategy, "--page-size", str(page_size)]
-    if strategy == "no_buffer":
-        argv.append("--disable-overlap-schedule")
-    return argv
+    return argv + strategy_named(strategy).server_args()
 
 
 def sglang_view(path: Path, strategy: str, page_size: int = 1) -> SGLangTwinView:

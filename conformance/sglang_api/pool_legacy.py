@@ -36,6 +36,7 @@ from typing import Sequence
 import torch
 
 from conformance.sglang_api.pool import PoolDriverBase
+from conformance.strategy import strategy_named
 from conformance.targets.pool import state_marker
 from conformance.targets.pool.driver import (
     FULL_LAYERS,
@@ -121,7 +122,7 @@ class LegacyPoolDriver(PoolDriverBase):
         reason = api.features.not_applicable(key.strategy)
         if reason:
             return reason
-        if key.strategy == "extra_buffer_lazy":
+        if strategy_named(key.strategy).lazy:
             return f"sglang {version}: the legacy-lifecycle driver does not drive the lazy boundary path"
         if key.page_size != 1:
             return f"sglang {version}: the legacy-lifecycle driver drives page size 1 only (cell has {key.page_size})"
@@ -153,7 +154,7 @@ class LegacyPoolDriver(PoolDriverBase):
 
     def _build(self) -> None:
         api, key, sizes = self.api, self.key, self.sizes
-        self.extra, self.lazy = key.strategy == "extra_buffer", False
+        self.extra, self.lazy = strategy_named(key.strategy).has_buffer, False  # gap() refuses lazy keys
         with api.envs.SGLANG_MAMBA_SSM_DTYPE.override("float32"):
             shape = api.Mamba2StateShape.create(
                 tp_world_size=1, intermediate_size=32, n_groups=1, num_heads=2, head_dim=16, state_size=4, conv_kernel=4

@@ -20,7 +20,8 @@ import inspect
 import os
 from dataclasses import dataclass, fields
 
-LAZY = "extra_buffer_lazy"
+from conformance.strategy import LAZY
+
 NEW_STRATEGY_FLAG = "--mamba-radix-cache-strategy"
 OLD_STRATEGY_FLAG = "--mamba-scheduler-strategy"
 
@@ -66,7 +67,7 @@ class Features:
 
     @property
     def lazy(self) -> bool:
-        return LAZY in self.strategies
+        return any(name in self.strategies for name in LAZY)
 
     @property
     def pool_driver(self) -> str | None:

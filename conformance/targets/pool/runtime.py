@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.errors import KitError
+from conformance.strategy import strategy_named
 
 GDN_FAMILIES = ("qwen3-next",)
 
@@ -99,9 +100,7 @@ def legacy_argv(key: PoolKey, strategy_flag: str) -> list[str]:
         strategy_flag, key.strategy, "--page-size", str(key.page_size),
         "--mamba-track-interval", str(key.track_interval),
     ]
-    if key.strategy == "no_buffer":
-        argv.append("--disable-overlap-schedule")
-    return argv
+    return argv + strategy_named(key.strategy).server_args()
 
 
 _RESOLVED: dict[PoolKey, object] = {}

@@ -23,6 +23,7 @@ import os
 from typing import Callable
 
 from conformance.checks.prefix_oracle import PrefixOracle
+from conformance.strategy import BUFFERED, LAZY, NAMES
 from conformance.targets.pool import invariants
 from conformance.targets.pool.harness import PoolExhausted, PoolHarness, PoolSizes
 from conformance.targets.pool.machine import OracleMismatch, pool_machine
@@ -258,17 +259,16 @@ def lazy_alloc_fail_effects(key: PoolKey) -> None:
     d.drain()
 
 
-ALL = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
-BUFFERED = ("extra_buffer", "extra_buffer_lazy")
+ALL = NAMES
 # name -> (scenario, strategies it applies to, driver capability it needs)
 SCENARIOS: dict[str, tuple[Callable[[PoolKey], None], tuple[str, ...]]] = {
     "branch_at_chunk_boundary": (branch_at_chunk_boundary, ALL),
     "session_reuse": (session_reuse, BUFFERED),
     "session_abort": (session_abort, BUFFERED),
     "overlap_lookahead_finish": (overlap_lookahead_finish, BUFFERED),
-    "lazy_boundary_full_pool": (lazy_boundary_full_pool, ("extra_buffer_lazy",)),
+    "lazy_boundary_full_pool": (lazy_boundary_full_pool, LAZY),
     "refused_after_match": (refused_after_match, ALL),
-    "lazy_alloc_fail_effects": (lazy_alloc_fail_effects, ("extra_buffer_lazy",)),
+    "lazy_alloc_fail_effects": (lazy_alloc_fail_effects, LAZY),
 }
 NEEDS = {"session_abort": "sessions", "overlap_lookahead_finish": "lookahead"}
 
