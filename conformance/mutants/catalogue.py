@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conformance.strategy import BASELINE, strategy_named
+
 
 @dataclass(frozen=True)
 class MutantPlan:
@@ -95,8 +97,8 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
 
     def cell_of(f) -> tuple[str, str, str]:
         strategy = f.strategies[0]
-        if "perf" in f.suites and strategy != "no_buffer":  # the perf ratios are taken against the no_buffer sibling
-            strategy = f"no_buffer,{strategy}"
+        if "perf" in f.suites and not strategy_named(strategy).is_baseline:  # the perf ratios are taken against the baseline sibling
+            strategy = f"{BASELINE},{strategy}"
         return f.families[0], strategy, f.cell_fault
 
     needed: dict[tuple[str, str, str], set[str]] = {}

@@ -18,6 +18,7 @@ from conformance.report.schema import (
     variant_label,
     versions_line,
 )
+from conformance.strategy import NAMES as STRATEGY_ORDER
 
 _BADGE = {"pass": "pass", "fail": "**FAIL**", "skip": "skip", "error": "**ERROR**"}
 _MARK = {"pass": "✓", "fail": "✗", "skip": "–", "error": "!"}
@@ -83,8 +84,7 @@ def matrix_groups(cells: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[s
         models += [m] if m not in models else []
         strategies += [s] if s not in strategies else []
         groups.setdefault((m, s), []).append(cell)
-    order = {"no_buffer": 0, "extra_buffer": 1, "extra_buffer_lazy": 2}
-    strategies.sort(key=lambda x: order.get(x, 9))
+    strategies.sort(key=lambda x: STRATEGY_ORDER.index(x) if x in STRATEGY_ORDER else len(STRATEGY_ORDER))
     return models, strategies, groups
 
 

@@ -30,8 +30,10 @@ BLOCK_NUMBERS = (*TIME_METRICS, *POOL_METRICS, "repeats", "concurrency")
 
 @dataclass(frozen=True)
 class RatioSpec:
-    """``metric`` of the cell over ``base_metric`` of ``against`` (``self``, ``no_buffer``,
-    ``extra_buffer``); ``worse`` says which direction is a regression."""
+    """``metric`` of the cell over ``base_metric`` of ``against``: ``self``, or the perf
+    details' key naming the paired cell (``baseline_cell``: the model's no_buffer cell;
+    ``extra_buffer_cell``: a lazy cell's extra_buffer sibling); ``worse`` says which
+    direction is a regression."""
 
     name: str
     metric: str
@@ -44,15 +46,15 @@ class RatioSpec:
 
 RATIOS = (
     RatioSpec("hit_vs_cold_ttft", "ttft_hit_s", "self", "ttft_cold_s", "higher", "time", "TTFT on a prefix hit / cold TTFT"),
-    RatioSpec("ttft_vs_no_buffer", "ttft_cold_s", "no_buffer", "ttft_cold_s", "higher", "time", "cold TTFT / the no_buffer cell's"),
-    RatioSpec("ttft_hit_vs_no_buffer", "ttft_hit_s", "no_buffer", "ttft_hit_s", "higher", "time", "hit TTFT / the no_buffer cell's"),
-    RatioSpec("decode_vs_no_buffer", "decode_tok_s", "no_buffer", "decode_tok_s", "lower", "throughput", "decode tok/s of one request / the no_buffer cell's"),
-    RatioSpec("decode_concurrent_vs_no_buffer", "decode_tok_s_concurrent", "no_buffer", "decode_tok_s_concurrent", "lower", "throughput",
+    RatioSpec("ttft_vs_no_buffer", "ttft_cold_s", "baseline_cell", "ttft_cold_s", "higher", "time", "cold TTFT / the no_buffer cell's"),
+    RatioSpec("ttft_hit_vs_no_buffer", "ttft_hit_s", "baseline_cell", "ttft_hit_s", "higher", "time", "hit TTFT / the no_buffer cell's"),
+    RatioSpec("decode_vs_no_buffer", "decode_tok_s", "baseline_cell", "decode_tok_s", "lower", "throughput", "decode tok/s of one request / the no_buffer cell's"),
+    RatioSpec("decode_concurrent_vs_no_buffer", "decode_tok_s_concurrent", "baseline_cell", "decode_tok_s_concurrent", "lower", "throughput",
               "decode tok/s of N concurrent requests / the no_buffer cell's"),
-    RatioSpec("mamba_peak_vs_no_buffer", "mamba_peak_used", "no_buffer", "mamba_peak_used", "higher", "memory", "peak mamba slots used / the no_buffer cell's"),
-    RatioSpec("resident_vs_extra_buffer", "track_slots_per_request", "extra_buffer", "track_slots_per_request", "higher", "memory",
+    RatioSpec("mamba_peak_vs_no_buffer", "mamba_peak_used", "baseline_cell", "mamba_peak_used", "higher", "memory", "peak mamba slots used / the no_buffer cell's"),
+    RatioSpec("resident_vs_extra_buffer", "track_slots_per_request", "extra_buffer_cell", "track_slots_per_request", "higher", "memory",
               "resident track slots per running request / the extra_buffer cell's (lazy claim: about half)"),
-    RatioSpec("mamba_peak_vs_extra_buffer", "mamba_peak_used", "extra_buffer", "mamba_peak_used", "higher", "memory",
+    RatioSpec("mamba_peak_vs_extra_buffer", "mamba_peak_used", "extra_buffer_cell", "mamba_peak_used", "higher", "memory",
               "peak mamba slots used / the extra_buffer cell's"),
 )
 RATIO_BY_NAME = {r.name: r for r in RATIOS}
@@ -82,7 +84,7 @@ def _against(cell: Mapping[str, Any], spec: RatioSpec, by_id: Mapping[str, Mappi
     if spec.against == "self":
         return cell
     details = ((cell.get("checks") or {}).get("perf") or {}).get("details") or {}
-    other = details.get("baseline_cell" if spec.against == "no_buffer" else "extra_buffer_cell")
+    other = details.get(spec.against)
     return by_id.get(other) if other and other != cell.get("id") else None
 
 

@@ -159,8 +159,7 @@ class SGLangTarget:
             "--host", "127.0.0.1",
             "--port", str(port),
         ]
-        if not cell.strategy.overlap:
-            args.append("--disable-overlap-schedule")
+        args += cell.strategy.server_args()
         args += list(cell.cache_variant.args)
         args += list(self.extra_args)
         return args
