@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from conformance.strategy import strategy_named
 from conformance.targets.pool import state_marker
 
 
@@ -128,7 +129,7 @@ def counts(h) -> None:
 def ping_pong(h) -> None:
     if not h.extra:
         return
-    want = 1 if h.lazy else 2
+    want = strategy_named(h.key.strategy).ping_pong_slots
     for run in h.running.values():
         kv = h.state(run.req)
         if kv.mamba_ping_pong_track_buffer is None:
