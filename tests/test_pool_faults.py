@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conformance.sglang_api import pool as sglang_api
-from conformance.targets.pool.runtime import PoolKey
+from conformance.sglang_api.pool_runtime import PoolKey
 
 pytestmark = pytest.mark.pool
 

@@ -21,8 +21,8 @@ import pytest
 
 from conformance.matrix import load_matrix
 from conformance.sglang_api import pool as sglang_pool
-from conformance.targets.pool.driver import NotApplicable
-from conformance.targets.pool.runtime import PoolKey
+from conformance.sglang_api.pool_driver import NotApplicable
+from conformance.sglang_api.pool_runtime import PoolKey
 
 pytestmark = pytest.mark.pool
 

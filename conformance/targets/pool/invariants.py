@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from conformance.targets.pool import state_marker
+from conformance.sglang_api import state_marker
+from conformance.sglang_api.pool_base import record_slots
 
 
 class PoolInvariantError(AssertionError):
@@ -106,8 +107,6 @@ def slot_partition(h) -> None:
 
 def _record_slots(kv) -> list[int]:
     """Mamba slots a detached request record (a streaming session's) holds."""
-    from conformance.sglang_api.pool import record_slots
-
     return record_slots(kv)
 
 

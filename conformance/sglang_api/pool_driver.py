@@ -3,7 +3,7 @@
 A driver (``conformance.sglang_api.pool_kv.KvPoolDriver`` for the ``req.kv`` lifecycle,
 ``conformance.sglang_api.pool_legacy.LegacyPoolDriver`` for the older one with the cache
 state on the ``Req``) builds SGLang's real pools and radix tree for one
-:class:`~conformance.targets.pool.runtime.PoolKey` and drives requests through SGLang's
+:class:`~conformance.sglang_api.pool_runtime.PoolKey` and drives requests through SGLang's
 own lifecycle functions.  Scenarios, the state machine and the invariants talk to it only
 through the names below, so they run unchanged on every release a driver fits.
 
