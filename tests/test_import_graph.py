@@ -72,6 +72,7 @@ def package_of(module: str, package: str = PACKAGE) -> str:
 
 
 def package_edges(edges: list[Edge], package: str = PACKAGE) -> list[Edge]:
+    """The module edges lifted to package nodes, without those inside one node."""
     lifted = (Edge(package_of(e.source, package), package_of(e.target, package), e.where) for e in edges)
     return [e for e in lifted if e.source != e.target]
 
