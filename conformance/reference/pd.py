@@ -39,7 +39,8 @@ from starlette.requests import Request as StarletteRequest
 
 from conformance.errors import KitError
 from conformance.reference.engine import Engine
-from conformance.reference.faults import FAULT_ENV, FaultSwitch
+from conformance.faults import FAULT_ENV, PD_FAULT_ENV, Fault, registry
+from conformance.reference.faults import FaultSwitch
 from conformance.reference.request import Req
 
 log = logging.getLogger("sglang.srt.disaggregation")
@@ -47,11 +48,18 @@ ROLES = ("prefill", "decode")
 TRANSFER_PATH = "/pd/transfer"
 ROOM_HEADER = "x-bootstrap-room"
 PENDING_GAUGE = "sglang:pd_pending_transfers"
-PD_FAULT_ENV = "HYBRID_CONFORMANCE_PD_FAULT"
-PD_FAULTS = {
-    "pd_state_off_by_one": "the prefill role ships the recurrent state of one token before the end of the "
-    "prompt (KV correct): a mis-indexed mamba state transfer (cf. SGLang PR 15829's failing PD test)",
-}
+PD_FAULTS: dict[str, Fault] = registry(
+    Fault(
+        "pd_state_off_by_one",
+        "reference-pd",
+        "the prefill role ships the recurrent state of one token before the end of the "
+        "prompt (KV correct)",
+        "a mis-indexed mamba state transfer (cf. SGLang PR 15829's failing PD test)",
+        "conformance.reference.pd.PrefillEngine._shipped_state",
+        "the decode role continues from the wrong state: the PD cell's outputs differ from the non-PD cell's",
+        suites=("disagg",),
+    ),
+)
 
 
 def read_faults(environ: dict | None = None) -> tuple[FaultSwitch, str | None]:
