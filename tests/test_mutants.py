@@ -84,7 +84,7 @@ def test_a_timed_out_run_is_not_caught_and_leaves_no_process(tmp_path: Path, mon
     sleeper = ["import subprocess, sys, time",
                f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); open({str(pidfile)!r}, 'w').write(str(p.pid))",
                "time.sleep(300)"]
-    monkeypatch.setattr(command, "_pytest_argv", lambda plan, report_dir: [sys.executable, "-c", "\n".join(sleeper)])
+    monkeypatch.setattr(runs, "_pytest_argv", lambda plan, report_dir: [sys.executable, "-c", "\n".join(sleeper)])
     plan = MutantPlan("slow", suites=("kl",), timeout_s=3.0)
     t0 = time.monotonic()
     caught = runs.run_plan(plan, "cached_tokens_overreport", tmp_path)
