@@ -5,16 +5,17 @@ bug, where injected, what catches it) live with their layers:
 ``conformance/reference/faults.py`` (reference engine, env ``HYBRID_CONFORMANCE_FAULT``),
 ``conformance/mutants/pool_faults.py`` (monkeypatches of SGLang's real functions) and
 ``conformance/sglang_plugins/faults/`` (hooks in real SGLang servers, env
-``HYBRID_CONFORMANCE_SGLANG_FAULT``).  This module only says where each is exercised: the
-smallest selection of cells on which the fault can show, so the whole catalogue runs in
-minutes (the reference engine) or well under an hour (one real SGLang server per run).
+``HYBRID_CONFORMANCE_SGLANG_FAULT``); each record names where it can show.  This module
+turns that into where each is exercised: the smallest selection of cells on which the
+fault can show, so the whole catalogue runs in minutes (the reference engine) or well
+under an hour (one real SGLang server per run).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conformance.faults import FAULT_ENV, PD_FAULT_ENV, SGLANG_FAULT_ENV
+from conformance.faults import FAULT_ENV, PD_FAULT_ENV, SGLANG_FAULT_ENV, Fault
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,11 @@ LAZY_FAIL = MutantPlan("qwen3-next/extra_buffer_lazy+lazy_alloc_fail", models="q
 MAMBA2 = MutantPlan("nemotron-h/extra_buffer", models="nemotron-h", strategies="extra_buffer", tier="standard")
 PD = MutantPlan("qwen3-next/extra_buffer:disagg", suites=("disagg",), models="qwen3-next", strategies="extra_buffer", fault_env=PD_FAULT_ENV)
 
-#: reference fault -> the plan it runs on (faults not listed run on EXTRA).
 NO_BUFFER = MutantPlan("qwen3-next/no_buffer", models="qwen3-next", strategies="no_buffer")
-REFERENCE_CELLS: dict[str, MutantPlan] = {
-    "lazy_slot_not_returned": LAZY,
-    "lazy_fail_still_inserts": LAZY_FAIL,
-    "mamba2_index_misalignment": MAMBA2,
-    "lazy_finish_at_boundary_leak": LAZY,
-    "stop_finish_key_short": NO_BUFFER,
+#: The reference engine's cells, by (model family, strategy, matrix fault): a reference fault
+#: runs on the cell its record names (its first family and strategy; default EXTRA's).
+REFERENCE_CELLS: dict[tuple[str | None, str | None, str | None], MutantPlan] = {
+    (p.models, p.strategies, p.faults): p for p in (EXTRA, LAZY, LAZY_FAIL, MAMBA2, NO_BUFFER)
 }
 
 #: The CI subset: one fault per check kind that must catch it.
@@ -62,11 +60,19 @@ FAST_SGLANG_CPU = ("pingpong_leak_on_finish", "cow_skipped")
 SGLANG_CPU_TIMEOUT_S = 1500.0
 
 
+def _reference_cell(fault: Fault) -> MutantPlan:
+    """The cell a reference fault runs on: its first model family and strategy (default
+    EXTRA's), with the matrix fault its record needs."""
+    family = fault.families[0] if fault.families else EXTRA.models
+    strategy = fault.strategies[0] if fault.strategies else EXTRA.strategies
+    return REFERENCE_CELLS[(family, strategy, fault.cell_fault)]
+
+
 def reference_plans() -> dict[str, MutantPlan]:
     from conformance.reference.faults import FAULTS
     from conformance.reference.pd import PD_FAULTS
 
-    plans = {name: REFERENCE_CELLS.get(name, EXTRA) for name in FAULTS}
+    plans = {name: _reference_cell(f) for name, f in FAULTS.items()}
     plans.update({name: PD for name in PD_FAULTS})
     return plans
 

@@ -2,7 +2,7 @@
 
 Reference target: each fault of ``conformance.reference.faults.FAULTS`` is switched on
 with ``HYBRID_CONFORMANCE_FAULT=<name>`` for the server-tier suites on the cells its plan
-names (``catalogue.REFERENCE_PLANS``); caught = some check of report.json failed, or the
+names (``catalogue.reference_plans``); caught = some check of report.json failed, or the
 run errored (e.g. the cell teardown found the pools not idle).
 Pool target: each fault of ``conformance.mutants.pool_faults`` is loaded as a pytest
 plugin (``-p conformance.mutants.pool_faults``) into the pool suite; caught = the pool

@@ -34,6 +34,7 @@ FAULTS: dict[str, Fault] = registry(
         "the mamba_lazy_post_decode_at_boundary path of SGLang PR 27118",
         "slots.SlotKeeper.after_boundary",
         "one mamba slot leaked per decode boundary crossed",
+        strategies=("extra_buffer_lazy",),
     ),
     Fault(
         "lazy_fail_still_inserts",
@@ -46,6 +47,7 @@ FAULTS: dict[str, Fault] = registry(
         "SGLang PR 27118 alloc-fail path (tracking must degrade in place or skip the insert)",
         "slots.SlotKeeper.after_boundary (alloc-failed branch)",
         "stale state under a valid prefix: a later hit diverges from a cold run (KL)",
+        strategies=("extra_buffer_lazy",), cell_fault="lazy_alloc_fail",
     ),
     Fault(
         "track_boundary_early",
@@ -73,6 +75,7 @@ FAULTS: dict[str, Fault] = registry(
         "SGLang issue 31833 / PR 37836 / PR 15829 (Mamba2 track index misalignment)",
         "engine.Engine._prefill_batch",
         "hits on prefixes first cached by a non-first request of a batch diverge (KL)",
+        families=("nemotron-h",),
     ),
     Fault(
         "cow_skipped_zero_state",

@@ -65,6 +65,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "ordering of mamba_lazy_post_decode_at_boundary and the finish path (PR 27118 class)",
         "slots.SlotKeeper.after_boundary",
         "one mamba slot leaked per such request: sglang:mamba_used_tokens > 0 at idle",
+        strategies=("extra_buffer_lazy",),
     ),
     Fault(
         "stop_finish_key_short",
@@ -76,6 +77,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "slots.SlotKeeper._finished_checkpoint",
         "a follow-up of the stopped request's prompt + output hits one token short of the "
         "state: cached_tokens the oracle does not allow, outputs differ from cold",
+        strategies=("no_buffer",),
     ),
     Fault(
         "session_abort_continues",
