@@ -21,20 +21,13 @@ from typing import Any, Iterator
 
 from conformance.checks.differential import Tolerance
 from conformance.checks.hit_bounds import Grid
+from conformance.faults import FAULT_SWITCHES
 from conformance.matrix import CacheVariant, Cell, Fault, Strategy, effective_chunk, effective_track_interval
 from conformance.programs.runner import Target
 from conformance.programs.strategies import GenSpec
 from conformance.suites import exact_mode, idle_deadline, lookahead, vocab_size
 from conformance.targets.base import Endpoint
 
-#: Every seeded-fault switch the kit knows, blanked for the twin (the server env inherits
-#: the caller's, where ``mutants`` sets the fault under test).
-FAULT_SWITCHES = (
-    "HYBRID_CONFORMANCE_FAULT",
-    "HYBRID_CONFORMANCE_PD_FAULT",
-    "HYBRID_CONFORMANCE_SGLANG_FAULT",
-    "SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL",
-)
 COLD_VARIANT = CacheVariant("cold", "radix cache disabled: the programs' cache-off twin", ("--disable-radix-cache",))
 NO_BUFFER = Strategy("no_buffer", "cache-off twin", overlap=False, ping_pong_slots=0, pd=True, max_page_size=1)
 

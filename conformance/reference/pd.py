@@ -38,8 +38,9 @@ from fastapi.responses import PlainTextResponse
 from starlette.requests import Request as StarletteRequest
 
 from conformance.errors import KitError
+from conformance.faults import FAULT_ENV, PD_FAULT_ENV, Fault, registry
 from conformance.reference.engine import Engine
-from conformance.reference.faults import FAULT_ENV, FaultSwitch
+from conformance.reference.faults import FaultSwitch
 from conformance.reference.http_common import BadRequest
 from conformance.reference.request import Req
 from conformance.reference.routes import create_app
@@ -51,11 +52,18 @@ ROLES = ("prefill", "decode")
 TRANSFER_PATH = "/pd/transfer"
 ROOM_HEADER = "x-bootstrap-room"
 PENDING_GAUGE = "sglang:pd_pending_transfers"
-PD_FAULT_ENV = "HYBRID_CONFORMANCE_PD_FAULT"
-PD_FAULTS = {
-    "pd_state_off_by_one": "the prefill role ships the recurrent state of one token before the end of the "
-    "prompt (KV correct): a mis-indexed mamba state transfer (cf. SGLang PR 15829's failing PD test)",
-}
+PD_FAULTS: dict[str, Fault] = registry(
+    Fault(
+        "pd_state_off_by_one",
+        "reference-pd",
+        "the prefill role ships the recurrent state of one token before the end of the "
+        "prompt (KV correct)",
+        "a mis-indexed mamba state transfer (cf. SGLang PR 15829's failing PD test)",
+        "conformance.reference.pd.PrefillEngine._shipped_state",
+        "the decode role continues from the wrong state: the PD cell's outputs differ from the non-PD cell's",
+        suites=("disagg",),
+    ),
+)
 
 
 def read_faults(environ: dict | None = None) -> tuple[FaultSwitch, str | None]:
