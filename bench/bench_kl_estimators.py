@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
-from conformance.checks.kl import KLRecording, kl_verdict
+from conformance.checks.kl import kl_verdict
 from conformance.client import SGLangClient
 from conformance.faults import FAULT_ENV, LAZY_ALLOC_FAIL_ENV
+from conformance.recordings import KLRecording
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.workloads.prompts import decode_cross_lengths, prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import record_kl
