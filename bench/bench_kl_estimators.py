@@ -25,8 +25,10 @@ from pathlib import Path
 
 import torch
 
-from conformance.checks.kl import KLRecording, kl_verdict
+from conformance.checks.kl import kl_verdict
 from conformance.client import SGLangClient
+from conformance.faults import FAULT_ENV, LAZY_ALLOC_FAIL_ENV
+from conformance.recordings import KLRecording
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.workloads.prompts import decode_cross_lengths, prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import record_kl
@@ -46,9 +48,9 @@ def record(fault: str, args: argparse.Namespace, logdir: Path) -> list[KLRecordi
     lazy = fault.startswith("lazy_")  # lazy-path faults only fire under extra_buffer_lazy with alloc failing
     strategy = "extra_buffer_lazy" if lazy else args.strategy
     argv = [sys.executable, "-m", "conformance.reference.server", "--model", args.model, "--strategy", strategy, "--port", str(port)]
-    env = {"OMP_NUM_THREADS": "1", "HYBRID_CONFORMANCE_FAULT": "" if fault == "none" else fault}
+    env = {"OMP_NUM_THREADS": "1", FAULT_ENV: "" if fault == "none" else fault}
     if lazy:
-        env["SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL"] = "1"
+        env[LAZY_ALLOC_FAIL_ENV] = "1"
     srv = ServerProcess(f"ref-{fault}", argv, f"http://127.0.0.1:{port}/health", logdir / f"{fault}.log", env)
     with srv.start(), SGLangClient(f"http://127.0.0.1:{port}", timeout=args.timeout, liveness=srv.exit_reason) as client:
         info = client.server_info()

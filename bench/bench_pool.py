@@ -33,9 +33,9 @@ def main() -> None:
     from hypothesis.stateful import run_state_machine_as_test
 
     from conformance.matrix import load_matrix
+    from conformance.sglang_api.pool_runtime import PoolKey
     from conformance.targets.pool.harness import PoolHarness, PoolSizes
     from conformance.targets.pool.machine import pool_machine
-    from conformance.targets.pool.runtime import PoolKey
     from conformance.targets.pool.scenarios import machine_settings, oracle_for
 
     cells = load_matrix().select(target="pool", tier="nightly")

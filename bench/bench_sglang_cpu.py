@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.matrix import effective_chunk, effective_track_interval, load_matrix
+from conformance.matrix import load_matrix
 from conformance.plugin import Options
 from conformance.targets.serving import serve_cell
 from conformance.workloads.agreement import agreement_script, run_agreement
@@ -76,7 +76,7 @@ def main() -> None:
     for twin in args.models:
         for strategy in args.strategies:
             cell = cells[(twin, strategy)]
-            script = agreement_script(chunk=effective_chunk(cell), grid=effective_track_interval(cell), vocab_size=32000)
+            script = agreement_script(chunk=cell.grid.chunk, grid=cell.grid.track_grid, vocab_size=32000)
             walls = {}
             for target in ("sglang-cpu", "reference"):
                 t0 = time.perf_counter()

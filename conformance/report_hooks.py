@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from conformance.matrix import Cell
-from conformance.outcomes import TEARDOWN_PROPS, cell_json
+from conformance.outcomes import TEARDOWN_PROPS, cell_json, cell_of_nodeid, one_line
 from conformance.plugin import run_state
 
 _CONFIG_REF: dict[str, pytest.Config] = {}
@@ -75,16 +75,12 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     if state.outcomes.collected:
         return
     known = [c.id for c in state.get_matrix().cells]
-    from conformance.outcomes import cell_of_nodeid
-
     state.outcomes.expect((nodeid, cell_of_nodeid(nodeid, known)) for nodeid in ids)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     config = _CONFIG_REF.get("config")
     if config is not None and report.failed:
-        from conformance.outcomes import one_line
-
         run_state(config).outcomes.add_collect_error(report.nodeid, one_line(report))
 
 

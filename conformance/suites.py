@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conformance.checks.leaks import IdleProbe
+from conformance.recordings import IdleProbe
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.matrix import Cell
 from conformance.records import Verdict

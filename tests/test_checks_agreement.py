@@ -3,8 +3,8 @@ fails with its number, and nothing compared (or no cache hit) is refused."""
 
 from __future__ import annotations
 
-from conformance.checks.agreement import AgreementStep, ServedStep, agreement_verdict
-from conformance.checks.kl import TokenLogprobs
+from conformance.checks.agreement import agreement_verdict
+from conformance.recordings import AgreementStep, ServedStep, TokenLogprobs
 
 
 def served(tokens, lps, cached=0, shift=0.0):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording, gsm8k_verdict
+from conformance.checks.gsm8k import gsm8k_verdict
+from conformance.recordings import GSM8KAnswer, GSM8KRecording
 from conformance.errors import KitError
 
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.checks.kl import KLRecording, KLSequence, TokenLogprobs, k3_terms, kl_verdict, topk_kl
+from conformance.checks.kl import k3_terms, kl_verdict, topk_kl
+from conformance.recordings import KLRecording, KLSequence, TokenLogprobs
 from conformance.errors import KitError
 
 CHUNK, TRACK = 64, 256

@@ -7,19 +7,16 @@ from conformance.checks.leaks import (
     MAMBA_GAUGE,
     RUNNING_GAUGE,
     TRACK_SLOTS_GAUGE,
-    IdleProbe,
-    SessionRecording,
     TrackSlotUse,
-    TurnResult,
     abort_problems,
     after_flush_problems,
     idle_invariant,
-    OccupancySample,
     leak_verdict,
     scan_log,
     track_slot_use,
     track_slot_verdict,
 )
+from conformance.recordings import IdleProbe, OccupancySample, SessionRecording, TurnResult
 
 IDLE = {MAMBA_GAUGE: 0.0, KV_GAUGE: 0.0}
 LOAD = [OccupancySample(0.0, {MAMBA_GAUGE: 0.0, KV_GAUGE: 0.0}), OccupancySample(0.1, {MAMBA_GAUGE: 9.0, KV_GAUGE: 300.0, "sglang:num_running_reqs": 3.0})]

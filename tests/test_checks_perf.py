@@ -12,16 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.checks.perf import (
-    COVERAGE,
-    PerfRecording,
-    RequestTiming,
-    Spread,
-    median_interval_ranks,
-    perf_verdict,
-    ratio,
-    spread,
-)
+from conformance.checks.perf import COVERAGE, Spread, median_interval_ranks, perf_verdict, ratio, spread
+from conformance.recordings import PerfRecording, RequestTiming
 
 
 def coverage_by_enumeration(n: int, lo: int, hi: int) -> float:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.checks.prefix_branching import TreeRecording, TreeRequestRecord, prefix_branching_verdict
+from conformance.checks.prefix_branching import prefix_branching_verdict
+from conformance.recordings import TreeRecording, TreeRequestRecord
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
 

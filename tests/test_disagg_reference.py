@@ -19,10 +19,10 @@ from conformance.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError, ServerStartError
 from conformance.matrix import load_matrix
 from conformance.reference.faults import FAULT_ENV
-from conformance.reference.launch import start_reference
 from conformance.reference.pd import PD_FAULT_ENV, PENDING_GAUGE, Shipment, pack, read_faults, unpack
 from conformance.targets.disagg import PDPorts, reference_pd_spec, serve_pd
 from conformance.targets.launcher import live_servers
+from conformance.targets.reference_launch import start_reference
 from conformance.workloads.prompts import token_prompts
 
 REFERENCE = SimpleNamespace(target="reference")

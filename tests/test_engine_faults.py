@@ -117,7 +117,7 @@ def test_every_registered_fault_is_tested_and_documented():
     covered = set(STATE_FAULTS) | set(LEAK_FAULTS) | set(COUNT_FAULTS) | {SILENT_LEAK}
     assert covered == set(FAULTS) - set(PROGRAM_FAULTS)  # those are probed in test_program_faults.py
     for spec in FAULTS.values():
-        assert spec.description and spec.models and spec.injected_at and spec.observable
+        assert spec.description and spec.real_bug and spec.injected_at and spec.observable
 
 
 @pytest.mark.parametrize("fault", sorted(STATE_FAULTS))

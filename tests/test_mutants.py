@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from conformance.errors import KitError
-from conformance.mutants import catalogue, command
+from conformance.mutants import catalogue, command, runs
 from conformance.mutants.catalogue import MutantPlan
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
@@ -19,11 +19,11 @@ GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
 
 def test_caught_by_reads_failing_checks(tmp_path: Path) -> None:
     (tmp_path / "report.json").write_text(json.dumps({"cells": [{"checks": {"kl": {"status": "fail", "reason": "top-k KL 1e-3 > 1e-9"}, "leaks": {"status": "pass"}}}]}))
-    assert command._caught_by(tmp_path, "", 1) == ["kl: top-k KL 1e-3 > 1e-9"]
+    assert runs._caught_by(tmp_path, "", 1) == ["kl: top-k KL 1e-3 > 1e-9"]
     empty = tmp_path / "none"
     empty.mkdir()
-    assert command._caught_by(empty, "", 0) == []
-    assert command._caught_by(empty, "", 3) == ["pytest exit 3"]
+    assert runs._caught_by(empty, "", 0) == []
+    assert runs._caught_by(empty, "", 3) == ["pytest exit 3"]
 
 
 def test_unknown_fault_is_one_line(tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def test_every_reference_fault_has_a_plan_and_doc() -> None:
     plans = catalogue.reference_plans()
     assert set(plans) == set(FAULTS) | set(PD_FAULTS) and len(FAULTS) >= 12
     assert all(plans[name].suites == ("disagg",) and plans[name].fault_env == "HYBRID_CONFORMANCE_PD_FAULT" for name in PD_FAULTS)
-    assert all(len(spec.description) > 40 and spec.models for spec in FAULTS.values())
+    assert all(len(spec.description) > 40 and spec.real_bug for spec in FAULTS.values())
 
 
 @pytest.fixture
@@ -84,13 +84,13 @@ def test_a_timed_out_run_is_not_caught_and_leaves_no_process(tmp_path: Path, mon
     sleeper = ["import subprocess, sys, time",
                f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); open({str(pidfile)!r}, 'w').write(str(p.pid))",
                "time.sleep(300)"]
-    monkeypatch.setattr(command, "_pytest_argv", lambda plan, report_dir: [sys.executable, "-c", "\n".join(sleeper)])
+    monkeypatch.setattr(runs, "_pytest_argv", lambda plan, report_dir: [sys.executable, "-c", "\n".join(sleeper)])
     plan = MutantPlan("slow", suites=("kl",), timeout_s=3.0)
     t0 = time.monotonic()
-    caught = command.run_plan(plan, "cached_tokens_overreport", tmp_path)
+    caught = runs.run_plan(plan, "cached_tokens_overreport", tmp_path)
     assert time.monotonic() - t0 < 60
     assert caught.caught is False and caught.timed_out and "not caught" in caught.by[0]
-    clean = command.run_plan(plan, None, tmp_path)
+    clean = runs.run_plan(plan, None, tmp_path)
     assert clean.caught is True and clean.timed_out  # a clean run that times out voids the score
     grandchild = int(pidfile.read_text())
     deadline = time.monotonic() + 10
@@ -123,18 +123,18 @@ def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
 def test_sglang_fault_that_never_fired_is_not_caught(tmp_path: Path) -> None:
     plan = catalogue.sglang_cpu_plans()["double_free"]
     (tmp_path / "logs").mkdir()
-    out = command._judge_sglang(plan, "double_free", ["leaks: something failed"], 1, tmp_path, 1.0)
+    out = runs._judge_sglang(plan, "double_free", ["leaks: something failed"], 1, tmp_path, 1.0)
     assert not out.caught and out.by[0] == f"never reached: double_free did not fire on {plan.key}"
     (tmp_path / "logs" / "cell.plugins.jsonl").write_text(json.dumps({"plugin": "hybrid_conformance_faults", "status": "fired", "fault": "double_free", "count": 3}) + "\n")
-    out = command._judge_sglang(plan, "double_free", ["leaks: something failed"], 1, tmp_path, 1.0)
+    out = runs._judge_sglang(plan, "double_free", ["leaks: something failed"], 1, tmp_path, 1.0)
     assert out.caught and out.fired == 3
 
 
 def test_sglang_run_that_times_out_is_not_caught(tmp_path: Path) -> None:
     plan = catalogue.sglang_cpu_plans()["cow_skipped"]
-    out = command._judge_sglang(plan, "cow_skipped", ["pytest exit -1"], -1, tmp_path, 1500.0)
+    out = runs._judge_sglang(plan, "cow_skipped", ["pytest exit -1"], -1, tmp_path, 1500.0)
     assert not out.caught and out.by == [f"timed out after 1500s on {plan.key}"]
-    assert command._judge_sglang(plan, None, [], -1, tmp_path, 1500.0).caught  # a clean run that timed out voids the score
+    assert runs._judge_sglang(plan, None, [], -1, tmp_path, 1500.0).caught  # a clean run that timed out voids the score
 
 
 def test_a_server_killed_by_its_leak_check_is_named_in_one_line(tmp_path: Path) -> None:
@@ -147,7 +147,7 @@ def test_a_server_killed_by_its_leak_check_is_named_in_one_line(tmp_path: Path) 
         "[2026-11-23 01:05:41] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n"
     )
     output = "ERROR conformance/leaks/test_leaks.py::test_load_returns_to_idle[cell] - Failed: cell c: server is not serving: server process exited with code -9; log tail: x"
-    assert command._caught_by(tmp_path, output, 1) == [
+    assert runs._caught_by(tmp_path, output, 1) == [
         "server died (exit -9): SGLang's idle check: memory leak detected: "
         "[mamba] total=48, available=46, evictable=0, protected=0, session_held=0, uncached=0, leaked_full_pages=None, leaked_mamba_pages={3, 4}"
     ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conformance.mutants import catalogue, command
+from conformance.mutants import catalogue, runs
 from conformance.sglang_plugins.faults import catalogue as faults
 from conformance.sglang_plugins.faults import track_path_slowdown as slowdown
 from test_report_perf import run_report
@@ -47,8 +47,8 @@ def test_mutants_scores_a_slowdown_by_compare_against_the_clean_run(tmp_path: Pa
     for folder, report in ((clean, run_report()), (slow, run_report(extra_slowdown=0.3)), (same, run_report())):
         folder.mkdir(parents=True)
         (folder / "report.json").write_text(json.dumps(report))
-    caught = command.perf_regressions(clean, slow)
+    caught = runs.perf_regressions(clean, slow)
     assert caught and all(line.startswith("perf (compare): ") for line in caught)
     assert any("extra_buffer-p1-t256 ttft_vs_no_buffer" in line for line in caught)
-    assert command.perf_regressions(clean, same) == []
-    assert command.perf_regressions(tmp_path / "missing", slow) == []  # no clean run: nothing to compare with
+    assert runs.perf_regressions(clean, same) == []
+    assert runs.perf_regressions(tmp_path / "missing", slow) == []  # no clean run: nothing to compare with

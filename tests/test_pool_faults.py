@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conformance.sglang_api import pool as sglang_api
-from conformance.targets.pool.runtime import PoolKey
+from conformance.sglang_api.pool_runtime import PoolKey
 
 pytestmark = pytest.mark.pool
 
@@ -100,3 +100,15 @@ def test_unknown_fault_is_one_clear_error():
 
     with pytest.raises(KitError, match="unknown pool fault"):
         get("no_such_fault")
+
+
+def test_each_fault_patches_the_symbol_its_record_names() -> None:
+    """A pool fault's ``injected_at`` (in docs/faults.md) is the SGLang symbol its patch replaces."""
+    sglang_api.require()
+    from conformance.mutants.pool_faults import FAULTS
+
+    api = sglang_api.load()
+    for fault in FAULTS.values():
+        patched: list[str] = []
+        fault.patch(api, lambda obj, attr, value: patched.append(f"{obj.__name__}.{attr}" if isinstance(obj, type) else f".{attr}"))
+        assert fault.injected_at.endswith(patched[0]), (fault.name, fault.injected_at, patched)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from conformance.sglang_api import pool as sglang_api
-from conformance.targets.pool import invariants, state_marker
+from conformance.sglang_api import state_marker
+from conformance.sglang_api.pool_base import cpu_pin_memory_guard
+from conformance.sglang_api.pool_runtime import PoolKey
+from conformance.targets.pool import invariants
 from conformance.targets.pool.harness import PoolHarness, PoolSizes, StateMismatch
-from conformance.targets.pool.runtime import PoolKey
 
 pytestmark = pytest.mark.pool
 
@@ -123,5 +125,5 @@ def test_pin_memory_guard_makes_pin_memory_a_noop_without_cuda():
     t = torch.ones(3)
     with pytest.raises(RuntimeError):
         t.pin_memory()
-    with sglang_api.cpu_pin_memory_guard():
+    with cpu_pin_memory_guard():
         assert t.pin_memory() is t

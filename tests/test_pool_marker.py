@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conformance.targets.pool import state_marker
-from conformance.targets.pool.state_marker import CLEARED, marker_for
+from conformance.sglang_api import state_marker
+from conformance.sglang_api.state_marker import CLEARED, marker_for
 
 
 def _pool(slots: int = 4, dtype=torch.float32):
@@ -40,7 +40,7 @@ def test_marker_needs_float32_state():
 
 
 def test_kernel_snapshot_follows_the_entry_track_seqlen():
-    from conformance.targets.pool.state_marker import FOREIGN, kernel_snapshot, snapshot_marker
+    from conformance.sglang_api.state_marker import FOREIGN, kernel_snapshot, snapshot_marker
 
     # aligned offset: the last recurrent state (the extend's end), whatever the aligned key
     assert kernel_snapshot(192, prefix_len=0, extend_end=192, state_chunk=64) == 192

@@ -120,7 +120,7 @@ def test_every_program_fault_is_registered_and_probed() -> None:
     assert set(PROGRAM_FAULTS) <= set(FAULTS)
     assert set(PROGRAM_FAULTS) == {"dup_insert_leak", "split_moves_snapshot", "logprob_start_ignored", "older_pingpong_inserted",
                                    "lazy_finish_at_boundary_leak", "stop_finish_key_short", "session_abort_continues"}
-    assert all(len(f.description) > 60 and f.models and f.observable for f in PROGRAM_FAULTS.values())
+    assert all(len(f.description) > 60 and f.real_bug and f.observable for f in PROGRAM_FAULTS.values())
 
 
 @pytest.mark.parametrize("probe, fault", [(dup_insert, "dup_insert_leak"), (lazy_finish_at_boundary, "lazy_finish_at_boundary_leak")])

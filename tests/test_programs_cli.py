@@ -152,7 +152,7 @@ def test_power_tells_a_start_up_death_from_a_programs_finding(tmp_path: Path) ->
     from rich.console import Console
 
     from conformance.mutants import power
-    from conformance.mutants.command import Outcome
+    from conformance.mutants.runs import Outcome
 
     died = "server died (exit -9): SGLang's idle check: memory leak detected: [mamba] total=48, available=46"
     rows = [power.Power("pingpong_leak_on_finish", None, Outcome("pingpong_leak_on_finish", True, [died]), None, None, "no report.json", died),
@@ -177,7 +177,7 @@ def test_a_start_up_death_is_measured_again_with_sglangs_strict_check_off(tmp_pa
 
     from conformance.matrix import load_matrix
     from conformance.mutants import catalogue, power
-    from conformance.mutants.command import Outcome
+    from conformance.mutants.runs import Outcome
 
     plans = catalogue.sglang_cpu_plans(("pingpong_leak_on_finish", "lazy_alloc_fail_still_inserts"))
     lenient = power.strict_off_plan(plans["pingpong_leak_on_finish"])

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.checks.perf import PerfRecording, RequestTiming, perf_verdict
+from conformance.checks.perf import perf_verdict
+from conformance.recordings import PerfRecording, RequestTiming
 from conformance.errors import KitError
 from conformance.report import build_report, compare_reports, write_report
 from conformance.report.perf import BLOCK_KEYS, DEFAULT_THRESHOLDS, RATIOS, ratio_changes

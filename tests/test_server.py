@@ -15,7 +15,7 @@ import torch
 from conformance.reference.drive import make_req, output_logprobs, run
 from conformance.reference.engine import Engine, EngineConfig
 from conformance.reference.toy_model import load_toy
-from conformance.reference.launch import read_metric, start_reference
+from conformance.targets.reference_launch import read_metric, start_reference
 
 torch.set_num_threads(1)
 TIMEOUT = httpx.Timeout(60.0)

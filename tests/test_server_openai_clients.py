@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from conformance.reference.launch import start_reference
 from conformance.reference.twins import ensure_twin
+from conformance.targets.reference_launch import start_reference
 
 
 @pytest.fixture(scope="module")

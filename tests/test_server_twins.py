@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from conformance.reference.model import known_twins
-from conformance.reference.launch import read_metric, start_reference
+from conformance.targets.reference_launch import read_metric, start_reference
 
 TIMEOUT = httpx.Timeout(120.0)
 

@@ -74,9 +74,9 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 from conformance.sglang_plugins.faults import catalogue, spec
 out = {}
 for name, fault in catalogue.faults().items():
-    assert fault.install("detokenizer") == {}
+    assert spec.install(fault, "detokenizer") == {}
     HookRegistry.reset()  # one fault per server; here they stack on the same targets
-    out[name] = fault.install("scheduler")["hooks"]
+    out[name] = spec.install(fault, "scheduler")["hooks"]
 missing = [h.target for f in catalogue.faults().values() for h in f.hooks if not spec._takes_effect(h)]
 print(json.dumps({"installed": out, "missing": missing}))
 """
@@ -102,11 +102,11 @@ def test_a_hook_that_does_not_take_effect_is_refused_in_one_line(monkeypatch: py
     sglang_api.require()
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    fault = spec.SGLangFault("probe_only", "x" * 61, "bug", "seen", (spec.Hook("sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.available_size", "after", lambda r, *a: r),))
+    fault = spec.sglang_fault("probe_only", "x" * 61, "bug", "seen", (spec.Hook("sglang.srt.mem_cache.allocator.mamba.MambaSlotAllocator.available_size", "after", lambda r, *a: r),))
     monkeypatch.setattr(HookRegistry, "register", classmethod(lambda cls, *a, **k: None))  # SGLang would only log a failed patch
     monkeypatch.setattr(HookRegistry, "apply_hooks", classmethod(lambda cls: None))
     with pytest.raises(spec.FaultInstallError, match=r"^fault probe_only: hook did not take effect on sglang\.srt\.mem_cache\.allocator\.mamba\.MambaSlotAllocator\.available_size"):
-        fault.install("scheduler")
+        spec.install(fault, "scheduler")
 
 
 # ------------------------------------------------------------------ reaching the server

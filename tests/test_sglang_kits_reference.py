@@ -29,8 +29,8 @@ from sglang.test.kits.kl_divergence_kit import KLDivergenceMixin
 from sglang.test.kits.prefix_cache_branching_kit import PrefixCacheBranchingMixin
 from sglang.test.kits.streaming_session_kit import StreamingSessionKitMixin
 
-from conformance.reference.launch import start_reference
 from conformance.reference.twins import ensure_twin
+from conformance.targets.reference_launch import start_reference
 
 
 class _Polled:

@@ -18,7 +18,8 @@ from typing import Iterator
 import pytest
 from sglang_cpu_probes import EXTRA_BUFFER_QWEN, cell_for, probe_server, prompts
 
-from conformance.checks.leaks import MAMBA_GAUGE, IdleProbe, leak_verdict
+from conformance.checks.leaks import MAMBA_GAUGE, leak_verdict
+from conformance.recordings import IdleProbe
 from conformance.client import SGLangClient
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.reference import FAULT_ENV as REFERENCE_FAULT_ENV

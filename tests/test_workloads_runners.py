@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from conformance.checks.kl import kl_verdict
-from conformance.checks.leaks import OccupancySample, leak_verdict
+from conformance.checks.leaks import leak_verdict
+from conformance.recordings import OccupancySample
 from conformance.checks.prefix_branching import prefix_branching_verdict
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError

@@ -14,7 +14,8 @@ import dataclasses
 
 import pytest
 
-from conformance.checks.agreement import AgreementStep, agreement_verdict
+from conformance.checks.agreement import agreement_verdict
+from conformance.recordings import AgreementStep
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, settle, vocab_size
 from conformance.targets.serving import serve_cell

@@ -12,29 +12,13 @@ to pass vacuously: nothing compared, or no step hit the cache on either side.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
-from conformance.checks.kl import TokenLogprobs
+from conformance.recordings import AgreementStep, TokenLogprobs
 from conformance.records import Verdict
 
 CHECK = "agreement"
 DEFAULT_LOGPROB_TOL = 1e-4
-
-
-@dataclass(frozen=True)
-class ServedStep:
-    """One request as one server answered it."""
-
-    cached_tokens: int
-    logprobs: TokenLogprobs
-
-
-@dataclass(frozen=True)
-class AgreementStep:
-    name: str
-    sglang: ServedStep
-    reference: ServedStep
 
 
 def _top_gap(a: TokenLogprobs, b: TokenLogprobs) -> float:

@@ -22,34 +22,16 @@ Every verdict's metrics name the ``engine`` (``lm-eval <version>``) that produce
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from conformance.checks.stats import mcnemar_exact, required_n, standard_error, wilson_interval
 from conformance.errors import KitError
+from conformance.recordings import GSM8KAnswer, GSM8KRecording
 from conformance.records import Verdict
 
 CHECK = "gsm8k"
 Mode = Literal["accuracy", "agreement"]
 Filter = Literal["strict", "flexible"]
-
-
-@dataclass(frozen=True)
-class GSM8KAnswer:
-    """One test item as lm-eval scored it."""
-
-    index: int  # lm-eval's doc_id: the item's index in the test split
-    completion: str  # lm-eval's raw response (cut at the task's stop sequences)
-    strict: bool  # exact_match under lm-eval's strict-match filter
-    flexible: bool  # exact_match under lm-eval's flexible-extract filter
-
-
-@dataclass(frozen=True)
-class GSM8KRecording:
-    answers: tuple[GSM8KAnswer, ...]
-    shots: int = 0
-    label: str = ""
-    engine: str = ""  # "lm-eval 0.4.13": who prompted, filtered and scored
 
 
 def is_correct(a: GSM8KAnswer, filt: Filter) -> bool:

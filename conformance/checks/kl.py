@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from conformance.errors import KitError
+from conformance.recordings import KLRecording, KLSequence, TopK
 from conformance.records import Verdict
 
 CHECK = "kl"
@@ -43,45 +44,6 @@ _TINY = 1e-30
 #: wobble (3.6e-5), and half SGLang's own chosen-token threshold (0.002).
 EXACT_MIN_LIMIT = 1e-9
 MIN_LIMIT = 1e-3
-
-TopK = tuple[tuple[int, float], ...]
-
-
-@dataclass(frozen=True)
-class TokenLogprobs:
-    """Logprobs at consecutive positions of one sequence: the chosen tokens' and top-k."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    top: tuple[TopK, ...] = ()  # per position: (token_id, logprob), best first
-
-
-@dataclass(frozen=True)
-class KLSequence:
-    """One compared sequence: ``served`` came from the cache-hit run; ``reference`` from a
-    cold teacher-forced prefill of the same tokens; ``floor`` from a cold path that differs
-    from the reference the way a hit does (the inputs generated cold: its tokens may part
-    from the served ones, and only the positions before that are compared);
-    ``floor_prefill`` the reference prefill in another batch composition; ``start`` is the
-    absolute position of the first compared token; ``cold_tokens`` a free-running cold
-    generate."""
-
-    scenario: str
-    start: int
-    cached_tokens: int
-    served: TokenLogprobs
-    reference: TokenLogprobs
-    floor: TokenLogprobs | None = None
-    cold_tokens: tuple[int, ...] = ()
-    floor_prefill: TokenLogprobs | None = None
-
-
-@dataclass(frozen=True)
-class KLRecording:
-    sequences: tuple[KLSequence, ...]
-    cache_enabled: bool = True
-    top_k: int = 0
-
 
 # ------------------------------------------------------------------ estimators
 def k3_terms(reference: Sequence[float], served: Sequence[float]) -> list[float]:

@@ -16,9 +16,10 @@ process state, session turn records), so the check needs no server.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from conformance.recordings import IdleProbe, OccupancySample, SessionRecording
 from conformance.records import Verdict
 from conformance.strategy import Strategy, strategy_named
 
@@ -51,23 +52,6 @@ LOG_PATTERNS = (
     re.compile(r"scheduler (?:process )?(?:died|is dead|exited|crashed)", re.I),
     re.compile(r"Child process unexpectedly failed", re.I),
 )
-
-
-@dataclass(frozen=True)
-class IdleProbe:
-    """SGLang's idle invariant after one scenario: ``values`` read BEFORE any flush (what
-    the leak check judges), ``after_flush`` read after one; ``reached`` is True when both
-    held, ``problems`` says what did not; ``fresh`` when the sample was provably
-    published while idle (kit observe gauge)."""
-
-    scenario: str
-    reached: bool
-    values: Mapping[str, float]
-    waited_s: float
-    requests: int = 1
-    after_flush: Mapping[str, float] = field(default_factory=dict)
-    fresh: bool = False
-    problems: tuple[str, ...] = ()
 
 
 def is_idle(values: Mapping[str, float]) -> bool:
@@ -112,12 +96,6 @@ def after_flush_problems(values: Mapping[str, float]) -> list[str]:
         if evict:
             problems.append(f"{pool}: {evict:g} still evictable after the flush")
     return problems
-
-
-@dataclass(frozen=True)
-class OccupancySample:
-    t_s: float
-    values: Mapping[str, float] = field(default_factory=dict)
 
 
 def scan_log(text: str) -> list[str]:
@@ -273,33 +251,6 @@ def track_slot_verdict(
     if fails:
         return Verdict(CHECK, "fail", metrics, "; ".join(fails + notes), details)
     return Verdict(CHECK, "pass", metrics, "; ".join(notes), details)
-
-
-# ------------------------------------------------------------------ session turns
-@dataclass(frozen=True)
-class TurnResult:
-    """One session turn as served.  Abort turns also carry ``decoding_seen`` (the stream had
-    delivered ``tokens_at_abort`` >= 2 output tokens when the abort was sent) and the turn's
-    ``max_new_tokens``."""
-
-    session: str
-    turn: int
-    rid: str
-    finish: str  # the finish reason type ("length", "abort", ...) or "error"
-    cached_tokens: int
-    output_len: int
-    error: str = ""
-    decoding_seen: bool | None = None
-    tokens_at_abort: int | None = None
-    max_new_tokens: int | None = None
-    aborted: bool = False  # the kit sent an abort for this turn
-
-
-@dataclass(frozen=True)
-class SessionRecording:
-    turns: tuple[TurnResult, ...]
-    errors: tuple[str, ...]
-    requests: int
 
 
 def abort_problems(rec: SessionRecording) -> list[str]:

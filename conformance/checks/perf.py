@@ -22,11 +22,12 @@ measured noise (every hit sample above every cold one).  A disabled radix cache 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
 from scipy import stats
 
+from conformance.recordings import PerfRecording, RequestTiming
 from conformance.records import Verdict
 
 CHECK = "perf"
@@ -36,42 +37,6 @@ CHECK = "perf"
 COVERAGE = 0.8
 #: Timed phases of one repetition.
 PHASES = ("cold", "hit", "concurrent")
-
-
-# ------------------------------------------------------------------ records
-@dataclass(frozen=True)
-class RequestTiming:
-    """One timed request.  ``ttft_s`` / ``decode_tok_s`` come from the source the recording
-    names (SGLang's own ``meta_info`` timings when the server reports them, else the
-    client's stream); both sources are kept for the client-overhead benchmark."""
-
-    phase: str
-    rep: int
-    prompt_tokens: int
-    cached_tokens: int
-    output_tokens: int
-    ttft_s: float | None
-    decode_tok_s: float | None
-    client_ttft_s: float | None = None
-    client_total_s: float | None = None
-    server_ttft_s: float | None = None
-    server_e2e_s: float | None = None
-
-
-@dataclass(frozen=True)
-class PerfRecording:
-    """Everything the perf workload measured on one cell."""
-
-    requests: tuple[RequestTiming, ...]
-    repeats: int
-    concurrency: int
-    concurrent_decode_tok_s: tuple[float, ...]  # aggregate decode tok/s of the N requests, per repetition
-    timing_source: str  # "server" (SGLang meta_info) or "client" (stream arrival times)
-    engine: str  # what served it: SGLang's version, or the kit's reference engine
-    pools: Mapping[str, float | None] = field(default_factory=dict)  # mamba_peak_used, kv_peak_used, track_slots_*
-    cache_enabled: bool = True
-    quiet: bool | None = None  # True: measured while the run's other tests were held back
-    errors: tuple[str, ...] = ()
 
 
 # ------------------------------------------------------------------ statistics

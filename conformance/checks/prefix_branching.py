@@ -17,42 +17,17 @@ from __future__ import annotations
 from typing import TypeVar
 
 import copy
-from dataclasses import dataclass
 from typing import Sequence
 
 from conformance.checks.differential import Tolerance
-from conformance.checks.kl import TopK, topk_kl
+from conformance.checks.kl import topk_kl
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
+from conformance.recordings import TreeRecording, TreeRequestRecord
 from conformance.records import Verdict
 
 T = TypeVar("T")
 CHECK = "prefix_branching"
-
-
-@dataclass(frozen=True)
-class TreeRequestRecord:
-    """One request of a tree run: what was sent, what came back, and the cold answer."""
-
-    path: str
-    prompt: tuple[int, ...]
-    output: tuple[int, ...]
-    cached_tokens: int
-    group: int
-    cold_output: tuple[int, ...] = ()
-    first_top: TopK = ()
-    cold_first_top: TopK = ()
-    output_logprobs: tuple[float, ...] = ()  # the served tokens' logprobs (exact mode compares them)
-    cold_output_logprobs: tuple[float, ...] = ()
-    flushed_before: bool = False  # the cache was flushed right before this request's group
-    after_pressure: bool = False  # eviction pressure ran since the last flush
-
-
-@dataclass(frozen=True)
-class TreeRecording:
-    requests: tuple[TreeRequestRecord, ...]
-    cache_enabled: bool = True
-    tree: str = ""
 
 
 def consecutive_groups(reqs: Sequence[T]) -> list[list[T]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from conformance.checks.kl import KLRecording
+from conformance.recordings import KLRecording
 from conformance.client import SGLangClient
 from conformance.workloads.prompts import extension
 from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE

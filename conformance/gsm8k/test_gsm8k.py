@@ -18,7 +18,8 @@ from dataclasses import replace
 
 import pytest
 
-from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording, gsm8k_verdict
+from conformance.checks.gsm8k import gsm8k_verdict
+from conformance.recordings import GSM8KAnswer, GSM8KRecording
 from conformance.matrix import baseline_id
 from conformance.records import Verdict, merge
 from conformance.strategy import BASELINE

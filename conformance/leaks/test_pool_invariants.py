@@ -21,8 +21,9 @@ import pytest
 
 from conformance.matrix import load_matrix
 from conformance.sglang_api import pool as sglang_pool
-from conformance.targets.pool.driver import NotApplicable
-from conformance.targets.pool.runtime import PoolKey
+from conformance.sglang_api.pool_driver import NotApplicable
+from conformance.sglang_api.pool_runtime import PoolKey
+from conformance.targets.pool.scenarios import SCENARIOS, not_applicable, run_machine
 
 pytestmark = pytest.mark.pool
 
@@ -71,30 +72,22 @@ def _coverage_cells() -> list:
 
 
 def test_pool_machine(cell, request):
-    from conformance.targets.pool.scenarios import run_machine
-
     key = _key(cell, request)
     _once("machine", key, lambda: run_machine(key))
 
 
 @pytest.mark.parametrize("cell", _coverage_cells())
 def test_pool_machine_coverage(cell, request):
-    from conformance.targets.pool.scenarios import run_machine
-
     key = _key(cell, request)
     _once("machine", key, lambda: run_machine(key))
 
 
 def _scenario_names() -> list[str]:
-    from conformance.targets.pool.scenarios import SCENARIOS
-
     return list(SCENARIOS)
 
 
 @pytest.mark.parametrize("scenario", _scenario_names())
 def test_pool_scenario(cell, scenario, request):
-    from conformance.targets.pool.scenarios import SCENARIOS, not_applicable
-
     key = _key(cell, request)
     reason = not_applicable(scenario, key)
     if reason:

@@ -1,18 +1,21 @@
 """Which cells each seeded fault runs on, for ``hybrid-conformance mutants``.
 
-The faults themselves (name, the real bug, where injected) live with their targets:
+The faults themselves (:class:`conformance.faults.Fault` records: name, layer, the real
+bug, where injected, what catches it) live with their layers:
 ``conformance/reference/faults.py`` (reference engine, env ``HYBRID_CONFORMANCE_FAULT``),
 ``conformance/mutants/pool_faults.py`` (monkeypatches of SGLang's real functions) and
 ``conformance/sglang_plugins/faults/`` (hooks in real SGLang servers, env
-``HYBRID_CONFORMANCE_SGLANG_FAULT``).  This module only says where each is exercised: the
-smallest selection of cells on which the fault can show, so the whole catalogue runs in
-minutes (the reference engine) or well under an hour (one real SGLang server per run).
+``HYBRID_CONFORMANCE_SGLANG_FAULT``); each record names where it can show.  This module
+turns that into where each is exercised: the smallest selection of cells on which the
+fault can show, so the whole catalogue runs in minutes (the reference engine) or well
+under an hour (one real SGLang server per run).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from conformance.faults import FAULT_ENV, PD_FAULT_ENV, SGLANG_FAULT_ENV, Fault
 from conformance.strategy import BASELINE, strategy_named
 
 
@@ -31,7 +34,7 @@ class MutantPlan:
     keyword: str | None = None
     stop_at_first: bool = False
     timeout_s: float = 900.0
-    fault_env: str = "HYBRID_CONFORMANCE_FAULT"
+    fault_env: str = FAULT_ENV
     extra_args: tuple[str, ...] = ()  # more pytest arguments (e.g. the programs suite's --budget)
 
 
@@ -39,16 +42,13 @@ EXTRA = MutantPlan("qwen3-next/extra_buffer", models="qwen3-next", strategies="e
 LAZY = MutantPlan("qwen3-next/extra_buffer_lazy", models="qwen3-next", strategies="extra_buffer_lazy")
 LAZY_FAIL = MutantPlan("qwen3-next/extra_buffer_lazy+lazy_alloc_fail", models="qwen3-next", strategies="extra_buffer_lazy", faults="lazy_alloc_fail")
 MAMBA2 = MutantPlan("nemotron-h/extra_buffer", models="nemotron-h", strategies="extra_buffer", tier="standard")
-PD = MutantPlan("qwen3-next/extra_buffer:disagg", suites=("disagg",), models="qwen3-next", strategies="extra_buffer", fault_env="HYBRID_CONFORMANCE_PD_FAULT")
+PD = MutantPlan("qwen3-next/extra_buffer:disagg", suites=("disagg",), models="qwen3-next", strategies="extra_buffer", fault_env=PD_FAULT_ENV)
 
-#: reference fault -> the plan it runs on (faults not listed run on EXTRA).
 NO_BUFFER = MutantPlan("qwen3-next/no_buffer", models="qwen3-next", strategies="no_buffer")
-REFERENCE_CELLS: dict[str, MutantPlan] = {
-    "lazy_slot_not_returned": LAZY,
-    "lazy_fail_still_inserts": LAZY_FAIL,
-    "mamba2_index_misalignment": MAMBA2,
-    "lazy_finish_at_boundary_leak": LAZY,
-    "stop_finish_key_short": NO_BUFFER,
+#: The reference engine's cells, by (model family, strategy, matrix fault): a reference fault
+#: runs on the cell its record names (its first family and strategy; default EXTRA's).
+REFERENCE_CELLS: dict[tuple[str | None, str | None, str | None], MutantPlan] = {
+    (p.models, p.strategies, p.faults): p for p in (EXTRA, LAZY, LAZY_FAIL, MAMBA2, NO_BUFFER)
 }
 
 #: The CI subset: one fault per check kind that must catch it.
@@ -56,17 +56,24 @@ FAST_REFERENCE = ("pingpong_leak_on_finish", "cached_tokens_overreport", "state_
 FAST_POOL = ("pingpong_leak_on_finish", "cow_skipped", "track_boundary_late")
 FAST_SGLANG_CPU = ("pingpong_leak_on_finish", "cow_skipped")
 
-SGLANG_FAULT_ENV = "HYBRID_CONFORMANCE_SGLANG_FAULT"
 #: A real SGLang server starts in 30-240 s on a shared 2-core machine; the suites of a cell
 #: take a few minutes more.
 SGLANG_CPU_TIMEOUT_S = 1500.0
+
+
+def _reference_cell(fault: Fault) -> MutantPlan:
+    """The cell a reference fault runs on: its first model family and strategy (default
+    EXTRA's), with the matrix fault its record needs."""
+    family = fault.families[0] if fault.families else EXTRA.models
+    strategy = fault.strategies[0] if fault.strategies else EXTRA.strategies
+    return REFERENCE_CELLS[(family, strategy, fault.cell_fault)]
 
 
 def reference_plans() -> dict[str, MutantPlan]:
     from conformance.reference.faults import FAULTS
     from conformance.reference.pd import PD_FAULTS
 
-    plans = {name: REFERENCE_CELLS.get(name, EXTRA) for name in FAULTS}
+    plans = {name: _reference_cell(f) for name, f in FAULTS.items()}
     plans.update({name: PD for name in PD_FAULTS})
     return plans
 
@@ -76,7 +83,7 @@ def pool_plans() -> dict[str, MutantPlan]:
 
     plans = {}
     for name, spec in FAULTS.items():
-        strategies = getattr(spec, "strategies", None)
+        strategies = spec.strategies
         key = f"pool/{','.join(strategies) if strategies else 'all'}"
         # -x: a pool fault is caught by the first failing invariant (its shrunk program is the numbers)
         plans[name] = MutantPlan(key, target="pool", suites=(), strategies=",".join(strategies) if strategies else None, tier="premerge", faults=None, stop_at_first=True)

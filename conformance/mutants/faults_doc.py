@@ -1,5 +1,5 @@
-"""Render docs/faults.md from the fault registries (reference engine, its PD roles, the pool
-tier, and real SGLang).
+"""Render docs/faults.md from the fault records of every layer (reference engine, its PD
+roles, the pool tier, and real SGLang): one :class:`conformance.faults.Fault` each.
 
 ``python -m conformance.mutants.faults_doc > docs/faults.md``; a test keeps the file in
 step with the registries.
@@ -8,28 +8,40 @@ step with the registries.
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable
+
+from conformance.faults import LAYERS, Fault
 
 
-def _rows(registry: dict[str, Any]) -> Iterable[tuple[str, str, str, str]]:
-    for name, spec in registry.items():
-        if isinstance(spec, str):
-            yield name, spec, "", "conformance.reference.pd.PrefillEngine._shipped_state"
-            continue
-        yield (
-            name,
-            getattr(spec, "description", "") or "",
-            getattr(spec, "models", None) or getattr(spec, "real_bug", None) or getattr(spec, "bug", "") or "",
-            getattr(spec, "injected_at", None) or getattr(spec, "where", "") or "",
-        )
-
-
-def render() -> str:
+def all_faults() -> list[Fault]:
+    """Every seeded fault the kit knows, layer by layer, each registry in its own order."""
     from conformance.mutants.pool_faults import FAULTS as POOL
     from conformance.reference.faults import FAULTS as REFERENCE
     from conformance.reference.pd import PD_FAULTS
     from conformance.sglang_plugins.faults.catalogue import faults as sglang_faults
 
+    return [*REFERENCE.values(), *PD_FAULTS.values(), *POOL.values(), *sglang_faults().values()]
+
+
+def paragraph(f: Fault) -> list[str]:
+    """One fault's section: what it does, the bug it mimics, where and how it is switched on, what catches it."""
+    out = [f"### `{f.name}`", "", f.description.strip(), ""]
+    if f.real_bug:
+        out += [f"*Real bug modelled:* {f.real_bug.strip()}", ""]
+    if f.injected_at:
+        out += [f"*Injected at:* `{f.injected_at.strip()}`", ""]
+    out += [f"*Switched on:* `{f.switch}`", ""]
+    if f.observable:
+        out += [f"*Seen as:* {f.observable.strip()}", ""]
+    where = " / ".join(", ".join(axis) for axis in (f.families, f.strategies) if axis)
+    if where:
+        out += [f"*Exercised on:* {where}{'' if f.cell_fault == 'none' else ' + ' + f.cell_fault}", ""]
+    if f.suites:
+        out += [f"*Expected to be caught by:* suite{'s' if len(f.suites) > 1 else ''} {', '.join(f.suites)}", ""]
+    return out
+
+
+def render() -> str:
+    faults = all_faults()
     out = [
         "# Seeded faults: what the kit guards against",
         "",
@@ -37,33 +49,11 @@ def render() -> str:
         "runs the suites once clean and once per fault and prints which checks caught it.",
         "",
     ]
-    for title, how, registry in (
-        ("Reference engine", "switched on with `HYBRID_CONFORMANCE_FAULT=<name>` (read once, in `conformance/reference/faults.py`)", REFERENCE),
-        ("Reference PD roles", "switched on with `HYBRID_CONFORMANCE_PD_FAULT=<name>` (read in `conformance/reference/pd.py`, seen by the PD roles only)", PD_FAULTS),
-        ("Pool tier (SGLang's real classes)", "monkeypatches loaded with `pytest -p conformance.mutants.pool_faults` and `HYBRID_CONFORMANCE_FAULT=<name>`", POOL),
-        (
-            "Real SGLang (targets `sglang-cpu` and `sglang`)",
-            "hooks registered through SGLang's own `HookRegistry` by the kit's general plugin `hybrid_conformance_faults`, "
-            "in the scheduler process of the servers the kit launches, when `HYBRID_CONFORMANCE_SGLANG_FAULT=<name>` "
-            "is set (one module per fault in `conformance/sglang_plugins/faults/`; each hook proves it took effect and "
-            "reports when it fires). Scored with `hybrid-conformance mutants --target sglang-cpu` (one real SGLang server "
-            "per run; the CI subset is `hybrid-conformance mutants --target sglang-cpu --fast`); each is first shown "
-            "harmful by a direct probe in `tests/test_sglang_fault_probes.py`",
-            sglang_faults(),
-        ),
-    ):
-        out += [f"## {title}", "", f"Injection: {how}.", ""]
-        for name, desc, bug, where in _rows(registry):
-            out += [f"### `{name}`", "", desc.strip(), ""]
-            if bug:
-                out += [f"*Real bug modelled:* {bug.strip()}", ""]
-            if where:
-                out += [f"*Injected at:* `{where.strip()}`", ""]
-            seen = getattr(registry[name], "observable", "") if not isinstance(registry[name], str) else ""
-            if seen and hasattr(registry[name], "hooks"):
-                spec = registry[name]
-                out += [f"*Seen as:* {seen.strip()}", "", f"*Exercised on:* {', '.join(spec.families)} / {', '.join(spec.strategies)}"
-                        f"{'' if spec.cell_fault == 'none' else ' + ' + spec.cell_fault}, suites {', '.join(spec.suites)}", ""]
+    for layer in LAYERS.values():
+        out += [f"## {layer.title}", "", f"Injection: {layer.how}.", ""]
+        for f in faults:
+            if f.layer == layer.name:
+                out += paragraph(f)
     return "\n".join(out).rstrip() + "\n"
 
 

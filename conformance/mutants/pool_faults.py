@@ -3,8 +3,8 @@
 Each fault re-creates a known class of bug so the kit can show its pool tier catches it.
 Use as a pytest plugin: ``HYBRID_CONFORMANCE_FAULT=<name> pytest -p conformance.mutants.
 pool_faults ...`` (``FAULT_ENV`` is read in one place: :func:`selected_fault`), or in
-process with ``with apply(name): ...``.  ``FAULTS`` maps name -> :class:`PoolFault`
-(description, real bug modelled, patch function, strategies it applies to).  A patch function takes the
+process with ``with apply(name): ...``.  ``FAULTS`` maps name -> :class:`conformance.faults.Fault`
+(layer ``pool``: description, real bug modelled, patch function, strategies it applies to).  A patch function takes the
 ``conformance.sglang_api.pool`` namespace (the req.kv driver's symbols) and a ``setattr``-like ``patch(obj, name, value)`` callable.
 """
 
@@ -12,23 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 
 from conformance.errors import KitError
+from conformance.faults import FAULT_ENV, Fault, registry
 
-FAULT_ENV = "HYBRID_CONFORMANCE_FAULT"
-
-
-@dataclass(frozen=True)
-class PoolFault:
-    name: str
-    description: str
-    real_bug: str
-    patch: Callable[[object, Callable], None]
-    strategies: tuple[str, ...] = ("no_buffer", "extra_buffer", "extra_buffer_lazy")
+#: What catches a pool fault: the first invariant of the pool suite that breaks.
+CAUGHT_AS = "a pool invariant of the pool suite (`conformance/leaks`, `-m pool`) fails"
 
 
 def _pingpong_leak_on_finish(api, patch):
@@ -234,63 +226,70 @@ def _finish_keeps_the_next_track_slot(api, patch):
 
 
 BUFFERED = ("extra_buffer", "extra_buffer_lazy")
-FAULTS: dict[str, PoolFault] = {
-    f.name: f
-    for f in (
-        PoolFault("pingpong_leak_on_finish", "finishing requests never return their ping-pong track slots",
-                  "PR 26941 class: ping-pong slots leaked per finished request until the idle check killed the server",
-                  _pingpong_leak_on_finish, BUFFERED),
-        PoolFault("pingpong_stale_reference", "a finished Req keeps naming its freed ping-pong slots",
-                  "PR 26941 itself: the stale mamba_ping_pong_track_buffer made the next alloc of a reused Req skip",
-                  _pingpong_stale_reference, BUFFERED),
-        PoolFault("lazy_second_slot_kept", "the transient lazy slot is never returned after a boundary step",
-                  "PR 27118 class: mamba_lazy_post_decode_at_boundary not freeing the old slot",
-                  _lazy_second_slot_kept, ("extra_buffer_lazy",)),
-        PoolFault("lazy_alloc_fail_tracks_empty_slot", "a failed lazy boundary allocation still tracks into the missing slot, which is then inserted",
-                  "PR 27118 class: alloc-fail path inserting a state that was never written",
-                  _lazy_alloc_fail_tracks_empty_slot, ("extra_buffer_lazy",)),
-        PoolFault("track_boundary_early", "prefill passes the kernel a track seqlen one token short (the +1 of _force_track_h dropped); the recorded length stays right",
-                  "off-by-one in SGLang's track seqlen (_mamba_radix_cache_v2_req_prepare_for_extend): the state of another position is cached under the key",
-                  _track_shift(-1), BUFFERED),
-        PoolFault("track_boundary_late", "prefill passes the kernel a track seqlen one token long (a +1 where the last position is aligned); the recorded length stays right",
-                  "off-by-one in SGLang's track seqlen: an aligned snapshot reads a chunk state past the sequence's own",
-                  _track_shift(+1), BUFFERED),
-        PoolFault("cow_skipped", "a cache hit does not copy the matched state into the request's slot",
-                  "PR 26877 class: a hit continues from a zeroed or stale state",
-                  _cow_skipped),
-        PoolFault("donate_keeps_reference", "a donated track slot stays referenced by the running request",
-                  "eviction then frees a slot a running request still writes",
-                  _donate_keeps_reference, BUFFERED),
-        PoolFault("mamba_double_free", "a finished request's mamba slot is freed twice",
-                  "double free: the slot is later handed to two owners",
-                  _mamba_double_free),
-        PoolFault("mamba_freed_into_kv_pool", "a finished request's mamba slot is returned to the wrong pool (the KV allocator)",
-                  "PR 27256 class: frees routed to the wrong allocator/device",
-                  _mamba_freed_into_kv_pool),
-        PoolFault("leak_on_abort", "aborted requests never return their mamba slots",
-                  "leak only on the abort path",
-                  _leak_on_abort),
-        PoolFault("session_abort_keeps_record", "an aborted streaming turn's released record stays with its session",
-                  "PR 26941 (abort path): try_cache_finished_req must hand the record back and clear it from the session",
-                  _session_abort_keeps_record, ("extra_buffer",)),
-        PoolFault("finish_keeps_next_track_slot", "a finishing request hands the tree the ping-pong slot the next forward writes",
-                  "overlap lookahead at finish: the launched forward overwrites the slot the tree was given",
-                  _finish_keeps_the_next_track_slot, ("extra_buffer",)),
-        PoolFault("refused_after_match_leak", "a request refused after its match keeps its copy-on-write slot",
-                  "matched-request scheduling failure leak (scheduler's revert of the matched mamba idx)",
-                  _refused_after_match_leak),
-    )
-}
+ALL = ("no_buffer", *BUFFERED)
 
 
-def get(name: str) -> PoolFault:
+def _pool_fault(name: str, description: str, real_bug: str, where: str, patch: Callable[[object, Callable], None],
+                strategies: tuple[str, ...] = ALL) -> Fault:
+    """A pool-tier record: ``patch`` replaces SGLang's ``where`` (in ``conformance.sglang_api.pool``'s
+    namespace); caught as a broken pool invariant."""
+    return Fault(name, "pool", description, real_bug, where, CAUGHT_AS, patch=patch, strategies=strategies)
+
+
+FAULTS: dict[str, Fault] = registry(
+    _pool_fault("pingpong_leak_on_finish", "finishing requests never return their ping-pong track slots",
+                "PR 26941 class: ping-pong slots leaked per finished request until the idle check killed the server",
+                "HybridReqToTokenPool.free_mamba_cache", _pingpong_leak_on_finish, BUFFERED),
+    _pool_fault("pingpong_stale_reference", "a finished Req keeps naming its freed ping-pong slots",
+                "PR 26941 itself: the stale mamba_ping_pong_track_buffer made the next alloc of a reused Req skip",
+                "HybridReqToTokenPool.free_mamba_cache", _pingpong_stale_reference, BUFFERED),
+    _pool_fault("lazy_second_slot_kept", "the transient lazy slot is never returned after a boundary step",
+                "PR 27118 class: mamba_lazy_post_decode_at_boundary not freeing the old slot",
+                "SchedulerBatchResultProcessor.mamba_lazy_post_decode_at_boundary", _lazy_second_slot_kept, ("extra_buffer_lazy",)),
+    _pool_fault("lazy_alloc_fail_tracks_empty_slot", "a failed lazy boundary allocation still tracks into the missing slot, which is then inserted",
+                "PR 27118 class: alloc-fail path inserting a state that was never written",
+                "ScheduleBatch.mamba_lazy_prealloc_at_boundary", _lazy_alloc_fail_tracks_empty_slot, ("extra_buffer_lazy",)),
+    _pool_fault("track_boundary_early", "prefill passes the kernel a track seqlen one token short (the +1 of _force_track_h dropped); the recorded length stays right",
+                "off-by-one in SGLang's track seqlen (_mamba_radix_cache_v2_req_prepare_for_extend): the state of another position is cached under the key",
+                "ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend", _track_shift(-1), BUFFERED),
+    _pool_fault("track_boundary_late", "prefill passes the kernel a track seqlen one token long (a +1 where the last position is aligned); the recorded length stays right",
+                "off-by-one in SGLang's track seqlen: an aligned snapshot reads a chunk state past the sequence's own",
+                "ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend", _track_shift(+1), BUFFERED),
+    _pool_fault("cow_skipped", "a cache hit does not copy the matched state into the request's slot",
+                "PR 26877 class: a hit continues from a zeroed or stale state",
+                "MambaComponent.finalize_match_result_in_cache", _cow_skipped),
+    _pool_fault("donate_keeps_reference", "a donated track slot stays referenced by the running request",
+                "eviction then frees a slot a running request still writes",
+                "HybridReqToTokenPool.donate_mamba_ping_pong_slot", _donate_keeps_reference, BUFFERED),
+    _pool_fault("mamba_double_free", "a finished request's mamba slot is freed twice",
+                "double free: the slot is later handed to two owners",
+                "HybridReqToTokenPool.free_mamba_cache", _mamba_double_free),
+    _pool_fault("mamba_freed_into_kv_pool", "a finished request's mamba slot is returned to the wrong pool (the KV allocator)",
+                "PR 27256 class: frees routed to the wrong allocator/device",
+                "mem_cache.common.release_kv_cache", _mamba_freed_into_kv_pool),
+    _pool_fault("leak_on_abort", "aborted requests never return their mamba slots",
+                "leak only on the abort path",
+                "mem_cache.common.release_kv_cache", _leak_on_abort),
+    _pool_fault("session_abort_keeps_record", "an aborted streaming turn's released record stays with its session",
+                "PR 26941 (abort path): try_cache_finished_req must hand the record back and clear it from the session",
+                "StreamingSession.try_cache_finished_req", _session_abort_keeps_record, ("extra_buffer",)),
+    _pool_fault("finish_keeps_next_track_slot", "a finishing request hands the tree the ping-pong slot the next forward writes",
+                "overlap lookahead at finish: the launched forward overwrites the slot the tree was given",
+                "mem_cache.common.release_kv_cache", _finish_keeps_the_next_track_slot, ("extra_buffer",)),
+    _pool_fault("refused_after_match_leak", "a request refused after its match keeps its copy-on-write slot",
+                "matched-request scheduling failure leak (scheduler's revert of the matched mamba idx)",
+                "mem_cache.common.release_kv_cache", _refused_after_match_leak),
+)
+
+
+def get(name: str) -> Fault:
     if name not in FAULTS:
         raise KitError(f"{FAULT_ENV}={name!r}: unknown pool fault (known: {', '.join(FAULTS)})")
     return FAULTS[name]
 
 
 @contextlib.contextmanager
-def apply(name: str) -> Iterator[PoolFault]:
+def apply(name: str) -> Iterator[Fault]:
     """Install one fault for the duration of the block (undone in reverse order)."""
     from conformance.sglang_api import pool as sglang_api
 

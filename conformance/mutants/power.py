@@ -29,7 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from conformance.mutants.catalogue import MutantPlan
-from conformance.mutants.command import Outcome, run_plan
+from conformance.mutants.runs import Outcome, run_plan
 
 #: Why a programs run has no finding when no program was judged at all (the server never served).
 NO_REPORT, NO_VERDICT = "no report.json", "no programs verdict"

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 from conformance.checks.differential import Tolerance
 from conformance.checks.hit_bounds import StrategyGrid
+from conformance.faults import FAULT_SWITCHES
 from conformance.matrix import CacheVariant, Cell, Fault
 from conformance.programs.runner import Target
 from conformance.programs.strategies import GenSpec
@@ -27,14 +28,6 @@ from conformance.strategy import BASELINE, STRATEGIES
 from conformance.suites import exact_mode, idle_deadline, lookahead, vocab_size
 from conformance.targets.base import Endpoint
 
-#: Every seeded-fault switch the kit knows, blanked for the twin (the server env inherits
-#: the caller's, where ``mutants`` sets the fault under test).
-FAULT_SWITCHES = (
-    "HYBRID_CONFORMANCE_FAULT",
-    "HYBRID_CONFORMANCE_PD_FAULT",
-    "HYBRID_CONFORMANCE_SGLANG_FAULT",
-    "SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL",
-)
 COLD_VARIANT = CacheVariant("cold", "radix cache disabled: the programs' cache-off twin", ("--disable-radix-cache",))
 NO_BUFFER = dataclasses.replace(STRATEGIES[BASELINE], description="cache-off twin")
 

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from conformance.errors import KitError
 from conformance.reference.api_models import SamplingParamsIn
-from conformance.reference.request import Req, SamplingParams
+from conformance.reference.request import Req, SamplingParams, new_rid
 
 
 class BadRequest(Exception):
@@ -79,8 +79,6 @@ class Serving:
         params = SamplingParams(max_new_tokens=sp.max_new_tokens, temperature=sp.temperature,
                                 ignore_eos=sp.ignore_eos, stop=sp.stop_list(),
                                 stop_token_ids=list(sp.stop_token_ids or []), seed=sp.sampling_seed)
-        from conformance.reference.server import new_rid
-
         return Req(rid or new_rid(), list(ids), params, return_logprob=return_logprob,
                    logprob_start_len=start, top_logprobs_num=top)
 

@@ -38,20 +38,32 @@ from fastapi.responses import PlainTextResponse
 from starlette.requests import Request as StarletteRequest
 
 from conformance.errors import KitError
+from conformance.faults import FAULT_ENV, PD_FAULT_ENV, Fault, registry
 from conformance.reference.engine import Engine
-from conformance.reference.faults import FAULT_ENV, FaultSwitch
+from conformance.reference.faults import FaultSwitch
+from conformance.reference.http_common import BadRequest
 from conformance.reference.request import Req
+from conformance.reference.routes import create_app
+from conformance.reference.server import _configure_logging, build_engine, run_app
+from conformance.reference.server import build_parser as server_parser
 
 log = logging.getLogger("sglang.srt.disaggregation")
 ROLES = ("prefill", "decode")
 TRANSFER_PATH = "/pd/transfer"
 ROOM_HEADER = "x-bootstrap-room"
 PENDING_GAUGE = "sglang:pd_pending_transfers"
-PD_FAULT_ENV = "HYBRID_CONFORMANCE_PD_FAULT"
-PD_FAULTS = {
-    "pd_state_off_by_one": "the prefill role ships the recurrent state of one token before the end of the "
-    "prompt (KV correct): a mis-indexed mamba state transfer (cf. SGLang PR 15829's failing PD test)",
-}
+PD_FAULTS: dict[str, Fault] = registry(
+    Fault(
+        "pd_state_off_by_one",
+        "reference-pd",
+        "the prefill role ships the recurrent state of one token before the end of the "
+        "prompt (KV correct)",
+        "a mis-indexed mamba state transfer (cf. SGLang PR 15829's failing PD test)",
+        "conformance.reference.pd.PrefillEngine._shipped_state",
+        "the decode role continues from the wrong state: the PD cell's outputs differ from the non-PD cell's",
+        suites=("disagg",),
+    ),
+)
 
 
 def read_faults(environ: dict | None = None) -> tuple[FaultSwitch, str | None]:
@@ -216,8 +228,6 @@ def _cap_new_tokens(sp: Any, cap: int) -> Any:
 
 def install_pd_routes(app: FastAPI, runner, args, role: str, pd_fault: str | None) -> FastAPI:
     """Wrap the reference app's /generate, /metrics and /server_info for ``role``."""
-    from conformance.reference.routes import BadRequest
-
     engine = runner.engine
     inner_generate = _take_route(app, "/generate")
     inner_metrics = _take_route(app, "/metrics")
@@ -304,8 +314,6 @@ def install_pd_routes(app: FastAPI, runner, args, role: str, pd_fault: str | Non
 
 # ------------------------------------------------------------------ process entry point
 def build_parser():
-    from conformance.reference.server import build_parser as server_parser
-
     p = server_parser()
     p.prog = "python -m conformance.reference.pd"
     p.description = "Serve one PD role (prefill or decode) of a tiny twin with SGLang's HTTP API."
@@ -317,8 +325,6 @@ def build_parser():
 
 def build_role_engine(args, faults: FaultSwitch, pd_fault: str | None) -> Engine:
     """The role's engine (the decode role always runs with its radix cache off)."""
-    from conformance.reference.server import build_engine
-
     if args.disaggregation_mode == "decode":
         args.disable_radix_cache = True
     base = build_engine(args, faults)  # validates the flags and loads the model once
@@ -326,8 +332,6 @@ def build_role_engine(args, faults: FaultSwitch, pd_fault: str | None) -> Engine
 
 
 def main(argv: list[str] | None = None) -> int:
-    from conformance.reference.server import _configure_logging, run_app
-
     args = build_parser().parse_args(argv)
     _configure_logging(args.log_level)
     role = args.disaggregation_mode
@@ -344,8 +348,6 @@ def main(argv: list[str] | None = None) -> int:
     if faults.name or faults.lazy_alloc_fail or pd_fault:
         log.warning("seeded fault active: %r, pd fault %r", faults, pd_fault)
     log.info("PD %s role, strategy %s, radix cache %s", role, args.strategy, "off" if args.disable_radix_cache else "on")
-    from conformance.reference.routes import create_app
-
     return run_app(
         engine,
         lambda runner: install_pd_routes(create_app(runner, args, faults), runner, args, role, pd_fault),

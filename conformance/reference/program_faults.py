@@ -11,11 +11,12 @@ a follow-up, or a streaming session continued after an aborted turn.  Registered
 
 from __future__ import annotations
 
-from conformance.reference.faults import FaultSpec
+from conformance.faults import Fault, registry
 
-PROGRAM_FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
-    FaultSpec(
+PROGRAM_FAULTS: dict[str, Fault] = registry(
+    Fault(
         "dup_insert_leak",
+        "reference",
         "When a prefill checkpoint is inserted under a key the tree already holds (two "
         "requests with the same prefix checkpointed the same position), the duplicate "
         "snapshot's slot is not given back.",
@@ -24,8 +25,9 @@ PROGRAM_FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "slots.SlotKeeper.checkpoint_after_prefill",
         "one mamba slot leaked per duplicate insert: sglang:mamba_used_tokens > 0 at idle",
     ),
-    FaultSpec(
+    Fault(
         "split_moves_snapshot",
+        "reference",
         "When an insert splits a radix edge, the new upper node takes the lower node's "
         "snapshot: the state of the longer prefix is keyed at the split point.",
         "value bookkeeping in a radix node split (SGLang's _split_node must leave the mamba "
@@ -34,8 +36,9 @@ PROGRAM_FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "a hit at a split point reports a length no request stored and continues from a "
         "longer prefix's state: outputs differ from cold",
     ),
-    FaultSpec(
+    Fault(
         "logprob_start_ignored",
+        "reference",
         "The prefix match ignores a requested logprob_start_len, so a hit can cover "
         "positions whose input logprobs were asked for; those are filled from the cached "
         "state's last row.",
@@ -43,8 +46,9 @@ PROGRAM_FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "engine.Engine._try_admit",
         "input_token_logprobs inside the hit differ from a cold prefill",
     ),
-    FaultSpec(
+    Fault(
         "older_pingpong_inserted",
+        "reference",
         "extra_buffer: at finish the older of the two ping-pong snapshots is inserted under "
         "the newer one's length (the request crossed two decode track boundaries).",
         "the ping-pong index choice at finish (SGLang's _select_finished_checkpoint / "
@@ -53,16 +57,19 @@ PROGRAM_FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "a follow-up hitting the last decode track continues from the state one track "
         "interval earlier: outputs differ from cold",
     ),
-    FaultSpec(
+    Fault(
         "lazy_finish_at_boundary_leak",
+        "reference",
         "extra_buffer_lazy: a request that finishes on the very decode step that crosses a "
         "track boundary does not give back its old keep slot.",
         "ordering of mamba_lazy_post_decode_at_boundary and the finish path (PR 27118 class)",
         "slots.SlotKeeper.after_boundary",
         "one mamba slot leaked per such request: sglang:mamba_used_tokens > 0 at idle",
+        strategies=("extra_buffer_lazy",),
     ),
-    FaultSpec(
+    Fault(
         "stop_finish_key_short",
+        "reference",
         "no_buffer: a request finished by a stop condition (a stop token, a stop string, "
         "EOS) is inserted under a key one token shorter than its state: the matched stop "
         "token is dropped from the key but the state has consumed the token before it.",
@@ -70,9 +77,11 @@ PROGRAM_FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "slots.SlotKeeper._finished_checkpoint",
         "a follow-up of the stopped request's prompt + output hits one token short of the "
         "state: cached_tokens the oracle does not allow, outputs differ from cold",
+        strategies=("no_buffer",),
     ),
-    FaultSpec(
+    Fault(
         "session_abort_continues",
+        "reference",
         "Streaming session: after a turn is aborted, the next turn continues the aborted "
         "turn's partial tokens instead of the last finished turn.",
         "the streaming-session rollback point (SGLang's Session.finish_req / abort_req keep "
@@ -80,4 +89,4 @@ PROGRAM_FAULTS: dict[str, FaultSpec] = {f.name: f for f in (
         "sessions.SessionStore.forget_in_flight",
         "the next turn's prompt_tokens and outputs differ from what SGLang builds",
     ),
-)}
+)

@@ -4,6 +4,7 @@ track bookkeeping it holds, and its SGLang-shaped result (``text``, ``output_ids
 
 from __future__ import annotations
 
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -79,6 +80,11 @@ class Req:
 
     def held_slots(self) -> int:
         return (self.working_slot is not None) + len(self.pingpong_slots())
+
+
+def new_rid() -> str:
+    """A fresh request id (a uuid4 hex, as SGLang's server makes one)."""
+    return uuid.uuid4().hex
 
 
 def sample(row: torch.Tensor, params: SamplingParams, rid: str, step: int) -> int:

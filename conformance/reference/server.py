@@ -16,11 +16,11 @@ import logging
 import sys
 import threading
 import time
-import uuid
 
 from conformance.errors import KitError
 from conformance.reference.engine import STRATEGIES, Engine, EngineConfig, validate_config
 from conformance.reference.faults import FaultSwitch
+from conformance.reference.routes import create_app
 
 log = logging.getLogger("sglang.srt.entrypoints.http_server")
 REQUEST_TIMEOUT_S = 600.0
@@ -204,8 +204,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if faults.name or faults.lazy_alloc_fail:
         log.warning("seeded fault active: %r", faults)
-    from conformance.reference.routes import create_app
-
     return run_app(engine, lambda runner: create_app(runner, args, faults), args, prog="hybrid-conformance serve")
 
 
@@ -224,10 +222,6 @@ def run_app(engine: Engine, make_app, args: argparse.Namespace, *, prog: str) ->
     finally:
         runner.stop()
     return 0
-
-
-def new_rid() -> str:
-    return uuid.uuid4().hex
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from conformance.report.perf import note_of, ratio_changes
 from conformance.report.schema import load_report, validate_report
 
 _RANK = {"fail": 0, "error": 1, "skip": 1, "pass": 2}
@@ -106,8 +107,6 @@ def compare_reports(
 
 
 def _perf_rows(old_cells: Mapping[str, Mapping[str, Any]], new_cells: Mapping[str, Mapping[str, Any]], threshold: float | None) -> list[CompareRow]:
-    from conformance.report.perf import note_of, ratio_changes
-
     return [
         CompareRow("perf", c.cell, c.name, f"{c.old:.3g}", f"{c.new:.3g}", note_of(c))
         for c in ratio_changes(old_cells, new_cells, threshold)

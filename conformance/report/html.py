@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from conformance.report.markdown import matrix_groups, reasons
+from conformance.report.perf import engines, perf_rows
 from conformance.report.plots import Plot
 from conformance.report.schema import (
     cell_status,
@@ -122,8 +123,6 @@ def _table(cells: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _perf(cells: Sequence[Mapping[str, Any]]) -> list[str]:
-    from conformance.report.perf import engines, perf_rows
-
     rows = perf_rows(cells)
     if not rows:
         return []

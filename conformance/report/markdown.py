@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
+from conformance.report.perf import engines, perf_rows
 from conformance.report.schema import (
     STATUSES,
     cell_status,
@@ -62,8 +63,6 @@ def render_markdown(report: Mapping[str, Any]) -> str:
 
 def perf_section(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     """The cells' perf blocks as one table (medians; ratios inside this run), engines named."""
-    from conformance.report.perf import engines, perf_rows
-
     rows = perf_rows(cells)
     if not rows:
         return []

@@ -1,5 +1,6 @@
 """The ``perf`` block of each cell in report.json: ratios inside one run, their noise,
-what ``compare`` flags, and the report's ratio plot and table.
+what ``compare`` flags, and the report's ratio table (the ratio plot is drawn in
+``conformance.report.plots`` from these blocks).
 
 A cell's block is built from its ``perf`` check (``conformance.checks.perf``): the
 medians, their spreads, and ``ratios`` -- each against the cell itself (hit vs cold
@@ -11,14 +12,13 @@ inside one run move far less, so they are what runs are compared on.
 ``compare`` flags a ratio that got worse by more than a threshold (``--perf-threshold``;
 default per ratio: :data:`DEFAULT_THRESHOLDS`, from the spread measured over repeated
 runs, docs/perf.md) and never one inside the measured noise (the old and new intervals
-overlap).  Pure: no I/O besides :func:`ratio_plot`, which writes one PNG.
+overlap).  Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from conformance.checks.perf import POOL_METRICS, TIME_METRICS, Spread, fixed, interval_of, ratio
@@ -224,44 +224,11 @@ def engines(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     return sorted({str(c["perf"].get("engine")) for c in cells if isinstance(c.get("perf"), Mapping) and c["perf"].get("engine")})
 
 
+def cell_ratio(cell: Mapping[str, Any], name: str) -> float | None:
+    """The cell's ratio ``name`` as a number (None: no perf block, no such ratio, or not a number)."""
+    value = ((cell.get("perf") or {}).get("ratios") or {}).get(name)
+    return float(value) if _is_number(value) else None
+
+
 def _num(v: Any) -> str:
     return "-" if v is None else f"{v:.3g}" if isinstance(v, float) else str(v)
-
-
-def perf_plots(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> list[Any]:
-    """The ratio plot as a report :class:`~conformance.report.plots.Plot` (none without perf blocks)."""
-    from conformance.report.plots import Plot
-
-    if not any(isinstance(c.get("perf"), Mapping) for c in cells):
-        return []
-    key, title = "perf_ratios", "Perf ratios per model and strategy (inside one run; bars: interval)"
-    path = ratio_plot(cells, plot_dir / f"{key}.png")
-    return [Plot(key, title, path, "" if path else "perf ran but no ratio could be computed (no sample or no sibling cell)")]
-
-
-def ratio_plot(cells: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
-    """One panel per ratio: a bar per (model, strategy, variant) with its interval; 1 marked."""
-    from matplotlib.figure import Figure
-
-    from conformance.report.schema import model_label, variant_label
-
-    names = [r.name for r in RATIOS if any(_is_number(((c.get("perf") or {}).get("ratios") or {}).get(r.name)) for c in cells)]
-    if not names:
-        return None
-    fig = Figure(figsize=(8, 2.2 * len(names)))
-    axes = fig.subplots(len(names), 1, squeeze=False)[:, 0]
-    colours = {"no_buffer": "tab:grey", "extra_buffer": "tab:blue", "extra_buffer_lazy": "tab:orange"}
-    for ax, name in zip(axes, names):
-        rows = [(c, c["perf"]) for c in cells if _is_number(((c.get("perf") or {}).get("ratios") or {}).get(name))]
-        for x, (cell, block) in enumerate(rows):
-            value = float(block["ratios"][name])
-            lo, hi = (block.get("ratio_bounds") or {}).get(name) or (value, value)
-            ax.bar(x, value, color=colours.get(str(cell.get("strategy")), "tab:purple"), width=0.7)
-            ax.errorbar(x, value, yerr=[[max(0.0, value - lo)], [max(0.0, hi - value)]], fmt="none", ecolor="black", capsize=3, linewidth=0.8)
-        ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
-        labels = [f"{model_label(c)}\n{c.get('strategy')} {variant_label(c)}" for c, _ in rows]
-        ax.set_xticks(range(len(rows)), labels, fontsize=5, rotation=30, ha="right")
-        ax.set_title(f"{name}: {RATIO_BY_NAME[name].text} ({'lower' if RATIO_BY_NAME[name].worse == 'higher' else 'higher'} is better)", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, format="png")
-    return path

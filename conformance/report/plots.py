@@ -1,11 +1,12 @@
 """PNG plots for report.html, drawn with matplotlib's object API (Agg, no pyplot state).
 
-Three kinds: KL per token position for each cell on a log scale (one line per
+Four kinds: KL per token position for each cell on a log scale (one line per
 recording, broken where positions were not measured, the check's limit and the noise
 floor as horizontal lines, chunk/track boundaries as vertical ones), pool occupancy
 over time for each strategy (from the leaks timeline; PD cells from the disagg check's),
 and GSM8K: accuracy with Wilson intervals, and, separately, agreement-mode cells (CPU
-twins, where accuracy means nothing) as the fraction identical to the baseline.  A plot without data is a
+twins, where accuracy means nothing) as the fraction identical to the baseline, and the
+perf ratios inside the run (from each cell's ``perf`` block).  A plot without data is a
 :class:`Plot` with ``path=None`` and a ``note`` saying why, never an exception.
 """
 
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from matplotlib.figure import Figure
+
+from conformance.report.perf import RATIO_BY_NAME, RATIOS, cell_ratio
+from conformance.report.schema import model_label, variant_label
 
 _DPI = 100
 
@@ -36,8 +40,6 @@ def draw_all(report: Mapping[str, Any], plot_dir: Path) -> list[Plot]:
     """Write every plot of ``report`` into ``plot_dir``; return them in display order."""
     plot_dir.mkdir(parents=True, exist_ok=True)
     cells = list(report.get("cells", [])) + list(report.get("disagg", []))
-    from conformance.report.perf import perf_plots
-
     return [*kl_plots(cells, plot_dir), *occupancy_plots(cells, plot_dir), *gsm8k_plots(cells, plot_dir), *perf_plots(report.get("cells", []), plot_dir)]
 
 
@@ -289,3 +291,37 @@ def gsm8k_agreement_plot(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> 
     ax.set_xlabel("fraction of GSM8K completions identical to the baseline (1 = all)")
     ax.set_title(title, fontsize=9)
     return Plot(key, title, _save(fig, plot_dir / f"{key}.png"))
+
+
+# ------------------------------------------------------------------ perf ratios
+def perf_plots(cells: Sequence[Mapping[str, Any]], plot_dir: Path) -> list[Plot]:
+    """The ratio plot as a report :class:`Plot` (none without perf blocks)."""
+    if not any(isinstance(c.get("perf"), Mapping) for c in cells):
+        return []
+    key, title = "perf_ratios", "Perf ratios per model and strategy (inside one run; bars: interval)"
+    path = ratio_plot(cells, plot_dir / f"{key}.png")
+    return [Plot(key, title, path, "" if path else "perf ran but no ratio could be computed (no sample or no sibling cell)")]
+
+
+def ratio_plot(cells: Sequence[Mapping[str, Any]], path: Path) -> Path | None:
+    """One panel per ratio: a bar per (model, strategy, variant) with its interval; 1 marked."""
+    names = [r.name for r in RATIOS if any(cell_ratio(c, r.name) is not None for c in cells)]
+    if not names:
+        return None
+    fig = Figure(figsize=(8, 2.2 * len(names)))
+    axes = fig.subplots(len(names), 1, squeeze=False)[:, 0]
+    colours = {"no_buffer": "tab:grey", "extra_buffer": "tab:blue", "extra_buffer_lazy": "tab:orange"}
+    for ax, name in zip(axes, names):
+        rows = [(c, c["perf"]) for c in cells if cell_ratio(c, name) is not None]
+        for x, (cell, block) in enumerate(rows):
+            value = float(block["ratios"][name])
+            lo, hi = (block.get("ratio_bounds") or {}).get(name) or (value, value)
+            ax.bar(x, value, color=colours.get(str(cell.get("strategy")), "tab:purple"), width=0.7)
+            ax.errorbar(x, value, yerr=[[max(0.0, value - lo)], [max(0.0, hi - value)]], fmt="none", ecolor="black", capsize=3, linewidth=0.8)
+        ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
+        labels = [f"{model_label(c)}\n{c.get('strategy')} {variant_label(c)}" for c, _ in rows]
+        ax.set_xticks(range(len(rows)), labels, fontsize=5, rotation=30, ha="right")
+        ax.set_title(f"{name}: {RATIO_BY_NAME[name].text} ({'lower' if RATIO_BY_NAME[name].worse == 'higher' else 'higher'} is better)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, format="png")
+    return path

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from conformance.errors import KitError
+from conformance.report.perf import attach_perf_blocks, validate_perf_block
 
 SCHEMA_VERSION = 1
 STATUSES = ("pass", "fail", "skip", "error")
@@ -82,8 +83,6 @@ def build_report(
         "generated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cells": [_normalise_cell(c) for c in _merge_duplicates(cells)],
     }
-    from conformance.report.perf import attach_perf_blocks
-
     attach_perf_blocks(report["cells"])
     if disagg is not None:
         report["disagg"] = [_normalise_cell(c) for c in _merge_duplicates(disagg)]
@@ -237,8 +236,6 @@ def _validate_cell(cell: Any, where: str, fail) -> None:
         if "details" in verdict and not isinstance(verdict["details"], Mapping):
             raise fail(at, "'details' must be an object")
     if "perf" in cell:
-        from conformance.report.perf import validate_perf_block
-
         validate_perf_block(cell["perf"], where, fail)
 
 

@@ -8,23 +8,19 @@ cause in an ordinary run, a failure naming it when the pool tier was asked for e
 (``--target pool``, ``-m pool`` or ``HYBRID_CONFORMANCE_REQUIRE_SGLANG=1``): never a
 silent pass, never a green gate that tested nothing.
 
-The CPU neutralisation lives here too (:func:`cpu_pin_memory_guard`): SGLang's
-``prepare_for_decode``/``prepare_for_extend`` call ``Tensor.pin_memory()`` for buffered
-strategies, and some releases' ``set_mamba_track_indices_from_reqs`` builds its index with
-``torch.tensor(..., pin_memory=True)``; both need a CUDA driver.  The drivers call those
-helpers inside the guard.
+The drivers (``pool_kv``, ``pool_legacy``) get the loaded namespace when built
+(``api.driver(key, sizes, api=api)``); what they share is in ``pool_base``, the contract
+they offer in ``pool_driver``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import warnings
 from types import SimpleNamespace
-from typing import Iterator
 
-from conformance.sglang_api import probes
+from conformance.sglang_api import pool_kv, pool_legacy, probes
 
 REQUIRE_ENV = "HYBRID_CONFORMANCE_REQUIRE_SGLANG"
 
@@ -43,10 +39,7 @@ def _import() -> SimpleNamespace:
     if features.pool_driver is None:
         raise SGLangUnavailable(f"no pool driver fits: {features.summary()}")
     warnings.filterwarnings("ignore")
-    if features.pool_driver == "kv":
-        from conformance.sglang_api import pool_kv as module
-    else:
-        from conformance.sglang_api import pool_legacy as module
+    module = pool_kv if features.pool_driver == "kv" else pool_legacy
     try:
         api = module.import_symbols(features)
     except Exception as e:
@@ -101,72 +94,5 @@ def require(config=None) -> SimpleNamespace:
         pytest.skip(f"pool tier needs sglang: {e}")
 
 
-def record_slots(record) -> list[int]:
-    """Mamba slots a request's cache record holds: its state slot and the ping-pong track
-    slots it holds (an empty lazy slot is flagged in ``mamba_ping_pong_empty`` where the
-    release keeps flags, else marked -1 in the buffer)."""
-    slots = [] if record.mamba_pool_idx is None else [int(record.mamba_pool_idx)]
-    buffer = record.mamba_ping_pong_track_buffer
-    if buffer is not None:
-        values = [int(v) for v in buffer.tolist()]
-        empty = getattr(record, "mamba_ping_pong_empty", None) or [v < 0 for v in values]
-        slots += [v for v, e in zip(values, empty) if not e]
-    return slots
-
-
-class PoolDriverBase:
-    """What both pool drivers do the same way (see ``conformance.targets.pool.driver``)."""
-
-    def fresh_token(self) -> int:
-        self._next_token += 1
-        return self._next_token
-
-    def _expect_state(self, slot: int, tokens, where: str) -> None:
-        from conformance.targets.pool import state_marker
-        from conformance.targets.pool.driver import StateMismatch
-
-        want, got = state_marker.marker_for(tokens), state_marker.read(self.rtp.mamba_pool, slot)
-        if got != want:
-            raise StateMismatch(f"{where}: mamba slot {slot} holds {got}, expected {want}")
-
-    def evict(self, num_tokens: int = 0, mamba_num: int = 0):
-        return self.tree.evict(self.api.EvictParams(num_tokens=num_tokens, mamba_num=mamba_num))
-
-    def evict_all(self):
-        return self.evict(self.alloc.size, self.rtp.mamba_pool.size)
-
-    def flush(self) -> None:
-        """The scheduler's flush_cache (only legal when idle)."""
-        if self.running:
-            raise ValueError("flush needs an idle pool")
-        self.tree.reset()
-        self.rtp.clear()
-        self.alloc.clear()
-        self.evictions = 0
-
-
 def version() -> str:
     return probes.probe().version
-
-
-@contextlib.contextmanager
-def cpu_pin_memory_guard() -> Iterator[None]:
-    """Make pinning memory (``Tensor.pin_memory()``, ``torch.tensor(..., pin_memory=True)``)
-    a no-op when no CUDA driver is present."""
-    import torch
-
-    if torch.cuda.is_available():
-        yield
-        return
-    original, original_tensor = torch.Tensor.pin_memory, torch.tensor
-
-    def tensor(*args, pin_memory=False, **kwargs):  # torch.tensor(..., pin_memory=True) too
-        return original_tensor(*args, **kwargs)
-
-    torch.Tensor.pin_memory = lambda self, *a, **k: self  # type: ignore[method-assign]
-    torch.tensor = tensor
-    try:
-        yield
-    finally:
-        torch.Tensor.pin_memory = original  # type: ignore[method-assign]
-        torch.tensor = original_tensor

@@ -2,7 +2,7 @@
 
 ``KvPoolDriver(key, sizes)`` builds ``HybridReqToTokenPool`` (mamba slots from
 ``MambaSlotAllocator``), ``HybridLinearKVPool`` with SGLang's token allocator and
-``UnifiedRadixCache(FULL, MAMBA)`` for one :class:`~conformance.targets.pool.runtime.PoolKey`
+``UnifiedRadixCache(FULL, MAMBA)`` for one :class:`~conformance.sglang_api.pool_runtime.PoolKey`
 and drives requests through SGLang's own lifecycle functions with no model:
 
 * ``admit``: ``Req.init_next_round_input`` (match + copy-on-write slot), lock,
@@ -21,7 +21,7 @@ and drives requests through SGLang's own lifecycle functions with no model:
   ``flush_cache``; ``evict`` through ``UnifiedRadixCache.evict``.
 
 Where the model would compute a state, the driver writes a state marker
-(``conformance.targets.pool.state_marker``) into the slot SGLang's own index mapping
+(``conformance.sglang_api.state_marker``) into the slot SGLang's own index mapping
 names, after checking that the slot holds the marker of the prefix it claims
 (``StateMismatch`` otherwise).  Every eviction (explicit or inside an SGLang allocation)
 is counted via an instance wrapper on the tree's single eviction funnel ``_evict``.
@@ -40,9 +40,9 @@ from typing import Iterator, Sequence
 
 import torch
 
-from conformance.sglang_api.pool import PoolDriverBase
-from conformance.targets.pool import state_marker
-from conformance.targets.pool.driver import (
+from conformance.sglang_api import state_marker
+from conformance.sglang_api.pool_base import PoolDriverBase, cpu_pin_memory_guard, record_slots
+from conformance.sglang_api.pool_driver import (
     FULL_LAYERS,
     MAMBA_LAYERS,
     NotApplicable,
@@ -50,7 +50,7 @@ from conformance.targets.pool.driver import (
     PoolSizes,
     Running,
 )
-from conformance.targets.pool.runtime import PoolKey, publish_for
+from conformance.sglang_api.pool_runtime import PoolKey, publish_for
 
 DRIVER_NAME = "kv"
 
@@ -116,10 +116,8 @@ class KvPoolDriver(PoolDriverBase):
     oracle_exact = True
     sglang_checker = True
 
-    def __init__(self, key: PoolKey, sizes: PoolSizes = PoolSizes()):
-        from conformance.sglang_api import pool
-
-        self.api = pool.load()
+    def __init__(self, key: PoolKey, sizes: PoolSizes = PoolSizes(), *, api: SimpleNamespace):
+        self.api = api
         reason = self.gap(self.api, key)
         if reason:
             raise NotApplicable(reason)
@@ -247,8 +245,6 @@ class KvPoolDriver(PoolDriverBase):
         return int(self.rtp.mamba_allocator.available_size())
 
     def request_slots(self, req) -> list[int]:
-        from conformance.sglang_api.pool import record_slots
-
         return record_slots(req.kv)
 
     def session_records(self) -> dict:
@@ -302,8 +298,6 @@ class KvPoolDriver(PoolDriverBase):
         return self.api.gather_mamba_track_indices(mapping, batch.req_pool_indices, position)
 
     def _set_track_indices(self, batch) -> None:
-        from conformance.sglang_api.pool import cpu_pin_memory_guard
-
         with cpu_pin_memory_guard():  # some releases pin the index tensor they build
             self.api.set_mamba_track_indices_from_reqs(batch)
 

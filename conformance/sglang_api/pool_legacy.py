@@ -4,7 +4,7 @@ Fits releases where the probe finds no ``ReqKvInfo``, a ``MambaRadixCache`` (the
 scheduler builds for hybrid SSM models there) and ``release_kv_cache(req, tree,
 is_insert=...)``: measured on 0.5.12, 0.5.13 and 0.5.18.  It builds
 ``HybridReqToTokenPool``, ``HybridLinearKVPool`` with SGLang's token allocator and
-``MambaRadixCache`` for one :class:`~conformance.targets.pool.runtime.PoolKey` and drives
+``MambaRadixCache`` for one :class:`~conformance.sglang_api.pool_runtime.PoolKey` and drives
 requests the way that scheduler does, with no model:
 
 * ``admit``: ``Req.init_next_round_input(tree)`` (match; the tree copies the matched state
@@ -35,10 +35,9 @@ from typing import Sequence
 
 import torch
 
-from conformance.sglang_api.pool import PoolDriverBase
-from conformance.strategy import strategy_named
-from conformance.targets.pool import state_marker
-from conformance.targets.pool.driver import (
+from conformance.sglang_api import state_marker
+from conformance.sglang_api.pool_base import PoolDriverBase, record_slots
+from conformance.sglang_api.pool_driver import (
     FULL_LAYERS,
     MAMBA_LAYERS,
     NotApplicable,
@@ -46,7 +45,9 @@ from conformance.targets.pool.driver import (
     PoolSizes,
     Running,
 )
-from conformance.targets.pool.runtime import PoolKey, legacy_argv
+from conformance.sglang_api.pool_runtime import PoolKey, legacy_argv
+from conformance.sglang_api.validate import as_cuda
+from conformance.strategy import strategy_named
 
 
 def import_symbols(features) -> SimpleNamespace:
@@ -100,10 +101,8 @@ class LegacyPoolDriver(PoolDriverBase):
     oracle_exact = False
     sglang_checker = False
 
-    def __init__(self, key: PoolKey, sizes: PoolSizes = PoolSizes()):
-        from conformance.sglang_api import pool
-
-        self.api = api = pool.load()
+    def __init__(self, key: PoolKey, sizes: PoolSizes = PoolSizes(), *, api: SimpleNamespace):
+        self.api = api = api
         self.key, self.sizes = key, sizes
         reason = self.gap(api, key)
         if reason:
@@ -135,8 +134,6 @@ class LegacyPoolDriver(PoolDriverBase):
     # ------------------------------------------------------------ setup
     def _publish(self):
         api, key = self.api, self.key
-        from conformance.sglang_api.validate import as_cuda
-
         try:
             with as_cuda(api.features):
                 sa = api.server_args.prepare_server_args(legacy_argv(key, api.features.strategy_flag))
@@ -271,8 +268,6 @@ class LegacyPoolDriver(PoolDriverBase):
         return self.mamba_available() + self.tree.mamba_evictable_size() >= slots
 
     def request_slots(self, req) -> list[int]:
-        from conformance.sglang_api.pool import record_slots
-
         return record_slots(req)
 
     def reuse(self, req, prompt: Sequence[int]) -> None:

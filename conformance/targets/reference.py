@@ -9,11 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
+from conformance.faults import FAULT_ENV  # noqa: F401 - the fault env var the reference engine reads
 from conformance.matrix import Cell
 from conformance.targets.base import LaunchSpec
 
-#: The fault env var the reference engine reads (in conformance/reference/faults.py).
-FAULT_ENV = "HYBRID_CONFORMANCE_FAULT"
 #: Advanced/testing: run another module or script as the reference server.
 SERVER_ENV = "HYBRID_CONFORMANCE_REFERENCE_SERVER"
 #: Set to 1 to start every reference server with a fresh interpreter instead of the forkserver.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from conformance.checks.agreement import ServedStep
+from conformance.recordings import ServedStep
 from conformance.client import SGLangClient
 from conformance.workloads.prompts import extension, token_prompts
 from conformance.workloads.runners import cached_tokens, generate_tokens, output_ids, served_logprobs

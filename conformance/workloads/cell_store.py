@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from conformance.checks.leaks import OccupancySample
+from conformance.recordings import OccupancySample
 from conformance.matrix import Cell
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
-from conformance.checks.gsm8k import GSM8KAnswer, GSM8KRecording
+from conformance.recordings import GSM8KAnswer, GSM8KRecording
 from conformance.errors import KitError
 from conformance.workloads.gsm8k import FILTERS, GSM8KData, write_task
 

@@ -20,13 +20,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Mapping, Sequence
 
-from conformance.checks.leaks import (
-    IdleProbe,
-    SEQ_GAUGE,
-    after_flush_problems,
-    idle_invariant,
-    is_idle,
-)
+from conformance.checks.leaks import SEQ_GAUGE, after_flush_problems, idle_invariant, is_idle
+from conformance.recordings import IdleProbe
 from conformance.client import SGLangClient
 
 POLL_S = 0.1

@@ -1,5 +1,5 @@
 """The perf workload: timed requests against one cell's server, recorded as a
-:class:`~conformance.checks.perf.PerfRecording`.
+:class:`~conformance.recordings.PerfRecording`.
 
 Per repetition, after a flush (each repetition has its own seeded prompts):
 
@@ -27,10 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, OccupancySample, peak, track_slot_use
-from conformance.checks.perf import PerfRecording, RequestTiming
+from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, peak, track_slot_use
 from conformance.client import SGLangClient
 from conformance.errors import KitError
+from conformance.recordings import OccupancySample, PerfRecording, RequestTiming
 from conformance.workloads.prompts import extension, token_prompts
 from conformance.workloads.runners import OCCUPANCY_GAUGES, cache_enabled
 

@@ -11,20 +11,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from conformance.checks.kl import KLRecording, KLSequence, TokenLogprobs, TopK
-from conformance.checks.leaks import (
-    KV_GAUGE,
-    MAMBA_GAUGE,
-    RUNNING_GAUGE,
-    TRACK_GAUGES,
-    TRACK_SLOTS_GAUGE,
-    OccupancySample,
-    SessionRecording,
-    TurnResult,
-)
-from conformance.checks.prefix_branching import TreeRecording, TreeRequestRecord, consecutive_groups
+from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, RUNNING_GAUGE, TRACK_GAUGES, TRACK_SLOTS_GAUGE
+from conformance.checks.prefix_branching import consecutive_groups
 from conformance.client import SGLangClient
 from conformance.errors import KitError, ServerDiedError
+from conformance.recordings import (
+    KLRecording,
+    KLSequence,
+    OccupancySample,
+    SessionRecording,
+    TokenLogprobs,
+    TopK,
+    TreeRecording,
+    TreeRequestRecord,
+    TurnResult,
+)
 from conformance.workloads.prompts import extension
 from conformance.workloads.sessions import SessionScript
 from conformance.workloads.trees import BranchTree

@@ -9,7 +9,7 @@ untouched.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, call_losing_frees
+from conformance.sglang_plugins.faults.spec import Hook, call_losing_frees, sglang_fault
 
 NAME = "abort_leak"
 TARGET = "sglang.srt.mem_cache.common.release_kv_cache"
@@ -24,7 +24,7 @@ def release_forgetting_aborts(original, req, tree_cache, *args, **kwargs):
     return call_losing_frees(NAME, allocator, original, req, tree_cache, *args, **kwargs)
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "An aborted request (client abort while decoding, or an abort before it ran) does not "
     "return its mamba slots: its release runs with the mamba frees lost.",

@@ -9,7 +9,7 @@ Nothing that is computed changes; only the number reported to the client does.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "cached_tokens_overreport"
 MATCH_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.match_prefix"
@@ -36,7 +36,7 @@ def report_kv_hit(result, batch, *args, **kwargs):
     return result
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "meta_info.cached_tokens reports the full-attention KV prefix match instead of the "
     "mamba-floored hit that was reused.",

@@ -12,8 +12,7 @@ import functools
 import importlib
 
 from conformance.errors import KitError
-from conformance.sglang_plugins.activation import FAULT_ENV
-from conformance.sglang_plugins.faults.spec import SGLangFault
+from conformance.faults import SGLANG_FAULT_ENV, Fault
 
 _PKG = "conformance.sglang_plugins.faults."
 #: In docs order: SGLang's known regressions first, then the bug classes.
@@ -50,8 +49,8 @@ PROGRAMS_FAULTS = FAULT_MODULES[FAULT_MODULES.index("dup_insert_leak"):]
 
 
 @functools.lru_cache(maxsize=1)
-def faults() -> dict[str, SGLangFault]:
-    out: dict[str, SGLangFault] = {}
+def faults() -> dict[str, Fault]:
+    out: dict[str, Fault] = {}
     for module in FAULT_MODULES:
         fault = importlib.import_module(_PKG + module).FAULT
         if fault.name != module or fault.name in out:
@@ -60,8 +59,8 @@ def faults() -> dict[str, SGLangFault]:
     return out
 
 
-def get_fault(name: str) -> SGLangFault:
+def get_fault(name: str) -> Fault:
     known = faults()
     if name not in known:
-        raise KitError(f"{FAULT_ENV}={name!r}: unknown SGLang fault (known: {', '.join(known)})")
+        raise KitError(f"{SGLANG_FAULT_ENV}={name!r}: unknown SGLang fault (known: {', '.join(known)})")
     return known[name]

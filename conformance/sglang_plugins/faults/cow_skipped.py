@@ -7,7 +7,7 @@ so the request continues its prefill from a zeroed recurrent state after the hit
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "cow_skipped"
 TARGET = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.finalize_match_result_in_cache"
@@ -22,7 +22,7 @@ def skip_cow(result, component, params, *args, **kwargs):
     return result
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "On a cache hit the matched mamba state is not copied into the request's slot: the "
     "request continues from a zeroed recurrent state.",

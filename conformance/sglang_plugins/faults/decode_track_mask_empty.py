@@ -11,7 +11,7 @@ untouched track slot is inserted into the radix cache under it.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "decode_track_mask_empty"
 TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
@@ -26,7 +26,7 @@ def empty_device_mask(result, batch, *args, **kwargs):
     return result
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "At a decode track boundary the kernel receives an empty track mask while the "
     "scheduler's precomputed host mask marks the boundary: the state is never copied into "

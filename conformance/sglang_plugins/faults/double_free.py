@@ -7,7 +7,7 @@ pool counts one more free slot than it has and will hand the slot to two owners.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "double_free"
 TARGET = "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.free_mamba_cache"
@@ -22,7 +22,7 @@ def free_twice(original, pool, req, *args, **kwargs):
     return result
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "A finished request's working mamba slot is returned to the allocator twice: the free "
     "list holds it twice and the pool counts one slot more than it has.",

@@ -10,7 +10,7 @@ one sent again) leak one slot per duplicate.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired, plan_arg
+from conformance.sglang_plugins.faults.spec import Hook, fired, plan_arg, sglang_fault
 
 NAME = "dup_insert_leak"
 TARGET = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.cleanup_after_caching_req"
@@ -31,7 +31,7 @@ def cleanup_keeping_duplicate(original, component, req, *args, **kwargs):
     return out
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "When a prefill checkpoint is inserted under a key the tree already holds, the duplicate "
     "donated mamba slot is not given back: one slot leaked per duplicate insert.",

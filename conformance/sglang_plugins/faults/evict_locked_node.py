@@ -11,7 +11,7 @@ whose LRU walks the kit cannot hook; the lock is the Python-side entry it can.)
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "evict_locked_node"
 TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.lock"
@@ -32,7 +32,7 @@ def evict_under_lock(lock, cache, node_id, *args, **kwargs):
     return lock
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "When a request locks the radix node its hit matched, the node's mamba state is evicted "
     "anyway (its slot freed) while the tree keeps referencing it: the slot is counted twice, "

@@ -10,7 +10,7 @@ last": the final state of the extend, cached under the branch point's key.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "force_track_h_dropped"
 TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend"
@@ -25,7 +25,7 @@ def drop_plus_one(entry, batch, req, *args, **kwargs):
     return entry._replace(track_seqlen=aligned)
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "When a prefill must snapshot the state at a chunk-aligned position that is not the end of "
     "its extend (a branch point another request created), the +1 that makes the kernel read "

@@ -9,7 +9,7 @@ earlier chunk of its own -- and that state is cached under the request's prefix.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired, plan_arg
+from conformance.sglang_plugins.faults.spec import Hook, fired, plan_arg, sglang_fault
 
 NAME = "gdn_h_offset_floor"
 TARGET = "sglang.srt.layers.attention.mamba.prefill_track_metadata.build_prefill_track_plan"
@@ -30,7 +30,7 @@ def floor_offsets(plan, *args, **kwargs):
     return plan
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "In a batched gated-delta-net prefill, each request's offset into the per-chunk states "
     "is counted with floor instead of ceil of the previous requests' chunk counts: a request "

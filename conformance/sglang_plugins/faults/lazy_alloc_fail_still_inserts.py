@@ -11,7 +11,7 @@ allocation fails: ``SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL=1`` or a full mamba pool.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "lazy_alloc_fail_still_inserts"
 TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
@@ -32,7 +32,7 @@ def drop_in_place_track(result, batch, *args, **kwargs):
     return result
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "extra_buffer_lazy: when the boundary allocation of the second ping-pong slot fails, "
     "0.5.23 tracks the boundary in place in the keep slot; with this fault that write is "

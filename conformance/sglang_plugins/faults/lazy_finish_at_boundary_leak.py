@@ -9,7 +9,7 @@ Requests that finish anywhere else are untouched.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, call_losing_frees
+from conformance.sglang_plugins.faults.spec import Hook, call_losing_frees, sglang_fault
 
 NAME = "lazy_finish_at_boundary_leak"
 TARGET = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor.mamba_lazy_post_decode_at_boundary"
@@ -21,7 +21,7 @@ def post_decode_losing_on_finish(original, processor, req, batch, track_idx, *ar
     return call_losing_frees(NAME, batch.req_to_token_pool.mamba_allocator, original, processor, req, batch, track_idx, *args, **kwargs)
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "extra_buffer_lazy: a request that finishes on the very decode step that crosses a track "
     "boundary does not give back its old keep slot.",

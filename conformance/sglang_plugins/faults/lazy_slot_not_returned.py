@@ -9,7 +9,7 @@ off, so the old slot leaves the request but never returns to the pool.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, call_losing_frees
+from conformance.sglang_plugins.faults.spec import Hook, call_losing_frees, sglang_fault
 
 NAME = "lazy_slot_not_returned"
 TARGET = "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor.mamba_lazy_post_decode_at_boundary"
@@ -19,7 +19,7 @@ def post_decode_without_free(original, processor, req, batch, track_idx):
     return call_losing_frees(NAME, batch.req_to_token_pool.mamba_allocator, original, processor, req, batch, track_idx)
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "extra_buffer_lazy: after a decode track boundary the old keep slot is not freed when the "
     "temporary second slot becomes the keep slot: one mamba slot leaked per boundary crossed.",

@@ -8,7 +8,7 @@ computes them only from the hit on (``compute_extend_logprob_start_len``).
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "logprob_start_ignored"
 TARGET = "sglang.srt.managers.schedule_batch.Req._compute_max_prefix_len"
@@ -24,7 +24,7 @@ def limit_ignoring_logprob_start(original, req, input_len, *args, **kwargs):
     return limit
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "The prefix match ignores a requested logprob_start_len: a hit can cover positions whose "
     "input logprobs were asked for, and those are then missing or misplaced in the answer.",

@@ -10,7 +10,7 @@ a state of the wrong position, or of the previous request in the batch.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired, plan_arg
+from conformance.sglang_plugins.faults.spec import Hook, fired, plan_arg, sglang_fault
 
 NAME = "mamba2_track_index_global"
 TARGET = "sglang.srt.layers.attention.mamba.prefill_track_metadata.build_prefill_track_plan"
@@ -29,7 +29,7 @@ def global_index(plan, *args, **kwargs):
     return plan
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "In a Mamba2 prefill batch, a request whose tracked boundary is off the batch's flat "
     "chunk grid gets the state at the global grid index before it (the source index "

@@ -10,7 +10,7 @@ track interval stale.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "older_pingpong_inserted"
 TARGET = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent._select_finished_checkpoint"
@@ -28,7 +28,7 @@ def select_older(original, component, req, token_ids_len, *args, **kwargs):
     return cache_len, pool.get_mamba_ping_pong_other_idx(keep_idx)
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "extra_buffer: at finish, the older of the two ping-pong checkpoints is inserted under the "
     "newer one's length (after a decode that crossed two track boundaries).",

@@ -9,7 +9,7 @@ whose state went into the radix cache (the kept slot), two when nothing was inse
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "pingpong_leak_on_finish"
 TARGET = "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.free_mamba_cache"
@@ -25,7 +25,7 @@ def free_mamba_cache(original, pool, req, mamba_ping_pong_track_buffer_to_keep=N
     return original(pool, req, mamba_ping_pong_track_buffer_to_keep)
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "When a request finishes, its ping-pong track slots are not returned to the mamba pool: "
     "the free step sees them as empty and drops the references (one slot per finished "

@@ -9,7 +9,7 @@ finished turn (``_share_token_arrays`` trims back to the committed lengths).
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "session_abort_continues"
 CACHE_TARGET = "sglang.srt.session.streaming_session.StreamingSession.try_cache_finished_req"
@@ -38,7 +38,7 @@ def release_then_confirm(original, scheduler, req, *args, **kwargs):
     return out
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "Streaming session: after a turn is aborted, the next turn continues the aborted turn's "
     "partial tokens instead of the last finished turn.",

@@ -8,7 +8,7 @@ ping-pong track slots are dropped without being freed.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "session_pingpong_leak"
 TARGET = "sglang.srt.session.streaming_session.StreamingSession._free_slot_mamba"
@@ -26,7 +26,7 @@ def free_slot_mamba(session, slot):
     kv.mamba_ping_pong_empty = None
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "When a streaming session closes, its slot's stale ping-pong reference makes the release "
     "skip the session's mamba state: the working slot and its ping-pong track slots stay "

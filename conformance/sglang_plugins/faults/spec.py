@@ -1,13 +1,14 @@
 """How a seeded fault of real SGLang is declared, installed, and seen to fire.
 
 A fault module (one per fault, listed in ``catalogue.FAULT_MODULES``) exports ``FAULT``,
-a :class:`SGLangFault`: the real bug it models, the cells where it can show, and its
-:class:`Hook` records -- each a dotted SGLang symbol, a hook type of SGLang's
-``HookRegistry`` (``before``/``after``/``around``/``replace``) and the function.  Nothing
+a :class:`conformance.faults.Fault` of layer ``sglang`` made by :func:`sglang_fault`: the
+real bug it models, the cells where it can show, and its :class:`Hook` records -- each a
+dotted SGLang symbol, a hook type of SGLang's ``HookRegistry``
+(``before``/``after``/``around``/``replace``) and the function.  Nothing
 here imports SGLang at import time, so ``docs/faults.md`` and the ``mutants`` plans can
 read the catalogue anywhere.
 
-Inside a server (scheduler process only) :meth:`SGLangFault.install` registers the hooks
+Inside a server (scheduler process only) :func:`install` registers the hooks
 through SGLang's registry, applies them, and proves each one took effect (the registry
 only logs a target it could not patch).  A hook calls :func:`fired` when the fault
 actually changes what SGLang does; the first firings are appended to the plugin report
@@ -20,6 +21,8 @@ from __future__ import annotations
 import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from conformance.faults import Fault
 
 HOOK_TYPES = ("before", "after", "around", "replace")
 #: Firings written to the plugin report: the first ten, then every power of ten.
@@ -44,44 +47,37 @@ class Hook:
             raise ValueError(f"Hook {self.target}: how={self.how!r}, allowed {HOOK_TYPES}")
 
 
-@dataclass(frozen=True)
-class SGLangFault:
-    """A seeded fault of real SGLang (selected by ``HYBRID_CONFORMANCE_SGLANG_FAULT``).
+def sglang_fault(name: str, description: str, real_bug: str, observable: str, hooks: tuple[Hook, ...], *,
+                 strategies: tuple[str, ...] = ("extra_buffer",), families: tuple[str, ...] = ("qwen3-next",),
+                 suites: tuple[str, ...] = ("kl",), cell_fault: str = "none") -> Fault:
+    """A seeded fault of real SGLang (layer ``sglang``, selected by ``HYBRID_CONFORMANCE_SGLANG_FAULT``).
 
     ``real_bug``: the SGLang bug (PR) or bug class it stands for; ``observable``: what a
     check sees; ``strategies`` / ``families`` (model families): where it can show (the ``mutants`` plan picks
     the cheapest such cell); ``suites``: the suites whose checks must catch it, first the one
     expected to; ``cell_fault``: the matrix fault of that cell when the fault
     needs one too (e.g. ``lazy_alloc_fail``: SGLang's own ``SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL``).
+    Where it is injected is read off its hooks.
     """
+    return Fault(
+        name, "sglang", description, real_bug, ", ".join(f"{h.target} ({h.how.upper()})" for h in hooks), observable,
+        suites=suites, strategies=strategies, families=families, cell_fault=cell_fault, hooks=tuple(hooks),
+    )
 
-    name: str
-    description: str
-    real_bug: str
-    observable: str
-    hooks: tuple[Hook, ...]
-    strategies: tuple[str, ...] = ("extra_buffer",)
-    families: tuple[str, ...] = ("qwen3-next",)
-    suites: tuple[str, ...] = ("kl",)
-    cell_fault: str = "none"
 
-    @property
-    def injected_at(self) -> str:
-        return ", ".join(f"{h.target} ({h.how.upper()})" for h in self.hooks)
+def install(fault: Fault, role: str) -> dict[str, Any]:
+    """Register and apply ``fault``'s hooks in SGLang's scheduler process; prove they took effect."""
+    if role != "scheduler":
+        return {}
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    def install(self, role: str) -> dict[str, Any]:
-        """Register and apply the hooks in SGLang's scheduler process; prove they took effect."""
-        if role != "scheduler":
-            return {}
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-        for h in self.hooks:
-            HookRegistry.register(h.target, h.fn, HookType(h.how))
-        HookRegistry.apply_hooks()
-        missing = [h.target for h in self.hooks if not _takes_effect(h)]
-        if missing:
-            raise FaultInstallError(f"fault {self.name}: hook did not take effect on {', '.join(missing)} (renamed in this SGLang release?)")
-        return {"fault": self.name, "hooks": [f"{h.how}:{h.target}" for h in self.hooks]}
+    for h in fault.hooks:
+        HookRegistry.register(h.target, h.fn, HookType(h.how))
+    HookRegistry.apply_hooks()
+    missing = [h.target for h in fault.hooks if not _takes_effect(h)]
+    if missing:
+        raise FaultInstallError(f"fault {fault.name}: hook did not take effect on {', '.join(missing)} (renamed in this SGLang release?)")
+    return {"fault": fault.name, "hooks": [f"{h.how}:{h.target}" for h in fault.hooks]}
 
 
 def _takes_effect(hook: Hook) -> bool:

@@ -7,7 +7,7 @@ calls for the copy-on-write of cache hits only.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "state_drift"
 TARGET = "sglang.srt.mem_cache.memory_pool.HybridReqToTokenPool.copy_mamba_state"
@@ -26,7 +26,7 @@ def drift(result, pool, src_index, dst_index, *args, **kwargs):
     return result
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     f"On a cache hit the copied SSM state of the first recurrent layer is scaled by {SCALE}: a "
     "small drift on hits only, which greedy tokens may hide but logprobs do not.",

@@ -9,7 +9,7 @@ covers every committed token.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired, plan_arg
+from conformance.sglang_plugins.faults.spec import Hook, fired, plan_arg, sglang_fault
 
 NAME = "stop_finish_key_short"
 TARGET = "sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.prepare_for_caching_req"
@@ -27,7 +27,7 @@ def prepare_short_on_stop(original, component, req, *args, **kwargs):
     return cache_len
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "no_buffer: a request finished by a stop condition (a stop token, EOS, a stop string) is "
     "inserted under a key one token shorter than the state it donates.",

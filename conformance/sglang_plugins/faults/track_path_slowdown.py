@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "track_path_slowdown"
 PREFILL_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend"
@@ -38,7 +38,7 @@ def slow_decode_track(*args, **kwargs):
     fired(NAME, where="decode", sleep_s=DECODE_SLEEP_S)
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     f"The mamba track path is slower: {PREFILL_SLEEP_S:g} s more per request of a prefill batch "
     f"while SGLang plans its track entry, {DECODE_SLEEP_S:g} s more per decode step while it "

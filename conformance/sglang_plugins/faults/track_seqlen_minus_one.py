@@ -10,7 +10,7 @@ and one that ends one token past it the state one token late.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, SGLangFault, fired
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "track_seqlen_minus_one"
 TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend"
@@ -25,7 +25,7 @@ def one_short(entry, batch, req, *args, **kwargs):
     return entry._replace(track_seqlen=entry.track_seqlen - 1)
 
 
-FAULT = SGLangFault(
+FAULT = sglang_fault(
     NAME,
     "The position where the kernel snapshots a prefill's recurrent state is one token short of "
     "what SGLang computes, while the snapshot is still cached under SGLang's key: an extend "

@@ -1,8 +1,9 @@
 """Pool tier: SGLang's real Mamba memory management driven on CPU with no model.
 
-``driver`` is the contract every SGLang-facing pool driver offers (the drivers themselves
-live in ``conformance.sglang_api``, the only package that imports sglang internals);
-``harness.PoolHarness`` picks the one the installed release fits; ``runtime`` builds the
-ServerArgs per cell; ``state_marker`` stands in for model states; ``invariants`` holds the
-checks; ``machine`` is the hypothesis state machine; ``scenarios`` the scripted ones.
+The drivers, their contract (``pool_driver``), the ServerArgs per cell (``pool_runtime``)
+and the state marker that stands in for model states (``state_marker``) live in
+``conformance.sglang_api``, the only package that imports sglang internals; this package
+imports them and never the other way.  ``harness.PoolHarness`` builds the driver the
+installed release fits; ``invariants`` holds the checks; ``machine`` is the hypothesis
+state machine; ``scenarios`` the scripted ones.
 """

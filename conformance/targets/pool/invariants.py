@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from conformance.sglang_api import state_marker
+from conformance.sglang_api.pool_base import record_slots
 from conformance.strategy import strategy_named
-from conformance.targets.pool import state_marker
 
 
 class PoolInvariantError(AssertionError):
@@ -107,8 +108,6 @@ def slot_partition(h) -> None:
 
 def _record_slots(kv) -> list[int]:
     """Mamba slots a detached request record (a streaming session's) holds."""
-    from conformance.sglang_api.pool import record_slots
-
     return record_slots(kv)
 
 

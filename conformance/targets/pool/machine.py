@@ -23,8 +23,8 @@ from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from conformance.sglang_api.pool_driver import PoolExhausted
 from conformance.targets.pool import invariants
-from conformance.targets.pool.driver import PoolExhausted
 
 
 class OracleMismatch(AssertionError):

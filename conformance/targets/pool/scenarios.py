@@ -23,11 +23,12 @@ import os
 from typing import Callable
 
 from conformance.checks.prefix_oracle import PrefixOracle
+from conformance.sglang_api import pool
+from conformance.sglang_api.pool_runtime import PoolKey
 from conformance.strategy import BUFFERED, LAZY, NAMES
 from conformance.targets.pool import invariants
 from conformance.targets.pool.harness import PoolExhausted, PoolHarness, PoolSizes
 from conformance.targets.pool.machine import OracleMismatch, pool_machine
-from conformance.targets.pool.runtime import PoolKey
 
 
 def oracle_for(h: PoolHarness) -> PrefixOracle:
@@ -278,8 +279,6 @@ def not_applicable(name: str, key: PoolKey) -> str | None:
 
     The kit's own applicability (strategies) first, then the release: a strategy it
     predates (its parser's own line) and what the driver that fits it cannot drive."""
-    from conformance.sglang_api import pool
-
     _fn, strategies = SCENARIOS[name]
     if key.strategy not in strategies:
         return f"scenario {name} applies to {', '.join(strategies)} only"

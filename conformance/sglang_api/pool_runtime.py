@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.errors import KitError
+from conformance.faults import LAZY_ALLOC_FAIL_ENV
 from conformance.strategy import strategy_named
 
 GDN_FAMILIES = ("qwen3-next",)
@@ -46,7 +47,7 @@ class PoolKey:
     @classmethod
     def from_cell(cls, cell) -> "PoolKey":
         env = dict(cell.env)
-        unknown = set(env) - {"SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL"}
+        unknown = set(env) - {LAZY_ALLOC_FAIL_ENV}
         if unknown:
             raise KitError(f"cell {cell.id}: the pool tier cannot inject env {', '.join(sorted(unknown))}")
         chunk = cell.model.mamba_chunk_size if cell.model.family not in GDN_FAMILIES else 64
@@ -55,7 +56,7 @@ class PoolKey:
             page_size=cell.page_size,
             track_interval=cell.track_interval,
             model_chunk=chunk,
-            lazy_alloc_fail=env.get("SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL", "0") not in ("", "0"),
+            lazy_alloc_fail=env.get(LAZY_ALLOC_FAIL_ENV, "0") not in ("", "0"),
         )
 
 

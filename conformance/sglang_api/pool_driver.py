@@ -3,9 +3,11 @@
 A driver (``conformance.sglang_api.pool_kv.KvPoolDriver`` for the ``req.kv`` lifecycle,
 ``conformance.sglang_api.pool_legacy.LegacyPoolDriver`` for the older one with the cache
 state on the ``Req``) builds SGLang's real pools and radix tree for one
-:class:`~conformance.targets.pool.runtime.PoolKey` and drives requests through SGLang's
-own lifecycle functions.  Scenarios, the state machine and the invariants talk to it only
-through the names below, so they run unchanged on every release a driver fits.
+:class:`~conformance.sglang_api.pool_runtime.PoolKey` and drives requests through SGLang's
+own lifecycle functions; it is built as ``Driver(key, sizes, api=api)`` with the namespace
+``conformance.sglang_api.pool.load()`` returns (what both drivers share is in
+``pool_base``).  Scenarios, the state machine and the invariants (``conformance.targets.pool``)
+talk to it only through the names below, so they run unchanged on every release a driver fits.
 
 Operations: ``admit``, ``adopt``, ``prefill_chunk``, ``decode``, ``finish``, ``evict``,
 ``evict_all``, ``flush``, ``activate``, ``fresh_token``, ``reuse(req, prompt)`` (a finished Req

@@ -1,5 +1,6 @@
 """Start the reference server as a child process (for tests and the benchmark) with the
-kit's launcher: free port on 127.0.0.1, /health polled with a deadline, group kill on stop."""
+kit's launcher: free port on 127.0.0.1, /health polled with a deadline, group kill on stop.
+It lives with the targets (the launching side), so the engine package never imports them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 from conformance.targets.launcher import ServerProcess, free_port
+from conformance.targets.reference import PRELOAD
 
 
 def start_reference(log_dir: Path, *args: str, env: dict | None = None,
@@ -16,8 +18,6 @@ def start_reference(log_dir: Path, *args: str, env: dict | None = None,
     The caller must ``stop()`` the process (a failed start is already stopped)."""
     port = free_port()
     argv = [sys.executable, "-m", "conformance.reference.server", *args, "--port", str(port)]
-    from conformance.targets.reference import PRELOAD
-
     sp = ServerProcess(name="reference", argv=argv, health_url=f"http://127.0.0.1:{port}/health",
                        log_path=Path(log_dir) / f"reference-{port}.log",
                        env={"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})},

@@ -1,0 +1,111 @@
+"""The one record of a seeded fault, for every layer, and the env vars that switch faults on.
+
+A :class:`Fault` says what the fault is (``description``), the real bug it mimics
+(``real_bug``), its layer and so how it is switched on (:attr:`Fault.switch`), where it is
+injected (``injected_at``), what a check sees (``observable``) and which suites are expected
+to catch it (``suites``), plus where it can show (``strategies``, ``families``,
+``cell_fault``) for the ``mutants`` plans.  Each layer keeps its own registry of these
+records and its own injection code:
+
+* ``reference``: the reference engine's hooks ask its ``FaultSwitch``
+  (``conformance/reference/faults.py``, ``program_faults.py``);
+* ``reference-pd``: the reference engine's PD roles (``conformance/reference/pd.py``);
+* ``pool``: monkeypatches of SGLang's real pool classes, the record's ``patch``
+  (``conformance/mutants/pool_faults.py``);
+* ``sglang``: hooks in a real SGLang server, the record's ``hooks``
+  (``conformance/sglang_plugins/faults/``).
+
+Imported inside real SGLang server processes and by the reference engine: it imports
+nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: The reference engine's fault (and the pool tier's, under ``-p conformance.mutants.pool_faults``).
+FAULT_ENV = "HYBRID_CONFORMANCE_FAULT"
+#: The reference engine's PD fault (seen by the PD roles only).
+PD_FAULT_ENV = "HYBRID_CONFORMANCE_PD_FAULT"
+#: The real-SGLang fault, loaded by the ``hybrid_conformance_faults`` general plugin.
+SGLANG_FAULT_ENV = "HYBRID_CONFORMANCE_SGLANG_FAULT"
+#: SGLang's own test switch that makes the lazy ping-pong slot allocation fail.
+LAZY_ALLOC_FAIL_ENV = "SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL"
+#: Every seeded-fault switch the kit knows (its own three and SGLang's lazy alloc-fail switch).
+FAULT_SWITCHES = (FAULT_ENV, PD_FAULT_ENV, SGLANG_FAULT_ENV, LAZY_ALLOC_FAIL_ENV)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """Where a fault lives: the env var that names it and how it is switched on there."""
+
+    name: str
+    title: str
+    env: str
+    how: str
+
+
+LAYERS: dict[str, Layer] = {layer.name: layer for layer in (
+    Layer("reference", "Reference engine", FAULT_ENV,
+          f"switched on with `{FAULT_ENV}=<name>` (read once, in `conformance/reference/faults.py`)"),
+    Layer("reference-pd", "Reference PD roles", PD_FAULT_ENV,
+          f"switched on with `{PD_FAULT_ENV}=<name>` (read in `conformance/reference/pd.py`, seen by the PD roles only)"),
+    Layer("pool", "Pool tier (SGLang's real classes)", FAULT_ENV,
+          f"monkeypatches loaded with `pytest -p conformance.mutants.pool_faults` and `{FAULT_ENV}=<name>`"),
+    Layer("sglang", "Real SGLang (targets `sglang-cpu` and `sglang`)", SGLANG_FAULT_ENV,
+          "hooks registered through SGLang's own `HookRegistry` by the kit's general plugin `hybrid_conformance_faults`, "
+          f"in the scheduler process of the servers the kit launches, when `{SGLANG_FAULT_ENV}=<name>` "
+          "is set (one module per fault in `conformance/sglang_plugins/faults/`; each hook proves it took effect and "
+          "reports when it fires). Scored with `hybrid-conformance mutants --target sglang-cpu` (one real SGLang server "
+          "per run; the CI subset is `hybrid-conformance mutants --target sglang-cpu --fast`); each is first shown "
+          "harmful by a direct probe in `tests/test_sglang_fault_probes.py`"),
+)}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A seeded fault of any layer (see the module docstring).
+
+    ``hooks`` (layer ``sglang``: the SGLang ``Hook`` records) and ``patch`` (layer ``pool``:
+    ``patch(api, setattr_like)``) are the layer's own injection; ``strategies`` /
+    ``families`` empty means any; ``suites``: the suites whose checks must catch it, first
+    the one expected to; ``cell_fault``: the matrix fault its cell needs too.
+    """
+
+    name: str
+    layer: str
+    description: str
+    real_bug: str
+    injected_at: str = ""
+    observable: str = ""
+    suites: tuple[str, ...] = ()
+    strategies: tuple[str, ...] = ()
+    families: tuple[str, ...] = ()
+    cell_fault: str = "none"
+    hooks: tuple[Any, ...] = ()
+    patch: Callable[[Any, Callable], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.layer not in LAYERS:
+            raise ValueError(f"fault {self.name}: layer {self.layer!r}, known: {', '.join(LAYERS)}")
+
+    @property
+    def env(self) -> str:
+        """The env var that switches this fault on."""
+        return LAYERS[self.layer].env
+
+    @property
+    def switch(self) -> str:
+        """How to switch it on, as typed: ``ENV=name``."""
+        return f"{self.env}={self.name}"
+
+
+def registry(*faults: Fault) -> dict[str, Fault]:
+    """Name -> fault; a name given twice is an error."""
+    out: dict[str, Fault] = {}
+    for f in faults:
+        if f.name in out:
+            raise ValueError(f"fault {f.name} declared twice")
+        out[f.name] = f
+    return out

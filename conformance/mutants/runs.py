@@ -1,0 +1,192 @@
+"""One run of ``hybrid-conformance mutants``: a plan's pytest selection, clean or with one
+seeded fault switched on, judged into an :class:`Outcome` (caught, and by which checks).
+
+Caught = some check of report.json failed, or the run errored (e.g. the cell teardown found
+the pools not idle, or a real SGLang server died and its log says why); for a plan running
+the perf suite, ``compare`` flags a perf ratio against the plan's clean run.  A real-SGLang
+fault whose hooks never fired was not reached.  A run that times out proved nothing: a
+fault is then NOT caught and a clean run fails; the timed-out pytest is killed with its
+whole process group (servers included).  Used by :mod:`conformance.mutants.command` (the
+scores) and :mod:`conformance.mutants.power` (scripted suites vs request programs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from conformance.faults import FAULT_ENV
+from conformance.mutants.catalogue import MutantPlan
+
+PKG = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Outcome:
+    name: str
+    caught: bool
+    by: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    exit_code: int = 0
+    fired: int | None = None  # real-SGLang faults: how often the fault's hooks changed SGLang's behaviour
+    timed_out: bool = False
+
+
+def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
+    argv = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *(["-x"] if plan.stop_at_first else [])]
+    if plan.target == "pool":
+        argv += [str(PKG / "leaks"), "--target", "pool", "-m", "pool", "-p", "conformance.mutants.pool_faults"]
+        if plan.keyword:
+            argv += ["-k", plan.keyword]
+    else:
+        argv += [str(PKG / s) for s in plan.suites]
+        argv += ["--target", plan.target, "-m", "not pool", f"--report-dir={report_dir}"]
+    for flag, value in (("--models", plan.models), ("--strategies", plan.strategies), ("--page-sizes", plan.page_sizes), ("--tier", plan.tier), ("--faults", plan.faults)):
+        if value:
+            argv.append(f"{flag}={value}")
+    argv.append("--timeout=600")
+    argv += list(plan.extra_args)
+    return argv
+
+
+def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
+    found: list[str] = []
+    path = report_dir / "report.json"
+    if path.exists():
+        report = json.loads(path.read_text())
+        for cell in report.get("cells", []):
+            for check, v in cell.get("checks", {}).items():
+                if v.get("status") == "fail":
+                    found.append(f"{check}: {(v.get('reason') or '')[:110]}")
+                elif v.get("status") == "error":
+                    found.append(f"{check} error: {(v.get('reason') or '')[:110]}")
+    for line in output.splitlines():
+        if not line.startswith(("ERROR ", "FAILED ")):
+            continue
+        why = line.split(" - ", 1)[-1].strip() if " - " in line else line.strip()
+        if "server is not serving" in why or "exited during start-up" in why:
+            found.append(_died_line(why, report_dir))
+        elif "pools not idle" in why:
+            found.append(f"cell teardown: {why.split(': ', 1)[-1][:110]}")
+        elif "/leaks/test_pool" in line or "test_pool_" in line:
+            found.append(f"pool invariants: {why[:110]}")
+        elif line.startswith("ERROR "):
+            found.append(f"error: {why[:110]}")
+    if exit_code not in (0, 5) and not found:
+        found.append(f"pytest exit {exit_code}")
+    return list(dict.fromkeys(found))
+
+
+_EXIT_CODE = re.compile(r"exit(?:ed)?(?: during start-up)? with (?:code|status) (-?\d+)")
+_POOL_LINE = re.compile(r"\[(\w+)\] total=(\d+), available=(-?\d+), evictable=(-?\d+), protected=(-?\d+), session_held=(-?\d+), uncached=(-?\d+)")
+
+
+def _leak_line(log: str) -> str:
+    """SGLang's idle-check report in one line: the pools whose terms do not add up (the
+    report spans one line per pool), else the first leak/error line of the log."""
+    from conformance.checks.leaks import scan_log
+
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if "memory leak detected" not in line:
+            continue
+        block = [line] + [ln for ln in lines[i + 1 : i + 8] if ln.startswith("[")]
+        bad = [ln[m.start():].strip() for ln in block for m in _POOL_LINE.finditer(ln) if sum(map(int, m.groups()[2:])) != int(m.group(2))]
+        return "SGLang's idle check: memory leak detected: " + " | ".join(bad or [line.strip()])
+    found = scan_log(log)
+    return found[0] if found else ""
+
+
+def _died_line(why: str, report_dir: Path) -> str:
+    """A dead server in one line: its exit code and what its log says killed it."""
+    code = _EXIT_CODE.search(why)
+    head = f"server died (exit {code.group(1)})" if code else "server died"
+    for log in sorted((report_dir / "logs").glob("*.log")):
+        line = _leak_line(log.read_text(errors="replace"))
+        if line:
+            return f"{head}: {line[:240]}"
+    return f"{head}: {why.split('server is not serving: ', 1)[-1][:110]}"
+
+
+def fired_count(report_dir: Path, fault: str) -> int:
+    """How often a real-SGLang fault's hooks fired in the servers of one run (plugin reports)."""
+    from conformance.sglang_plugins.activation import FAULT_PLUGIN, read_report
+
+    counts = [0]
+    for path in (report_dir / "logs").glob("*.plugins.jsonl"):
+        counts += [int(r.get("count", 0)) for r in read_report(path) if r.get("plugin") == FAULT_PLUGIN and r.get("status") == "fired" and r.get("fault") == fault]
+    return max(counts)
+
+
+def perf_regressions(clean_dir: Path, report_dir: Path) -> list[str]:
+    """``compare``'s perf rows between the clean run of a plan and a fault's run of it."""
+    from conformance.report.compare import compare_files
+
+    if not (clean_dir / "report.json").exists() or not (report_dir / "report.json").exists():
+        return []
+    rows = compare_files(clean_dir / "report.json", report_dir / "report.json").rows
+    return [f"perf (compare): {r.cell} {r.check} {r.old} -> {r.new}" for r in rows if r.kind == "perf"]
+
+
+def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
+    report_dir = out_dir / (fault or "clean") / plan.key
+    report_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}  # keep the short summary's reasons
+    env.pop(FAULT_ENV, None)
+    env.pop(plan.fault_env, None)
+    if fault:
+        env[plan.fault_env] = fault
+    t0 = time.monotonic()
+    code, output, timed_out = run_bounded(_pytest_argv(plan, report_dir), env=env, timeout_s=plan.timeout_s)
+    (report_dir / "pytest.log").write_text(output)
+    if timed_out:  # proves nothing either way: not caught, and a clean run that fails
+        why = f"timed out after {plan.timeout_s:.0f}s: not caught" if fault else f"timed out after {plan.timeout_s:.0f}s"
+        return Outcome(fault or "clean", fault is None, [why], time.monotonic() - t0, code, timed_out=True)
+    by = _caught_by(report_dir, output, code)
+    if fault and plan.suites[:1] == ("perf",):  # a slowdown fails no check: compare against the clean run catches it
+        by += perf_regressions(out_dir / "clean" / plan.key, report_dir)
+    if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
+        return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code)
+    if plan.target == "sglang-cpu":
+        return _judge_sglang(plan, fault, by, code, report_dir, time.monotonic() - t0)
+    return Outcome(fault or "clean", bool(by) or code != 0, by, time.monotonic() - t0, code)
+
+
+def run_bounded(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tuple[int, str, bool]:
+    """(exit code, output, timed out): the child runs in its own process group, which is
+    SIGTERMed then SIGKILLed on timeout so no server it started outlives it."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+        return proc.returncode, output or "", False
+    except subprocess.TimeoutExpired:
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                output, _ = proc.communicate(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                output = ""
+        return -1, (output or "") + f"\ntimed out after {timeout_s:.0f}s", True
+
+
+def _judge_sglang(plan: MutantPlan, fault: str | None, by: list[str], code: int, report_dir: Path, seconds: float) -> Outcome:
+    """Real SGLang: a timed-out run is not caught; a fault that never fired was not reached."""
+    if code == -1:
+        return Outcome(fault or "clean", fault is None, [f"timed out after {plan.timeout_s:.0f}s on {plan.key}"], seconds, code)
+    if fault is None:
+        return Outcome("clean", bool(by) or code != 0, by, seconds, code)
+    fired = fired_count(report_dir, fault)
+    if not fired:
+        return Outcome(fault, False, [f"never reached: {fault} did not fire on {plan.key}", *by], seconds, code, 0)
+    return Outcome(fault, bool(by) or code != 0, by, seconds, code, fired)
