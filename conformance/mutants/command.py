@@ -34,6 +34,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from conformance.errors import KitError
+from conformance.targets.registry import target_for
 from conformance.mutants.catalogue import (
     FAST_POOL,
     FAST_REFERENCE,
@@ -61,8 +62,8 @@ class Outcome:
 
 def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
     argv = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *(["-x"] if plan.stop_at_first else [])]
-    if plan.target == "pool":
-        argv += [str(PKG / "leaks"), "--target", "pool", "-m", "pool", "-p", "conformance.mutants.pool_faults"]
+    if target_for(plan).pool_only:
+        argv += [str(PKG / "leaks"), "--target", plan.target, "-m", "pool", "-p", "conformance.mutants.pool_faults"]
         if plan.keyword:
             argv += ["-k", plan.keyword]
     else:
@@ -174,7 +175,7 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
         by += perf_regressions(out_dir / "clean" / plan.key, report_dir)
     if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
         return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code)
-    if plan.target == "sglang-cpu":
+    if target_for(plan).kit_plugins:
         return _judge_sglang(plan, fault, by, code, report_dir, time.monotonic() - t0)
     return Outcome(fault or "clean", bool(by) or code != 0, by, time.monotonic() - t0, code)
 
@@ -245,7 +246,7 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
         keep = {"reference": FAST_REFERENCE, "pool": FAST_POOL, "sglang-cpu": FAST_SGLANG_CPU}[target]
         plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in keep}
     not_applicable: dict[str, str] = {}
-    if target == "sglang-cpu":  # a cell runs only the suites the selected faults need
+    if target_for(target).kit_plugins:  # a cell runs only the suites the selected faults need
         not_applicable = sglang_not_applicable(tuple(plans))
         for name, line in not_applicable.items():
             console.print(f"{escape(name)}: not applicable: {escape(line)}")

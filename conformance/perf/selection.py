@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from conformance.targets.registry import PERF_TARGETS, target_for
+
 SUITE_DIR = Path(__file__).resolve().parent
-REAL_TARGETS = ("sglang-cpu", "sglang")
 
 
 def asked_for(markexpr: str | None, args: Iterable[str]) -> bool:
@@ -32,8 +33,8 @@ def not_selected(target: str, tier: str, *, asked: bool) -> str | None:
     """Why perf tests are left out of a run (None: they run)."""
     if asked:
         return None
-    if target not in REAL_TARGETS:
-        return f"perf runs on the real targets ({', '.join(REAL_TARGETS)}); on {target} only when asked for (--suite perf)"
+    if not target_for(target).perf:
+        return f"perf runs on the real targets ({', '.join(PERF_TARGETS)}); on {target} only when asked for (--suite perf)"
     if tier == "premerge":
         return "perf runs in the standard and nightly tiers; in premerge only when asked for (--suite perf)"
     return None
