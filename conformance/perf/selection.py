@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from conformance.matrix import DEFAULT_TIER
+from conformance.run_state import run_state
 from conformance.targets.registry import PERF_TARGETS, target_for
 
 SUITE_DIR = Path(__file__).resolve().parent
@@ -45,9 +47,6 @@ def pytest_collection_modifyitems(config, items) -> None:
     marked = [item for item in items if item.get_closest_marker("perf") is not None]
     if not marked:
         return
-    from conformance.matrix import DEFAULT_TIER
-    from conformance.plugin import run_state
-
     options = run_state(config).options
     if not_selected(options.target, options.tier or DEFAULT_TIER, asked=asked_for(config.option.markexpr, config.args)) is None:
         return

@@ -74,7 +74,7 @@ class Target:
     validates_commands: bool = False
     #: The target the agreement suite compares this one with (None: agreement n/a).
     agrees_with: str | None = None
-    #: Options of this target that ``run`` forwards to pytest.
+    #: Its own options (dests) that ``run`` forwards to pytest (``conformance.options.forward``).
     forwards: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ questions
@@ -117,17 +117,6 @@ class Target:
     def idle_deadline_s(self) -> float:
         """How long idle gauges may take: SGLang refreshes them lazily (up to 30 s)."""
         return 5.0 if self.kit_engine else 45.0
-
-    def forwarded(self, args: Any) -> list[str]:
-        """This target's own options as ``run`` hands them to pytest."""
-        out = []
-        for dest in self.forwards:
-            value = getattr(args, dest, None)
-            if isinstance(value, bool):
-                out += [f"--{dest.replace('_', '-')}"] if value else []
-            else:
-                out.append(f"--{dest.replace('_', '-')}={value}")
-        return out
 
 
 def _sglang(options: Any) -> ServerTarget:
