@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from conformance.errors import KitError
-from conformance.matrix import DEFAULT_TARGET, TARGETS as TARGET_NAMES, Cell
+from conformance.matrix import TARGETS as TARGET_NAMES, Cell
 from conformance.targets.base import ServerTarget
 from conformance.targets.reference import ReferenceTarget
 from conformance.targets.sglang import SGLangTarget
@@ -160,5 +160,5 @@ def target_for(what: Any) -> Target:
 
 
 def target_help() -> str:
-    """``--target`` help: every target, the default marked."""
-    return "who answers: " + ", ".join(f"{t.name} ({t.help}{', default' if t.name == DEFAULT_TARGET else ''})" for t in _ALL)
+    """``--target`` help: every target and what it is (the fronts add the default)."""
+    return "who answers: " + ", ".join(f"{t.name} ({t.help})" for t in _ALL)

@@ -16,16 +16,11 @@ from typing import Any, Iterator
 from conformance.client import SGLangClient
 from conformance.errors import KitError, PortTakenError, ServerStartError
 from conformance.matrix import Cell
-from conformance.targets.base import Endpoint, LaunchSpec, ServerTarget
+from conformance.targets.base import Endpoint, LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.plugin_proof import check_plugins
 from conformance.targets.registry import target_for
 from conformance.targets.sglang import gpus_for_worker
-
-
-def make_target(options: Any) -> ServerTarget:
-    """The launch-spec maker of the selected target (KitError when it serves no HTTP cell)."""
-    return target_for(options).launcher(options)
 
 
 def worker_index() -> int:
