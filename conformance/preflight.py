@@ -189,7 +189,7 @@ def gpu_line(req: Request) -> Line:
     worst = max(req.cells, key=lambda c: gpus_needed(c, twins=req.twins, suites=req.suites))
     visible, source = visible_gpus()
     if not visible:
-        return Line("gpus", False, f"target sglang serves on CUDA GPUs (cell {worst.id} needs {need}); this machine has none ({source})", NO_GPU_HINT)
+        return Line("gpus", False, f"target {req.target} serves on CUDA GPUs (cell {worst.id} needs {need}); this machine has none ({source})", NO_GPU_HINT)
     if need > req.gpus_per_worker:
         return Line("gpus", False, f"cell {worst.id} needs {need} GPUs per worker but --gpus-per-worker is {req.gpus_per_worker}",
                     f"use --gpus-per-worker {need} (or select cells with a smaller tp size)")
