@@ -152,7 +152,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 #: verb runs (``run`` brings pytest, the report and hypothesis; ``--help`` needs none of them).
 COMMANDS: dict[str, str | Callable[[argparse.Namespace], int]] = {
     "run": "conformance.commands.run:cmd_run", "preflight": "conformance.commands.preflight:cmd_preflight",
-    "plan": "conformance.commands.plan:cmd_plan", "fuzz": "conformance.commands.run:cmd_fuzz",
+    "plan": "conformance.commands.plan:cmd_plan", "fuzz": "conformance.commands.fuzz:cmd_fuzz",
     "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants, "history": cmd_history, "replay": cmd_replay,
 }
 

@@ -1,5 +1,5 @@
-"""The pytest front: ``run`` (preflight first, then pytest with the selection passed
-through, then the summary table) and ``fuzz`` (a ``run`` of the request-program suite)."""
+"""The pytest front, ``run``: preflight first, then pytest with the selection passed
+through, then the summary table."""
 
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ import pytest
 from conformance.commands.preflight import preflight_for, refuse
 from conformance.commands.selection import selected_cells, suites_for, workers
 from conformance.matrix import Cell
-from conformance.options import PROGRAM_OPTIONS, forward
+from conformance.options import forward
 from conformance.preflight import PREFLIGHT_FILE_ENV, preflight_only
 from conformance.progress import ProgressPlugin, wanted
-from conformance.programs.explore import parse_budget
 from conformance.report import build_report, write_report
 from conformance.runreport import run_facts
 from conformance.summary import print_summary
@@ -90,11 +89,3 @@ def write_refused_report(args: argparse.Namespace, cells: list[Cell], pre: Any, 
         write_report(report, report_dir)
     except OSError:
         pass
-
-
-def cmd_fuzz(args: argparse.Namespace) -> int:
-    parse_budget(args.budget)  # one line before anything starts
-    extra = forward(args, PROGRAM_OPTIONS)
-    run_args = argparse.Namespace(**{**vars(args), "suite": "programs", "markexpr": None, "keyword": None, "gsm8k_dir": None,
-                                     "with_pool": False, "pytest_args": [*extra, *args.pytest_args]})
-    return cmd_run(run_args)
