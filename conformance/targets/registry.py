@@ -16,7 +16,7 @@ never the reverse.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from conformance.errors import KitError
 from conformance.matrix import TARGETS as TARGET_NAMES, Cell
@@ -159,6 +159,6 @@ def target_for(what: Any) -> Target:
         raise KitError(f"--target: unknown value {name!r}; allowed: {', '.join(TARGETS)}") from None
 
 
-def target_help() -> str:
-    """``--target`` help: every target and what it is (the fronts add the default)."""
-    return "who answers: " + ", ".join(f"{t.name} ({t.help})" for t in _ALL)
+def target_help(names: Sequence[str] | None = None) -> str:
+    """``--target`` help: each target (``names``, else every one) and what it is (the fronts add the default)."""
+    return "who answers: " + ", ".join(f"{t.name} ({t.help})" for t in _ALL if names is None or t.name in names)
