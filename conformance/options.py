@@ -87,6 +87,8 @@ PROGRAM_OPTIONS = (BUDGET, SEED, PROGRAM_DB, PROGRAM_FAILURES, SHRINK)
 
 
 def _help(opt: Option, default: Any) -> str:
+    if default is None:  # nothing filled in: say nothing of a default
+        return opt.help.replace(" (default: {default})", "")
     return opt.help.replace("{default}", str(default))
 
 
