@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from conformance.matrix import CHECKS, Cell
+from conformance.targets.registry import target_for
 
 TEST_COUNTS = ("passed", "failed", "skipped", "errors")
 #: Teardown failures that are findings about the server, not errors of the kit.
@@ -43,10 +44,9 @@ def cell_json(cell: Cell, options: Any) -> dict[str, Any]:
     """A cell as report.json shows it: ``Cell.describe()`` plus the model actually served
     (the tiny twin on CPU targets and with ``--twins``)."""
     out = cell.describe()
-    if options.target in ("reference", "sglang-cpu") or (options.target == "sglang" and options.twins):
-        out["served_model"] = cell.model.twin
-    elif options.target == "sglang":
-        out["served_model"] = cell.model.hf_path
+    served = target_for(options).served_model(cell, options.twins)
+    if served is not None:
+        out["served_model"] = served
     return out
 
 

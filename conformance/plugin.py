@@ -1,7 +1,8 @@
 """The pytest plugin (entry point ``pytest11``): options, markers, cells, one server per cell.
 
-Order of this module: option help texts, ``pytest_addoption``, ``pytest_configure``
-(markers), option resolution, parametrisation, fixtures, report hooks.
+Order of this module: ``pytest_addoption`` (the options are declared once, in
+``conformance.options``), ``pytest_configure`` (markers), option resolution,
+parametrisation, fixtures. The run state lives in ``conformance.run_state``.
 
 * A test that asks for ``cell`` is parametrised over the selected matrix cells
   (session scope, so pytest groups a cell's tests together and the cell's server
@@ -22,30 +23,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, TARGETS, TIERS, Cell, Matrix, load_matrix
-from conformance.outcomes import Outcomes, cell_json, note_launch, note_server, note_server_end
+from conformance.matrix import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, Cell, Matrix
+from conformance.options import PLUGIN_OPTIONS, Options, add_pytest_options, resolve
+from conformance.outcomes import cell_json, note_launch, note_server, note_server_end
 from conformance.records import Verdict
+from conformance.run_state import RUN_KEY, RunState, run_state
+from conformance.targets.registry import POOL, target_for
 
 #: The report hooks, perf selection and quiet mode, and the request-program suite's options and marker.
 pytest_plugins = ["conformance.report_hooks", "conformance.perf.selection", "conformance.perf.quiet", "conformance.programs.options"]
-
-HELP_TARGET = "who answers: reference (the kit's embedded CPU engine, default), sglang-cpu (real SGLang on CPU serving the twins), sglang (real sglang serve on GPUs), pool (only the in-process pool tier)"
-HELP_MODELS = "comma list of model ids, families or twin names to run (default: all)"
-HELP_STRATEGIES = f"comma list of strategies ({', '.join(STRATEGIES)})"
-HELP_FAULTS = "comma list of faults from the matrix (e.g. none,lazy_alloc_fail)"
-HELP_PAGE_SIZES = "comma list of page sizes"
-HELP_TIER = "premerge (fast subset) < standard (every twin x strategy + the lazy fault; default) < nightly (everything)"
-HELP_LAUNCHER = "the command that starts SGLang (default: python -m sglang.launch_server)"
-HELP_GPUS = "GPUs each xdist worker owns; a cell needs tp_size <= this (default 1)"
-HELP_TWINS = "with --target sglang: serve the tiny twin folders instead of the HF models"
 
 _CHECK_MARKERS = {
     "kl": "KL divergence between cached and uncached logprobs",
@@ -60,20 +51,7 @@ _CHECK_MARKERS = {
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("hybrid-conformance", "hybrid-conformance: Mamba state caching conformance")
-    g.addoption("--target", choices=TARGETS, default=None, help=HELP_TARGET)
-    g.addoption("--models", default=None, help=HELP_MODELS)
-    g.addoption("--strategies", default=None, help=HELP_STRATEGIES)
-    g.addoption("--faults", default=None, help=HELP_FAULTS)
-    g.addoption("--page-sizes", default=None, help=HELP_PAGE_SIZES)
-    g.addoption("--tier", choices=TIERS, default=None, help=HELP_TIER)
-    g.addoption("--matrix", default=None, help="matrix file (default: fixtures/matrix.toml)")
-    g.addoption("--report-dir", default=None, help="write report.json / report.md / report.html here")
-    g.addoption("--sglang-launcher", default=None, help=HELP_LAUNCHER)
-    g.addoption("--gpus-per-worker", type=int, default=None, help=HELP_GPUS)
-    g.addoption("--twins", action="store_true", default=False, help=HELP_TWINS)
-    g.addoption("--dtype", choices=("float32", "bfloat16"), default=None, help="with --target sglang-cpu: SGLang's --dtype (default float32)")
-    g.addoption("--gsm8k-dir", default=None, help="local GSM8K folder (test.jsonl, train_first8.jsonl); env HYBRID_CONFORMANCE_GSM8K_DIR")
-    g.addoption("--server-log-dir", default=None, help="per-cell server logs (default: <report-dir>/logs or a temp dir)")
+    add_pytest_options(g, PLUGIN_OPTIONS)
     parser.addini("hybrid_conformance_target", "default --target", default=DEFAULT_TARGET)
 
 
@@ -86,7 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pool: the in-process pool tier over SGLang's real memory classes")
     config.addinivalue_line("markers", "hicache: cells with --enable-hierarchical-cache")
     config.addinivalue_line("markers", "release_range: runs hybrid-conformance history over SGLang releases in their own venvs (tests/test_release_range.py)")
-    if config.getoption("target", None) == "pool":  # a pool run that ran nothing is not green
+    if target_for(config.getoption("target", None) or DEFAULT_TARGET).pool_only:  # a pool run that ran nothing is not green
         from conformance.targets.pool.gate import PoolGate
 
         config.pluginmanager.register(PoolGate(), "hybrid-conformance-pool-gate")
@@ -99,93 +77,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # ------------------------------------------------------------------ options
 
-@dataclass(frozen=True)
-class Options:
-    target: str
-    models: tuple[str, ...] | None
-    strategies: tuple[str, ...] | None
-    faults: tuple[str, ...] | None
-    page_sizes: tuple[int, ...] | None
-    tier: str | None
-    matrix_path: str | None
-    report_dir: Path | None
-    log_dir: Path | None
-    sglang_launcher: str
-    gpus_per_worker: int
-    twins: bool
-    gsm8k_dir: str | None
-    dtype: str | None = None
-
-
-def _csv(value: str | None) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    items = tuple(v.strip() for v in value.split(",") if v.strip())
-    return items or None
-
-
 def _resolve_options(config: pytest.Config) -> Options:
-    """CLI > env > ini, validated; a bad value is one UsageError line."""
-    opt = config.getoption
-    target = opt("--target") or os.environ.get("HYBRID_CONFORMANCE_TARGET") or config.getini("hybrid_conformance_target")
-    if target not in TARGETS:
-        raise pytest.UsageError(f"--target: unknown value {target!r}; allowed: {', '.join(TARGETS)}")
-    strategies = _csv(opt("--strategies"))
-    for s in strategies or ():
-        if s not in STRATEGIES:
-            raise pytest.UsageError(f"--strategies: unknown value {s!r}; allowed: {', '.join(STRATEGIES)}")
-    pages = _csv(opt("--page-sizes"))
+    """CLI > env > ini (``conformance.options.resolve``); a bad value is one UsageError line."""
     try:
-        page_sizes = tuple(int(p) for p in pages) if pages else None
-    except ValueError:
-        raise pytest.UsageError(f"--page-sizes: expected integers, got {opt('--page-sizes')!r}") from None
-    report_dir = Path(opt("--report-dir")) if opt("--report-dir") else None
-    log_dir = Path(opt("--server-log-dir")) if opt("--server-log-dir") else (report_dir / "logs" if report_dir else None)
-    return Options(
-        target=target,
-        models=_csv(opt("--models")),
-        strategies=strategies,
-        faults=_csv(opt("--faults")),
-        page_sizes=page_sizes,
-        tier=opt("--tier"),
-        matrix_path=opt("--matrix"),
-        report_dir=report_dir,
-        log_dir=log_dir,
-        sglang_launcher=opt("--sglang-launcher") or os.environ.get("HYBRID_CONFORMANCE_SGLANG_LAUNCHER") or "python -m sglang.launch_server",
-        gpus_per_worker=opt("--gpus-per-worker") or 1,
-        twins=bool(opt("--twins")),
-        gsm8k_dir=opt("--gsm8k-dir") or os.environ.get("HYBRID_CONFORMANCE_GSM8K_DIR"),
-        dtype=opt("--dtype"),
-    )
-
-
-@dataclass
-class RunState:
-    """Typed run state kept in ``config.stash``."""
-
-    options: Options
-    started: float = field(default_factory=time.time)
-    matrix: Matrix | None = None
-    outcomes: Outcomes = field(default_factory=Outcomes)
-    not_applicable: dict[str, str] = field(default_factory=dict)
-    exitstatus: int | None = None
-    preflight: list[dict[str, Any]] | None = None
-    preflight_failures: dict[str, str] = field(default_factory=dict)  # nodeid -> the need it lacks
-
-    def get_matrix(self) -> Matrix:
-        if self.matrix is None:
-            try:
-                self.matrix = load_matrix(self.options.matrix_path)
-            except KitError as e:
-                raise pytest.UsageError(str(e)) from None
-        return self.matrix
-
-
-RUN_KEY = pytest.StashKey[RunState]()
-
-
-def run_state(config: pytest.Config) -> RunState:
-    return config.stash[RUN_KEY]
+        return resolve(config.getoption, ini_target=config.getini("hybrid_conformance_target"))
+    except KitError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def select_cells(state: RunState, target: str) -> list[Cell]:
@@ -224,12 +121,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     state = run_state(metafunc.config)
     pool = _is_pool_test(metafunc.definition)
-    target = "pool" if pool else state.options.target
-    cells = select_cells(state, target)
+    target = POOL if pool else target_for(state.options)
+    cells = select_cells(state, target.name)
     params = []
     for cell in cells:
         marks = [getattr(pytest.mark, m) for m in cell.markers]
-        marks.append(pytest.mark.gpu if target == "sglang" else pytest.mark.cpu)
+        marks.append(getattr(pytest.mark, target.marker))
         marks.append(pytest.mark.xdist_group(cell.id))
         params.append(pytest.param(cell, id=cell.id, marks=marks))
     if not params:  # an empty selection is a failure of the run, never a silent skip
@@ -240,11 +137,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """--target pool runs only the pool tier; server suites need a server target."""
     state = run_state(config)
+    pool_only = target_for(state.options).pool_only
     keep, drop = [], []
     for item in items:
         is_pool = item.get_closest_marker("pool") is not None
         binds_server = "endpoint" in getattr(item, "fixturenames", ())
-        if state.options.target == "pool" and binds_server and not is_pool:
+        if pool_only and binds_server and not is_pool:
             drop.append(item)
         else:
             keep.append(item)
@@ -257,7 +155,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     o = run_state(config).options
     sel = ", ".join(f"{k}={v}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes), ("tier", o.tier)) if v)
     lines = [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
-    if o.target == "pool":  # the release's feature probes, one line (conformance.sglang_api.probes)
+    if target_for(o).pool_only:  # the release's feature probes, one line (conformance.sglang_api.probes)
         from conformance.sglang_api.probes import probe
 
         lines.append(f"hybrid-conformance: {probe().summary()}")

@@ -32,10 +32,9 @@ from typing import Any, Callable, Sequence
 
 from conformance.errors import KitError
 from conformance.matrix import Cell
+from conformance.targets.registry import target_for
 
 GSM8K_SUITES = ("gsm8k", "disagg")
-SGLANG_TARGETS = ("sglang", "sglang-cpu", "pool")
-TWIN_TARGETS = ("reference", "sglang-cpu")
 PROBE_TIMEOUT_S = 300.0
 #: When set (to anything but 0), ``run`` and the pytest plugin stop after preflight and
 #: selection: what a docs test uses to run a long command exactly as typed.
@@ -129,10 +128,10 @@ def selection_line(req: Request) -> Line:
 # ------------------------------------------------------------------ GSM8K
 
 
-def needs_gsm8k(suites: Sequence[str], cells: Sequence[Cell], target: str = "reference") -> bool:
+def needs_gsm8k(suites: Sequence[str], cells: Sequence[Cell], target: str | None = None) -> bool:
     """A suite that scores GSM8K is selected (PD only for cells with a PD variant, on a
-    target that serves PD)."""
-    pd_runs = target not in ("sglang-cpu",) and any(c.strategy.pd for c in cells)
+    target that serves PD; no target: any PD cell)."""
+    pd_runs = (target is None or target_for(target).serves_pd) and any(c.strategy.pd for c in cells)
     return "gsm8k" in suites or ("disagg" in suites and pd_runs)
 
 
@@ -180,7 +179,7 @@ def gpus_needed(cell: Cell, *, twins: bool, suites: Sequence[str]) -> int:
 
 
 def gpu_line(req: Request) -> Line:
-    if req.target != "sglang":
+    if not target_for(req).on_gpu:
         return Line("gpus", True, f"not needed (target {req.target} runs on CPU)")
     from conformance.targets.sglang import NO_GPU_HINT, visible_gpus
 
@@ -190,7 +189,7 @@ def gpu_line(req: Request) -> Line:
     worst = max(req.cells, key=lambda c: gpus_needed(c, twins=req.twins, suites=req.suites))
     visible, source = visible_gpus()
     if not visible:
-        return Line("gpus", False, f"target sglang serves on CUDA GPUs (cell {worst.id} needs {need}); this machine has none ({source})", NO_GPU_HINT)
+        return Line("gpus", False, f"target {req.target} serves on CUDA GPUs (cell {worst.id} needs {need}); this machine has none ({source})", NO_GPU_HINT)
     if need > req.gpus_per_worker:
         return Line("gpus", False, f"cell {worst.id} needs {need} GPUs per worker but --gpus-per-worker is {req.gpus_per_worker}",
                     f"use --gpus-per-worker {need} (or select cells with a smaller tp size)")
@@ -233,24 +232,24 @@ def probe_sglang(timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
 
 def features_needed(req: Request) -> dict[str, Any]:
     """What the selection asks of SGLang's parser."""
-    flags = set()
+    target = target_for(req)
+    flags = set(target.sglang_flags)
     if any(c.cache_variant.name == "hicache" for c in req.cells):
         flags.add("--enable-hierarchical-cache")
-    if "disagg" in req.suites and req.target == "sglang":
-        flags.add("--disaggregation-mode")
-    if req.target == "sglang-cpu":
-        flags.add("--device")
+    if "disagg" in req.suites:
+        flags.update(target.pd_sglang_flags)
     return {"strategies": sorted({c.strategy.name for c in req.cells}), "flags": sorted(flags)}
 
 
 def sglang_line(req: Request) -> Line:
     version = sglang_version()
-    if req.target not in SGLANG_TARGETS:
+    target = target_for(req)
+    if not target.needs_sglang:
         installed = f"sglang {version} installed" if version else "sglang not installed"
         return Line("sglang", True, f"not used: target {req.target} is the kit's own engine, not SGLang ({installed})")
     if version is None:
         return Line("sglang", False, f"target {req.target} needs SGLang and it is not installed", "run `bash ci/setup-cpu.sh` (CPU) or install sglang")
-    if not req.probe_sglang or req.target == "pool":
+    if not req.probe_sglang or not target.probes_sglang:
         return Line("sglang", True, f"sglang {version} (package metadata; import not probed)")
     probe = probe_sglang()
     if probe.get("error"):
@@ -268,7 +267,7 @@ def sglang_line(req: Request) -> Line:
 
 def plugins_line(req: Request) -> Line | None:
     """sglang-cpu: the kit's entry points are registered where SGLang looks, and the stand-in exists."""
-    if req.target != "sglang-cpu":
+    if not target_for(req).kit_plugins:
         return None
     from conformance.sglang_plugins import activation
     from conformance.targets.sglang_cpu import STANDIN_PATH
@@ -286,7 +285,7 @@ def plugins_line(req: Request) -> Line | None:
 
 
 def twins_line(req: Request) -> Line | None:
-    if not (req.target in TWIN_TARGETS or (req.target == "sglang" and req.twins)) or not req.cells:
+    if not target_for(req).serves_twins(req.twins) or not req.cells:
         return None
     from conformance.reference import twins
 
@@ -357,20 +356,21 @@ def item_failures(items: Sequence[Any], options: Any) -> dict[str, str]:
         return cache[key]
 
     out: dict[str, str] = {}
+    target = target_for(options)
     for item in items:
         cell = getattr(getattr(item, "callspec", None), "params", {}).get("cell")
         if not isinstance(cell, Cell) or item.get_closest_marker("pool") is not None:
             continue
         served = "endpoint" in getattr(item, "fixturenames", ()) or item.get_closest_marker("disagg") is not None
         problems: list[Line | None] = []
-        if served and options.target in ("sglang", "sglang-cpu"):
+        if served and target.needs_sglang:
             problems.append(once("sglang", lambda: None if sglang_version() else Line("sglang", False, f"target {options.target} needs SGLang and it is not installed")))
-        if served and options.target == "sglang-cpu":
-            problems.append(once("plugins", lambda: plugins_line(Request(target="sglang-cpu", cells=(), suites=()))))
-        if served and options.target == "sglang":
+        if served and target.kit_plugins:
+            problems.append(once("plugins", lambda: plugins_line(Request(target=options.target, cells=(), suites=()))))
+        if served and target.on_gpu:
             suites = ("disagg",) if item.get_closest_marker("disagg") is not None else ()
             need = gpus_needed(cell, twins=options.twins, suites=suites)
-            problems.append(once(f"gpus:{need}", lambda: gpu_line(Request(target="sglang", cells=(cell,), suites=suites, gpus_per_worker=options.gpus_per_worker, twins=options.twins))))
+            problems.append(once(f"gpus:{need}", lambda: gpu_line(Request(target=options.target, cells=(cell,), suites=suites, gpus_per_worker=options.gpus_per_worker, twins=options.twins))))
         if _needs_gsm8k_item(item, cell, options.target):
             problems.append(once("gsm8k", lambda: check_gsm8k(options.gsm8k_dir)))
         bad = next((p for p in problems if p is not None and not p.ok), None)

@@ -19,7 +19,7 @@ import pytest
 
 from conformance.matrix import Cell
 from conformance.outcomes import TEARDOWN_PROPS, cell_json, cell_of_nodeid, one_line
-from conformance.plugin import run_state
+from conformance.run_state import run_state
 
 _CONFIG_REF: dict[str, pytest.Config] = {}
 

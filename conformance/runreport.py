@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from conformance.records import Verdict, merge
+from conformance.targets.registry import target_for
 
 #: Precedence when one check of a cell has several outcomes: a finding beats an error
 #: (the check did not complete), which beats a pass, which beats a skip.
@@ -87,7 +88,7 @@ def run_facts(*, target: str, cells: Iterable[Any], twins: bool = False) -> dict
     from conformance.preflight import versions
 
     facts: dict[str, Any] = {"versions": versions(), "machine": machine()}
-    if target in ("reference", "sglang-cpu") or (target == "sglang" and twins):
+    if target_for(target).serves_twins(twins):
         facts["twins"] = twin_hashes(sorted({c.model.twin for c in cells}))
     return facts
 

@@ -16,6 +16,7 @@ from conformance.recordings import IdleProbe
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.matrix import Cell
 from conformance.records import Verdict
+from conformance.targets.registry import target_for
 
 
 def settle(verdict: Verdict) -> Verdict:
@@ -63,11 +64,8 @@ GPU_SIZES = Sizes(
 )
 
 
-CPU_TARGETS = ("reference", "sglang-cpu")
-
-
 def on_cpu(endpoint: Any) -> bool:
-    return endpoint.target in CPU_TARGETS
+    return not target_for(endpoint).on_gpu
 
 
 def sizes_for(endpoint: Any) -> Sizes:
@@ -77,9 +75,7 @@ def sizes_for(endpoint: Any) -> Sizes:
 def exact_mode(endpoint: Any) -> bool:
     """Deterministic CPU targets in float32 (the reference engine; real SGLang on CPU with
     ``--dtype float32``): cached and cold runs must give the same tokens."""
-    if endpoint.target == "reference":
-        return True
-    return endpoint.target == "sglang-cpu" and str(endpoint.info.get("dtype", "float32")) == "float32"
+    return target_for(endpoint).exact_mode(endpoint.info)
 
 
 def vocab_size(endpoint: Any, default: int = 512) -> int:
@@ -93,9 +89,7 @@ def grids(cell: Cell) -> tuple[int, int]:
 
 def lookahead(endpoint: Any) -> int:
     """1 when the server overlaps scheduling (one step in flight), else 0."""
-    if endpoint.target == "reference":
-        return 0
-    return 0 if endpoint.info.get("disable_overlap_schedule", not endpoint.cell.strategy.overlap) else 1
+    return target_for(endpoint).lookahead(endpoint.cell, endpoint.info)
 
 
 def oracle_for(endpoint: Any) -> PrefixOracle:
@@ -114,9 +108,7 @@ def idle_deadline(endpoint: Any) -> float:
     reference server at once. Once a probe of the cell has failed, later ones wait briefly."""
     if any(not p.reached for p in endpoint.extra.get("idle_probes", [])):
         return 1.0
-    if endpoint.target == "reference":
-        return 5.0
-    return 45.0
+    return target_for(endpoint).idle_deadline_s
 
 
 def note_idle_probe(endpoint: Any, probe: IdleProbe) -> IdleProbe:

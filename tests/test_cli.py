@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import build_parser, pytest_argv_for_run
+from conformance.cli import build_parser
+from conformance.commands.run import pytest_argv_for_run
 from conformance.matrix import DEFAULT_TARGET, load_matrix
 
 ROOT = Path(__file__).resolve().parents[1]

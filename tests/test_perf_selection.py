@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.cli import _suites
+from conformance.commands.selection import suites_for as _suites
 from conformance.perf.selection import SUITE_DIR, asked_for, not_selected
 
 ROOT = Path(__file__).resolve().parents[1]

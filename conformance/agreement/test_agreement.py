@@ -18,6 +18,7 @@ from conformance.checks.agreement import agreement_verdict
 from conformance.recordings import AgreementStep
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, settle, vocab_size
+from conformance.targets.registry import target_for
 from conformance.targets.serving import serve_cell
 from conformance.workloads.agreement import agreement_script, run_agreement
 
@@ -26,7 +27,8 @@ pytestmark = pytest.mark.agreement
 
 def test_agreement_with_reference_engine(endpoint, conformance_options, tmp_path_factory, record_verdict):
     cell = endpoint.cell
-    if endpoint.target != "sglang-cpu":
+    twin = target_for(endpoint).agrees_with
+    if twin is None:
         settle(record_verdict(Verdict("agreement", "skip", {}, f"not applicable on target {endpoint.target}: agreement compares real SGLang on CPU with the reference engine")))
     if not exact_mode(endpoint):
         settle(record_verdict(Verdict("agreement", "skip", {}, "not applicable in bfloat16: agreement with the float32 reference engine is defined for --dtype float32")))
@@ -34,7 +36,7 @@ def test_agreement_with_reference_engine(endpoint, conformance_options, tmp_path
     script = agreement_script(chunk=chunk, grid=grid, vocab_size=vocab_size(endpoint))
     served_sglang = run_agreement(endpoint.client, script)
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
-    ref_options = dataclasses.replace(conformance_options, target="reference")
+    ref_options = dataclasses.replace(conformance_options, target=twin)
     with serve_cell(cell, ref_options, log_dir=log_dir / "agreement-reference") as ref:
         served_ref = run_agreement(ref.client, script)
     steps = [

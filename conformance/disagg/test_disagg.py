@@ -29,6 +29,7 @@ from conformance.errors import KitError
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
 from conformance.targets.disagg import not_applicable, serve_pd, target_refusal
+from conformance.targets.registry import target_for
 from conformance.workloads.gsm8k import pick_items
 from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
@@ -41,7 +42,7 @@ SEEDS = {"logprobs": 21, "load": 22}
 def _gauges(pd) -> tuple[str, ...]:
     from conformance.reference.pd import PENDING_GAUGE
 
-    return (MAMBA_GAUGE, KV_GAUGE, PENDING_GAUGE) if pd.target == "reference" else (MAMBA_GAUGE, KV_GAUGE)
+    return (MAMBA_GAUGE, KV_GAUGE, PENDING_GAUGE) if target_for(pd).kit_engine else (MAMBA_GAUGE, KV_GAUGE)
 
 
 @pytest.fixture(scope="session")

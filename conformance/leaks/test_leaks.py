@@ -13,6 +13,7 @@ import pytest
 from conformance.checks.leaks import TrackSlotUse, leak_verdict, track_slot_use, track_slot_verdict
 from conformance.records import merge
 from conformance.suites import grids, idle_deadline, note_idle_probe, settle, sizes_for, vocab_size
+from conformance.targets.registry import target_for
 from conformance.workloads.cell_store import CellStore, sibling_key
 from conformance.workloads.idle import idle_probe
 from conformance.workloads.prompts import token_prompts
@@ -47,7 +48,7 @@ def _overlap(endpoint) -> bool:
     """Whether the server's track-slot contract is SGLang's with the overlap scheduler on.
     The reference engine decodes without lookahead (it reports the overlap scheduler off)
     but holds the track slots SGLang holds with it on (the matrix's ``ping_pong_slots``)."""
-    if endpoint.target == "reference":
+    if target_for(endpoint).kit_engine:
         return endpoint.cell.strategy.overlap
     return not endpoint.info.get("disable_overlap_schedule", not endpoint.cell.strategy.overlap)
 

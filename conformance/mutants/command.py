@@ -36,6 +36,7 @@ from conformance.mutants.catalogue import (
     sglang_cpu_plans,
 )
 from conformance.mutants.runs import run_plan
+from conformance.targets.registry import target_for
 
 
 def sglang_not_applicable(names: tuple[str, ...]) -> dict[str, str]:
@@ -71,7 +72,7 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
         keep = {"reference": FAST_REFERENCE, "pool": FAST_POOL, "sglang-cpu": FAST_SGLANG_CPU}[target]
         plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in keep}
     not_applicable: dict[str, str] = {}
-    if target == "sglang-cpu":  # a cell runs only the suites the selected faults need
+    if target_for(target).kit_plugins:  # a cell runs only the suites the selected faults need
         not_applicable = sglang_not_applicable(tuple(plans))
         for name, line in not_applicable.items():
             console.print(f"{escape(name)}: not applicable: {escape(line)}")

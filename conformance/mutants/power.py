@@ -30,6 +30,7 @@ from rich.table import Table
 
 from conformance.mutants.catalogue import MutantPlan
 from conformance.mutants.runs import Outcome, run_plan
+from conformance.targets.registry import target_for
 
 #: Why a programs run has no finding when no program was judged at all (the server never served).
 NO_REPORT, NO_VERDICT = "no report.json", "no programs verdict"
@@ -106,7 +107,7 @@ def programs_finding(report_dir: Path) -> tuple[int | None, float | None, str]:
 def strict_off_plan(plan: MutantPlan) -> MutantPlan | None:
     """``plan`` on the same cell with SGLang's strict idle check off; None when the cell
     already carries a matrix fault (one per cell) or is not a real-SGLang cell."""
-    if plan.target != "sglang-cpu" or plan.faults not in (None, "none"):
+    if not target_for(plan).kit_plugins or plan.faults not in (None, "none"):
         return None
     model_strategy, _, suites = plan.key.partition(":")
     return dataclasses.replace(plan, key=f"{model_strategy}+{NO_STRICT}:{suites}", faults=NO_STRICT, tier="nightly")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from conformance.faults import FAULT_ENV
 from conformance.mutants.catalogue import MutantPlan
+from conformance.targets.registry import target_for
 
 PKG = Path(__file__).resolve().parents[1]
 
@@ -41,8 +42,8 @@ class Outcome:
 
 def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
     argv = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *(["-x"] if plan.stop_at_first else [])]
-    if plan.target == "pool":
-        argv += [str(PKG / "leaks"), "--target", "pool", "-m", "pool", "-p", "conformance.mutants.pool_faults"]
+    if target_for(plan).pool_only:
+        argv += [str(PKG / "leaks"), "--target", plan.target, "-m", "pool", "-p", "conformance.mutants.pool_faults"]
         if plan.keyword:
             argv += ["-k", plan.keyword]
     else:
@@ -154,7 +155,7 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
         by += perf_regressions(out_dir / "clean" / plan.key, report_dir)
     if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
         return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code)
-    if plan.target == "sglang-cpu":
+    if target_for(plan).kit_plugins:
         return _judge_sglang(plan, fault, by, code, report_dir, time.monotonic() - t0)
     return Outcome(fault or "clean", bool(by) or code != 0, by, time.monotonic() - t0, code)
 

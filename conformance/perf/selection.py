@@ -10,8 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+from conformance.matrix import DEFAULT_TIER
+from conformance.run_state import run_state
+from conformance.targets.registry import PERF_TARGETS, target_for
+
 SUITE_DIR = Path(__file__).resolve().parent
-REAL_TARGETS = ("sglang-cpu", "sglang")
 
 
 def asked_for(markexpr: str | None, args: Iterable[str]) -> bool:
@@ -32,8 +35,8 @@ def not_selected(target: str, tier: str, *, asked: bool) -> str | None:
     """Why perf tests are left out of a run (None: they run)."""
     if asked:
         return None
-    if target not in REAL_TARGETS:
-        return f"perf runs on the real targets ({', '.join(REAL_TARGETS)}); on {target} only when asked for (--suite perf)"
+    if not target_for(target).perf:
+        return f"perf runs on the real targets ({', '.join(PERF_TARGETS)}); on {target} only when asked for (--suite perf)"
     if tier == "premerge":
         return "perf runs in the standard and nightly tiers; in premerge only when asked for (--suite perf)"
     return None
@@ -44,9 +47,6 @@ def pytest_collection_modifyitems(config, items) -> None:
     marked = [item for item in items if item.get_closest_marker("perf") is not None]
     if not marked:
         return
-    from conformance.matrix import DEFAULT_TIER
-    from conformance.plugin import run_state
-
     options = run_state(config).options
     if not_selected(options.target, options.tier or DEFAULT_TIER, asked=asked_for(config.option.markexpr, config.args)) is None:
         return

@@ -34,6 +34,7 @@ from conformance.errors import KitError
 from conformance.programs.program import Program
 from conformance.programs.runner import ProgramFailure, RunStats
 from conformance.programs.strategies import GenSpec, programs
+from conformance.targets.registry import target_for
 
 ROUND = 4
 #: An examples budget whose programs sent no judged request (hypothesis draws the empty
@@ -243,5 +244,5 @@ def failure_file(finding: Finding, *, out_dir: Path, cell: dict, env: dict[str, 
 
 
 def replay_command(path: Path, target: str, dtype: str | None = None) -> str:
-    extra = f" --dtype {dtype}" if dtype and target == "sglang-cpu" and dtype != "float32" else ""
+    extra = f" --dtype {dtype}" if dtype and target_for(target).takes_dtype and dtype != "float32" else ""
     return f"hybrid-conformance replay {path} --target {target}{extra}"

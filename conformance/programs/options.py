@@ -17,21 +17,11 @@ from pathlib import Path
 import pytest
 
 from conformance.errors import KitError
-
-HELP_BUDGET = "request programs per cell: ci (default: 2 programs), premerge (25 s), nightly (600 s), a number of examples (40) or seconds (90s, 5m)"
-HELP_SEED = "seed of the request-program generator (default 0): the same seed draws the same programs"
-HELP_DB = "hypothesis database root for request programs (default .hypothesis/hybrid-conformance); one folder per target and cell"
-HELP_FAILURES = "where a failing program's replay file goes (default <report-dir>/programs, else ./program-failures)"
-HELP_SHRINK = "seconds of shrinking after a finding (default: the budget profile's)"
-
+from conformance.options import PROGRAM_OPTIONS, add_pytest_options
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("hybrid-conformance programs", "hybrid-conformance: randomized request programs (-m programs)")
-    g.addoption("--budget", default=None, help=HELP_BUDGET)
-    g.addoption("--seed", type=int, default=None, help=HELP_SEED)
-    g.addoption("--program-db", default=None, help=HELP_DB)
-    g.addoption("--program-failures", default=None, help=HELP_FAILURES)
-    g.addoption("--shrink-budget", type=float, default=None, help=HELP_SHRINK)
+    add_pytest_options(g, PROGRAM_OPTIONS)
 
 
 def pytest_configure(config: pytest.Config) -> None:

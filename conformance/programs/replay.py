@@ -10,6 +10,7 @@ reproduced), 0 when every run passed, 2 on bad input.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -17,7 +18,9 @@ from pathlib import Path
 
 from conformance.errors import KitError
 from conformance.matrix import Cell, load_matrix
+from conformance.options import DTYPE, FUZZ_TARGET, GPUS, LAUNCHER, MATRIX, TARGET, TWINS, add_arguments as add_options
 from conformance.programs.program import Program, load_program
+from conformance.targets.registry import TARGETS, target_help
 
 
 def find_cell(program: Program, matrix_path: str | None) -> Cell:
@@ -30,14 +33,14 @@ def find_cell(program: Program, matrix_path: str | None) -> Cell:
     return cells[cell_id]
 
 
+#: ``replay --target``: the targets that serve a program's requests over HTTP.
+_HTTP_TARGETS = tuple(name for name, t in TARGETS.items() if t.serves_http)
+REPLAY_TARGET = dataclasses.replace(TARGET, choices=_HTTP_TARGETS, help=f"{target_help(_HTTP_TARGETS)} (default: {{default}})")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="a program file written by the programs suite (or by hand)")
-    p.add_argument("--target", choices=("reference", "sglang-cpu", "sglang"), default="reference", help="who answers (default: %(default)s)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="with --target sglang-cpu: SGLang's --dtype (default float32)")
-    p.add_argument("--matrix", help="matrix file (default: fixtures/matrix.toml)")
-    p.add_argument("--sglang-launcher", default="python -m sglang.launch_server", help="command that starts SGLang")
-    p.add_argument("--gpus-per-worker", type=int, default=1)
-    p.add_argument("--twins", action="store_true", help="with --target sglang: serve the tiny twins")
+    add_options(p, (REPLAY_TARGET, DTYPE, MATRIX, LAUNCHER, GPUS, TWINS), target=FUZZ_TARGET)
     p.add_argument("--repeat", type=int, default=1, help="play the program this many times (timing can matter)")
     p.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
     p.add_argument("--no-recorded-env", action="store_true", help="do not apply the seeded-fault env the file was found under")

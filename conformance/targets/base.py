@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from conformance.client import SGLangClient
 from conformance.matrix import Cell
-from conformance.targets.launcher import ServerProcess
+
+if TYPE_CHECKING:  # annotations only: a launch spec's makers need neither httpx nor the launcher
+    from conformance.client import SGLangClient
+    from conformance.targets.launcher import ServerProcess
 
 
 @dataclass

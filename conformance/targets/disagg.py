@@ -30,6 +30,7 @@ from conformance.errors import KitError
 from conformance.matrix import Cell
 from conformance.targets.base import LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
+from conformance.targets.registry import target_for
 from conformance.targets.sglang import SGLangTarget, Validation, gpus_for_worker, strip_launcher
 
 LAZY_REFUSAL = "extra_buffer_lazy is refused under PD disaggregation by SGLang 0.5.23 (not applicable)"
@@ -49,7 +50,7 @@ def not_applicable(cell: Cell) -> str | None:
 
 def target_refusal(target: str) -> str | None:
     """Why PD cannot run on ``target`` on this machine (one line), or None."""
-    if target == "sglang-cpu":
+    if target_for(target).pd_probe_refusal:
         return _sglang_cpu_pd_refusal()
     return None
 
@@ -212,11 +213,12 @@ def pd_spec_for(cell: Cell, options: Any, *, ports: PDPorts | None = None) -> PD
     if reason:
         raise KitError(f"cell {cell.id}: {reason}")
     ports = ports or PDPorts.pick()
-    if options.target == "reference":
-        if "reference" not in cell.targets:
-            raise KitError(f"cell {cell.id}: not applicable on target reference: cache variant {cell.cache_variant.name!r} is served by real SGLang only")
+    kind = target_for(options)
+    if kind.kit_engine:
+        if kind.name not in cell.targets:
+            raise KitError(f"cell {cell.id}: not applicable on target {kind.name}: cache variant {cell.cache_variant.name!r} is served by real SGLang only")
         return reference_pd_spec(cell, ports=ports)
-    if options.target != "sglang":
+    if not (kind.serves_pd and kind.on_gpu):
         raise KitError(f"target {options.target!r} does not serve PD cells")
     from conformance.targets.serving import worker_index
 

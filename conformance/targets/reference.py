@@ -48,7 +48,7 @@ class ReferenceTarget:
         self.forkserver = forkserver and os.environ.get(NO_FORKSERVER_ENV, "") in ("", "0")
 
     def supports(self, cell: Cell) -> str | None:
-        if "reference" not in cell.targets:
+        if self.name not in cell.targets:
             return f"cache variant {cell.cache_variant.name!r} is served by real SGLang only"
         return None
 

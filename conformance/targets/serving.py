@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,19 +19,8 @@ from conformance.matrix import Cell
 from conformance.targets.base import Endpoint, LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.plugin_proof import check_plugins
-from conformance.targets.reference import ReferenceTarget
-from conformance.targets.sglang import SGLangTarget, gpus_for_worker
-from conformance.targets.sglang_cpu import SGLangCpuTarget
-
-
-def make_target(options: Any) -> Any:
-    if options.target == "sglang":
-        return SGLangTarget(launcher=options.sglang_launcher, twins=options.twins)
-    if options.target == "sglang-cpu":
-        return SGLangCpuTarget(dtype=getattr(options, "dtype", None) or "float32")
-    if options.target == "reference":
-        return ReferenceTarget()
-    raise KitError(f"target {options.target!r} does not serve HTTP cells")
+from conformance.targets.registry import target_for
+from conformance.targets.sglang import gpus_for_worker
 
 
 def worker_index() -> int:
@@ -39,12 +29,13 @@ def worker_index() -> int:
 
 
 def spec_for(cell: Cell, options: Any, *, port: int | None = None) -> LaunchSpec:
-    target = make_target(options)
+    kind = target_for(options)
+    target = kind.launcher(options)
     reason = target.supports(cell)
     if reason:
         raise KitError(f"cell {cell.id}: not applicable on target {options.target}: {reason}")
     gpus = None
-    if options.target == "sglang":
+    if kind.on_gpu:
         tp = 1 if options.twins else cell.model.tp_size
         if tp > options.gpus_per_worker:
             raise KitError(f"cell {cell.id}: needs tp_size {tp} GPUs but --gpus-per-worker is {options.gpus_per_worker}")
@@ -68,21 +59,34 @@ def _with_plugin_failure(error: ServerStartError, name: str, report: Path, log_p
 PORT_ATTEMPTS = 3
 
 
+@dataclass(frozen=True)
+class StartedCell:
+    """A cell's server process that has started (health-checked), not yet handed out."""
+
+    cell: Cell
+    target: str
+    spec: LaunchSpec
+    process: ServerProcess
+    name: str  # "<target> server for <cell>", for messages
+    plugin_report: Path  # where the kit's plugins inside SGLang report that they ran
+    log_path: Path
+
+
 @contextlib.contextmanager
 def serve_cell(cell: Cell, options: Any, *, log_dir: Path) -> Iterator[Endpoint]:
     """Start the cell's server (on a new port when the picked one was taken meanwhile by
     another process: a concurrent worker's server), yield its endpoint, stop it."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
         try:
-            spec, proc, name, plugin_report, log_path = _start_cell(cell, options, log_dir)
+            started = _start_cell(cell, options, log_dir)
             break
         except PortTakenError:
             if attempt == PORT_ATTEMPTS:
                 raise
-    yield from _yield_endpoint(cell, options, spec, proc, name, plugin_report, log_path)
+    yield from _yield_endpoint(started)
 
 
-def _start_cell(cell: Cell, options: Any, log_dir: Path) -> tuple[LaunchSpec, ServerProcess, str, Path, Path]:
+def _start_cell(cell: Cell, options: Any, log_dir: Path) -> StartedCell:
     spec = spec_for(cell, options)
     log_path = Path(log_dir) / f"{cell.id}.log"
     env = dict(spec.env)
@@ -111,16 +115,17 @@ def _start_cell(cell: Cell, options: Any, log_dir: Path) -> tuple[LaunchSpec, Se
         raise
     except ServerStartError as e:
         raise _with_plugin_failure(e, name, plugin_report, log_path) if spec.plugins else e
-    return spec, proc, name, plugin_report, log_path
+    return StartedCell(cell, options.target, spec, proc, name, plugin_report, log_path)
 
 
-def _yield_endpoint(cell: Cell, options: Any, spec: LaunchSpec, proc: ServerProcess, name: str, plugin_report: Path, log_path: Path) -> Iterator[Endpoint]:
+def _yield_endpoint(started: StartedCell) -> Iterator[Endpoint]:
     """The started server's endpoint (its plugins proven first); the server stops after."""
+    spec, proc = started.spec, started.process
     client = SGLangClient(spec.base_url, liveness=proc.exit_reason)
     try:
         if spec.plugins:
             try:
-                check_plugins(name, plugin_report, spec.plugins, log_path)
+                check_plugins(started.name, started.plugin_report, spec.plugins, started.log_path)
             except BaseException:
                 proc.stop()
                 raise
@@ -128,7 +133,7 @@ def _yield_endpoint(cell: Cell, options: Any, spec: LaunchSpec, proc: ServerProc
             info = client.server_info()
         except KitError:
             info = {}
-        yield Endpoint(cell=cell, target=options.target, base_url=spec.base_url, client=client, process=proc, info=info)
+        yield Endpoint(cell=started.cell, target=started.target, base_url=spec.base_url, client=client, process=proc, info=info)
     finally:
         client.close()
         proc.stop()

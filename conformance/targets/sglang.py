@@ -134,8 +134,8 @@ class SGLangTarget:
     name: str = "sglang"
 
     def supports(self, cell: Cell) -> str | None:
-        if "sglang" not in cell.targets:
-            return "cell is not served by the sglang target (matrix 'targets')"
+        if self.name not in cell.targets:
+            return f"cell is not served by the {self.name} target (matrix 'targets')"
         return None
 
     def model_path(self, cell: Cell) -> str:

@@ -47,7 +47,7 @@ class SGLangCpuTarget:
     name: str = "sglang-cpu"
 
     def supports(self, cell: Cell) -> str | None:
-        if "sglang-cpu" not in cell.targets:
+        if self.name not in cell.targets:
             return f"cache variant {cell.cache_variant.name!r} is served on GPUs only"
         return None
 

@@ -31,6 +31,7 @@ from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, peak, track_slot_use
 from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.recordings import OccupancySample, PerfRecording, RequestTiming
+from conformance.targets.registry import target_for
 from conformance.workloads.prompts import extension, token_prompts
 from conformance.workloads.runners import OCCUPANCY_GAUGES, cache_enabled
 
@@ -190,7 +191,7 @@ def engine_label(target: str, info: dict[str, Any]) -> str:
     """What served the cell, as the perf block names it: SGLang (and its version), or the
     kit's own reference engine -- allowed, and labelled as not SGLang."""
     version = info.get("version") or "unknown version"
-    if target == "reference":
-        return f"reference: the kit's own engine (not SGLang; reports {version})"
+    if target_for(target).kit_engine:
+        return f"{target}: the kit's own engine (not SGLang; reports {version})"
     return f"SGLang {version} ({target})"
 

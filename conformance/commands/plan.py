@@ -1,0 +1,87 @@
+"""The ``plan`` verb: the selected cells and, for targets that launch a server, each exact
+command and env as worker 0 would launch it; ``--validate`` runs SGLang's own parser on
+every server and PD command (CPU, nothing launched)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Any
+
+from conformance.commands.selection import selected_cells
+from conformance.errors import KitError
+from conformance.matrix import Cell
+from conformance.sglang_api.probes import probe
+from conformance.targets.disagg import not_applicable, pd_spec_for, validate_pd_spec
+from conformance.targets.registry import target_for
+from conformance.targets.serving import spec_for
+from conformance.targets.sglang import config_folder, describing_gpus, strip_launcher, validate_server_args
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    target = target_for(args.target)
+    cells = selected_cells(args)
+    rows = []
+    # A plan shows each command as worker 0 would launch it, with enough GPUs for its tp size.
+    plan_opts = argparse.Namespace(**{**vars(args), "gpus_per_worker": max([args.gpus_per_worker, *(c.model.tp_size for c in cells)])})
+    for i, cell in enumerate(cells):
+        row: dict[str, Any] = {**cell.describe(), "markers": list(cell.markers)}
+        if target.serves_http:
+            with describing_gpus():
+                spec = spec_for(cell, plan_opts, port=30000 + i)
+            row["command"] = spec.argv
+            row["env"] = spec.env
+        rows.append(row)
+    failures = 0
+    if args.validate:
+        if not target.validates_commands:
+            raise KitError("--validate checks sglang commands: use it with --target sglang")
+        with describing_gpus():
+            failures = validate_rows(rows, cells, args)
+    if args.format == "json":
+        print(json.dumps({"cells": rows}, indent=2))
+    else:
+        for row in rows:
+            line = f"{row['id']:<58} {','.join(row['markers'])}"
+            if "command" in row:
+                env = " ".join(f"{k}={v}" for k, v in row["env"].items())
+                line += f"\n    {env + ' ' if env else ''}{shlex.join(row['command'])}"
+            if "validation" in row:
+                line += f"\n    validation: {row['validation']}"
+            print(line)
+        print(f"{len(rows)} cells")
+    return 1 if failures else 0
+
+
+def validate_rows(rows: list[dict[str, Any]], cells: list[Cell], args: argparse.Namespace) -> int:
+    """SGLang's own parser on each row's server command and the cell's PD commands; the
+    failures (each also one stderr line)."""
+    print(f"hybrid-conformance: {probe().summary()}", file=sys.stderr)
+    failures = 0
+    pd_opts = argparse.Namespace(**{**vars(args), "gpus_per_worker": 3 * max(c.model.tp_size for c in cells)}) if cells else args
+    for row, cell in zip(rows, cells):
+        config = config_folder(cell, twins=args.twins)
+        v = validate_server_args(strip_launcher(row["command"], args.sglang_launcher), cell, config=config)
+        row["validation"] = v.message if v.status != "na" else f"n/a: {v.message}"
+        if v.status == "na":
+            print(f"hybrid-conformance: {cell.id}: not applicable on this SGLang: {v.message}", file=sys.stderr)
+            continue
+        if not v.ok:
+            failures += 1
+            print(f"hybrid-conformance: {cell.id}: SGLang refuses the command: {v.message}", file=sys.stderr)
+        if not_applicable(cell):
+            row["pd"] = not_applicable(cell)
+            continue
+        if cell.cache_variant.name != "radix":
+            continue
+        pd = validate_pd_spec(pd_spec_for(cell, pd_opts), cell, config=config)
+        row["pd"] = {role: val.message if val.status != "na" else f"n/a: {val.message}" for role, val in pd.items()}
+        for role, val in pd.items():
+            if val.status == "na":
+                print(f"hybrid-conformance: {cell.id}: PD {role} not applicable on this SGLang: {val.message}", file=sys.stderr)
+            elif not val.ok:
+                failures += 1
+                print(f"hybrid-conformance: {cell.id}: PD {role} command refused: {val.message}", file=sys.stderr)
+    return failures

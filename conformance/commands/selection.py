@@ -1,0 +1,61 @@
+"""What a command line selects: the suites, the matrix cells, the xdist workers."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from conformance.errors import KitError
+from conformance.matrix import DEFAULT_TIER, Cell, load_matrix
+from conformance.options import DEFAULT_SUITES, SUITES, csv, page_sizes
+from conformance.perf.selection import not_selected
+from conformance.targets.registry import target_for
+from conformance.targets.sglang import visible_gpus
+
+
+def suites_for(args: argparse.Namespace) -> list[str]:
+    """``--suite``, else the default suites with the target's own first (perf: from the
+    standard tier up, see ``conformance.perf.selection.not_selected``)."""
+    tier, target = getattr(args, "tier", None) or DEFAULT_TIER, getattr(args, "target", "")
+    own = target_for(target).suites if target else ()
+    default = [*(s for s in own if s != "perf" or not not_selected(target, tier, asked=False)), *DEFAULT_SUITES]
+    suites = list(csv(getattr(args, "suite", None)) or default)
+    for s in suites:
+        if s not in SUITES:
+            raise KitError(f"--suite: unknown value {s!r}; allowed: {', '.join(SUITES)}")
+    return suites
+
+
+def selected_cells(args: argparse.Namespace) -> list[Cell]:
+    m = load_matrix(args.matrix)
+    sizes = page_sizes(args.page_sizes)
+    return m.select(
+        target=args.target,
+        models=csv(args.models),
+        strategies=csv(args.strategies),
+        faults=csv(args.faults),
+        page_sizes=list(sizes) if sizes else None,
+        tier=args.tier or DEFAULT_TIER,
+    )
+
+
+def selection_text(args: argparse.Namespace) -> str:
+    flags = [f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("models", "strategies", "faults", "page_sizes", "matrix") if getattr(args, k, None)]
+    return ", ".join([f"tier {args.tier or DEFAULT_TIER}", *flags])
+
+
+def workers(args: argparse.Namespace) -> int:
+    """The xdist workers a run uses (0: none). Without ``-n``: two on CPU targets (fewer
+    cores: fewer); on a GPU target one per ``--gpus-per-worker`` block of visible GPUs."""
+    w = getattr(args, "workers", None)
+    if w is None:
+        if target_for(args.target).on_gpu:
+            visible = visible_gpus()[0] or []
+            return max(1, len(visible) // max(1, args.gpus_per_worker))
+        return min(2, os.cpu_count() or 1)
+    w = str(w)
+    if w in ("auto", "logical"):
+        return os.cpu_count() or 1
+    if not w.isdigit():
+        raise KitError(f"-n: expected a number of workers, got {w!r}")
+    return int(w)

@@ -1,0 +1,90 @@
+"""The target registry and the one source of options: every target answers what the kit
+asks of it (the answers the name comparisons used to give), the CLI and the pytest plugin
+declare the same selection options, and no module outside the registry and the option
+parser compares a target's name."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance import matrix, options
+from conformance.errors import KitError
+from conformance.targets.registry import POOL, TARGETS, target_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_matrix_target_has_one_target_object() -> None:
+    assert tuple(TARGETS) == matrix.TARGETS
+    assert POOL.name == "pool" and POOL.pool_only and not POOL.serves_http
+    with pytest.raises(KitError, match="unknown value 'nope'"):
+        target_for("nope")
+
+
+# name: (serves_twins, serves_twins with --twins, on_gpu, exact in float32, exact in bfloat16, idle deadline, own suites, perf)
+ANSWERS = {
+    "reference": (True, True, False, True, True, 5.0, (), False),
+    "sglang": (False, True, True, False, False, 45.0, ("perf",), True),
+    "sglang-cpu": (True, True, False, True, False, 45.0, ("agreement", "perf"), True),
+    "pool": (False, False, False, False, False, 45.0, (), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ANSWERS))
+def test_each_target_answers_as_the_name_comparisons_did(name: str) -> None:
+    t = TARGETS[name]
+    got = (t.serves_twins(False), t.serves_twins(True), t.on_gpu, t.exact_mode({"dtype": "float32"}), t.exact_mode({"dtype": "bfloat16"}),
+           t.idle_deadline_s, t.suites, t.perf)
+    assert got == ANSWERS[name]
+
+
+def test_lookahead_and_served_model() -> None:
+    cell = matrix.load_matrix().select(target="sglang", models=["qwen3-next"], strategies=["extra_buffer"], tier="premerge")[0]
+    assert TARGETS["reference"].lookahead(cell, {}) == 0
+    assert TARGETS["sglang-cpu"].lookahead(cell, {"disable_overlap_schedule": False}) == 1
+    assert TARGETS["sglang"].served_model(cell) == cell.model.hf_path and TARGETS["sglang"].served_model(cell, twins=True) == cell.model.twin
+    assert TARGETS["pool"].served_model(cell) is None
+
+
+def test_cli_and_plugin_declare_the_same_selection_options() -> None:
+    from conformance.cli import build_parser
+
+    run = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+    cli = {o: a for a in run._actions for o in a.option_strings}
+    group = SimpleNamespace(flags={}, addoption=lambda flag, **kw: group.flags.__setitem__(flag, kw))
+    options.add_pytest_options(group, options.PLUGIN_OPTIONS)
+    shared = set(group.flags) & set(cli)
+    assert {"--target", "--models", "--strategies", "--faults", "--page-sizes", "--tier", "--matrix", "--sglang-launcher",
+            "--gpus-per-worker", "--twins", "--dtype", "--gsm8k-dir", "--report-dir"} <= shared
+    for flag in shared:
+        assert tuple(cli[flag].choices or ()) == tuple(group.flags[flag].get("choices") or ()), flag
+    assert "default: sglang-cpu" in group.flags["--target"]["help"]
+
+
+def test_run_forwards_the_targets_own_options_only_to_it() -> None:
+    from conformance.cli import build_parser
+
+    gpu = options.forward(build_parser().parse_args(["run", "--target", "sglang", "--models", "qwen3-next", "--twins"]))
+    assert gpu == ["--models=qwen3-next", "--sglang-launcher=python -m sglang.launch_server", "--gpus-per-worker=1", "--twins"]
+    cpu = options.forward(build_parser().parse_args(["run", "--target", "sglang-cpu", "--dtype", "bfloat16"]))
+    assert cpu == ["--dtype=bfloat16"]
+
+
+#: A target name compared (==, !=, in, not in) with something called ``target``.
+COMPARISON = re.compile(r"""target\)?\s*(==|!=|\bnot in\b|\bin\b)\s*[(\[{]?\s*["'](reference|sglang-cpu|sglang|pool)["']"""
+                        r"""|["'](reference|sglang-cpu|sglang|pool)["']\s*(==|!=)\s*\w*target""")
+#: Where names may be compared: the registry, the option parsers; and the one left (the pool
+#: tier's own "was I asked for" test reads the raw pytest option, below the registry).
+ALLOWED = {"conformance/targets/registry.py", "conformance/options.py", "conformance/sglang_api/pool.py"}
+
+
+def test_no_target_name_comparison_outside_the_registry() -> None:
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+             for p in sorted((ROOT / "conformance").rglob("*.py")) if str(p.relative_to(ROOT)) not in ALLOWED
+             for i, line in enumerate(p.read_text().splitlines(), 1) if COMPARISON.search(line)]
+    assert not found, "\n".join(found)
