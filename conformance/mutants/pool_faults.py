@@ -18,6 +18,7 @@ import torch
 
 from conformance.errors import KitError
 from conformance.faults import FAULT_ENV, Fault, registry
+from conformance.strategy import BUFFERED, LAZY, NAMES
 
 #: What catches a pool fault: the first invariant of the pool suite that breaks.
 CAUGHT_AS = "a pool invariant of the pool suite (`conformance/leaks`, `-m pool`) fails"
@@ -225,8 +226,7 @@ def _finish_keeps_the_next_track_slot(api, patch):
     patch(api, "release_kv_cache", release_kv_cache)
 
 
-BUFFERED = ("extra_buffer", "extra_buffer_lazy")
-ALL = ("no_buffer", *BUFFERED)
+ALL = NAMES
 
 
 def _pool_fault(name: str, description: str, real_bug: str, where: str, patch: Callable[[object, Callable], None],
@@ -245,10 +245,10 @@ FAULTS: dict[str, Fault] = registry(
                 "HybridReqToTokenPool.free_mamba_cache", _pingpong_stale_reference, BUFFERED),
     _pool_fault("lazy_second_slot_kept", "the transient lazy slot is never returned after a boundary step",
                 "PR 27118 class: mamba_lazy_post_decode_at_boundary not freeing the old slot",
-                "SchedulerBatchResultProcessor.mamba_lazy_post_decode_at_boundary", _lazy_second_slot_kept, ("extra_buffer_lazy",)),
+                "SchedulerBatchResultProcessor.mamba_lazy_post_decode_at_boundary", _lazy_second_slot_kept, LAZY),
     _pool_fault("lazy_alloc_fail_tracks_empty_slot", "a failed lazy boundary allocation still tracks into the missing slot, which is then inserted",
                 "PR 27118 class: alloc-fail path inserting a state that was never written",
-                "ScheduleBatch.mamba_lazy_prealloc_at_boundary", _lazy_alloc_fail_tracks_empty_slot, ("extra_buffer_lazy",)),
+                "ScheduleBatch.mamba_lazy_prealloc_at_boundary", _lazy_alloc_fail_tracks_empty_slot, LAZY),
     _pool_fault("track_boundary_early", "prefill passes the kernel a track seqlen one token short (the +1 of _force_track_h dropped); the recorded length stays right",
                 "off-by-one in SGLang's track seqlen (_mamba_radix_cache_v2_req_prepare_for_extend): the state of another position is cached under the key",
                 "ScheduleBatch._mamba_radix_cache_v2_req_prepare_for_extend", _track_shift(-1), BUFFERED),
