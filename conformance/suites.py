@@ -115,3 +115,11 @@ def note_idle_probe(endpoint: Any, probe: IdleProbe) -> IdleProbe:
     """Keep a scenario's idle probe on the endpoint; the leaks suite judges them all."""
     endpoint.extra.setdefault("idle_probes", []).append(probe)
     return probe
+
+
+def pool_tier_asked(config: Any) -> bool:
+    """Whether the run asked for the pool tier itself (its target, or a ``pool`` marker
+    expression): then an SGLang the pool tier cannot use fails the run instead of skipping."""
+    markexpr = str(getattr(config.option, "markexpr", "") or "")
+    target = getattr(config.option, "target", None)
+    return bool(target and target_for(target).pool_only) or "pool" in markexpr.replace("(", " ").replace(")", " ").split()

@@ -51,8 +51,7 @@ def gsm8k_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_fast_reference_subset_catches_and_scores(tmp_path: Path, gsm8k_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two faults on the smallest cell: both caught, by the check that should catch them."""
     small = MutantPlan("qwen3-next/extra_buffer:kl+prefix", suites=("kl", "prefix_branching"), models="qwen3-next", strategies="extra_buffer", stop_at_first=True)
-    monkeypatch.setattr(catalogue, "reference_plans", lambda: {"cached_tokens_overreport": small, "track_boundary_late": small})
-    monkeypatch.setattr(command, "reference_plans", catalogue.reference_plans)
+    monkeypatch.setitem(catalogue.CATALOGUES, "reference", catalogue.Catalogue(lambda: {"cached_tokens_overreport": small, "track_boundary_late": small}, catalogue.FAST_REFERENCE))
     console = Console(width=300, record=True)
     code = command.run_mutants(target="reference", only=None, report_dir=tmp_path, console=console)
     text = console.export_text()
@@ -64,7 +63,7 @@ def test_fast_reference_subset_catches_and_scores(tmp_path: Path, gsm8k_env: Non
 def test_uncaught_fault_fails_the_command(tmp_path: Path, gsm8k_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fault run only on a suite that cannot see it must be reported NOT CAUGHT, exit 1."""
     blind = MutantPlan("qwen3-next/extra_buffer:gsm8k", suites=("gsm8k",), models="qwen3-next", strategies="extra_buffer", stop_at_first=True)
-    monkeypatch.setattr(command, "reference_plans", lambda: {"cached_tokens_underreport": blind})
+    monkeypatch.setitem(catalogue.CATALOGUES, "reference", catalogue.Catalogue(lambda: {"cached_tokens_underreport": blind}, catalogue.FAST_REFERENCE))
     console = Console(width=300, record=True)
     code = command.run_mutants(target="reference", only=None, report_dir=tmp_path, console=console)
     text = console.export_text()
@@ -97,7 +96,7 @@ def test_a_timed_out_run_is_not_caught_and_leaves_no_process(tmp_path: Path, mon
     while psutil.pid_exists(grandchild) and psutil.Process(grandchild).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
-    monkeypatch.setattr(command, "reference_plans", lambda: {"cached_tokens_overreport": plan})
+    monkeypatch.setitem(catalogue.CATALOGUES, "reference", catalogue.Catalogue(lambda: {"cached_tokens_overreport": plan}, catalogue.FAST_REFERENCE))
     console = Console(width=300, record=True)
     assert command.run_mutants(target="reference", only=None, report_dir=tmp_path / "all", console=console) == 1
     text = console.export_text()

@@ -80,7 +80,7 @@ COMPARISON = re.compile(r"""target\)?\s*(==|!=|\bnot in\b|\bin\b)\s*[(\[{]?\s*["
                         r"""|["'](reference|sglang-cpu|sglang|pool)["']\s*(==|!=)\s*\w*target""")
 #: Where names may be compared: the registry, the option parsers; and the one left (the pool
 #: tier's own "was I asked for" test reads the raw pytest option, below the registry).
-ALLOWED = {"conformance/targets/registry.py", "conformance/options.py", "conformance/sglang_api/pool.py"}
+ALLOWED = {"conformance/targets/registry.py", "conformance/options.py"}
 
 
 def test_no_target_name_comparison_outside_the_registry() -> None:

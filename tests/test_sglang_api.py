@@ -143,11 +143,14 @@ def test_unusable_sglang_fails_when_the_pool_tier_was_asked_for(monkeypatch):
     monkeypatch.setattr(pool, "_API", None)
     monkeypatch.setattr(pool, "_ERROR", "sglang 0.5.11 is not importable (ImportError: x)")
     monkeypatch.delenv(pool.REQUIRE_ENV, raising=False)
+    from conformance.suites import pool_tier_asked
+
+    reference = SimpleNamespace(option=SimpleNamespace(target="reference", markexpr=""))
     with pytest.raises(pytest.skip.Exception, match="pool tier needs sglang: sglang 0.5.11"):
-        pool.require(SimpleNamespace(option=SimpleNamespace(target="reference", markexpr="")))
+        pool.require(pool_tier_asked(reference))
     for option in (SimpleNamespace(target="pool", markexpr=""), SimpleNamespace(target="reference", markexpr="pool and lazy_alloc_fail")):
         with pytest.raises(pytest.fail.Exception, match="pool tier asked for but cannot run: sglang 0.5.11 is not importable"):
-            pool.require(SimpleNamespace(option=option))
+            pool.require(pool_tier_asked(SimpleNamespace(option=option)))
     monkeypatch.setenv(pool.REQUIRE_ENV, "1")
     with pytest.raises(pytest.fail.Exception):
         pool.require()

@@ -23,6 +23,7 @@ from conformance.matrix import load_matrix
 from conformance.sglang_api import pool as sglang_pool
 from conformance.sglang_api.pool_driver import NotApplicable
 from conformance.sglang_api.pool_runtime import PoolKey
+from conformance.suites import pool_tier_asked
 from conformance.targets.pool.scenarios import SCENARIOS, not_applicable, run_machine
 
 pytestmark = pytest.mark.pool
@@ -49,7 +50,7 @@ def _once(what: str, key: PoolKey, run: Callable[[], None]) -> None:
 
 
 def _key(cell, request) -> PoolKey:
-    api = sglang_pool.require(request.config)
+    api = sglang_pool.require(pool_tier_asked(request.config))
     key = PoolKey.from_cell(cell)
     reason = api.driver.gap(api, key)
     if reason:

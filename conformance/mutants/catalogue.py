@@ -14,6 +14,7 @@ under an hour (one real SGLang server per run).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from conformance.faults import FAULT_ENV, PD_FAULT_ENV, SGLANG_FAULT_ENV, Fault
 from conformance.strategy import BASELINE, strategy_named
@@ -123,3 +124,19 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
             tier="premerge", stop_at_first=True, timeout_s=SGLANG_CPU_TIMEOUT_S, fault_env=SGLANG_FAULT_ENV,
         )
     return plans
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """One target's seeded faults for ``mutants``: every plan, and the CI subset (``--fast``)."""
+
+    plans: Callable[[], dict[str, MutantPlan]]
+    fast: tuple[str, ...]
+
+
+#: ``mutants --target`` -> that target's catalogue (the option's choices are these keys).
+CATALOGUES: dict[str, Catalogue] = {
+    "reference": Catalogue(reference_plans, FAST_REFERENCE),
+    "pool": Catalogue(pool_plans, FAST_POOL),
+    "sglang-cpu": Catalogue(sglang_cpu_plans, FAST_SGLANG_CPU),
+}

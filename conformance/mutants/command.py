@@ -27,14 +27,7 @@ from rich.table import Table
 
 from conformance.errors import KitError
 from conformance.mutants import power
-from conformance.mutants.catalogue import (
-    FAST_POOL,
-    FAST_REFERENCE,
-    FAST_SGLANG_CPU,
-    pool_plans,
-    reference_plans,
-    sglang_cpu_plans,
-)
+from conformance.mutants.catalogue import CATALOGUES, sglang_cpu_plans
 from conformance.mutants.runs import run_plan
 from conformance.targets.registry import target_for
 
@@ -61,7 +54,8 @@ def sglang_not_applicable(names: tuple[str, ...]) -> dict[str, str]:
 def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None,
                 programs: str | None = None, seed: int = 0, programs_only: bool = False, shrink_s: float | None = None) -> int:
     console = console or Console(width=200)
-    plans = {"reference": reference_plans, "pool": pool_plans, "sglang-cpu": sglang_cpu_plans}[target]()
+    catalogue = CATALOGUES[target]
+    plans = catalogue.plans()
     if only:
         names = [n.strip() for n in only.split(",") if n.strip()]
         unknown = [n for n in names if n not in plans]
@@ -69,8 +63,7 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
             raise KitError(f"--only: unknown fault {unknown[0]!r}; known: {', '.join(plans)}")
         plans = {n: plans[n] for n in names}
     elif fast:
-        keep = {"reference": FAST_REFERENCE, "pool": FAST_POOL, "sglang-cpu": FAST_SGLANG_CPU}[target]
-        plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in keep}
+        plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in catalogue.fast}
     not_applicable: dict[str, str] = {}
     if target_for(target).kit_plugins:  # a cell runs only the suites the selected faults need
         not_applicable = sglang_not_applicable(tuple(plans))

@@ -71,25 +71,21 @@ def driver_class():
     return load().driver
 
 
-def explicitly_required(config=None) -> bool:
-    """Whether the user asked for the pool tier itself (then unusable sglang is a failure)."""
-    if os.environ.get(REQUIRE_ENV, "") not in ("", "0"):
-        return True
-    if config is None:
-        return False
-    markexpr = str(getattr(config.option, "markexpr", "") or "")
-    target = getattr(config.option, "target", None)
-    return target == "pool" or "pool" in markexpr.replace("(", " ").replace(")", " ").split()
+def explicitly_required(asked: bool = False) -> bool:
+    """Whether the user asked for the pool tier itself (then unusable sglang is a failure):
+    ``asked`` is the caller's answer from the run's options (``suites.pool_tier_asked``), or
+    the environment says so."""
+    return asked or os.environ.get(REQUIRE_ENV, "") not in ("", "0")
 
 
-def require(config=None) -> SimpleNamespace:
+def require(asked: bool = False) -> SimpleNamespace:
     """``load()`` for tests: skip with the cause, or fail with it when explicitly asked for."""
     import pytest
 
     try:
         return load()
     except SGLangUnavailable as e:
-        if explicitly_required(config):
+        if explicitly_required(asked):
             pytest.fail(f"pool tier asked for but cannot run: {e}", pytrace=False)
         pytest.skip(f"pool tier needs sglang: {e}")
 
