@@ -75,12 +75,21 @@ def test_run_forwards_the_targets_own_options_only_to_it() -> None:
     assert cpu == ["--dtype=bfloat16"]
 
 
-#: A target name compared (==, !=, in, not in) with something called ``target``.
+#: A target name compared (==, !=, in, not in) with something called ``target``, or a
+#: dispatch table keyed by target names (two or more).
 COMPARISON = re.compile(r"""target\)?\s*(==|!=|\bnot in\b|\bin\b)\s*[(\[{]?\s*["'](reference|sglang-cpu|sglang|pool)["']"""
-                        r"""|["'](reference|sglang-cpu|sglang|pool)["']\s*(==|!=)\s*\w*target""")
-#: Where names may be compared: the registry, the option parsers; and the one left (the pool
-#: tier's own "was I asked for" test reads the raw pytest option, below the registry).
+                        r"""|["'](reference|sglang-cpu|sglang|pool)["']\s*(==|!=)\s*[\w.]*target"""
+                        r"""|\{\s*["'](reference|sglang-cpu|sglang|pool)["']\s*:[^}]*,\s*["'](reference|sglang-cpu|sglang|pool)["']\s*:""")
+#: Where names may be compared: the registry and the option parser.
 ALLOWED = {"conformance/targets/registry.py", "conformance/options.py"}
+
+
+def test_the_comparison_pattern_sees_each_form() -> None:
+    for line in ('if options.target == "sglang":', 'if endpoint.target in ("reference", "sglang-cpu"):',
+                 'if plan.target != "pool":', 'if "sglang-cpu" == self.target:', 'x = {"reference": a, "pool": b}[target]'):
+        assert COMPARISON.search(line), line
+    for line in ('import sglang', 'md.version("sglang")', 'report["pool"] = pool', 'TARGETS["reference"]'):
+        assert not COMPARISON.search(line), line
 
 
 def test_no_target_name_comparison_outside_the_registry() -> None:

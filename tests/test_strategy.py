@@ -3,6 +3,9 @@ matrix and the reference engine read it, and SGLang's grid resolution."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from conformance.errors import KitError
@@ -50,3 +53,25 @@ def test_grid() -> None:
     g = Grid.resolve(64, 128, 96)  # page above the model chunk: the chunk follows the page
     assert (g.chunk, g.checkpoint_grid, g.track_grid) == (128, 128, 384)
     assert Grid.refuses(64, 48) and Grid.refuses(64, 16) is None
+
+
+#: A strategy name compared (==, !=, in, not in, startswith) in code.
+STRATEGY_COMPARISON = re.compile(r"""(==|!=|\bin\b|\bnot in\b)\s*[(\[{]?\s*["'](no_buffer|extra_buffer|extra_buffer_lazy)["']"""
+                                 r"""|["'](no_buffer|extra_buffer|extra_buffer_lazy)["']\s*(==|!=)|startswith\(["'](no_buffer|extra)""")
+
+
+def test_the_strategy_comparison_pattern_sees_each_form() -> None:
+    for line in ('if cell.strategy.name == "no_buffer":', 'if s in ("extra_buffer", "extra_buffer_lazy"):',
+                 'if "extra_buffer_lazy" != name:', 'if name.startswith("extra"):'):
+        assert STRATEGY_COMPARISON.search(line), line
+    for line in ('STRATEGIES["no_buffer"]', 'Strategy("no_buffer", ...)', 'strategies = ("no_buffer",)'):
+        assert not STRATEGY_COMPARISON.search(line), line
+
+
+def test_no_strategy_name_comparison_outside_the_strategy_record() -> None:
+    root = Path(__file__).resolve().parents[1]
+    found = [f"{p.relative_to(root)}:{i}: {line.strip()}"
+             for p in sorted((root / "conformance").rglob("*.py")) if p != root / "conformance" / "strategy.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if STRATEGY_COMPARISON.search(line) and not line.lstrip().startswith("#")]
+    assert not found, "\n".join(found)
