@@ -47,6 +47,8 @@ from pathlib import Path
 
 import psutil
 
+from conformance.faults import SGLANG_FAULT_ENV
+
 CELL_DEFAULT = "qwen3-next-80b-extra_buffer-p1-t256"
 MARK = "_BENCH_STARTUP_REEXEC"
 PATTERNS = {
@@ -211,7 +213,7 @@ def launch_env(cell: dict, report: Path, fault: str | None) -> dict:
     env = {**os.environ, **cell["env"], "HYBRID_CONFORMANCE_PLUGIN_REPORT": str(report)}
     env.pop(MARK, None)
     if fault:
-        env["HYBRID_CONFORMANCE_SGLANG_FAULT"] = fault
+        env[SGLANG_FAULT_ENV] = fault
     return env
 
 
