@@ -217,7 +217,8 @@ def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytes
             note_launch(request, cell, kind="server")
             note_server(request, cell, ep.info, target=state.options.target)
             yield ep
-            note_server_end(cell, alive_at_end=ep.alive(), exit_reason=None if ep.alive() else _dead_reason(ep), **ep.extra.get("server", {}))
+            note_server_end(cell, alive_at_end=ep.alive(), exit_reason=None if ep.alive() else _dead_reason(ep),
+                            launch=getattr(ep.process, "launch", None) or None, **ep.extra.get("server", {}))
             _teardown_idle_check(ep)
         return
     pytest.fail(problem, pytrace=False)

@@ -83,7 +83,8 @@ def probe_server(cell: Cell, tmp_path: Path, *, fault: str | None = None, strict
     env[REPORT_ENV] = str(report)
     if fault:
         assert env.get(FAULT_ENV) == fault and FAULT_PLUGIN in spec.plugins
-    proc = ServerProcess(name=f"probe server {cell.id}", argv=spec.argv, env=env, health_url=spec.base_url + spec.health_path, log_path=tmp_path / f"{cell.id}.log", start_timeout_s=spec.start_timeout_s)
+    proc = ServerProcess(name=f"probe server {cell.id}", argv=spec.argv, env=env, health_url=spec.base_url + spec.health_path, log_path=tmp_path / f"{cell.id}.log", start_timeout_s=spec.start_timeout_s,
+                         preimport_env=spec.env if spec.preimport else None)
     proc.start()
     client = SGLangClient(spec.base_url, liveness=proc.exit_reason)
     try:

@@ -1,5 +1,5 @@
-"""Zero orphans on both launch paths (Popen and the preloaded forkserver), however the run
-ends: SIGINT, SIGTERM, an interpreter exiting with a live server, kill -9 of an xdist
+"""Zero orphans on every launch path (Popen, the preloaded forkserver, the pre-imported
+launcher of real-SGLang servers), however the run ends: SIGINT, SIGTERM, an interpreter exiting with a live server, kill -9 of an xdist
 worker. Each variant starts real servers from a real process, ends it, and counts every
 process it started that is still alive (the servers, their grandchildren, the forkserver)."""
 
@@ -29,12 +29,17 @@ _HOLD = textwrap.dedent(
 
     def start(path, tmp):
         pids, servers = [], []
-        modes = ("healthy", "ignore-term") if path == "popen" else ("healthy",)
+        modes = ("healthy", "ignore-term") if path != "forkserver" else ("healthy",)
         for mode in modes:
             port = free_port()
-            args = ["--port", str(port), "--mode", mode] + (["--spawn-child"] if path == "popen" else [])
+            args = ["--port", str(port), "--mode", mode] + (["--spawn-child"] if path != "forkserver" else [])
+            argv = [sys.executable, {standin!r}, *args]
             kw = dict(entry="standins.server:entry", entry_argv=args) if path == "forkserver" else {{}}
-            sp = ServerProcess(name=mode, argv=[sys.executable, {standin!r}, *args], health_url=f"http://127.0.0.1:{{port}}/health",
+            if path == "preimported":
+                tests = {{"PYTHONPATH": {tests!r}}}
+                argv = [sys.executable, "-m", "standins.server", *args]
+                kw = dict(preimport_env=tests, env=tests, preload=("standins.server",))
+            sp = ServerProcess(name=mode, argv=argv, health_url=f"http://127.0.0.1:{{port}}/health",
                                log_path=Path(tmp) / f"{{mode}}.log", stop_timeout_s=2.0, **kw)
             sp.start()
             servers.append(sp)
@@ -44,6 +49,10 @@ _HOLD = textwrap.dedent(
         if path == "forkserver":
             from multiprocessing import forkserver
             pids.append(forkserver._forkserver._forkserver_pid)
+        if path == "preimported":
+            from conformance.targets import preimport
+            assert {{sp.launch for sp in servers}} == {{"pre-imported"}}, [sp.log_text() for sp in servers]
+            pids += [z.proc.pid for z in preimport._ZYGOTES.values()]
         pids.append(launcher._Reaper.pid())
         Path({pidfile!r}).write_text(json.dumps({{"pids": pids, "me": os.getpid()}}))
         return servers
@@ -96,7 +105,7 @@ def _kill_tree(proc: subprocess.Popen, pids: list[int]) -> None:
             pass
 
 
-@pytest.mark.parametrize("path", ["popen", "forkserver"])
+@pytest.mark.parametrize("path", ["popen", "forkserver", "preimported"])
 @pytest.mark.parametrize("ending", ["sigint", "sigterm", "exit-live", "kill9-xdist-worker"])
 def test_zero_orphans(tmp_path: Path, path: str, ending: str) -> None:
     pidfile = tmp_path / "pids.json"

@@ -36,6 +36,7 @@ from sglang_cpu_probes import (
 
 from conformance.checks.leaks import idle_invariant
 from conformance.sglang_plugins.faults.track_path_slowdown import PREFILL_SLEEP_S
+from conformance.targets import preimport
 
 pytestmark = [pytest.mark.fault_probe, pytest.mark.timeout(1800)]
 
@@ -95,6 +96,8 @@ def test_fault_does_damage_on_real_sglang(fault: str, tmp_path: Path) -> None:
     with probe_server(cell_for(*probe.where, probe.cell_fault), tmp_path, fault=fault, strict=False) as server:
         seen = probe.scenario(server.client)
         fired = server.fired(fault)
+    # the server was forked from the pre-imported launcher unless the run asked for plain launches
+    assert server.process.launch == ("pre-imported" if preimport.enabled() else "plain"), server.log()[-2000:]
     assert fired >= 1, f"{fault}: its hooks never fired on this scenario"
     assert probe.harmed(seen), f"{fault} (fired {fired}x) did no visible damage: {_describe(seen)}"
 

@@ -68,6 +68,8 @@ class RunStats:
     steps: int = 0
     seconds: float = 0.0
     max_logprob_gap: float = 0.0  # largest |served - cold| logprob seen (exact mode: the noise)
+    cold_s: float = 0.0  # seconds waiting for the cache-off twin's batched cold computations
+    idle_s: float = 0.0  # seconds in idle checks (waiting for fresh idle gauges)
 
     @classmethod
     def total(cls, runs: "list[RunStats]") -> "RunStats":
@@ -75,7 +77,7 @@ class RunStats:
         return cls(
             sum(r.requests for r in runs), sum(r.hits for r in runs), sum(r.compared_tokens for r in runs),
             sum(r.idle_checks for r in runs), sum(r.steps for r in runs), sum(r.seconds for r in runs),
-            max((r.max_logprob_gap for r in runs), default=0.0),
+            max((r.max_logprob_gap for r in runs), default=0.0), sum(r.cold_s for r in runs), sum(r.idle_s for r in runs),
         )
 
 
@@ -318,10 +320,13 @@ class ProgramRun:
             "top_logprobs_num": top,
             "return_text_in_logprobs": False,
         }
+        t0 = time.monotonic()
         try:
             out = self.t.cold.generate(payload, timeout=WAIT_S)
         except KitError as e:
             raise KitError(f"the cache-off twin failed a cold computation: {e}") from None
+        finally:
+            self.stats.cold_s += time.monotonic() - t0
         out = out if isinstance(out, list) else [out]
         for (s, start, served_start), resp in zip(todo, out):
             cold = cold_from_meta(resp.get("meta_info", {}), start)
@@ -337,8 +342,10 @@ class ProgramRun:
     def _idle_checks(self) -> None:
         c = self.t.client
         locked = self.resolver.session_locks()
+        t0 = time.monotonic()
         probe = idle_probe(c, f"program step {self.step_no}", requests=len(self._since_idle), deadline_s=self.t.idle_deadline_s,
                            flush=False, invariant=lambda v: idle_problems(v, locked=locked))
+        self.stats.idle_s += time.monotonic() - t0
         self.stats.idle_checks += 1
         if probe.problems:
             self.fail("idle invariant: " + "; ".join(probe.problems[:3]))

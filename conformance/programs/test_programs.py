@@ -90,6 +90,7 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": total.requests, "hits": total.hits,
         "compared_tokens": total.compared_tokens, "idle_checks": total.idle_checks, "restarts": ex.restarts, "seed": seed,
         "max_logprob_gap": total.max_logprob_gap,
+        "cold_s": round(total.cold_s, 1), "idle_s": round(total.idle_s, 1),
     }
     details: dict[str, Any] = {"budget": budget}
     if ex.finding is not None:

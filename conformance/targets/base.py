@@ -27,6 +27,7 @@ class LaunchSpec:
     entry_argv: list[str] = field(default_factory=list)
     preload: tuple[str, ...] = ()
     plugins: tuple[str, ...] = ()  # kit plugins that must prove they ran inside the server
+    preimport: bool = False  # may be forked from a pre-imported launcher (conformance.targets.preimport)
 
     @property
     def base_url(self) -> str:

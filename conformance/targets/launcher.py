@@ -40,6 +40,8 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from conformance.errors import PortTakenError, ServerStartError
+from conformance.targets import preimport
+from conformance.targets.reaper_client import Reaper as _Reaper
 
 _LIVE: "set[ServerProcess]" = set()
 #: What names a start-up failure in a server log, most specific first.
@@ -52,35 +54,6 @@ _CAUSE_PATTERNS = (
 _LIVE_LOCK = threading.Lock()
 #: The server could not bind its port (uvicorn's line; SGLang then hangs in shutdown).
 _PORT_TAKEN = re.compile(r"\[Errno 98\]|address already in use", re.I)
-
-
-class _Reaper:
-    """This process's reaper (started on first use): told which groups/pids to kill if we die."""
-
-    proc: "subprocess.Popen[str] | None" = None
-    lock = threading.Lock()
-    told_forkserver: int | None = None
-
-    @classmethod
-    def tell(cls, kind: str, ident: int, *, forget: bool = False) -> None:
-        with cls.lock:
-            try:
-                if cls.proc is None or cls.proc.poll() is not None:
-                    if forget:
-                        return
-                    cls.proc = subprocess.Popen(
-                        [sys.executable, "-m", "conformance.targets.reaper"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL, text=True, start_new_session=True, close_fds=True,
-                    )
-                assert cls.proc.stdin is not None
-                cls.proc.stdin.write(f"{'forget ' if forget else ''}{kind} {ident}\n")
-                cls.proc.stdin.flush()
-            except (OSError, ValueError):  # no reaper: PDEATHSIG and the handlers remain
-                pass
-
-    @classmethod
-    def pid(cls) -> int | None:
-        return cls.proc.pid if cls.proc is not None else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -115,7 +88,12 @@ class ServerProcess:
     entry: str | None = None
     entry_argv: Sequence[str] = ()
     preload: Sequence[str] = ()
-    proc: "subprocess.Popen | _ForkedChild | None" = None
+    #: the target's own environment when the server may be forked from a pre-imported
+    #: launcher (``conformance.targets.preimport``); None: always a plain process
+    preimport_env: Mapping[str, str] | None = None
+    proc: "subprocess.Popen | _ForkedChild | preimport.ForkedServer | None" = None
+    #: how it was started: "plain", "pre-imported" or "forkserver"
+    launch: str = field(default="", init=False)
     returncode: int | None = None
     _log_start: int = field(default=0, init=False, repr=False)  # where this start's part of the log begins
 
@@ -126,7 +104,11 @@ class ServerProcess:
         env = {**os.environ, **self.env}
         if self.entry:
             self.proc = _ForkedChild.start(self.entry, list(self.entry_argv), env, self.log_path, self.preload)
+            self.launch = "forkserver"
+        elif self.preimport_env is not None and self._start_preimported(env):
+            self.launch = "pre-imported"
         else:
+            self.launch = "plain"
             log = open(self.log_path, "ab")
             try:
                 self.proc = subprocess.Popen(
@@ -153,6 +135,18 @@ class ServerProcess:
             self.stop()
             raise
         return self
+
+    def _start_preimported(self, env: Mapping[str, str]) -> bool:
+        """Fork the server from its pre-imported launcher; False (and one line saying why,
+        also in the server's log) when that cannot serve it."""
+        forked = preimport.spawn(self.argv, self.preimport_env or {}, env, self.log_path, tuple(self.preload) or preimport.SGLANG_PRELOAD)
+        if isinstance(forked, str):
+            preimport.say_plain_once(forked)
+            with open(self.log_path, "a") as log:
+                log.write(f"hybrid-conformance: plain launch: {forked}\n")
+            return False
+        self.proc = forked
+        return True
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s

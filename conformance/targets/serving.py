@@ -108,6 +108,7 @@ def _start_cell(cell: Cell, options: Any, log_dir: Path) -> StartedCell:
         entry=spec.entry,
         entry_argv=spec.entry_argv,
         preload=spec.preload,
+        preimport_env=spec.env if spec.preimport else None,
     )
     try:
         proc.start()

@@ -113,4 +113,5 @@ class SGLangCpuTarget:
             health_path="/health_generate",
             start_timeout_s=600.0,
             plugins=self.expected_plugins(cell),
+            preimport=True,
         )

@@ -1,0 +1,246 @@
+"""Start real SGLang servers from a pre-imported process (``conformance.targets.zygote``).
+
+One zygote per (Python, import environment): the environment a cell's server starts in,
+minus the variables read only while a server runs (``LATE_ENV``: the seeded faults, the
+lazy allocation-failure switch, the plugins' report path), so cells that differ only in
+those share one.  The zygote imports SGLang's server stack once (about 7 s of the 17 s a
+plain launch takes here) and forks each server with the cell's exact argv (the plain
+command's arguments) and exact environment.  Where it cannot serve -- the zygote fails to
+import, SGLang loads its plugins at import, the command is not ``python -m
+sglang.launch_server`` -- :func:`spawn` returns the reason and the caller launches plainly,
+saying so in one line.
+
+Lifetime: the zygote runs in its own session and is registered with the kit's reaper; it
+kills every server it forked when its stdin closes (the kit exited, even by ``kill -9``);
+each forked server has a parent-death signal on the zygote and its own process group,
+which the launcher stops and registers exactly as a plain server's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Mapping, Sequence
+
+from conformance.errors import KitError
+from conformance.faults import FAULT_SWITCHES
+from conformance.sglang_plugins.activation import REPORT_ENV
+from conformance.targets.reaper_client import register_with_reaper
+
+#: Read by SGLang or the kit only when a server runs, never while importing: a zygote
+#: imported without them serves every value.
+LATE_ENV = frozenset((*FAULT_SWITCHES, REPORT_ENV))
+#: What a real-SGLang zygote imports: SGLang's server entry points and the kit's plugins.
+SGLANG_PRELOAD = (
+    "sglang.srt.server_args",
+    "sglang.srt.entrypoints.engine",
+    "sglang.srt.entrypoints.http_server",
+    "conformance.sglang_plugins.general",
+)
+#: How real-SGLang servers start: ``preimported`` (forked from the zygote; SGLang spawns its
+#: children as always), ``preimported-fork`` (SGLang's children forked from that server
+#: too) or ``plain`` (``python -m sglang.launch_server``).
+LAUNCH_ENV = "HYBRID_CONFORMANCE_LAUNCH"
+LAUNCH_MODES = ("preimported", "preimported-fork", "plain")
+DEFAULT_MODE = "preimported"
+READY_TIMEOUT_S = 300.0
+REQUEST_TIMEOUT_S = 30.0
+
+
+class ZygoteError(RuntimeError):
+    """The zygote cannot serve (the message says why, in one line)."""
+
+
+@dataclass
+class Zygote:
+    """One pre-imported launcher process and the pipe to it."""
+
+    python: str
+    env: dict[str, str]
+    log_path: Path
+    preload: tuple[str, ...] = SGLANG_PRELOAD
+    proc: "subprocess.Popen[str] | None" = None
+    unavailable: str = ""
+    import_s: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> "Zygote":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [self.python, "-m", "conformance.targets.zygote", *self.preload], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=log, env=self.env, text=True, start_new_session=True,
+            )
+        register_with_reaper("group", self.proc.pid)
+        answer = self._read(READY_TIMEOUT_S)
+        if "ready" in answer:
+            self.import_s = float(answer["ready"].get("import_s", 0.0))
+        else:
+            self.unavailable = str(answer.get("unavailable") or answer.get("error") or answer)
+            self.stop()
+        return self
+
+    def _read(self, timeout: float) -> dict:
+        assert self.proc is not None and self.proc.stdout is not None
+        box: list[str] = []
+        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(timeout)
+        if reader.is_alive():
+            self.stop()
+            raise ZygoteError(f"the pre-imported launcher did not answer within {timeout:.0f}s (log {self.log_path})")
+        if not box or not box[0]:
+            code = self.proc.poll()
+            raise ZygoteError(f"the pre-imported launcher exited (code {code}); log {self.log_path}")
+        return json.loads(box[0])
+
+    def ask(self, request: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                raise ZygoteError(f"the pre-imported launcher is gone (log {self.log_path})")
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError) as e:
+                raise ZygoteError(f"the pre-imported launcher is gone: {e} (log {self.log_path})") from None
+            answer = self._read(timeout)
+        if "error" in answer:
+            raise ZygoteError(f"the pre-imported launcher refused: {answer['error']}")
+        return answer
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                if stream is not None:
+                    stream.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        register_with_reaper("group", proc.pid, forget=True)
+
+
+class ForkedServer:
+    """A server the zygote forked; quacks like ``subprocess.Popen`` for the launcher."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self.zygote, self.pid = zygote, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        try:
+            self.returncode = self.zygote.ask({"op": "poll", "pid": self.pid})["code"]
+        except ZygoteError:  # the zygote is gone: it killed its servers on the way out
+            self.returncode = None if _exists(self.pid) else -9
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            time.sleep(0.05)
+        return self.returncode  # type: ignore[return-value]
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie whose parent (the zygote) has not reaped it yet counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+_ZYGOTES: dict[tuple, Zygote] = {}
+_ZYGOTES_LOCK = threading.Lock()
+_SAID: set[str] = set()
+
+
+def import_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The part of a server's environment its zygote must import under."""
+    return {k: v for k, v in env.items() if k not in LATE_ENV}
+
+
+def mode() -> str:
+    value = os.environ.get(LAUNCH_ENV) or DEFAULT_MODE
+    if value not in LAUNCH_MODES:
+        raise KitError(f"{LAUNCH_ENV}={value!r}: not one of {', '.join(LAUNCH_MODES)}")
+    return value
+
+
+def enabled() -> bool:
+    return mode() != "plain"
+
+
+def zygote_for(python: str, spec_env: Mapping[str, str], log_dir: Path, preload: tuple[str, ...] = SGLANG_PRELOAD) -> Zygote:
+    """The zygote for this Python, import environment and preload (started on first use)."""
+    fixed = import_env(spec_env)
+    key = (python, preload, tuple(sorted(fixed.items())))
+    with _ZYGOTES_LOCK:
+        zygote = _ZYGOTES.get(key)
+        if zygote is None:
+            env = {**import_env(os.environ), **fixed}
+            zygote = _ZYGOTES[key] = Zygote(python, env, Path(log_dir) / f"zygote-{len(_ZYGOTES)}.log", preload)
+            zygote.start()
+        return zygote
+
+
+def spawn(argv: Sequence[str], spec_env: Mapping[str, str], env: Mapping[str, str], log_path: Path,
+          preload: tuple[str, ...] = SGLANG_PRELOAD) -> "ForkedServer | str":
+    """Fork ``argv`` (a plain ``python -m <module> ...`` command: SGLang's
+    ``sglang.launch_server``) from its zygote with ``env``; or the reason it cannot be,
+    for a plain launch instead."""
+    if not enabled():
+        return f"{LAUNCH_ENV}=plain"
+    if len(argv) < 3 or argv[1] != "-m":
+        return f"not a 'python -m <module>' command: {' '.join(argv[:3])}"
+    try:
+        zygote = zygote_for(argv[0], spec_env, log_path.parent, preload)
+        if zygote.unavailable:
+            return zygote.unavailable
+        request = {"op": "start", "module": argv[2], "argv": list(argv[3:]), "env": dict(env), "log": str(log_path), "cwd": os.getcwd(),
+                   "fork_children": mode() == "preimported-fork"}
+        pid = zygote.ask(request)["pid"]
+    except ZygoteError as e:
+        return str(e)
+    return ForkedServer(zygote, int(pid))
+
+
+def say_plain_once(reason: str, out: IO[str] | None = None) -> None:
+    """The one line saying why servers start plainly (once per reason and process)."""
+    if reason in _SAID or reason == f"{LAUNCH_ENV}=plain":
+        return
+    _SAID.add(reason)
+    print(f"hybrid-conformance: pre-imported launch unavailable ({reason}); plain launch", file=out or sys.stderr, flush=True)
+
+
+def stop_all() -> None:
+    with _ZYGOTES_LOCK:
+        zygotes = list(_ZYGOTES.values())
+        _ZYGOTES.clear()
+    for zygote in zygotes:
+        zygote.stop()
+
+
+atexit.register(stop_all)
