@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -51,7 +52,7 @@ LAUNCH_ENV = "HYBRID_CONFORMANCE_LAUNCH"
 LAUNCH_MODES = ("preimported", "preimported-fork", "plain")
 DEFAULT_MODE = "preimported"
 READY_TIMEOUT_S = 300.0
-REQUEST_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 120.0
 
 
 class ZygoteError(RuntimeError):
@@ -70,6 +71,7 @@ class Zygote:
     unavailable: str = ""
     import_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    _seq: int = 0
 
     def start(self) -> "Zygote":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +81,14 @@ class Zygote:
                 stderr=log, env=self.env, text=True, start_new_session=True,
             )
         register_with_reaper("group", self.proc.pid)
-        answer = self._read(READY_TIMEOUT_S)
+        self._answers: "queue.Queue[dict | None]" = queue.Queue()
+        threading.Thread(target=self._read_answers, args=(self.proc.stdout,), name="zygote answers", daemon=True).start()
+        try:
+            answer = self._next(READY_TIMEOUT_S)
+        except ZygoteError as e:
+            self.unavailable = str(e)
+            self.stop()
+            return self
         if "ready" in answer:
             self.import_s = float(answer["ready"].get("import_s", 0.0))
         else:
@@ -87,31 +96,46 @@ class Zygote:
             self.stop()
         return self
 
-    def _read(self, timeout: float) -> dict:
-        assert self.proc is not None and self.proc.stdout is not None
-        box: list[str] = []
-        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-        reader.start()
-        reader.join(timeout)
-        if reader.is_alive():
-            self.stop()
-            raise ZygoteError(f"the pre-imported launcher did not answer within {timeout:.0f}s (log {self.log_path})")
-        if not box or not box[0]:
-            code = self.proc.poll()
+    def _read_answers(self, stream: IO[str]) -> None:
+        """The one reader of the zygote's answers (None at end of output)."""
+        try:
+            for line in stream:
+                if line.strip():
+                    self._answers.put(json.loads(line))
+        except (OSError, ValueError):
+            pass
+        self._answers.put(None)
+
+    def _next(self, timeout: float) -> dict:
+        try:
+            answer = self._answers.get(timeout=timeout)
+        except queue.Empty:
+            raise ZygoteError(f"the pre-imported launcher did not answer within {timeout:.0f}s (log {self.log_path})") from None
+        if answer is None:
+            self._answers.put(None)  # every later question sees the end too
+            code = self.proc.poll() if self.proc else None
             raise ZygoteError(f"the pre-imported launcher exited (code {code}); log {self.log_path}")
-        return json.loads(box[0])
+        return answer
 
     def ask(self, request: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+        """One question, one answer (matched by id: an answer that came after its question
+        timed out is dropped, never taken for the next one's)."""
         with self.lock:
             if self.proc is None or self.proc.poll() is not None:
                 raise ZygoteError(f"the pre-imported launcher is gone (log {self.log_path})")
+            self._seq += 1
+            ident = self._seq
             try:
                 assert self.proc.stdin is not None
-                self.proc.stdin.write(json.dumps(request) + "\n")
+                self.proc.stdin.write(json.dumps({**request, "id": ident}) + "\n")
                 self.proc.stdin.flush()
             except (BrokenPipeError, OSError) as e:
                 raise ZygoteError(f"the pre-imported launcher is gone: {e} (log {self.log_path})") from None
-            answer = self._read(timeout)
+            deadline = time.monotonic() + timeout
+            while True:
+                answer = self._next(max(0.0, deadline - time.monotonic()))
+                if answer.get("id") == ident:
+                    break
         if "error" in answer:
             raise ZygoteError(f"the pre-imported launcher refused: {answer['error']}")
         return answer

@@ -12,6 +12,7 @@ the plugin report path: ``preimport.LATE_ENV``).  Protocol, one JSON object per 
   ``os.environ`` replaced by ``env``, then ``python -m <m> <argv>`` run as ``__main__``:
   SGLang's ``sglang.launch_server``) and answers ``{"pid": n}``;
 * ``{"op": "poll", "pid": n}`` answers ``{"code": null | int}`` (it reaps its children);
+* every answer carries the question's ``id``;
 * end of input (the kit exited, however) kills every server it forked and exits.
 
 SGLang's own children (scheduler, detokenizer) are started by SGLang as it always does
@@ -173,11 +174,13 @@ class Zygote:
             for line in lines:
                 if not line.strip():
                     continue
+                req: dict = {}
                 try:
-                    answer = self.handle(json.loads(line))
+                    req = json.loads(line)
+                    answer = self.handle(req)
                 except Exception as e:  # noqa: BLE001 - the kit reads the one line
                     answer = {"error": f"{type(e).__name__}: {e}"}
-                self.say(answer)
+                self.say({**answer, "id": req.get("id")})
         finally:
             self.kill_all()
 
