@@ -96,7 +96,7 @@ def run_preflight(req: Request, *, on_line: Callable[[Line], None] | None = None
     Checks after the first failure still run when they are cheap, so one run names every
     missing need; the SGLang import probe is skipped once something else already failed."""
     lines: list[Line] = []
-    for check in (selection_line, gpu_line, sglang_line, plugins_line, gsm8k_line, twins_line, ports_line):
+    for check in (selection_line, gpu_line, sglang_line, plugins_line, launch_line, gsm8k_line, twins_line, ports_line):
         if check is sglang_line and lines and not all(x.ok for x in lines):
             req = _replace(req, probe_sglang=False)
         line = check(req)
@@ -279,6 +279,22 @@ def plugins_line(req: Request) -> Line | None:
     if not (STANDIN_PATH / "sgl_kernel" / "__init__.py").is_file():
         return Line("plugins", False, f"the sgl_kernel stand-in is missing under {STANDIN_PATH}", "reinstall the kit")
     return Line("plugins", True, f"entry points {', '.join(sorted(set().union(*want.values())))} registered; sgl_kernel stand-in present")
+
+
+def launch_line(req: Request) -> Line | None:
+    """sglang-cpu: how its servers will start (``HYBRID_CONFORMANCE_LAUNCH``, checked here)."""
+    if not target_for(req).kit_plugins:
+        return None
+    from conformance.targets import preimport
+
+    try:
+        mode = preimport.mode()
+    except KitError as e:
+        return Line("launch", False, str(e))
+    how = {"plain": "each as the plain python -m sglang.launch_server command",
+           "preimported": "forked from a process that imported SGLang's server stack once",
+           "preimported-fork": "forked from a pre-imported process, SGLang's children forked too"}[mode]
+    return Line("launch", True, f"{preimport.LAUNCH_ENV}={mode}: servers start {how}")
 
 
 # ------------------------------------------------------------------ twins and ports

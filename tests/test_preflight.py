@@ -137,6 +137,20 @@ def test_sglang_cpu_preflight_imports_sglang_and_finds_the_kits_entry_points(mon
     assert not preflight.plugins_line(Request(target="sglang-cpu", cells=cells, suites=())).ok
 
 
+def test_launch_line_names_the_launch_mode_and_refuses_an_unknown_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    cells = tuple(MATRIX.select(target="sglang-cpu", models=["qwen3-next"], tier="premerge"))
+    req = Request(target="sglang-cpu", cells=cells, suites=("kl",))
+    monkeypatch.delenv("HYBRID_CONFORMANCE_LAUNCH", raising=False)
+    line = preflight.launch_line(req)
+    assert line.ok and "HYBRID_CONFORMANCE_LAUNCH=preimported" in line.text, line
+    monkeypatch.setenv("HYBRID_CONFORMANCE_LAUNCH", "plain")
+    assert preflight.launch_line(req).ok and "plain python -m sglang.launch_server" in preflight.launch_line(req).text
+    monkeypatch.setenv("HYBRID_CONFORMANCE_LAUNCH", "turbo")
+    bad = preflight.launch_line(req)
+    assert not bad.ok and "HYBRID_CONFORMANCE_LAUNCH='turbo': not one of" in bad.text
+    assert preflight.launch_line(Request(target="reference", cells=(), suites=("kl",))) is None
+
+
 # ------------------------------------------------------------------ the command
 
 
