@@ -175,3 +175,31 @@ def test_sample_occupancy_sees_load_and_returns_the_result():
     assert len(out["output_ids"]) == 40
     assert max(s.values["sglang:mamba_used_tokens"] for s in timeline) > 0
     assert isinstance(timeline[0], OccupancySample)
+
+
+class _SleepingScheduler:
+    """A server whose idle publish sequence advances only when something reaches its scheduler
+    (SGLang's --sleep-on-idle: metrics scrapes do not wake it, /server_info does)."""
+
+    def __init__(self) -> None:
+        self.seq, self.woken = 0.0, 0
+
+    def metrics(self) -> dict[str, float]:
+        return {"hybrid_conformance:idle_publish_seq": self.seq, "sglang:num_running_reqs": 0.0, "sglang:num_queue_reqs": 0.0}
+
+    def server_info(self) -> dict:
+        self.woken += 1
+        self.seq += 1
+        return {}
+
+
+def test_an_idle_probe_wakes_a_sleeping_scheduler_for_a_fresh_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conformance.workloads import idle
+
+    server = _SleepingScheduler()
+    values, fresh, waited = idle._fresh_idle_sample(server, 2.0, lambda v: [])
+    assert fresh and server.woken >= 1 and waited < 1.0
+    monkeypatch.setattr(idle, "WAKE", False)
+    asleep = _SleepingScheduler()
+    values, fresh, waited = idle._fresh_idle_sample(asleep, 0.3, lambda v: [])
+    assert not fresh and asleep.woken == 0 and waited >= 0.3
