@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
+from conformance.errors import KitError
 from conformance.grid import Grid
 from conformance.strategy import DISABLE_OVERLAP_FLAG, Strategy
 
@@ -31,6 +32,8 @@ SMALL_MAX_TOTAL_TOKENS = 4096
 SMALL_MAX_MAMBA_CACHE_SIZE = 16
 #: T-LRU's tuning (tokens): SGLang refuses tlru unless threshold > next_prompt_estimate.
 TLRU_CONFIG = '{"threshold": 512, "next_prompt_estimate": 64}'
+#: A server that takes streaming sessions (``open_session(streaming=True)``).
+STREAMING_SESSIONS = "streaming_sessions"
 #: The reasoning parser of the think-token twins (qwen3's ``<think>`` ... ``</think>``).
 REASONING_PARSER = "qwen3"
 
@@ -59,6 +62,8 @@ class AxisValue:
     args: Callable[[_CellLike], list[str]] = lambda cell: []
     needs: tuple[str, str | None] | None = None
     refuses: Callable[[_CellLike], str | None] = lambda cell: None
+    #: What the value lets clients do (the workloads and programs draw only what the cell allows).
+    enables: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -175,7 +180,7 @@ _AXES = (
     Axis("sessions", "streaming sessions (--enable-streaming-session) or plain sessions", _values(
         "sessions",
         AxisValue("sessions", "streaming", "--enable-streaming-session", _flag("--enable-streaming-session"),
-                  needs=("--enable-streaming-session", None)),
+                  needs=("--enable-streaming-session", None), enables=(STREAMING_SESSIONS,)),
         AxisValue("sessions", "plain", "sessions without streaming-session mode"),
     ), _default("streaming")),
     Axis("reasoning", "reasoning output whose thinking is stripped from the cache", _values(
@@ -221,3 +226,22 @@ def sets_flag(cell: _CellLike, flag: str) -> bool:
 def needed(cell: _CellLike) -> tuple[tuple[str, str | None], ...]:
     """(parser flag, choice) each axis value the cell sets needs of the release."""
     return tuple(v.needs for v in values_of(cell) if v.needs is not None and dict(cell.options).get(v.axis) == v.name)
+
+
+def enabled(cell: _CellLike, capability: str) -> bool:
+    """The cell's axis values let clients use ``capability`` (e.g. :data:`STREAMING_SESSIONS`)."""
+    return any(capability in v.enables for v in values_of(cell))
+
+
+def parse_selection(items) -> tuple[tuple[str, str], ...]:
+    """``("mixed_chunk=on", ...)`` -> ``(("mixed_chunk", "on"), ...)``; a KitError line naming
+    the allowed axes or values for a bad item."""
+    out = []
+    for item in items:
+        axis, sep, value = str(item).partition("=")
+        if not sep or axis not in AXES:
+            raise KitError(f"--server-options: expected axis=value with axis one of {', '.join(NAMES)}, got {item!r}")
+        if value not in AXES[axis].values:
+            raise KitError(f"--server-options: {axis} has no value {value!r}; allowed: {', '.join(AXES[axis].values)}")
+        out.append((axis, value))
+    return tuple(out)

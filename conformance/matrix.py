@@ -172,6 +172,7 @@ class Matrix:
         faults: Sequence[str] | None = None,
         page_sizes: Sequence[int] | None = None,
         tier: str | None = None,
+        server_options: Sequence[str] | None = None,
     ) -> list[Cell]:
         """Cells matching every given filter (None = no filter), in file order.
 
@@ -185,6 +186,7 @@ class Matrix:
             _check_choices("--strategies", strategies, STRATEGIES)
         if faults:
             _check_choices("--faults", faults, self.faults)
+        wanted = option_axes.parse_selection(server_options or ())
         out = []
         for cell in self.cells:
             if target and target not in cell.targets:
@@ -198,6 +200,8 @@ class Matrix:
             if page_sizes and cell.page_size not in page_sizes:
                 continue
             if tier and TIERS.index(cell.tier) > TIERS.index(tier):
+                continue
+            if any(option_axes.value_of(cell, axis).name != value for axis, value in wanted):
                 continue
             out.append(cell)
         return out

@@ -94,6 +94,7 @@ def select_cells(state: RunState, target: str) -> list[Cell]:
             strategies=o.strategies,
             faults=o.faults,
             page_sizes=o.page_sizes,
+            server_options=o.server_options,
             tier=o.tier or DEFAULT_TIER,
         )
     except KitError as e:
