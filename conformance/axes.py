@@ -34,6 +34,8 @@ SMALL_MAX_MAMBA_CACHE_SIZE = 16
 TLRU_CONFIG = '{"threshold": 512, "next_prompt_estimate": 64}'
 #: A server that takes streaming sessions (``open_session(streaming=True)``).
 STREAMING_SESSIONS = "streaming_sessions"
+#: A server that batches prefill chunks with running decodes (requests without logprobs only).
+MIXED_BATCHES = "mixed_batches"
 #: The reasoning parser of the think-token twins (qwen3's ``<think>`` ... ``</think>``).
 REASONING_PARSER = "qwen3"
 
@@ -136,6 +138,15 @@ def _default(name: str) -> Callable[[Strategy], str]:
     return lambda strategy: name
 
 
+def _pool_axis(name: str, flag: str, what: str, cpu_default: int, small: int, unit: str) -> Axis:
+    """A pool-size axis: the target's pool (default) or a small one (eviction under pressure)."""
+    return Axis(name, f"{what} size ({flag})", _values(
+        name,
+        AxisValue(name, "default", f"the target's pool (sglang-cpu: {cpu_default} {unit})"),
+        AxisValue(name, "small", f"{small} {unit}: eviction under pressure", _flag(flag, str(small)), needs=(flag, None)),
+    ), _default("default"))
+
+
 _AXES = (
     Axis("overlap", "SGLang's overlap scheduler (event_loop_overlap) on or off", _values(
         "overlap",
@@ -145,7 +156,8 @@ _AXES = (
     Axis("mixed_chunk", "prefill chunks batched with running decodes", _values(
         "mixed_chunk",
         AxisValue("mixed_chunk", "off", "prefill and decode in separate batches"),
-        AxisValue("mixed_chunk", "on", "--enable-mixed-chunk", _flag("--enable-mixed-chunk"), needs=("--enable-mixed-chunk", None)),
+        AxisValue("mixed_chunk", "on", "--enable-mixed-chunk", _flag("--enable-mixed-chunk"), needs=("--enable-mixed-chunk", None),
+                  enables=(MIXED_BATCHES,)),
     ), _default("off")),
     Axis("chunked_prefill", "prompts cut into several prefill chunks", _values(
         "chunked_prefill",
@@ -157,18 +169,8 @@ _AXES = (
         AxisValue("chunked_prefill", "sub-chunk", "cut below the mamba chunk", _chunked_args("sub-chunk"),
                   needs=("--chunked-prefill-size", None), refuses=_chunked_refuses("sub-chunk")),
     ), _default("default")),
-    Axis("mamba_pool", "the Mamba state pool size (--max-mamba-cache-size)", _values(
-        "mamba_pool",
-        AxisValue("mamba_pool", "default", "the target's pool (sglang-cpu: 48 slots)"),
-        AxisValue("mamba_pool", "small", f"{SMALL_MAX_MAMBA_CACHE_SIZE} slots: eviction under pressure",
-                  _flag("--max-mamba-cache-size", str(SMALL_MAX_MAMBA_CACHE_SIZE)), needs=("--max-mamba-cache-size", None)),
-    ), _default("default")),
-    Axis("kv_pool", "the KV pool size (--max-total-tokens)", _values(
-        "kv_pool",
-        AxisValue("kv_pool", "default", "the target's pool (sglang-cpu: 8192 tokens)"),
-        AxisValue("kv_pool", "small", f"{SMALL_MAX_TOTAL_TOKENS} tokens: eviction under pressure",
-                  _flag("--max-total-tokens", str(SMALL_MAX_TOTAL_TOKENS)), needs=("--max-total-tokens", None)),
-    ), _default("default")),
+    _pool_axis("mamba_pool", "--max-mamba-cache-size", "the Mamba state pool", CPU_MAX_MAMBA_CACHE_SIZE, SMALL_MAX_MAMBA_CACHE_SIZE, "slots"),
+    _pool_axis("kv_pool", "--max-total-tokens", "the KV pool", CPU_MAX_TOTAL_TOKENS, SMALL_MAX_TOTAL_TOKENS, "tokens"),
     Axis("eviction", "the radix cache's eviction policy (--radix-eviction-policy)", _values(
         "eviction",
         *(AxisValue("eviction", p, f"--radix-eviction-policy {p}", _flag("--radix-eviction-policy", p) if p != "lru" else _flag(),

@@ -15,18 +15,14 @@ cannot fire.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
+from conformance.sglang_plugins.faults.spec import Hook, sglang_fault, zero_device_track_mask
 
 NAME = "mixed_chunk_track_dropped"
 TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.mix_with_running"
 
 
 def drop_prefill_tracking(result, batch, *args, **kwargs):
-    marks = getattr(batch, "mamba_prefill_track_mask_cpu", None)
-    mask = getattr(batch, "mamba_track_mask", None)
-    if marks and mask is not None and any(marks):
-        mask.zero_()
-        fired(NAME, rows=sum(bool(m) for m in marks))
+    zero_device_track_mask(NAME, batch, "mamba_prefill_track_mask_cpu")
     return result
 
 

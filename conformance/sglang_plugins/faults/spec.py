@@ -138,3 +138,14 @@ class suppressed_frees:
 
     def __exit__(self, *exc: object) -> None:
         del self.allocator.free
+
+
+def zero_device_track_mask(name: str, batch: Any, marks_attr: str) -> None:
+    """Clear ``batch.mamba_track_mask`` (the device mask the kernel reads) when the host-side
+    ``marks_attr`` marks a row to track, and report the firing: the state is never written
+    into the track slot while the scheduler still records and caches it."""
+    marks = getattr(batch, marks_attr, None)
+    mask = getattr(batch, "mamba_track_mask", None)
+    if marks and mask is not None and any(marks):
+        mask.zero_()
+        fired(name, rows=sum(bool(m) for m in marks))
