@@ -83,6 +83,8 @@ class Fault:
     strategies: tuple[str, ...] = ()
     families: tuple[str, ...] = ()
     cell_fault: str = "none"
+    #: Server-option axis values (``axis=value``) the fault only shows under; its cell sets them.
+    options: tuple[str, ...] = ()
     hooks: tuple[Any, ...] = ()
     patch: Callable[[Any, Callable], None] | None = None
 

@@ -1,6 +1,9 @@
 """The conformance matrix: fixtures/matrix.toml loaded into validated, frozen cells.
 
-A cell is (model, strategy, page size, track interval, fault, cache variant).
+A cell is (model, strategy, page size, track interval, fault, cache variant, server options):
+the server options are the axes of ``conformance.axes`` the cell sets (every other axis at
+its default), from ``options`` tables of ``[[cells]]`` blocks or from a block that
+``generate = "pairwise"`` turns into a covering array (``conformance.pairwise``).
 Every rule violation is a :class:`MatrixError` whose message is one line naming
 the file, the cell (or block) and the rule that was broken.
 """
@@ -20,8 +23,10 @@ try:  # Python >= 3.11
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from conformance import axes as option_axes
 from conformance.errors import KitError
 from conformance.grid import Grid
+from conformance.pairwise import Params, covering_array
 from conformance.strategy import BASELINE, NAMES, Strategy
 from conformance.strategy import STRATEGIES as SGLANG_STRATEGIES
 
@@ -97,6 +102,8 @@ class Cell:
     tier: str
     block: str
     targets: tuple[str, ...] = TARGETS
+    #: (axis, value) of each server-option axis the cell sets off its default, in axis order.
+    options: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:
@@ -105,6 +112,7 @@ class Cell:
             parts.append(self.fault.name)
         if self.cache_variant.name != "radix":
             parts.append(self.cache_variant.name)
+        parts += [f"{axis}-{value}" for axis, value in self.options]
         return "-".join(parts)
 
     @property
@@ -137,6 +145,7 @@ class Cell:
             "track_interval": self.track_interval,
             "fault": self.fault.name,
             "cache_variant": self.cache_variant.name,
+            "options": {v.axis: v.name for v in option_axes.values_of(self)},
             "tier": self.tier,
         }
 
@@ -149,6 +158,10 @@ class Matrix:
     faults: Mapping[str, Fault]
     cache_variants: Mapping[str, CacheVariant]
     cells: tuple[Cell, ...]
+    #: The server-option axes the matrix declares and the values it uses of each.
+    axes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: The parameters of each ``generate = "pairwise"`` block (its covering array's input).
+    generated: Mapping[str, Params] = field(default_factory=dict)
 
     def select(
         self,
@@ -159,6 +172,7 @@ class Matrix:
         faults: Sequence[str] | None = None,
         page_sizes: Sequence[int] | None = None,
         tier: str | None = None,
+        server_options: Sequence[str] | None = None,
     ) -> list[Cell]:
         """Cells matching every given filter (None = no filter), in file order.
 
@@ -172,6 +186,7 @@ class Matrix:
             _check_choices("--strategies", strategies, STRATEGIES)
         if faults:
             _check_choices("--faults", faults, self.faults)
+        wanted = option_axes.parse_selection(server_options or ())
         out = []
         for cell in self.cells:
             if target and target not in cell.targets:
@@ -185,6 +200,8 @@ class Matrix:
             if page_sizes and cell.page_size not in page_sizes:
                 continue
             if tier and TIERS.index(cell.tier) > TIERS.index(tier):
+                continue
+            if any(option_axes.value_of(cell, axis).name != value for axis, value in wanted):
                 continue
             out.append(cell)
         return out
@@ -207,7 +224,7 @@ def baseline_spec(cell: Cell, no_buffer: Strategy | None) -> tuple[int, int] | N
     only takes page size 1, so larger-page cells pair with the page-1 cell (the nearest
     baseline SGLang allows), and hierarchical-cache cells with the radix cell (``no_buffer``
     has no host-offload variant)."""
-    if cell.strategy.is_baseline and not cell.fault.injected and cell.cache_variant.name == "radix":
+    if cell.strategy.is_baseline and not cell.fault.injected and cell.cache_variant.name == "radix" and not cell.options:
         return None
     limit = no_buffer.max_page_size if no_buffer is not None else None
     page = cell.page_size if limit is None or cell.page_size <= limit else limit
@@ -223,7 +240,7 @@ def baseline_id(cell: Cell, no_buffer: Strategy | None) -> str | None:
 def _baseline_match(c: Cell, model_id: str, page: int, interval: int) -> bool:
     return (
         c.model.id == model_id and c.strategy.is_baseline and not c.fault.injected
-        and c.cache_variant.name == "radix" and c.page_size == page and c.track_interval == interval
+        and c.cache_variant.name == "radix" and c.page_size == page and c.track_interval == interval and not c.options
     )
 
 
@@ -236,12 +253,16 @@ def _check_choices(option: str, values: Iterable[str], allowed: Iterable[str]) -
 
 # ------------------------------------------------------------------ loading
 
-_TOP_KEYS = {"schema", "defaults", "strategies", "faults", "cache_variants", "models", "cells"}
+_TOP_KEYS = {"schema", "defaults", "strategies", "faults", "cache_variants", "axes", "models", "cells"}
 _MODEL_KEYS = {"id", "family", "hf_path", "twin", "tp_size", "mamba_chunk_size", "thresholds"}
 _STRATEGY_KEYS = {"description", "overlap", "max_page_size", "ping_pong_slots", "pd"}
 _FAULT_KEYS = {"description", "env", "strategies", "effects"}
 _VARIANT_KEYS = {"description", "args", "strategies", "targets"}
-_BLOCK_KEYS = {"name", "tier", "models", "strategies", "page_sizes", "track_intervals", "faults", "cache_variants", "targets"}
+_BLOCK_KEYS = {"name", "tier", "models", "strategies", "page_sizes", "track_intervals", "faults", "cache_variants", "targets",
+               "options", "generate"}
+_AXIS_KEYS = {"description", "values"}
+#: How a ``generate`` block turns its lists into cells (default: their cartesian product).
+GENERATORS = ("product", "pairwise")
 _DEFAULT_KEYS = {"track_interval"}
 
 
@@ -349,8 +370,10 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
             thresholds=Thresholds(**{k: float(v) for k, v in th.items()}),
         )
 
+    axes = _load_axes(ctx, raw.get("axes", {}))
     cells: list[Cell] = []
     seen: dict[str, str] = {}
+    generated: dict[str, Params] = {}
     default_ti = defaults.get("track_interval", 256)
     for i, b in enumerate(raw["cells"]):
         bname = b.get("name", f"#{i + 1}") if isinstance(b, Mapping) else f"#{i + 1}"
@@ -385,20 +408,103 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
         tis = b.get("track_intervals", [default_ti])
         for ti in tis:
             ctx.typed(where, ti, int, "track_intervals entries")
-        for mid, s, ps, ti, f, v in itertools.product(
-            mids, b["strategies"], b["page_sizes"], tis, b.get("faults", ["none"]), b.get("cache_variants", ["radix"])
-        ):
-            variant = variants[v]
+        params: Params = [
+            ("model", mids), ("strategy", list(b["strategies"])), ("page_size", list(b["page_sizes"])), ("track_interval", list(tis)),
+            ("fault", list(b.get("faults", ["none"]))), ("cache_variant", list(b.get("cache_variants", ["radix"]))),
+            *_block_options(ctx, where, b.get("options", {}), axes),
+        ]
+
+        def build(row: Mapping[str, Any]) -> Cell:
+            variant = variants[row["cache_variant"]]
             targets = tuple(t for t in block_targets if t in variant.targets)
-            cell = Cell(models[mid], strategies[s], ps, ti, faults[f], variant, tier, bname, targets)
+            cell = Cell(models[row["model"]], strategies[row["strategy"]], row["page_size"], row["track_interval"],
+                        faults[row["fault"]], variant, tier, bname, targets)
+            chosen = {a: row[a] for a in option_axes.NAMES if a in row}
+            return dataclasses.replace(cell, options=_normalized(cell, chosen))
+
+        generate = b.get("generate", "product")
+        if generate not in GENERATORS:
+            raise ctx.fail(where, f"unknown generate {generate!r} (allowed: {', '.join(GENERATORS)})")
+        if generate == "pairwise":
+            generated[bname] = params
+            rows = covering_array(params, _partial_validity(ctx, build, params))
+        else:
+            rows = [dict(zip([n for n, _ in params], combo)) for combo in itertools.product(*(vs for _, vs in params))]
+        for row in rows:
+            cell = build(row)
             _validate_cell(ctx, cell)
             if cell.id in seen:
+                if generate == "pairwise":  # a generated row that an earlier block already holds
+                    continue
                 raise ctx.fail(f"cell {cell.id}", f"defined twice (blocks {seen[cell.id]!r} and {bname!r})")
             seen[cell.id] = bname
             cells.append(cell)
-    matrix = Matrix(p, models, strategies, faults, variants, tuple(cells))
+    matrix = Matrix(p, models, strategies, faults, variants, tuple(cells), axes, generated)
     _validate_baselines(ctx, matrix)
     return matrix
+
+
+def _load_axes(ctx: _Ctx, raw: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """``[axes.<name>]`` tables: each axis of ``conformance.axes`` and the values the matrix uses."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name, t in raw.items():
+        where = f"[axes.{name}]"
+        if name not in option_axes.AXES:
+            raise ctx.fail(where, f"unknown axis {name!r} (known: {', '.join(option_axes.NAMES)})")
+        ctx.keys(where, t, _AXIS_KEYS, required=("values",))
+        known = option_axes.AXES[name].values
+        for v in t["values"]:
+            if v not in known:
+                raise ctx.fail(where, f"unknown value {v!r} (the kit maps: {', '.join(known)})")
+        out[name] = tuple(t["values"])
+    return out
+
+
+def _block_options(ctx: _Ctx, where: str, options: Any, axes: Mapping[str, tuple[str, ...]]) -> list[tuple[str, list[str]]]:
+    """A block's ``options`` table as generator parameters, each axis value checked against ``[axes.*]``."""
+    if not isinstance(options, Mapping):
+        raise ctx.fail(where, "options must be a table of axis = [values]")
+    out = []
+    for axis, values in options.items():
+        if axis not in axes:
+            raise ctx.fail(where, f"options: axis {axis!r} is not declared in [axes] (declared: {', '.join(axes) or 'none'})")
+        if not isinstance(values, list) or not values:
+            raise ctx.fail(where, f"options.{axis} must be a non-empty list")
+        for v in values:
+            if v not in axes[axis]:
+                raise ctx.fail(where, f"options.{axis}: value {v!r} is not in [axes.{axis}] values ({', '.join(axes[axis])})")
+        out.append((axis, list(values)))
+    return out
+
+
+def _normalized(cell: Cell, chosen: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The (axis, value) pairs a cell sets off the axis defaults, in axis order."""
+    return tuple((a, chosen[a]) for a in option_axes.NAMES if a in chosen and chosen[a] != option_axes.AXES[a].default(cell.strategy))
+
+
+#: The generator parameters a cell needs before it can be judged at all.
+_CORE = ("model", "strategy", "page_size", "track_interval", "fault", "cache_variant")
+
+
+def _partial_validity(ctx: _Ctx, build: Any, params: Params) -> Any:
+    """``valid(partial row)`` for the pairwise generator: None until the cell's own fields are
+    chosen, then whether the cell (with the axis values chosen so far) passes every rule.
+    Each axis value's refusal depends only on those fields, so a partial verdict holds."""
+    cache: dict[tuple, bool] = {}
+
+    def valid(row: Mapping[str, Any]) -> bool | None:
+        if not all(k in row for k in _CORE):
+            return None
+        key = tuple(sorted((k, str(v)) for k, v in row.items()))
+        if key not in cache:
+            try:
+                _validate_cell(ctx, build(row))
+                cache[key] = True
+            except MatrixError:
+                cache[key] = False
+        return cache[key]
+
+    return valid
 
 
 def _validate_baselines(ctx: _Ctx, matrix: Matrix) -> None:
@@ -433,4 +539,7 @@ def _validate_cell(ctx: _Ctx, cell: Cell) -> None:
         raise ctx.fail(where, f"cache variant {cell.cache_variant.name!r} only applies to strategies {', '.join(cell.cache_variant.strategies)}")
     if not cell.targets:
         raise ctx.fail(where, "no target can serve this cell")
+    refused = option_axes.refusal(cell)
+    if refused:
+        raise ctx.fail(where, refused)
 

@@ -57,6 +57,8 @@ MODELS = Option("--models", "comma list of model ids, families or twin names to 
 STRATEGIES_OPT = Option("--strategies", f"comma list of strategies ({', '.join(STRATEGIES)})")
 FAULTS = Option("--faults", "comma list of faults from the matrix (e.g. none,lazy_alloc_fail)")
 PAGE_SIZES = Option("--page-sizes", "comma list of page sizes")
+SERVER_OPTIONS = Option("--server-options", "comma list of axis=value server options (e.g. mixed_chunk=on; fixtures/matrix.toml [axes]): "
+                        "only cells whose options have these values (an axis a cell does not set is at its default)")
 TIER = Option("--tier", "premerge (fast subset) < standard (every twin x strategy + the lazy fault; default) < nightly (everything)", choices=TIERS)
 MATRIX = Option("--matrix", "matrix file (default: fixtures/matrix.toml)")
 LAUNCHER = Option("--sglang-launcher", f"the command that starts SGLang (default: {DEFAULT_LAUNCHER})", default=DEFAULT_LAUNCHER, forward="target")
@@ -69,7 +71,7 @@ REPORT_DIR = Option("--report-dir", "write report.json, junit.xml, report.md/htm
 SERVER_LOG_DIR = Option("--server-log-dir", "per-cell server logs (default: <report-dir>/logs or a temp dir)", cli=False)
 
 #: What every verb that selects cells takes (``run``, ``preflight``, ``plan``, ``fuzz``).
-SELECTION = (TARGET, MODELS, STRATEGIES_OPT, FAULTS, PAGE_SIZES, TIER, MATRIX, LAUNCHER, GPUS, TWINS, DTYPE, SUITE)
+SELECTION = (TARGET, MODELS, STRATEGIES_OPT, FAULTS, PAGE_SIZES, SERVER_OPTIONS, TIER, MATRIX, LAUNCHER, GPUS, TWINS, DTYPE, SUITE)
 #: The plugin's options: the selection and where things go.
 PLUGIN_OPTIONS = (*(o for o in SELECTION if o.pytest), GSM8K_DIR, REPORT_DIR, SERVER_LOG_DIR)
 
@@ -172,6 +174,7 @@ class Options:
     twins: bool
     gsm8k_dir: str | None
     dtype: str | None = None
+    server_options: tuple[str, ...] | None = None
 
 
 def resolve(opt: Callable[[str], Any], *, ini_target: str | None = None) -> Options:
@@ -200,4 +203,5 @@ def resolve(opt: Callable[[str], Any], *, ini_target: str | None = None) -> Opti
         twins=bool(opt("--twins")),
         gsm8k_dir=opt("--gsm8k-dir") or os.environ.get("HYBRID_CONFORMANCE_GSM8K_DIR"),
         dtype=opt("--dtype"),
+        server_options=csv(opt("--server-options")),
     )

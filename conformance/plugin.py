@@ -94,6 +94,7 @@ def select_cells(state: RunState, target: str) -> list[Cell]:
             strategies=o.strategies,
             faults=o.faults,
             page_sizes=o.page_sizes,
+            server_options=o.server_options,
             tier=o.tier or DEFAULT_TIER,
         )
     except KitError as e:
@@ -206,12 +207,19 @@ def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytes
 
     state = run_state(request.config)
     log_dir = state.options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
+    _skip_if_options_not_applicable(state, cell, target_for(state.options))
     stack = contextlib.ExitStack()
     try:
         with quiet.shared(quiet.shared_dir(request.config, tmp_path_factory)):  # no launch while a perf test times
             ep = stack.enter_context(serve_cell(cell, state.options, log_dir=log_dir))
     except KitError as e:
         problem = str(e)
+        from conformance.targets.option_refusal import log_refusal
+        from conformance.targets.serving import log_path_for
+
+        refused = log_refusal(cell, log_path_for(cell, log_dir))
+        if refused:
+            _not_applicable(state, cell, f"SGLang refuses the cell's server options at start: {refused}")
     else:
         with stack:
             note_launch(request, cell, kind="server")
@@ -222,6 +230,27 @@ def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytes
             _teardown_idle_check(ep)
         return
     pytest.fail(problem, pytrace=False)
+
+
+def _not_applicable(state: RunState, cell: Cell, reason: str) -> None:
+    """Record the cell as not applicable (report.json ``not_applicable``) and skip its test."""
+    from conformance.runreport import NOT_APPLICABLE_SKIP
+
+    state.not_applicable[cell.id] = reason
+    pytest.skip(f"{NOT_APPLICABLE_SKIP}{reason}")
+
+
+def _skip_if_options_not_applicable(state: RunState, cell: Cell, target: Any) -> None:
+    """``na`` before launch when the installed SGLang's parser lacks what the cell's
+    server-option axes pass (its own line)."""
+    if not cell.options or not target.probes_sglang:
+        return
+    from conformance.sglang_api.probes import probe
+    from conformance.targets.option_refusal import probed_refusal
+
+    reason = probed_refusal(cell, probe())
+    if reason:
+        _not_applicable(state, cell, reason)
 
 
 def _dead_reason(ep: Any) -> str | None:

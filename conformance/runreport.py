@@ -77,10 +77,30 @@ def collect_cells(outcomes: Any, not_applicable: Mapping[str, str] | None = None
         cell["checks"] = {check: merge_check(check, filed.get(check, []), synth.get(check, [])) for check in dict.fromkeys([*filed, *synth])}
         if cid in outcomes.servers:
             cell["server"] = dict(outcomes.servers[cid])
+        reason = _skipped_as_not_applicable(cell["checks"])
+        if reason:  # every test of the cell skipped as not applicable (e.g. under xdist)
+            cell.update(not_applicable=reason, checks={})
         out.append(cell)
     for cid, reason in (not_applicable or {}).items():
-        out.append({"id": cid, "not_applicable": reason, "checks": {}})
+        known = next((c for c in out if c["id"] == cid), None)
+        if known is None:
+            out.append({"id": cid, "not_applicable": reason, "checks": {}})
+        else:  # its tests were skipped as not applicable: the cell is n/a, not a set of skips
+            known.update(not_applicable=reason, checks={})
     return out
+
+
+#: The skip reason of a test whose cell is not applicable (``conformance.plugin``).
+NOT_APPLICABLE_SKIP = "not applicable: "
+
+
+def _skipped_as_not_applicable(checks: Mapping[str, Any]) -> str | None:
+    """The reason when every check of a cell was skipped as not applicable (else None)."""
+    reasons = [str(v.get("reason", "")) for v in checks.values()]
+    if not reasons or any(v.get("status") != "skip" for v in checks.values()):
+        return None
+    found = [r.split(NOT_APPLICABLE_SKIP, 1)[1] for r in reasons if NOT_APPLICABLE_SKIP in r]
+    return found[0] if len(found) == len(reasons) else None
 
 
 def run_facts(*, target: str, cells: Iterable[Any], twins: bool = False) -> dict[str, Any]:

@@ -99,9 +99,11 @@ class Strategy:
 
     def server_args(self) -> list[str]:
         """Scheduler arguments SGLang needs besides the strategy flag."""
-        return [] if self.overlap else ["--disable-overlap-schedule"]
+        return [] if self.overlap else [DISABLE_OVERLAP_FLAG]
 
 
+#: SGLang's flag that turns the overlap scheduler off (the overlap axis of ``conformance.axes``).
+DISABLE_OVERLAP_FLAG = "--disable-overlap-schedule"
 #: The name of the strategy every cell is paired with.
 BASELINE = "no_buffer"
 

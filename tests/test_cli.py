@@ -36,7 +36,8 @@ def test_plan_sglang_json_contract() -> None:
         assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
         assert cmd[cmd.index("--mamba-radix-cache-strategy") + 1] == c["strategy"]
         assert "--enable-metrics" in cmd and cmd[cmd.index("--host") + 1] == "127.0.0.1"
-        assert ("--disable-overlap-schedule" in cmd) == (c["strategy"] == "no_buffer")
+        assert ("--disable-overlap-schedule" in cmd) == (c["options"]["overlap"] == "off")  # the overlap axis
+        assert c["strategy"] != "no_buffer" or c["options"]["overlap"] == "off"
         if c["fault"] == "lazy_alloc_fail":
             assert c["env"]["SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL"] == "1"
             assert "lazy_alloc_fail" in c["markers"]

@@ -112,8 +112,11 @@ def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
     assert all(p.target == "sglang-cpu" and p.fault_env == "HYBRID_CONFORMANCE_SGLANG_FAULT" and p.stop_at_first for p in plans.values())
     assert all(plans[n].suites[: len(f.suites)] == f.suites for n, f in faults().items())  # its catching suite runs first
     # one clean run per cell vouches for its faults; stop_finish_key_short breaks no_buffer's
-    # finish path only, hence a fifth cell; the perf fault's run adds the no_buffer sibling, a sixth
-    assert len({p.key for p in plans.values()}) <= 6
+    # finish path only, hence a fifth cell; the perf fault's run adds the no_buffer sibling, a sixth;
+    # a fault that needs a server option runs on that option's standard-tier cell, a seventh
+    assert len({p.key for p in plans.values()}) <= 7
+    mixed = plans["mixed_chunk_track_dropped"]
+    assert mixed.server_options == "mixed_chunk=on" and mixed.tier == "standard" and "--server-options=mixed_chunk=on" in runs._pytest_argv(mixed, Path("r"))
     assert plans["stop_finish_key_short"].strategies == "no_buffer"
     assert plans["lazy_alloc_fail_still_inserts"].faults == "lazy_alloc_fail"
     assert plans["mamba2_track_index_global"].models == "nemotron-h"

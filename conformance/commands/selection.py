@@ -35,12 +35,13 @@ def selected_cells(args: argparse.Namespace) -> list[Cell]:
         strategies=csv(args.strategies),
         faults=csv(args.faults),
         page_sizes=list(sizes) if sizes else None,
+        server_options=csv(getattr(args, "server_options", None)),
         tier=args.tier or DEFAULT_TIER,
     )
 
 
 def selection_text(args: argparse.Namespace) -> str:
-    flags = [f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("models", "strategies", "faults", "page_sizes", "matrix") if getattr(args, k, None)]
+    flags = [f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("models", "strategies", "faults", "page_sizes", "server_options", "matrix") if getattr(args, k, None)]
     return ", ".join([f"tier {args.tier or DEFAULT_TIER}", *flags])
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from conformance import axes
 from conformance.checks.kl import kl_verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
 from conformance.workloads.prompts import decode_cross_lengths, prefill_hit_lengths, token_prompts
@@ -36,6 +37,8 @@ def test_kl(endpoint, scenario, record_verdict):
         top_k=size.top_k,
         turn1_tokens=size.kl_turn1_tokens,
         vocab_size=vocab_size(endpoint),
+        # a mixed-chunk cell stores its prefill checkpoints from mixed batches (conformance.axes)
+        mixed=axes.enabled(cell, axes.MIXED_BATCHES),
     )
     th = cell.model.thresholds
     verdict = kl_verdict(

@@ -30,6 +30,7 @@ class MutantPlan:
     models: str | None = None
     strategies: str | None = None
     page_sizes: str | None = None
+    server_options: str | None = None  # axis=value,... (conformance.axes): the cell's server options
     tier: str | None = "premerge"
     faults: str | None = "none"
     keyword: str | None = None
@@ -103,25 +104,28 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
 
     selected = {n: f for n, f in faults().items() if names is None or n in names}
 
-    def cell_of(f) -> tuple[str, str, str]:
+    def cell_of(f) -> tuple[str, str, str, str]:
         strategy = f.strategies[0]
         if "perf" in f.suites and not strategy_named(strategy).is_baseline:  # the perf ratios are taken against the baseline sibling
             strategy = f"{BASELINE},{strategy}"
-        return f.families[0], strategy, f.cell_fault
+        return f.families[0], strategy, f.cell_fault, ",".join(f.options)
 
-    needed: dict[tuple[str, str, str], set[str]] = {}
+    needed: dict[tuple[str, str, str, str], set[str]] = {}
     for f in selected.values():
         needed.setdefault(cell_of(f), set()).update(f.suites)
     plans = {}
     for name, f in selected.items():
-        model, strategy, cell_fault = cell_of(f)
-        union = needed[(model, strategy, cell_fault)]
+        model, strategy, cell_fault, options = cell_of(f)
+        union = needed[(model, strategy, cell_fault, options)]
         suites = tuple(f.suites) + tuple(s for s in ("kl", "prefix_branching", "leaks", "gsm8k", "perf") if s in union and s not in f.suites)
         fault_part = "" if cell_fault == "none" else f"+{cell_fault}"
-        key = f"sglang-cpu/{model}/{strategy}{fault_part}:{'+'.join(sorted(union))}"
+        options_part = f"[{options}]" if options else ""
+        key = f"sglang-cpu/{model}/{strategy}{fault_part}{options_part}:{'+'.join(sorted(union))}"
         plans[name] = MutantPlan(
             key, target="sglang-cpu", suites=suites, models=model, strategies=strategy, faults=cell_fault,
-            tier="premerge", stop_at_first=True, timeout_s=SGLANG_CPU_TIMEOUT_S, fault_env=SGLANG_FAULT_ENV,
+            server_options=options or None,
+            # a fault that needs a server option runs on its standard-tier axis cell
+            tier="standard" if options else "premerge", stop_at_first=True, timeout_s=SGLANG_CPU_TIMEOUT_S, fault_env=SGLANG_FAULT_ENV,
         )
     return plans
 

@@ -34,7 +34,8 @@ def paragraph(f: Fault) -> list[str]:
         out += [f"*Seen as:* {f.observable.strip()}", ""]
     where = " / ".join(", ".join(axis) for axis in (f.families, f.strategies) if axis)
     if where:
-        out += [f"*Exercised on:* {where}{'' if f.cell_fault == 'none' else ' + ' + f.cell_fault}", ""]
+        options = "".join(f" + server option {o}" for o in f.options)
+        out += [f"*Exercised on:* {where}{'' if f.cell_fault == 'none' else ' + ' + f.cell_fault}{options}", ""]
     if f.suites:
         out += [f"*Expected to be caught by:* suite{'s' if len(f.suites) > 1 else ''} {', '.join(f.suites)}", ""]
     return out

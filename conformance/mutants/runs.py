@@ -49,7 +49,7 @@ def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
     else:
         argv += [str(PKG / s) for s in plan.suites]
         argv += ["--target", plan.target, "-m", "not pool", f"--report-dir={report_dir}"]
-    for flag, value in (("--models", plan.models), ("--strategies", plan.strategies), ("--page-sizes", plan.page_sizes), ("--tier", plan.tier), ("--faults", plan.faults)):
+    for flag, value in (("--models", plan.models), ("--strategies", plan.strategies), ("--page-sizes", plan.page_sizes), ("--server-options", plan.server_options), ("--tier", plan.tier), ("--faults", plan.faults)):
         if value:
             argv.append(f"{flag}={value}")
     argv.append("--timeout=600")

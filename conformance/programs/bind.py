@@ -18,6 +18,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Iterator
 
+from conformance import axes
 from conformance.checks.differential import Tolerance
 from conformance.checks.hit_bounds import StrategyGrid
 from conformance.faults import FAULT_SWITCHES
@@ -95,6 +96,7 @@ def gen_spec(ep: Endpoint, target: Target) -> GenSpec:
     return GenSpec(
         vocab_size=vocab_size(ep), chunk=g.chunk, checkpoint_grid=g.checkpoint_grid, track_grid=g.track_grid,
         page_size=g.page_size, context_len=target.limits.context_len,
+        streaming_sessions=axes.enabled(ep.cell, axes.STREAMING_SESSIONS),
     )
 
 

@@ -44,6 +44,7 @@ class GenSpec:
     max_burst: int = 24
     pressure_new: int = 6  # a burst that decodes this long keeps more requests running than the mamba pool holds
     sessions: bool = True
+    streaming_sessions: bool = True  # the cell's server takes streaming sessions (conformance.axes)
 
     @property
     def max_root_len(self) -> int:
@@ -176,7 +177,7 @@ def _session_step(draw, m: _Model) -> list[Step]:
     live = [sid for sid, s in m.sessions.items() if s["open"]]
     if not live or (len(live) < 2 and draw(st.integers(0, 3)) == 0):
         sid = f"s{len(m.sessions) + 1}"
-        streaming = draw(st.booleans())
+        streaming = draw(st.booleans()) if m.spec.streaming_sessions else False
         m.sessions[sid] = {"streaming": streaming, "turns": [], "open": True}
         if draw(st.integers(0, 2)) == 0:  # a turn, a turn aborted mid-decode, and the turn after it
             return [Open(sid, streaming), draw(_turn(m, sid, abort=None)), draw(_turn(m, sid, abort=2)), draw(_turn(m, sid, abort=None))]

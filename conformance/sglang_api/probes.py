@@ -20,6 +20,7 @@ import inspect
 import os
 from dataclasses import dataclass, fields
 
+from conformance import axes
 from conformance.strategy import LAZY
 
 NEW_STRATEGY_FLAG = "--mamba-radix-cache-strategy"
@@ -52,6 +53,7 @@ class Features:
     oot_platforms: bool = False  # sglang.srt.platforms.interface.SRTPlatform (out-of-tree platforms)
     platform_extra_buffer_answer: bool = False  # SRTPlatform.support_mamba_cache_extra_buffer (a platform may allow extra_buffer)
     flags: tuple[str, ...] = ()  # which of PARSER_FLAGS SGLang's parser takes
+    choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (flag, its choices) for the PARSER_FLAGS that have choices
     pd_transfer_refusal: str | None = None  # SGLang's own line when its default PD transfer engine cannot be built here
     missing_hook_targets: tuple[tuple[str, str], ...] = ()  # (seeded fault's hook target, SGLang's line) that do not resolve here
 
@@ -94,6 +96,20 @@ class Features:
             return f"sglang {self.version}: {self.strategy_flag or 'the strategy flag'} has no {strategy!r} (choices: {choices})"
         return None
 
+    def option_not_applicable(self, needs) -> str | None:
+        """SGLang's own line for the first (flag, choice) of a cell's server-option axes
+        (``conformance.axes.needed``) this release's parser lacks (None: it has them all)."""
+        if not self.importable:
+            return None
+        choices = dict(self.choices)
+        for flag, choice in needs:
+            if flag not in self.flags:
+                return f"sglang {self.version}: error: unrecognized arguments: {flag}"
+            if choice is not None and flag in choices and choice not in choices[flag]:
+                offered = ", ".join(repr(c) for c in choices[flag])
+                return f"sglang {self.version}: error: argument {flag}: invalid choice: {choice!r} (choose from {offered})"
+        return None
+
     def summary(self) -> str:
         """The one line printed at start: each probe and what follows from it."""
         if not self.importable:
@@ -127,12 +143,16 @@ def _module(name: str):
 
 
 #: Flags a selection may need, looked up in SGLang's own parser.
-PARSER_FLAGS = ("--enable-hierarchical-cache", "--disaggregation-mode", "--mamba-track-interval", "--device",
-                "--enable-streaming-session", "--sleep-on-idle")
+PARSER_FLAGS = tuple(dict.fromkeys((
+    "--enable-hierarchical-cache", "--disaggregation-mode", "--mamba-track-interval", "--device",
+    "--enable-streaming-session", "--sleep-on-idle",
+    # every flag a server-option axis value passes (conformance.axes)
+    *(v.needs[0] for a in axes.AXES.values() for v in a.values.values() if v.needs),
+)))
 
 
-def _strategy_flag() -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
-    """(the strategy flag, its choices, which of :data:`PARSER_FLAGS` exist)."""
+def _strategy_flag() -> tuple[str | None, tuple[str, ...], tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]:
+    """(the strategy flag, its choices, which of :data:`PARSER_FLAGS` exist, their choices)."""
     import argparse
 
     from sglang.srt.server_args import ServerArgs
@@ -141,11 +161,12 @@ def _strategy_flag() -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
     ServerArgs.add_cli_args(parser)
     actions = parser._option_string_actions  # argparse has no public accessor
     flags = tuple(f for f in PARSER_FLAGS if f in actions)
+    choices = tuple((f, tuple(actions[f].choices)) for f in flags if actions[f].choices)
     for flag in (NEW_STRATEGY_FLAG, OLD_STRATEGY_FLAG):
         action = actions.get(flag)
         if action is not None:
-            return flag, tuple(action.choices or ()), flags
-    return None, (), flags
+            return flag, tuple(action.choices or ()), flags, choices
+    return None, (), flags, choices
 
 
 def _pd_transfer_refusal() -> str | None:
@@ -219,7 +240,7 @@ def _probe() -> Features:
     try:
         schedule_batch = importlib.import_module("sglang.srt.managers.schedule_batch")
         common = importlib.import_module("sglang.srt.mem_cache.common")
-        flag, strategies, flags = _strategy_flag()
+        flag, strategies, flags, choices = _strategy_flag()
     except Exception as e:  # e.g. an incompatible transformers: "'qwen3_asr' is already used ..."
         return Features(version=version, import_error=f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")
     runtime = _module("sglang.srt.runtime_context")
@@ -253,6 +274,7 @@ def _probe() -> Features:
         oot_platforms=hasattr(_module("sglang.srt.platforms.interface"), "SRTPlatform"),
         platform_extra_buffer_answer=hasattr(getattr(_module("sglang.srt.platforms.interface"), "SRTPlatform", None), "support_mamba_cache_extra_buffer"),
         flags=flags,
+        choices=choices,
         pd_transfer_refusal=_pd_transfer_refusal(),
         missing_hook_targets=_unresolved(_fault_hook_targets()),
     )
@@ -293,6 +315,7 @@ def probe() -> Features:
     if cache is not None and cache.exists():
         data = json.loads(cache.read_text())
         return Features(**{**data, "strategies": tuple(data["strategies"]), "flags": tuple(data.get("flags", ())),
+                           "choices": tuple((f, tuple(c)) for f, c in data.get("choices", ())),
                            "missing_hook_targets": tuple(tuple(m) for m in data.get("missing_hook_targets", ()))})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -86,9 +86,14 @@ def serve_cell(cell: Cell, options: Any, *, log_dir: Path) -> Iterator[Endpoint]
     yield from _yield_endpoint(started)
 
 
+def log_path_for(cell: Cell, log_dir: Path) -> Path:
+    """Where a cell's server log goes."""
+    return Path(log_dir) / f"{cell.id}.log"
+
+
 def _start_cell(cell: Cell, options: Any, log_dir: Path) -> StartedCell:
     spec = spec_for(cell, options)
-    log_path = Path(log_dir) / f"{cell.id}.log"
+    log_path = log_path_for(cell, log_dir)
     env = dict(spec.env)
     plugin_report = log_path.with_suffix(".plugins.jsonl")
     if spec.plugins:

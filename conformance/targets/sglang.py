@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from conformance import axes
 from conformance.errors import KitError
 from conformance.matrix import FIXTURES_DIR, Cell
 from conformance.sglang_api.probes import NEW_STRATEGY_FLAG, OLD_STRATEGY_FLAG
@@ -155,11 +156,10 @@ class SGLangTarget:
             "--mamba-track-interval", str(cell.track_interval),
             "--tp-size", str(1 if self.twins else cell.model.tp_size),
             "--enable-metrics",
-            "--enable-streaming-session",
             "--host", "127.0.0.1",
             "--port", str(port),
         ]
-        args += cell.strategy.server_args()
+        args += axes.server_args(cell)  # overlap, streaming sessions, ... (conformance.axes)
         args += list(cell.cache_variant.args)
         args += list(self.extra_args)
         return args

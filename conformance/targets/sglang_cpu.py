@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conformance import axes
 from conformance.matrix import Cell
 from conformance.sglang_plugins import activation
 from conformance.sglang_plugins.faults import fault_for_launch
@@ -32,9 +33,9 @@ DTYPES = ("float32", "bfloat16")
 
 #: Pool sizes small enough that a burst of a few requests exercises eviction and
 #: refused admissions, and a context long enough for the suites' prompts.
-MAX_TOTAL_TOKENS = 8192
+MAX_TOTAL_TOKENS = axes.CPU_MAX_TOTAL_TOKENS
 CONTEXT_LENGTH = 4096
-MAX_MAMBA_CACHE_SIZE = 48
+MAX_MAMBA_CACHE_SIZE = axes.CPU_MAX_MAMBA_CACHE_SIZE
 
 
 @dataclass
@@ -53,18 +54,16 @@ class SGLangCpuTarget:
 
     def server_args(self, cell: Cell, *, port: int) -> list[str]:
         base = SGLangTarget(twins=True, launcher=f"{self.python} -m sglang.launch_server")
-        from conformance.reference.model import load_twin  # generates the twin on first use
+        from conformance.reference.twins import ensure_twin  # the folder, generated on first use; no model load
 
-        args = base.server_args(cell, model_path=str(load_twin(cell.model.twin).path), port=port)
+        args = base.server_args(cell, model_path=str(ensure_twin(cell.model.twin)), port=port)
         args += [
             "--device", "cpu",
             "--attention-backend", "torch_native",
             "--disable-cuda-graph",
             "--dtype", self.dtype,
             "--mamba-ssm-dtype", "float32",
-            "--max-total-tokens", str(MAX_TOTAL_TOKENS),
             "--context-length", str(CONTEXT_LENGTH),
-            "--max-mamba-cache-size", str(self.max_mamba_cache_size),
             # a cap only (the pools are sized by the two flags above); SGLang profiles host
             # memory at start, which moves with whatever else runs on the machine
             "--mem-fraction-static", "0.3",
@@ -72,6 +71,10 @@ class SGLangCpuTarget:
             # servers would halve the speed of everything else
             "--sleep-on-idle",
         ]
+        # the pools' defaults here, unless the cell's pool axis sets them (conformance.axes)
+        for flag, value in (("--max-total-tokens", MAX_TOTAL_TOKENS), ("--max-mamba-cache-size", self.max_mamba_cache_size)):
+            if not axes.sets_flag(cell, flag):
+                args += [flag, str(value)]
         return args
 
     def env(self, cell: Cell) -> dict[str, str]:

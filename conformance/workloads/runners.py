@@ -132,6 +132,7 @@ def record_kl(
     turn1_tokens: int = 16,
     ext_len: int = 8,
     timeout: float | None = None,
+    mixed: bool = False,
 ) -> KLRecording:
     """Serve ``prompts`` on a cache hit, then re-prefill served tokens cold twice.
 
@@ -141,13 +142,20 @@ def record_kl(
     ``decode_hit``: turn one generates ``turn1_tokens``; turn two (prompt + output +
     ``ext_len`` new tokens) is served, hitting what turn one's decode cached.  The cold
     half (reference, noise floor, cold generate) is :func:`judge_against_cold`'s.
+    ``mixed`` (a server with ``--enable-mixed-chunk``): the prefill-hit warm-up prefills run
+    one by one while a decode without logprobs is running, so SGLang batches each with that
+    decode (``mix_with_running``; a request with logprobs is never mixed) and stores their
+    checkpoints from mixed batches.
     """
     if scenario not in ("prefill_hit", "decode_hit"):
         raise KitError(f"record_kl: unknown scenario {scenario!r} (prefill_hit or decode_hit)")
     enabled = cache_enabled(client)
     client.flush_cache()
     if scenario == "prefill_hit":
-        generate_tokens(client, prompts, 0, timeout=timeout)
+        if mixed:
+            warm_beside_a_decode(client, prompts, vocab_size=vocab_size, timeout=timeout)
+        else:
+            generate_tokens(client, prompts, 0, timeout=timeout)
         inputs = [tuple(p) + extension(ext_len, vocab_size=vocab_size, seed=f"kl:{i}") for i, p in enumerate(prompts)]
     else:
         first = generate_tokens(client, prompts, turn1_tokens, timeout=timeout)
@@ -157,6 +165,22 @@ def record_kl(
         served, inputs, client, scenario=scenario, enabled=enabled, new_tokens=new_tokens,
         top_k=top_k, timeout=timeout,
     )
+
+
+#: The decode the mixed warm-up runs beside: long enough to outlast the warm-up prefills.
+MIXED_BACKGROUND_TOKENS = 192
+
+
+def warm_beside_a_decode(client: SGLangClient, prompts: Sequence[Sequence[int]], *, vocab_size: int, timeout: float | None = None) -> None:
+    """Prefill ``prompts`` one at a time while one request decodes (no logprobs on either, so
+    a mixed-chunk server batches each prefill with the decode)."""
+    background = extension(16, vocab_size=vocab_size, seed="kl:mixed-background")
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        running = pool.submit(generate_tokens, client, [background], MIXED_BACKGROUND_TOKENS, timeout=timeout)
+        time.sleep(0.5)  # its prefill is done and it decodes
+        for p in prompts:
+            generate_tokens(client, [p], 0, timeout=timeout)
+        running.result()
 
 
 def judge_against_cold(

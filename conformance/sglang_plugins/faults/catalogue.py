@@ -40,12 +40,17 @@ FAULT_MODULES = (
     "lazy_finish_at_boundary_leak",
     "stop_finish_key_short",
     "session_abort_continues",
+    # one per server-option axis (conformance.axes): shows only with its option on
+    "mixed_chunk_track_dropped",
 )
 
 
 #: Written for the request programs (issue "randomized request programs"): bug classes the
 #: scripted suites rarely or never reach; ``mutants --programs`` measures them.
-PROGRAMS_FAULTS = FAULT_MODULES[FAULT_MODULES.index("dup_insert_leak"):]
+PROGRAMS_FAULTS = FAULT_MODULES[FAULT_MODULES.index("dup_insert_leak"):FAULT_MODULES.index("session_abort_continues") + 1]
+#: Written for the server-option axes (issue "server options as matrix axes"): each shows only
+#: with its option on (``Fault.options``), so its cell is a standard-tier axis cell.
+OPTION_FAULTS = FAULT_MODULES[FAULT_MODULES.index("session_abort_continues") + 1:]
 
 
 @functools.lru_cache(maxsize=1)

@@ -11,18 +11,14 @@ untouched track slot is inserted into the radix cache under it.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
+from conformance.sglang_plugins.faults.spec import Hook, sglang_fault, zero_device_track_mask
 
 NAME = "decode_track_mask_empty"
 TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_decode"
 
 
 def empty_device_mask(result, batch, *args, **kwargs):
-    marks = getattr(batch, "mamba_track_mask_cpu", None)
-    mask = getattr(batch, "mamba_track_mask", None)
-    if marks and mask is not None and any(marks):
-        mask.zero_()
-        fired(NAME, rows=sum(bool(m) for m in marks))
+    zero_device_track_mask(NAME, batch, "mamba_track_mask_cpu")
     return result
 
 

@@ -49,19 +49,20 @@ class Hook:
 
 def sglang_fault(name: str, description: str, real_bug: str, observable: str, hooks: tuple[Hook, ...], *,
                  strategies: tuple[str, ...] = ("extra_buffer",), families: tuple[str, ...] = ("qwen3-next",),
-                 suites: tuple[str, ...] = ("kl",), cell_fault: str = "none") -> Fault:
+                 suites: tuple[str, ...] = ("kl",), cell_fault: str = "none", options: tuple[str, ...] = ()) -> Fault:
     """A seeded fault of real SGLang (layer ``sglang``, selected by ``HYBRID_CONFORMANCE_SGLANG_FAULT``).
 
     ``real_bug``: the SGLang bug (PR) or bug class it stands for; ``observable``: what a
     check sees; ``strategies`` / ``families`` (model families): where it can show (the ``mutants`` plan picks
     the cheapest such cell); ``suites``: the suites whose checks must catch it, first the one
     expected to; ``cell_fault``: the matrix fault of that cell when the fault
-    needs one too (e.g. ``lazy_alloc_fail``: SGLang's own ``SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL``).
-    Where it is injected is read off its hooks.
+    needs one too (e.g. ``lazy_alloc_fail``: SGLang's own ``SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL``);
+    ``options``: the server-option axis values (``axis=value``, ``conformance.axes``) the fault
+    only shows under (its cell sets them).  Where it is injected is read off its hooks.
     """
     return Fault(
         name, "sglang", description, real_bug, ", ".join(f"{h.target} ({h.how.upper()})" for h in hooks), observable,
-        suites=suites, strategies=strategies, families=families, cell_fault=cell_fault, hooks=tuple(hooks),
+        suites=suites, strategies=strategies, families=families, cell_fault=cell_fault, hooks=tuple(hooks), options=tuple(options),
     )
 
 
@@ -137,3 +138,14 @@ class suppressed_frees:
 
     def __exit__(self, *exc: object) -> None:
         del self.allocator.free
+
+
+def zero_device_track_mask(name: str, batch: Any, marks_attr: str) -> None:
+    """Clear ``batch.mamba_track_mask`` (the device mask the kernel reads) when the host-side
+    ``marks_attr`` marks a row to track, and report the firing: the state is never written
+    into the track slot while the scheduler still records and caches it."""
+    marks = getattr(batch, marks_attr, None)
+    mask = getattr(batch, "mamba_track_mask", None)
+    if marks and mask is not None and any(marks):
+        mask.zero_()
+        fired(name, rows=sum(bool(m) for m in marks))

@@ -1,0 +1,56 @@
+"""Whether a cell's server options apply to the installed SGLang, in SGLang's own words.
+
+Two answers, both ``na`` for a cell that sets server-option axes (``conformance.axes``):
+
+* before launch, the release's parser lacks a flag or a choice the cell's axis values pass
+  (``conformance.sglang_api.probes``: the parser's own ``invalid choice`` / ``unrecognized``
+  line);
+* at launch, SGLang refused the command while resolving its server arguments (a traceback
+  through ``sglang/srt/arg_groups`` or ``server_args.py``, before any model loads): the
+  exception's last line from the server log is the reason.
+
+Any other start failure stays a failure: a crash after the arguments resolved is not a
+refusal.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from conformance.axes import needed
+from conformance.matrix import Cell
+
+#: Where SGLang resolves and validates its server arguments.
+_RESOLUTION_FRAMES = re.compile(r'File "[^"]*sglang/srt/(arg_groups/[^"]+|server_args\.py)"')
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
+
+
+def probed_refusal(cell: Cell, features) -> str | None:
+    """The parser's own line when the installed release lacks what the cell's options need."""
+    if not cell.options:
+        return None
+    return features.option_not_applicable(needed(cell))
+
+
+def launch_refusal(cell: Cell, log_text: str) -> str | None:
+    """SGLang's refusal line when the cell's server stopped while resolving its arguments
+    (None: no option axis set, or the failure is not an argument refusal)."""
+    if not cell.options:
+        return None
+    tracebacks = log_text.split("Traceback (most recent call last):")
+    if len(tracebacks) < 2:
+        return None
+    last = tracebacks[-1]
+    if not _RESOLUTION_FRAMES.search(last):
+        return None
+    lines = [ln.strip() for ln in last.splitlines() if _EXCEPTION_LINE.match(ln.strip())]
+    return lines[-1] if lines else None
+
+
+def log_refusal(cell: Cell, log_path: Path) -> str | None:
+    """:func:`launch_refusal` of a server log file (None when it is missing)."""
+    try:
+        return launch_refusal(cell, Path(log_path).read_text(errors="replace"))
+    except OSError:
+        return None

@@ -1,0 +1,314 @@
+"""Server options as matrix axes (conformance/axes.py, conformance/pairwise.py): each value
+maps to SGLang's flags in one place, the matrix validates them, the tiers carry them (premerge
+unchanged, standard one cell per value, nightly a generated pairwise covering array), and a
+release or a start that refuses one makes the cell ``na`` with SGLang's own line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance import axes
+from conformance.matrix import MatrixError, load_matrix
+from conformance.pairwise import covering_array, feasible_pairs
+from conformance.sglang_api.probes import Features
+from conformance.targets.option_refusal import launch_refusal, probed_refusal
+from conformance.targets.sglang_cpu import SGLangCpuTarget
+
+SHIPPED = load_matrix()
+ROOT = Path(__file__).resolve().parents[1]
+PAIRWISE_BLOCK = "axes-pairwise"
+
+
+def _cell(**options: str):
+    base = next(c for c in SHIPPED.cells if c.id == "qwen3-next-80b-extra_buffer-p1-t256")
+    import dataclasses
+
+    return dataclasses.replace(base, options=tuple((a, options[a]) for a in axes.NAMES if a in options))
+
+
+# ------------------------------------------------------------------ one place for the flags
+
+def test_every_axis_value_maps_to_its_flags_once_in_the_sglang_cpu_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("conformance.targets.sglang.detect_strategy_flag", lambda launcher="": "--mamba-radix-cache-strategy")
+    target = SGLangCpuTarget()
+    for axis in axes.AXES.values():
+        for value in axis.values.values():
+            cell = _cell(**{axis.name: value.name})
+            if value.refuses(cell):
+                continue
+            argv = target.server_args(cell, port=1)
+            for arg in value.args(cell):
+                if arg.startswith("--"):
+                    assert argv.count(arg) == 1, (value.key, arg, argv)
+            flags = [a for a in argv if a.startswith("--")]
+            assert len(flags) == len(set(flags)), (value.key, flags)
+    small = target.server_args(_cell(kv_pool="small", mamba_pool="small"), port=1)
+    assert small[small.index("--max-total-tokens") + 1] == str(axes.SMALL_MAX_TOTAL_TOKENS)
+    assert small[small.index("--max-mamba-cache-size") + 1] == str(axes.SMALL_MAX_MAMBA_CACHE_SIZE)
+    plain = target.server_args(_cell(), port=1)
+    assert plain[plain.index("--max-total-tokens") + 1] == str(axes.CPU_MAX_TOTAL_TOKENS)
+    assert "--enable-streaming-session" in plain and "--enable-streaming-session" not in target.server_args(_cell(sessions="plain"), port=1)
+    assert "--disable-overlap-schedule" in target.server_args(_cell(overlap="off"), port=1) and "--disable-overlap-schedule" not in plain
+
+
+def test_chunked_prefill_sizes_follow_the_cell_grid() -> None:
+    cell = _cell(chunked_prefill="grid")  # qwen3-next: chunk 64, page 1
+    assert axes.chunked_prefill_size("grid", cell.grid) == 128
+    assert axes.chunked_prefill_size("off-grid", cell.grid) == 96
+    assert axes.chunked_prefill_size("sub-chunk", cell.grid) == 32
+    assert axes.chunked_prefill_size("default", cell.grid) is None
+
+
+def test_streaming_sessions_follow_the_sessions_axis() -> None:
+    assert axes.enabled(_cell(), axes.STREAMING_SESSIONS)
+    assert not axes.enabled(_cell(sessions="plain"), axes.STREAMING_SESSIONS)
+
+
+# ------------------------------------------------------------------ the matrix validates them
+
+def _matrix(tmp_path: Path, extra: str, *, axes_tables: str | None = None) -> Path:
+    text = (ROOT / "fixtures" / "matrix.toml").read_text()
+    text = text.split("# ---------------------------------------------------------------- server-option axes\n# standard")[0]
+    if axes_tables is not None:
+        head, _, rest = text.partition("[axes.overlap]")
+        text = head + axes_tables + "\n# ---------------------------------------------------------------- models" + rest.split("# ---------------------------------------------------------------- models", 1)[1]
+    p = tmp_path / "matrix.toml"
+    p.write_text(text + extra)
+    return p
+
+
+BLOCK = """
+[[cells]]
+name = "bad"
+tier = "standard"
+targets = ["sglang-cpu"]
+models = ["qwen3-next-80b"]
+strategies = ["{strategy}"]
+page_sizes = [{page}]
+options = {{ {options} }}
+"""
+
+
+@pytest.mark.parametrize("strategy,page,options,rule", [
+    ("no_buffer", 1, 'overlap = ["on"]', "SGLang refuses no_buffer with overlap scheduling"),
+    ("extra_buffer", 64, 'chunked_prefill = ["off-grid"]', "chunked prefill 'off-grid' needs a size that is a multiple of the page (96 with page 64)"),
+    ("extra_buffer", 1, 'bogus = ["on"]', "axis 'bogus' is not declared in [axes]"),
+    ("extra_buffer", 1, 'eviction = ["fifo"]', "value 'fifo' is not in [axes.eviction] values"),
+    ("extra_buffer", 1, 'eviction = []', "options.eviction must be a non-empty list"),
+])
+def test_matrix_refuses_bad_options_in_one_line(tmp_path: Path, strategy: str, page: int, options: str, rule: str) -> None:
+    path = _matrix(tmp_path, BLOCK.format(strategy=strategy, page=page, options=options))
+    with pytest.raises(MatrixError) as e:
+        load_matrix(path)
+    assert rule in str(e.value) and "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+def test_matrix_refuses_an_axis_or_value_the_kit_does_not_map(tmp_path: Path) -> None:
+    with pytest.raises(MatrixError, match=r"\[axes.turbo\]: unknown axis 'turbo'"):
+        load_matrix(_matrix(tmp_path, "", axes_tables='[axes.turbo]\nvalues = ["on"]\n'))
+    with pytest.raises(MatrixError, match=r"\[axes.eviction\]: unknown value 'fifo' \(the kit maps: lru, lfu, slru, priority, tlru\)"):
+        load_matrix(_matrix(tmp_path, "", axes_tables='[axes.eviction]\nvalues = ["fifo"]\n'))
+    with pytest.raises(MatrixError, match="unknown generate 'random'"):
+        load_matrix(_matrix(tmp_path, BLOCK.format(strategy="extra_buffer", page=1, options='eviction = ["lfu"]') + 'generate = "random"\n'))
+
+
+def test_default_values_do_not_make_a_new_cell(tmp_path: Path) -> None:
+    m = load_matrix(_matrix(tmp_path, BLOCK.format(strategy="extra_buffer", page=16, options='eviction = ["lru", "lfu"], mixed_chunk = ["off"]')))
+    ids = [c.id for c in m.cells if c.block == "bad"]
+    assert ids == ["qwen3-next-80b-extra_buffer-p16-t256", "qwen3-next-80b-extra_buffer-p16-t256-eviction-lfu"]
+    assert all("-eviction-lru" not in c.id and "-mixed_chunk-off" not in c.id and "-overlap-on" not in c.id for c in SHIPPED.cells)
+
+
+# ------------------------------------------------------------------ tiers
+
+def test_premerge_keeps_its_size_and_standard_has_one_cell_per_axis_value() -> None:
+    premerge = SHIPPED.select(tier="premerge", target="sglang-cpu")
+    assert len(premerge) == 8 and not any(c.options for c in premerge)
+    standard = SHIPPED.select(tier="standard", target="sglang-cpu")
+    seen = {(a, v) for c in standard for a, v in c.describe()["options"].items()}
+    for axis in axes.AXES.values():
+        for value in SHIPPED.axes[axis.name]:
+            assert (axis.name, value) in seen, f"standard has no cell with {axis.name}={value}"
+    assert {16, 64, 128, 256} <= {c.page_size for c in standard}
+    axis_cells = [c for c in standard if c.options]
+    assert all(len(c.options) == 1 for c in axis_cells)  # one value per cell: a failure names its option
+    assert len({c.options for c in axis_cells}) == len(axis_cells)
+    assert not SHIPPED.select(tier="standard", target="reference", server_options=["mixed_chunk=on"])
+
+
+def _pair_set(cells, names):
+    rows = []
+    for c in cells:
+        d = c.describe()
+        rows.append({"model": d["model"], "strategy": d["strategy"], "page_size": d["page_size"], "track_interval": d["track_interval"],
+                     "fault": d["fault"], "cache_variant": d["cache_variant"], **d["options"]})
+    return {((a, r[a]), (b, r[b])) for r in rows for a, b in itertools.combinations(names, 2)}
+
+
+def _brute_force_feasible(matrix) -> set:
+    """Every pair of the pairwise block's values that some valid cell holds, by enumerating
+    the whole product (the generator's own search is not trusted here)."""
+    params = matrix.generated[PAIRWISE_BLOCK]
+    names = [n for n, _ in params]
+    from conformance.matrix import _partial_validity, _Ctx  # the loader's own rules
+
+    core = [(n, vs) for n, vs in params if n in ("model", "strategy", "page_size", "track_interval", "fault", "cache_variant")]
+    rest = [(n, vs) for n, vs in params if n not in dict(core)]
+    build = _builder(matrix)
+    valid = _partial_validity(_Ctx(matrix.path), build, params)
+    out = set()
+    for combo in itertools.product(*(vs for _, vs in core)):
+        row = dict(zip([n for n, _ in core], combo))
+        if not valid(row):
+            continue
+        ok_rest = {n: [v for v in vs if valid({**row, n: v})] for n, vs in rest}
+        full = {**{n: [row[n]] for n in row}, **ok_rest}
+        for a, b in itertools.combinations(names, 2):
+            if a in row and b in row:
+                out.add(((a, row[a]), (b, row[b])))
+                continue
+            for va in full[a]:
+                for vb in full[b]:
+                    if valid({**row, a: va, b: vb}):
+                        out.add(((a, va), (b, vb)))
+    return out
+
+
+def _builder(matrix):
+    import dataclasses
+
+    from conformance.matrix import Cell, _normalized
+
+    def build(row):
+        cell = Cell(matrix.models[row["model"]], matrix.strategies[row["strategy"]], row["page_size"], row["track_interval"],
+                    matrix.faults[row["fault"]], matrix.cache_variants[row["cache_variant"]], "nightly", PAIRWISE_BLOCK, ("sglang-cpu",))
+        return dataclasses.replace(cell, options=_normalized(cell, {a: row[a] for a in axes.NAMES if a in row}))
+    return build
+
+
+def test_nightly_holds_every_feasible_pair_of_axis_values() -> None:
+    params = SHIPPED.generated[PAIRWISE_BLOCK]
+    names = [n for n, _ in params]
+    assert {"overlap", "mixed_chunk", "chunked_prefill", "mamba_pool", "kv_pool", "eviction", "sessions", "reasoning", "page_size"} <= set(names)
+    feasible = _brute_force_feasible(SHIPPED)
+    nightly = SHIPPED.select(tier="nightly", target="sglang-cpu")
+    missing = feasible - _pair_set(nightly, names)
+    assert not missing, f"{len(missing)} feasible pairs in no nightly cell, e.g. {sorted(missing, key=str)[:3]}"
+    assert len(feasible) > 400  # the check is not vacuous: hundreds of pairs
+    # ... and it fails when one generated cell is dropped
+    generated = [c for c in nightly if c.block == PAIRWISE_BLOCK]
+    others = [c for c in nightly if c.block != PAIRWISE_BLOCK]
+    dropped = [c for c in generated if feasible - _pair_set(others + [g for g in generated if g is not c], names)]
+    assert dropped, "no generated cell is needed: the covering array is not what covers the pairs"
+    # the pairs SGLang refuses together are left out, never covered
+    assert (("strategy", "no_buffer"), ("page_size", 64)) not in feasible
+    assert (("strategy", "no_buffer"), ("overlap", "on")) not in feasible
+
+
+def test_covering_array_is_deterministic_and_honours_constraints() -> None:
+    params = [("a", [1, 2, 3]), ("b", ["x", "y"]), ("c", [True, False])]
+
+    def valid(row):
+        return not (row.get("a") == 3 and row.get("b") == "y")
+
+    rows = covering_array(params, valid)
+    assert rows == covering_array(params, valid)
+    assert all(valid(r) for r in rows)
+    need = feasible_pairs(params, valid)
+    got = {((a, r[a]), (b, r[b])) for r in rows for a, b in itertools.combinations("abc", 2)}
+    assert need <= got and (("a", 3), ("b", "y")) not in need
+    assert len(rows) < 3 * 2 * 2  # smaller than the product
+
+
+def test_plan_nightly_lists_every_axis_value() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(["hybrid-conformance", "plan", "--target", "sglang-cpu", "--tier", "nightly", "--format", "json"],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout)["cells"]
+    seen = {(a, v) for r in rows for a, v in r["options"].items()}
+    for axis, values in SHIPPED.axes.items():
+        for v in values:
+            assert (axis, v) in seen, f"{axis}={v}"
+    assert {1, 16, 64, 128, 256} <= {r["page_size"] for r in rows}
+    mixed = next(r for r in rows if r["options"]["mixed_chunk"] == "on")
+    assert "--enable-mixed-chunk" in mixed["command"]
+
+
+def test_server_options_selection_and_its_errors() -> None:
+    assert [c.id for c in SHIPPED.select(tier="standard", target="sglang-cpu", models=["qwen3-next"], strategies=["extra_buffer"],
+                                         server_options=["mixed_chunk=on"])] == ["qwen3-next-80b-extra_buffer-p1-t256-mixed_chunk-on"]
+    with pytest.raises(Exception, match=r"--server-options: mixed_chunk has no value 'maybe'; allowed: off, on"):
+        SHIPPED.select(server_options=["mixed_chunk=maybe"])
+    with pytest.raises(Exception, match=r"--server-options: expected axis=value"):
+        SHIPPED.select(server_options=["turbo"])
+
+
+# ------------------------------------------------------------------ na with SGLang's line
+
+TLRU_REFUSAL = '''[2026-11-26 00:33:10] INFO server_args.py:1: starting
+Traceback (most recent call last):
+  File "/x/site-packages/sglang/launch_server.py", line 30, in <module>
+    server_args = prepare_server_args(sys.argv[1:])
+  File "/x/site-packages/sglang/srt/arg_groups/resolution_hooks.py", line 139, in run_hook
+    step(server_args)
+  File "/x/site-packages/sglang/srt/arg_groups/kv_cache_hook.py", line 386, in handle_cache_compatibility
+    raise ValueError(
+ValueError: --radix-eviction-policy tlru needs 'threshold' greater than 'next_prompt_estimate' in --radix-eviction-policy-config, got 0 <= 0; otherwise no tokens are ever TEL-safe and T-LRU is exactly LRU.
+'''
+CRASH_AFTER_START = '''Traceback (most recent call last):
+  File "/x/site-packages/sglang/srt/managers/scheduler.py", line 9, in run_scheduler_process
+    scheduler.event_loop_overlap()
+RuntimeError: boom
+'''
+
+
+def test_a_start_refusal_in_sglangs_argument_resolution_is_na_with_its_line() -> None:
+    cell = _cell(eviction="tlru")
+    line = launch_refusal(cell, TLRU_REFUSAL)
+    assert line is not None and line.startswith("ValueError: --radix-eviction-policy tlru needs 'threshold'")
+    assert launch_refusal(cell, CRASH_AFTER_START) is None  # a crash is a failure, not a refusal
+    assert launch_refusal(_cell(), TLRU_REFUSAL) is None  # a core cell SGLang refuses stays a failure
+    assert launch_refusal(cell, "no traceback here") is None
+
+
+def test_a_release_whose_parser_lacks_an_option_makes_the_cell_na() -> None:
+    old = Features(version="0.5.13", flags=("--max-total-tokens",), choices=(("--radix-eviction-policy", ("lru", "lfu")),))
+    assert probed_refusal(_cell(mixed_chunk="on"), old) == "sglang 0.5.13: error: unrecognized arguments: --enable-mixed-chunk"
+    new = Features(version="0.5.23", flags=("--radix-eviction-policy",), choices=(("--radix-eviction-policy", ("lru", "lfu")),))
+    assert "invalid choice: 'slru'" in probed_refusal(_cell(eviction="slru"), new)
+    assert probed_refusal(_cell(eviction="lfu"), new) is None
+    assert probed_refusal(_cell(), old) is None  # a cell without options is never na here
+
+
+def test_report_marks_a_cell_whose_tests_were_skipped_as_not_applicable() -> None:
+    from conformance.outcomes import Outcomes
+    from conformance.runreport import NOT_APPLICABLE_SKIP, collect_cells
+
+    o = Outcomes()
+    o.synthesized["c1"] = {"kl": [{"status": "skip", "reason": f"Skipped: {NOT_APPLICABLE_SKIP}SGLang refuses: ValueError: x"}]}
+    o.synthesized["c2"] = {"kl": [{"status": "skip", "reason": "Skipped: something else"}]}
+    cells = {c["id"]: c for c in collect_cells(o)}
+    assert cells["c1"]["not_applicable"] == "SGLang refuses: ValueError: x" and cells["c1"]["checks"] == {}
+    assert "not_applicable" not in cells["c2"] and cells["c2"]["checks"]["kl"]["status"] == "skip"
+
+
+def test_option_faults_name_their_axis_value() -> None:
+    from conformance.sglang_plugins.faults.catalogue import OPTION_FAULTS, faults
+
+    assert OPTION_FAULTS
+    for name in OPTION_FAULTS:
+        f = faults()[name]
+        assert f.options and axes.parse_selection(f.options)
+        assert SHIPPED.select(tier="standard", target="sglang-cpu", models=list(f.families), strategies=[f.strategies[0]], server_options=list(f.options))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
