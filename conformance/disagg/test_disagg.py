@@ -28,7 +28,7 @@ from conformance.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
-from conformance.targets.disagg import not_applicable, serve_pd, target_refusal
+from conformance.targets.disagg import not_applicable, serve_pd, target_refusal, transport
 from conformance.targets.registry import target_for
 from conformance.workloads.gsm8k import pick_items
 from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
@@ -48,7 +48,7 @@ def _gauges(pd) -> tuple[str, ...]:
 @pytest.fixture(scope="session")
 def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
     """The cell's PD unit (prefill + decode + router), started once per cell (one launch)."""
-    from conformance.outcomes import note_launch
+    from conformance.outcomes import note_launch, note_server
 
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     stack = contextlib.ExitStack()
@@ -58,7 +58,8 @@ def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
         problem = str(e)
     else:
         with stack:
-            note_launch(request, cell, kind="pd")
+            note_launch(request, cell, kind="pd")  # three processes, one launch of the cell
+            note_server(request, cell, {}, pd_transfer=transport(pd.spec))
             yield pd
         return
     pytest.fail(problem, pytrace=False)
@@ -84,7 +85,7 @@ def test_pd_logprobs(cell, request, record_verdict):
     th = cell.model.thresholds
     kl = kl_verdict(rec, chunk=chunk, track_interval=grid, k3_max=th.kl_k3_max, floor_factor=th.kl_floor_factor, abs_cap=th.kl_abs_cap,
                     hit_fraction_min=th.hit_fraction_min, exact=exact_mode(pd))
-    settle(record_verdict(disagg_verdict([kl])))
+    settle(record_verdict(disagg_verdict([kl], transfer=transport(pd.spec))))
 
 
 def test_pd_gsm8k(cell, request, record_verdict, cell_store):
@@ -105,11 +106,11 @@ def test_pd_gsm8k(cell, request, record_verdict, cell_store):
     baseline = lm_eval_on(base).record(items, label=f"{cell.id} non-PD")
     base.client.flush_cache()
     if exact_mode(pd):  # CPU twins: accuracy means nothing, every answer must equal the non-PD one
-        verdict = disagg_verdict([gsm8k_verdict(served, mode="agreement", baseline=baseline)])
+        verdict = disagg_verdict([gsm8k_verdict(served, mode="agreement", baseline=baseline)], transfer=transport(pd.spec))
     else:
         correct = sum(is_correct(a, "flexible") for a in served.answers)
         v = gsm8k_verdict(served, mode="accuracy", baseline=baseline, min_accuracy=cell.model.thresholds.gsm8k_min_accuracy)
-        verdict = disagg_verdict([v], history=threshold_history(correct, len(served.answers)))
+        verdict = disagg_verdict([v], history=threshold_history(correct, len(served.answers)), transfer=transport(pd.spec))
     settle(record_verdict(verdict))
 
 
@@ -122,4 +123,4 @@ def test_pd_leaks(cell, request, record_verdict):
     probes = list(pd.extra.get("idle_probes", [])) + probe_both(pd, "after load", requests=len(prompts), gauges=_gauges(pd))
     logs = "\n".join(pd.log_texts().values())
     verdict = leak_verdict(probes, log_text=logs, alive=pd.alive(), timeline=timeline, gauges=_gauges(pd))
-    settle(record_verdict(disagg_verdict([verdict])))
+    settle(record_verdict(disagg_verdict([verdict], transfer=transport(pd.spec))))
