@@ -23,7 +23,7 @@ import pytest
 from conformance.checks.disagg import CHECK, disagg_verdict, threshold_history
 from conformance.checks.gsm8k import gsm8k_verdict, is_correct
 from conformance.checks.kl import kl_verdict
-from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, leak_verdict
+from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, MAMBA_PEAK_GAUGE, leak_verdict
 from conformance.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError
 from conformance.records import Verdict
@@ -33,7 +33,7 @@ from conformance.targets.registry import target_for
 from conformance.workloads.gsm8k import pick_items
 from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
-from conformance.workloads.runners import generate_tokens, sample_occupancy
+from conformance.workloads.runners import OCCUPANCY_GAUGES, generate_tokens, sample_occupancy
 
 pytestmark = pytest.mark.disagg
 SEEDS = {"logprobs": 21, "load": 22}
@@ -119,7 +119,8 @@ def test_pd_leaks(cell, request, record_verdict):
     size = sizes_for(pd)
     chunk, _grid = grids(cell)
     prompts = token_prompts([chunk + 1 + 7 * i for i in range(size.load_requests)], vocab_size=vocab_size(base), seed=SEEDS["load"])
-    timeline, _out = sample_occupancy(pd.decode, lambda: generate_tokens(pd.router, prompts, size.load_new_tokens))
+    gauges = (*OCCUPANCY_GAUGES, MAMBA_PEAK_GAUGE)  # a short PD decode can finish between SGLang's own gauge samples
+    timeline, _out = sample_occupancy(pd.decode, lambda: generate_tokens(pd.router, prompts, size.load_new_tokens), gauges=gauges)
     probes = list(pd.extra.get("idle_probes", [])) + probe_both(pd, "after load", requests=len(prompts), gauges=_gauges(pd))
     logs = "\n".join(pd.log_texts().values())
     verdict = leak_verdict(probes, log_text=logs, alive=pd.alive(), timeline=timeline, gauges=_gauges(pd))

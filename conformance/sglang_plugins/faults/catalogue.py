@@ -40,12 +40,18 @@ FAULT_MODULES = (
     "lazy_finish_at_boundary_leak",
     "stop_finish_key_short",
     "session_abort_continues",
+    # PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP): the disagg suite
+    "pd_state_index_off",             # PR 15829
+    "pd_last_layer_state_unsent",
+    "pd_prefill_slot_kept",
 )
 
 
 #: Written for the request programs (issue "randomized request programs"): bug classes the
 #: scripted suites rarely or never reach; ``mutants --programs`` measures them.
-PROGRAMS_FAULTS = FAULT_MODULES[FAULT_MODULES.index("dup_insert_leak"):]
+PROGRAMS_FAULTS = FAULT_MODULES[FAULT_MODULES.index("dup_insert_leak"):FAULT_MODULES.index("pd_state_index_off")]
+#: PD disaggregation faults (hooks in SGLang's disaggregation code; fire only in PD roles).
+PD_FAULTS = FAULT_MODULES[FAULT_MODULES.index("pd_state_index_off"):]
 
 
 @functools.lru_cache(maxsize=1)
