@@ -35,7 +35,9 @@ from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import OCCUPANCY_GAUGES, generate_tokens, sample_occupancy
 
-pytestmark = pytest.mark.disagg
+#: A PD test may start the unit and the non-PD server: four real SGLang processes on sglang-cpu
+#: (over ten minutes on a loaded 2-core machine), more than the runs' per-test timeout.
+pytestmark = [pytest.mark.disagg, pytest.mark.timeout(1800)]
 SEEDS = {"logprobs": 21, "load": 22}
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from conformance.client import SGLangClient
-from conformance.errors import KitError
+from conformance.errors import KitError, PortTakenError
 from conformance.matrix import Cell
 from conformance.targets.base import LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
@@ -41,6 +41,8 @@ TRANSFER_BACKEND_ENV = "HYBRID_CONFORMANCE_PD_TRANSFER_BACKEND"
 ROUTER_LAUNCHER_ENV = "HYBRID_CONFORMANCE_SGLANG_ROUTER"
 TRANSFER_BACKENDS = ("mooncake", "nixl", "mooncake_tcp", "mori", "ascend")
 ROLES = ("prefill", "decode", "router")
+#: Starts of a PD unit when a picked port was taken by another process in between.
+PORT_ATTEMPTS = 3
 REFERENCE_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -368,40 +370,63 @@ def _with_report(env: dict[str, str], report: Path | None) -> dict[str, str]:
 @contextlib.contextmanager
 def serve_pd(cell: Cell, options: Any, *, log_dir: Path, spec: PDSpec | None = None) -> Iterator[PDEndpoint]:
     """Start the cell's prefill and decode servers together, then its router; yield a
-    :class:`PDEndpoint`; tear all three down together (also on failure)."""
-    spec = spec or pd_spec_for(cell, options)
-    reports = {role: Path(log_dir) / f"{cell.id}-pd-{role}.plugins.jsonl" for role, s in spec.specs().items() if s.plugins}
-    procs = {
-        role: ServerProcess(
-            name=f"{options.target} PD {role} for {cell.id}", argv=s.argv, env=_with_report(s.env, reports.get(role)),
-            health_url=s.base_url + s.health_path, log_path=Path(log_dir) / f"{cell.id}-pd-{role}.log", start_timeout_s=s.start_timeout_s,
-        )
-        for role, s in spec.specs().items()
-    }
+    :class:`PDEndpoint`; tear all three down together (also on failure).  A port taken by
+    another process between picking and binding (Mooncake's TCP transport and other cells
+    take ports too) starts the unit again on new ports, as ``serving.serve_cell`` does."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        picked = spec or pd_spec_for(cell, options)
+        try:
+            procs, release = _start_pd(cell, options, picked, Path(log_dir))
+            break
+        except PortTakenError:
+            if spec is not None or attempt == PORT_ATTEMPTS:
+                raise
     clients: list[SGLangClient] = []
-    release = threading.Event()
     try:
-        _start_together([procs["prefill"], procs["decode"]], release)
-        for role, report in reports.items():  # the kit's plugins ran inside SGLang (it only logs a failing one)
-            check_plugins(procs[role].name, report, spec.specs()[role].plugins, procs[role].log_path)
-        procs["router"].start()
 
         def dead() -> str | None:
             gone = {role: r for role, p in procs.items() if (r := p.exit_reason())}
             return "; ".join(f"PD {role}: {r}" for role, r in gone.items()) or None
 
-        router = SGLangClient(spec.router.base_url, liveness=dead, batches=spec.router_batches)
-        prefill = SGLangClient(spec.prefill.base_url, liveness=procs["prefill"].exit_reason)
-        decode = SGLangClient(spec.decode.base_url, liveness=procs["decode"].exit_reason)
+        router = SGLangClient(picked.router.base_url, liveness=dead, batches=picked.router_batches)
+        prefill = SGLangClient(picked.prefill.base_url, liveness=procs["prefill"].exit_reason)
+        decode = SGLangClient(picked.decode.base_url, liveness=procs["decode"].exit_reason)
         clients = [router, prefill, decode]
         try:
             info = router.server_info()
-        except KitError:
+        except (KitError, ValueError):  # sglang_router may answer without a JSON body
             info = {}
-        yield PDEndpoint(cell, options.target, router, prefill, decode, procs, spec, info)
+        yield PDEndpoint(cell, options.target, router, prefill, decode, procs, picked, info)
     finally:
         for c in clients:
             c.close()
-        for role in ("router", "decode", "prefill"):
-            procs[role].stop()
-        release.set()
+        _stop_pd(procs, release)
+
+
+def _stop_pd(procs: dict[str, ServerProcess], release: threading.Event) -> None:
+    for role in ("router", "decode", "prefill"):
+        procs[role].stop()
+    release.set()
+
+
+def _start_pd(cell: Cell, options: Any, spec: PDSpec, log_dir: Path) -> tuple[dict[str, ServerProcess], threading.Event]:
+    """The three processes of ``spec`` started and proven (the kit's plugins ran inside SGLang,
+    which only logs a failing one); on any failure all of them are stopped and it is raised."""
+    reports = {role: log_dir / f"{cell.id}-pd-{role}.plugins.jsonl" for role, s in spec.specs().items() if s.plugins}
+    procs = {
+        role: ServerProcess(
+            name=f"{options.target} PD {role} for {cell.id}", argv=s.argv, env=_with_report(s.env, reports.get(role)),
+            health_url=s.base_url + s.health_path, log_path=log_dir / f"{cell.id}-pd-{role}.log", start_timeout_s=s.start_timeout_s,
+        )
+        for role, s in spec.specs().items()
+    }
+    release = threading.Event()
+    try:
+        _start_together([procs["prefill"], procs["decode"]], release)
+        for role, report in reports.items():
+            check_plugins(procs[role].name, report, spec.specs()[role].plugins, procs[role].log_path)
+        procs["router"].start()
+    except BaseException:
+        _stop_pd(procs, release)
+        raise
+    return procs, release
