@@ -3,8 +3,9 @@
 ``sglang_pd_spec`` builds SGLang's three commands for a cell (``--disaggregation-mode
 prefill|decode`` with a shared ``--disaggregation-bootstrap-port``, the decode server on its
 own GPUs via ``--base-gpu-id``, an optional ``--disaggregation-transfer-backend``, and
-``sglang_router.launch_router --pd-disaggregation``); ``reference_pd_spec`` the reference
-target's (``conformance.reference.pd`` roles and ``conformance.reference.router``).
+``sglang_router.launch_router --pd-disaggregation``); ``sglang_cpu_pd_spec`` the same roles on
+``sglang-cpu`` (the cell's CPU command, Mooncake over TCP, the CPU plugin's PD bridge);
+``reference_pd_spec`` the reference target's (``conformance.reference.pd`` roles and ``conformance.reference.router``).
 ``validate_pd_spec`` runs SGLang's own parser on the two server commands (and
 ``sglang_router``'s parser on the router's when it is installed).  ``serve_pd`` starts the
 three processes together (each with its own log), health-checks them, and tears all of
