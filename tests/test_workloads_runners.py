@@ -175,3 +175,29 @@ def test_sample_occupancy_sees_load_and_returns_the_result():
     assert len(out["output_ids"]) == 40
     assert max(s.values["sglang:mamba_used_tokens"] for s in timeline) > 0
     assert isinstance(timeline[0], OccupancySample)
+
+
+def test_a_client_that_takes_no_batch_gets_one_request_per_prompt_in_order():
+    """``sglang_router`` (PD) answers a batched /generate with HTTP 422: such a client gets
+    each prompt as its own request, all in flight together, answers in prompt order."""
+    from conformance.workloads.runners import generate_tokens
+
+    class OneAtATime:
+        batches = False
+
+        def __init__(self) -> None:
+            self.bodies = []
+
+        def generate(self, payload, timeout=None):
+            assert isinstance(payload["sampling_params"], dict), "a batched body reached a client that takes none"
+            self.bodies.append(payload)
+            ids = payload["input_ids"]
+            return {"output_ids": [ids[-1]] * payload["sampling_params"]["max_new_tokens"], "meta_info": {"prompt": len(ids)}}
+
+    client = OneAtATime()
+    out = generate_tokens(client, [[5, 6, 7], [8], [9, 10]], [2, 1, 3])
+    assert [r["meta_info"]["prompt"] for r in out] == [3, 1, 2] and [r["output_ids"] for r in out] == [[7, 7], [8], [10, 10, 10]]
+    assert len(client.bodies) == 3
+    client.batches = True  # a client that takes batches still gets one batched body
+    with pytest.raises(AssertionError, match="batched body"):
+        generate_tokens(client, [[5, 6, 7], [8]], 1)
