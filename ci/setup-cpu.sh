@@ -26,9 +26,26 @@ if [[ "$SGLANG_PIN" =~ ^sglang==(.+)$ ]]; then
 fi
 # Optional: sglang-router's own argument parser validates the PD router command.
 pipi --no-deps "${HYBRID_CONFORMANCE_SGLANG_ROUTER:-sglang-router==0.3.2}" || echo "setup-cpu: sglang-router not installed; PD router commands are checked by shape only"
+# PD disaggregation on sglang-cpu: SGLang's Mooncake backend over TCP needs the CPU build of
+# `mooncake.engine` and, to load it, Debian's RDMA user-space libraries (no RDMA device is used).
+MOONCAKE_PIN="${HYBRID_CONFORMANCE_MOONCAKE:-mooncake-transfer-engine-non-cuda==0.3.13.post1}"
+missing_libs=""
+for lib in libibverbs1 librdmacm1; do
+    dpkg -s "$lib" >/dev/null 2>&1 || missing_libs="$missing_libs $lib"
+done
+if [ -n "$missing_libs" ]; then
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        echo "setup-cpu: cannot install$missing_libs (needs root and apt-get); PD cells on sglang-cpu will be 'na' with Mooncake's import error"
+    else
+        # shellcheck disable=SC2086
+        apt-get install -y -q $missing_libs >/dev/null || { apt-get update -q >/dev/null && apt-get install -y -q $missing_libs >/dev/null; } \
+            || echo "setup-cpu: apt-get could not install$missing_libs; PD cells on sglang-cpu will be 'na' with Mooncake's import error"
+    fi
+fi
+pipi "$MOONCAKE_PIN" || echo "setup-cpu: $MOONCAKE_PIN not installed; PD cells on sglang-cpu will be 'na' with SGLang's Mooncake refusal"
 pipi --no-deps -e "$root"
 "$PY" - <<'PY'
 import importlib.metadata as md
-for name in ("torch", "transformers", "sglang", "lm_eval", "hybrid-conformance"):
+for name in ("torch", "transformers", "sglang", "lm_eval", "mooncake-transfer-engine-non-cuda", "hybrid-conformance"):
     print(f"setup-cpu: {name}=={md.version(name)}")
 PY

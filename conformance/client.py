@@ -46,8 +46,12 @@ class SGLangClient:
         *,
         timeout: float = 120.0,
         liveness: Callable[[], str | None] | None = None,
+        batches: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        #: Takes a batched ``/generate`` (lists of prompts and sampling params); SGLang's
+        #: ``sglang_router`` in PD mode does not, so runners send its prompts concurrently.
+        self.batches = batches
         self.timeout = timeout
         self._liveness = liveness
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout, trust_env=False)

@@ -26,7 +26,7 @@ from conformance.sglang_plugins.activation import FAULT_ENV, FAULT_PLUGIN, REPOR
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.plugin_proof import check_plugins
 from conformance.targets.sglang_cpu import SGLangCpuTarget
-from conformance.workloads.runners import generate_tokens, output_ids, served_logprobs
+from conformance.workloads.runners import generate_tokens, output_ids, served_logprobs, warm_beside_a_decode
 
 STRICT_ENV = "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"
 EXTRA_BUFFER_QWEN = ("qwen3-next", "extra_buffer")
@@ -39,9 +39,12 @@ def require_sglang() -> None:
     sglang_api.require()
 
 
-def cell_for(family: str, strategy: str, fault: str = "none") -> Cell:
+def cell_for(family: str, strategy: str, fault: str = "none", options: tuple[tuple[str, str], ...] = ()) -> Cell:
+    """The page-1 sglang-cpu cell of that family, strategy and cell fault, with exactly these
+    server-option axis values (none: the plain cell)."""
     for cell in load_matrix().cells:
-        if cell.model.family == family and cell.strategy.name == strategy and cell.fault.name == fault and "sglang-cpu" in cell.targets and cell.page_size == 1:
+        if (cell.model.family == family and cell.strategy.name == strategy and cell.fault.name == fault and "sglang-cpu" in cell.targets
+                and cell.page_size == 1 and tuple(cell.options) == tuple(options)):
             return cell
     raise LookupError(f"no sglang-cpu cell for {family}/{strategy}/{fault} in the matrix")
 
@@ -134,6 +137,7 @@ def hit_vs_cold(
     warm_new: int = 0,
     new_tokens: int = 8,
     follow_output: bool = False,
+    beside_a_decode: bool = False,
 ) -> list[HitVsCold]:
     """Warm the cache with each batch of ``warm`` in turn (``warm_new`` decoded tokens per
     request), serve ``served`` (one batch) on whatever it hits -- appended to the last warm
@@ -143,6 +147,9 @@ def hit_vs_cold(
     client.flush_cache()
     last: list[Any] = []
     for batch in warm:
+        if beside_a_decode:  # each prompt prefilled while a decode runs: a mixed-chunk server mixes them
+            warm_beside_a_decode(client, batch, vocab_size=VOCAB)
+            continue
         last = generate_tokens(client, batch, warm_new)
     if follow_output:
         served = [tuple(p) + output_ids(r) + tuple(s) for p, r, s in zip(warm[-1], last, served)]
@@ -235,6 +242,12 @@ def decode_across_boundary_then_idle(client: SGLangClient) -> dict[str, float]:
 def batched_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     warm = prompts(BATCH_LENGTHS, seed=1)
     return hit_vs_cold(client, [warm], [p + tail(5, f"b{i}") for i, p in enumerate(warm)])
+
+
+def mixed_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
+    """Prefix checkpoints stored from mixed prefill+decode batches (``--enable-mixed-chunk``)."""
+    warm = prompts(BATCH_LENGTHS, seed=4)
+    return hit_vs_cold(client, [warm], [p + tail(5, f"m{i}") for i, p in enumerate(warm)], beside_a_decode=True)
 
 
 def grid_prefill_hits(client: SGLangClient) -> list[HitVsCold]:

@@ -188,3 +188,15 @@ def test_idle_invariant_refuses_missing_gauges():
 def test_after_flush_nothing_evictable():
     assert after_flush_problems({**KIT_CLEAN, "sglang:mamba_evictable_tokens": 0.0, "sglang:kv_evictable_tokens": 0.0}) == []
     assert any("still evictable" in p for p in after_flush_problems(KIT_CLEAN))
+
+
+def test_the_observe_plugins_mamba_peak_is_load_evidence_and_zero_is_not():
+    """A short PD decode can end between SGLang's own gauge samples: the observe plugin's
+    busy-window peak counts as evidence that the gauges are live; a zero peak does not."""
+    from conformance.checks.leaks import MAMBA_PEAK_GAUGE
+
+    seen = [OccupancySample(0.0, {**IDLE, MAMBA_PEAK_GAUGE: 0.0}), OccupancySample(0.1, {**IDLE, MAMBA_PEAK_GAUGE: 3.0})]
+    assert leak_verdict([probe()], timeline=seen).status == "pass"
+    flat = [OccupancySample(0.0, {**IDLE, MAMBA_PEAK_GAUGE: 0.0})]
+    v = leak_verdict([probe()], timeline=flat)
+    assert v.status == "fail" and "never rose above 0" in v.reason

@@ -154,3 +154,62 @@ def test_sglangs_parser_accepts_pd_for_no_buffer_and_extra_buffer_and_refuses_la
             assert not result["prefill"].ok
             assert "extra_buffer_lazy unsupported under PD disaggregation" in result["prefill"].message
             assert not_applicable(cell) == LAZY_REFUSAL
+
+
+# ------------------------------------------------------------------ sglang-cpu
+CPU_PORTS = PDPorts(prefill=30000, decode=30001, router=30100, bootstrap=8998, router_metrics=30200)
+
+
+def test_sglang_cpu_pd_commands_are_the_cells_cpu_command_plus_mooncake_over_tcp(sglang_parser):
+    from conformance.sglang_plugins import activation
+    from conformance.targets.disagg import CPU_TRANSFER_ENV, transport
+
+    cell = _cells("extra_buffer", "qwen3-next")[0]
+    opts = SimpleNamespace(target="sglang-cpu", dtype="float32", twins=False)
+    spec = pd_spec_for(cell, opts, ports=CPU_PORTS)
+    pre, dec, router = spec.prefill, spec.decode, spec.router
+    assert _flag(pre.argv, "--disaggregation-mode") == "prefill" and _flag(dec.argv, "--disaggregation-mode") == "decode"
+    for s in (pre, dec):
+        assert _flag(s.argv, "--device") == "cpu" and _flag(s.argv, "--disaggregation-transfer-backend") == "mooncake"
+        assert _flag(s.argv, "--disaggregation-bootstrap-port") == "8998"
+        assert s.env["MC_FORCE_TCP"] == CPU_TRANSFER_ENV["MC_FORCE_TCP"] == "1" and s.env[activation.PD_ENV] == "1"
+        assert s.env["SGLANG_PLATFORM"] == activation.PLATFORM_NAME and activation.CPU_PLUGIN in s.plugins
+        assert s.health_path == "/health"  # a prefill-only server has no /health_generate answer of its own
+    assert _flag(router.argv, "--prefill") == "http://127.0.0.1:30000" and router.argv[router.argv.index("--prefill") + 2] == "8998"
+    assert _flag(router.argv, "--prometheus-port") == "30200"  # not the default 29000 every router on the machine takes
+    assert not spec.router_batches and transport(spec) == {"backend": "mooncake", "protocol": "tcp"}
+    assert validate_pd_spec(spec, cell)["prefill"].ok and validate_pd_spec(spec, cell)["decode"].ok
+    ref = pd_spec_for(cell, SimpleNamespace(target="reference"), ports=PORTS)
+    assert ref.router_batches and transport(ref) == {"backend": "reference", "protocol": "http"}
+
+
+def test_sglang_cpu_pd_refusal_is_sglangs_own_line_and_none_when_mooncake_builds(monkeypatch):
+    from conformance.sglang_api import probes
+    from conformance.targets.disagg import target_refusal
+
+    monkeypatch.setattr(probes, "probe", lambda: SimpleNamespace(pd_transfer_refusal="Please install mooncake by following ..."))
+    line = target_refusal("sglang-cpu")
+    assert line.startswith("not applicable on sglang-cpu: SGLang's PD transfer engine refuses this machine: Please install mooncake")
+    monkeypatch.setattr(probes, "probe", lambda: SimpleNamespace(pd_transfer_refusal=None))
+    assert target_refusal("sglang-cpu") is None and target_refusal("reference") is None
+
+
+def test_the_pd_bridge_targets_sglangs_cuda_branch_and_turns_it_off(sglang_parser):
+    """The bridged CUDA assumption is still there in this release (else the bridge is stale),
+    and the hook makes a sender take SGLang's host-index branch."""
+    import inspect
+    import pkgutil
+
+    pytest.importorskip("sglang.srt.disaggregation.mooncake.conn", reason="SGLang's Mooncake backend is not importable here")
+    from sglang.srt.disaggregation import prefill
+
+    from conformance.sglang_plugins.cpu import pd_bridge
+
+    source = inspect.getsource(prefill.SchedulerDisaggregationPrefillMixin._send_kv_chunk)
+    assert "supports_host_tensor_indices" in source and "pin_memory=True" in source and "torch.cuda.Event" in source
+    owner, attr = pd_bridge.SENDER_INIT.rsplit(".", 1)
+    sender_cls = pkgutil.resolve_name(owner)
+    assert sender_cls.supports_host_tensor_indices is True and hasattr(sender_cls, attr)
+    sender = SimpleNamespace(supports_host_tensor_indices=True)
+    pd_bridge.sender_on_host(None, sender)
+    assert sender.supports_host_tensor_indices is False

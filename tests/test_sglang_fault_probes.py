@@ -29,6 +29,7 @@ from sglang_cpu_probes import (
     decode_hits,
     grid_prefill_hits,
     hits_then_idle,
+    mixed_prefill_hits,
     probe_server,
     streaming_session_then_idle,
     summary,
@@ -60,6 +61,7 @@ class Probe:
     scenario: Callable[[Any], Any]
     harmed: Callable[[Any], bool]
     cell_fault: str = "none"
+    options: tuple[tuple[str, str], ...] = ()  # the cell's server-option axis values
 
 
 PROBES: dict[str, Probe] = {
@@ -82,6 +84,8 @@ PROBES: dict[str, Probe] = {
     "cached_tokens_overreport": Probe(EXTRA, branch_cached_tokens, lambda got: got == (200, 200)),
     # performance: every cold prefill waits in the track path (SGLang's own first_token_latency)
     "track_path_slowdown": Probe(EXTRA, cold_ttfts, lambda ttfts: min(ttfts) >= PREFILL_SLEEP_S),
+    # server-option axes: checkpoints stored from mixed prefill+decode batches (--enable-mixed-chunk)
+    "mixed_chunk_track_dropped": Probe(EXTRA, mixed_prefill_hits, lambda rows: bool(diverged(rows)), options=(("mixed_chunk", "on"),)),
 }
 FAST = ("cow_skipped",)
 
@@ -93,7 +97,7 @@ def _describe(seen: Any) -> str:
 @pytest.mark.parametrize("fault", [pytest.param(f, marks=[pytest.mark.fault_probe_fast] if f in FAST else []) for f in PROBES])
 def test_fault_does_damage_on_real_sglang(fault: str, tmp_path: Path) -> None:
     probe = PROBES[fault]
-    with probe_server(cell_for(*probe.where, probe.cell_fault), tmp_path, fault=fault, strict=False) as server:
+    with probe_server(cell_for(*probe.where, probe.cell_fault, probe.options), tmp_path, fault=fault, strict=False) as server:
         seen = probe.scenario(server.client)
         fired = server.fired(fault)
     # the server was forked from the pre-imported launcher unless the run asked for plain launches
@@ -136,4 +140,11 @@ def test_control_lazy_alloc_fail_clean(tmp_path: Path) -> None:
 def test_control_mamba2_clean(tmp_path: Path) -> None:
     with _clean(MAMBA2, tmp_path) as s:
         rows = batched_prefill_hits(s.client)
+    assert all(r.cached_tokens > 0 for r in rows) and not diverged(rows), summary(rows)
+
+
+def test_control_mixed_chunk_clean(tmp_path: Path) -> None:
+    """Checkpoints stored from mixed prefill+decode batches on a clean server: hits equal cold."""
+    with probe_server(cell_for(*EXTRA, options=(("mixed_chunk", "on"),)), tmp_path, fault=None, strict=False) as s:
+        rows = mixed_prefill_hits(s.client)
     assert all(r.cached_tokens > 0 for r in rows) and not diverged(rows), summary(rows)

@@ -203,3 +203,29 @@ def test_an_idle_probe_wakes_a_sleeping_scheduler_for_a_fresh_sample(monkeypatch
     asleep = _SleepingScheduler()
     values, fresh, waited = idle._fresh_idle_sample(asleep, 0.3, lambda v: [])
     assert not fresh and asleep.woken == 0 and waited >= 0.3
+
+
+def test_a_client_that_takes_no_batch_gets_one_request_per_prompt_in_order():
+    """``sglang_router`` (PD) answers a batched /generate with HTTP 422: such a client gets
+    each prompt as its own request, all in flight together, answers in prompt order."""
+    from conformance.workloads.runners import generate_tokens
+
+    class OneAtATime:
+        batches = False
+
+        def __init__(self) -> None:
+            self.bodies = []
+
+        def generate(self, payload, timeout=None):
+            assert isinstance(payload["sampling_params"], dict), "a batched body reached a client that takes none"
+            self.bodies.append(payload)
+            ids = payload["input_ids"]
+            return {"output_ids": [ids[-1]] * payload["sampling_params"]["max_new_tokens"], "meta_info": {"prompt": len(ids)}}
+
+    client = OneAtATime()
+    out = generate_tokens(client, [[5, 6, 7], [8], [9, 10]], [2, 1, 3])
+    assert [r["meta_info"]["prompt"] for r in out] == [3, 1, 2] and [r["output_ids"] for r in out] == [[7, 7], [8], [10, 10, 10]]
+    assert len(client.bodies) == 3
+    client.batches = True  # a client that takes batches still gets one batched body
+    with pytest.raises(AssertionError, match="batched body"):
+        generate_tokens(client, [[5, 6, 7], [8]], 1)

@@ -60,16 +60,20 @@ def threshold_history(correct: int, n: int, history: Sequence[HistoricalThreshol
     return rows
 
 
-def disagg_verdict(parts: Sequence[Verdict], *, history: Sequence[dict[str, Any]] | None = None) -> Verdict:
+def disagg_verdict(parts: Sequence[Verdict], *, history: Sequence[dict[str, Any]] | None = None,
+                   transfer: dict[str, str] | None = None) -> Verdict:
     """One ``disagg`` verdict from its parts (fail beats pass beats skip; numbers united).
 
-    Each part's reason is prefixed with its check name so a failure says which comparison broke.
+    Each part's reason is prefixed with its check name so a failure says which comparison broke;
+    ``transfer`` (the PD transfer backend and protocol) goes into the details.
     """
     if not parts:
         return Verdict(CHECK, "skip", reason="no PD comparison ran")
     named = [Verdict(p.check, p.status, p.metrics, f"{p.check}: {p.reason}" if p.reason else "", p.details) for p in parts]
     out = merge(CHECK, named)
     details = {**out.details, "parts": {p.check: p.status for p in parts}}
+    if transfer:
+        details["transfer"] = dict(transfer)
     metrics = dict(out.metrics)
     if history:
         details["sglang_pd_threshold_history"] = list(history)

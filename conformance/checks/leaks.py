@@ -38,6 +38,9 @@ TRACK_SLOTS_GAUGE = "sglang:mamba_pingpong_resident_slots"
 # the kit's observe plugin inside real SGLang (conformance/sglang_plugins/observe.py) and
 # by the reference server; absent gauges count as 0 held.
 KIT = "hybrid_conformance:"
+#: The observe plugin's busy-window peak of SGLang's mamba ``used`` term, read before every
+#: batch (SGLang's own gauge is sampled only at its log intervals: a short load can miss it).
+MAMBA_PEAK_GAUGE = KIT + "mamba_used_peak"
 SEQ_GAUGE = KIT + "idle_publish_seq"
 POOLS = {
     "mamba": (MAMBA_GAUGE, MAMBA_AVAILABLE, MAMBA_EVICTABLE),
@@ -326,11 +329,11 @@ def leak_verdict(
     if probes and not any(p.requests for p in probes) and not fails:
         return Verdict(CHECK, "skip", metrics, "vacuous: the scenarios sent no request", details)
     if require_load_evidence and not fails:
-        moved = peak(timeline, MAMBA_GAUGE)
+        moved = peak(timeline, MAMBA_GAUGE) or peak(timeline, MAMBA_PEAK_GAUGE)
         if not timeline:
             fails.append("no occupancy sample under load: cannot tell the gauges are live")
         elif not moved:
-            fails.append(f"{MAMBA_GAUGE} never rose above 0 under load: a leak would be invisible")
+            fails.append(f"{MAMBA_GAUGE} (and {MAMBA_PEAK_GAUGE} where published) never rose above 0 under load: a leak would be invisible")
     if fails:
         return Verdict(CHECK, "fail", metrics, "; ".join(fails), details)
     return Verdict(CHECK, "pass", metrics, "", details)

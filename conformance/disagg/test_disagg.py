@@ -23,19 +23,21 @@ import pytest
 from conformance.checks.disagg import CHECK, disagg_verdict, threshold_history
 from conformance.checks.gsm8k import gsm8k_verdict, is_correct
 from conformance.checks.kl import kl_verdict
-from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, leak_verdict
+from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, MAMBA_PEAK_GAUGE, leak_verdict
 from conformance.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
-from conformance.targets.disagg import not_applicable, serve_pd, target_refusal
+from conformance.targets.disagg import not_applicable, serve_pd, target_refusal, transport
 from conformance.targets.registry import target_for
 from conformance.workloads.gsm8k import pick_items
 from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
-from conformance.workloads.runners import generate_tokens, sample_occupancy
+from conformance.workloads.runners import OCCUPANCY_GAUGES, generate_tokens, sample_occupancy
 
-pytestmark = pytest.mark.disagg
+#: A PD test may start the unit and the non-PD server: four real SGLang processes on sglang-cpu
+#: (over ten minutes on a loaded 2-core machine), more than the runs' per-test timeout.
+pytestmark = [pytest.mark.disagg, pytest.mark.timeout(1800)]
 SEEDS = {"logprobs": 21, "load": 22}
 
 
@@ -48,7 +50,7 @@ def _gauges(pd) -> tuple[str, ...]:
 @pytest.fixture(scope="session")
 def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
     """The cell's PD unit (prefill + decode + router), started once per cell (one launch)."""
-    from conformance.outcomes import note_launch
+    from conformance.outcomes import note_launch, note_server
 
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     stack = contextlib.ExitStack()
@@ -58,7 +60,8 @@ def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
         problem = str(e)
     else:
         with stack:
-            note_launch(request, cell, kind="pd")
+            note_launch(request, cell, kind="pd")  # three processes, one launch of the cell
+            note_server(request, cell, {}, pd_transfer=transport(pd.spec))
             yield pd
         return
     pytest.fail(problem, pytrace=False)
@@ -84,7 +87,7 @@ def test_pd_logprobs(cell, request, record_verdict):
     th = cell.model.thresholds
     kl = kl_verdict(rec, chunk=chunk, track_interval=grid, k3_max=th.kl_k3_max, floor_factor=th.kl_floor_factor, abs_cap=th.kl_abs_cap,
                     hit_fraction_min=th.hit_fraction_min, exact=exact_mode(pd))
-    settle(record_verdict(disagg_verdict([kl])))
+    settle(record_verdict(disagg_verdict([kl], transfer=transport(pd.spec))))
 
 
 def test_pd_gsm8k(cell, request, record_verdict, cell_store):
@@ -105,11 +108,11 @@ def test_pd_gsm8k(cell, request, record_verdict, cell_store):
     baseline = lm_eval_on(base).record(items, label=f"{cell.id} non-PD")
     base.client.flush_cache()
     if exact_mode(pd):  # CPU twins: accuracy means nothing, every answer must equal the non-PD one
-        verdict = disagg_verdict([gsm8k_verdict(served, mode="agreement", baseline=baseline)])
+        verdict = disagg_verdict([gsm8k_verdict(served, mode="agreement", baseline=baseline)], transfer=transport(pd.spec))
     else:
         correct = sum(is_correct(a, "flexible") for a in served.answers)
         v = gsm8k_verdict(served, mode="accuracy", baseline=baseline, min_accuracy=cell.model.thresholds.gsm8k_min_accuracy)
-        verdict = disagg_verdict([v], history=threshold_history(correct, len(served.answers)))
+        verdict = disagg_verdict([v], history=threshold_history(correct, len(served.answers)), transfer=transport(pd.spec))
     settle(record_verdict(verdict))
 
 
@@ -118,8 +121,9 @@ def test_pd_leaks(cell, request, record_verdict):
     size = sizes_for(pd)
     chunk, _grid = grids(cell)
     prompts = token_prompts([chunk + 1 + 7 * i for i in range(size.load_requests)], vocab_size=vocab_size(base), seed=SEEDS["load"])
-    timeline, _out = sample_occupancy(pd.decode, lambda: generate_tokens(pd.router, prompts, size.load_new_tokens))
+    gauges = (*OCCUPANCY_GAUGES, MAMBA_PEAK_GAUGE)  # a short PD decode can finish between SGLang's own gauge samples
+    timeline, _out = sample_occupancy(pd.decode, lambda: generate_tokens(pd.router, prompts, size.load_new_tokens), gauges=gauges)
     probes = list(pd.extra.get("idle_probes", [])) + probe_both(pd, "after load", requests=len(prompts), gauges=_gauges(pd))
     logs = "\n".join(pd.log_texts().values())
     verdict = leak_verdict(probes, log_text=logs, alive=pd.alive(), timeline=timeline, gauges=_gauges(pd))
-    settle(record_verdict(disagg_verdict([verdict])))
+    settle(record_verdict(disagg_verdict([verdict], transfer=transport(pd.spec))))

@@ -169,6 +169,10 @@ def _strategy_flag() -> tuple[str | None, tuple[str, ...], tuple[str, ...], tupl
     return None, (), flags, choices
 
 
+#: The distributions that provide ``mooncake.engine`` (CUDA and CPU builds).
+MOONCAKE_DISTS = ("mooncake-transfer-engine", "mooncake-transfer-engine-non-cuda")
+
+
 def _pd_transfer_refusal() -> str | None:
     """SGLang's own answer when asked for its default PD transfer engine (Mooncake) here."""
     mod = _module("sglang.srt.distributed.device_communicators.mooncake_transfer_engine")
@@ -298,6 +302,11 @@ def _cache_file():
             return None
         record = Path(str(dist.locate_file(""))) / f"{dist.metadata['Name'].replace('-', '_')}-{dist.version}.dist-info" / "RECORD"
         parts += [name, dist.version, str(dist.locate_file("")), str(record.stat().st_mtime_ns) if record.exists() else "-"]
+    for name in MOONCAKE_DISTS:  # the PD transfer engine's answer changes when Mooncake is (un)installed
+        try:
+            parts += [name, md.version(name)]
+        except md.PackageNotFoundError:
+            parts += [name, "-"]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
     root = Path(os.environ.get("HYBRID_CONFORMANCE_PROBE_CACHE") or Path(tempfile.gettempdir()) / "hybrid-conformance-probes")
     return root / f"{key}.json"

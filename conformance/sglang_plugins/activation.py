@@ -20,6 +20,8 @@ from conformance.faults import SGLANG_FAULT_ENV as FAULT_ENV
 
 CPU_ENV = "HYBRID_CONFORMANCE_SGLANG_CPU"
 OBSERVE_ENV = "HYBRID_CONFORMANCE_SGLANG_OBSERVE"
+#: Set for the prefill and decode servers of a PD cell: the CPU plugin bridges SGLang's PD code.
+PD_ENV = "HYBRID_CONFORMANCE_SGLANG_PD"
 REPORT_ENV = "HYBRID_CONFORMANCE_PLUGIN_REPORT"
 
 PLATFORM_NAME = "hybrid_conformance_cpu"
@@ -41,6 +43,10 @@ def cpu_enabled() -> bool:
 
 def observe_enabled() -> bool:
     return os.environ.get(OBSERVE_ENV, "") == "1"
+
+
+def pd_enabled() -> bool:
+    return os.environ.get(PD_ENV, "") == "1"
 
 
 def fault_name() -> str | None:

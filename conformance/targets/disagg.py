@@ -3,8 +3,9 @@
 ``sglang_pd_spec`` builds SGLang's three commands for a cell (``--disaggregation-mode
 prefill|decode`` with a shared ``--disaggregation-bootstrap-port``, the decode server on its
 own GPUs via ``--base-gpu-id``, an optional ``--disaggregation-transfer-backend``, and
-``sglang_router.launch_router --pd-disaggregation``); ``reference_pd_spec`` the reference
-target's (``conformance.reference.pd`` roles and ``conformance.reference.router``).
+``sglang_router.launch_router --pd-disaggregation``); ``sglang_cpu_pd_spec`` the same roles on
+``sglang-cpu`` (the cell's CPU command, Mooncake over TCP, the CPU plugin's PD bridge);
+``reference_pd_spec`` the reference target's (``conformance.reference.pd`` roles and ``conformance.reference.router``).
 ``validate_pd_spec`` runs SGLang's own parser on the two server commands (and
 ``sglang_router``'s parser on the router's when it is installed).  ``serve_pd`` starts the
 three processes together (each with its own log), health-checks them, and tears all of
@@ -26,10 +27,11 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from conformance.client import SGLangClient
-from conformance.errors import KitError
+from conformance.errors import KitError, PortTakenError
 from conformance.matrix import Cell
 from conformance.targets.base import LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
+from conformance.targets.plugin_proof import check_plugins
 from conformance.targets.registry import target_for
 from conformance.targets.sglang import SGLangTarget, Validation, gpus_for_worker, strip_launcher
 
@@ -40,6 +42,8 @@ TRANSFER_BACKEND_ENV = "HYBRID_CONFORMANCE_PD_TRANSFER_BACKEND"
 ROUTER_LAUNCHER_ENV = "HYBRID_CONFORMANCE_SGLANG_ROUTER"
 TRANSFER_BACKENDS = ("mooncake", "nixl", "mooncake_tcp", "mori", "ascend")
 ROLES = ("prefill", "decode", "router")
+#: Starts of a PD unit when a picked port was taken by another process in between.
+PORT_ATTEMPTS = 3
 REFERENCE_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -55,14 +59,15 @@ def target_refusal(target: str) -> str | None:
     return None
 
 
-def _sglang_cpu_pd_refusal() -> str:
-    """SGLang's own answer when asked for its default PD transfer engine here (probed once)."""
+def _sglang_cpu_pd_refusal() -> str | None:
+    """SGLang's own answer when asked for its default PD transfer engine here (probed once);
+    None when it builds (the non-CUDA Mooncake wheel and libibverbs installed)."""
     from conformance.sglang_api.probes import probe
 
     refusal = probe().pd_transfer_refusal
     if refusal:
-        return f"not applicable on sglang-cpu: SGLang's PD transfer engine refuses this machine: {refusal}"
-    return "not applicable on sglang-cpu: the kit does not launch SGLang's PD roles on CPU yet (Mooncake is importable here); use --target reference"
+        return f"not applicable on sglang-cpu: SGLang's PD transfer engine refuses this machine: {refusal} (ci/setup-cpu.sh installs it)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -71,11 +76,12 @@ class PDPorts:
     decode: int
     router: int
     bootstrap: int
+    router_metrics: int | None = None  # sglang_router's Prometheus exporter (its default 29000 is shared by every router)
 
     @classmethod
     def pick(cls) -> "PDPorts":
         ports: list[int] = []
-        while len(ports) < 4:  # distinct free ports
+        while len(ports) < 5:  # distinct free ports
             p = free_port()
             if p not in ports:
                 ports.append(p)
@@ -92,6 +98,8 @@ class PDSpec:
     bootstrap_port: int | None = None
     transfer_backend: str | None = None
     launchers: dict[str, str] = field(default_factory=dict)
+    #: The router takes a batched ``/generate`` (the reference router does; ``sglang_router`` does not).
+    router_batches: bool = False
 
     def specs(self) -> dict[str, LaunchSpec]:
         return {"prefill": self.prefill, "decode": self.decode, "router": self.router}
@@ -133,15 +141,58 @@ def sglang_pd_spec(
         args += ["--disaggregation-mode", role, *shared, "--base-gpu-id", str(base_gpu)]
         return LaunchSpec(argv=[*launcher, *args], env=env, port=port, health_path="/health", start_timeout_s=1200.0)
 
-    router_argv = [
+    return PDSpec(server("prefill", ports.prefill, 0), server("decode", ports.decode, tp), _router_spec(ports, router_launcher), ports.bootstrap,
+                  transfer_backend, {"server": target.launcher, "router": router_launcher})
+
+
+def _router_spec(ports: PDPorts, router_launcher: str) -> LaunchSpec:
+    """``sglang_router``'s PD router in front of the cell's prefill (with its bootstrap port) and decode."""
+    argv = [
         *shlex.split(router_launcher), "--pd-disaggregation",
         "--prefill", f"http://127.0.0.1:{ports.prefill}", str(ports.bootstrap),
         "--decode", f"http://127.0.0.1:{ports.decode}",
         "--host", "127.0.0.1", "--port", str(ports.router),
     ]
-    router = LaunchSpec(argv=router_argv, env={}, port=ports.router, health_path="/health", start_timeout_s=300.0)
-    return PDSpec(server("prefill", ports.prefill, 0), server("decode", ports.decode, tp), router, ports.bootstrap,
-                  transfer_backend, {"server": target.launcher, "router": router_launcher})
+    if ports.router_metrics is not None:
+        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports.router_metrics)]
+    return LaunchSpec(argv=argv, env={}, port=ports.router, health_path="/health", start_timeout_s=300.0)
+
+
+# ------------------------------------------------------------------ SGLang on CPU
+#: SGLang's PD transport on ``sglang-cpu``: its own Mooncake backend (the non-CUDA wheel),
+#: forced onto TCP (this machine has no RDMA device); read by SGLang's
+#: ``mooncake_transfer_engine.py``.
+CPU_TRANSFER_BACKEND = "mooncake"
+CPU_TRANSFER_PROTOCOL = "tcp"
+CPU_TRANSFER_ENV = {"MC_FORCE_TCP": "1"}
+
+
+def sglang_cpu_pd_spec(cell: Cell, options: Any, *, ports: PDPorts) -> PDSpec:
+    """Real SGLang's prefill and decode servers on CPU (the cell's ``sglang-cpu`` command and
+    environment, plus the PD flags, Mooncake over TCP and the CPU plugin's PD bridges:
+    ``conformance.sglang_plugins.cpu.pd_bridge``) and ``sglang_router`` in front."""
+    from conformance.sglang_plugins import activation
+
+    target = target_for(options).launcher(options)
+    shared = ["--disaggregation-bootstrap-port", str(ports.bootstrap), "--disaggregation-transfer-backend", CPU_TRANSFER_BACKEND]
+    launcher = f"{target.python} -m sglang.launch_server"
+
+    def server(role: str, port: int) -> LaunchSpec:
+        base = target.launch_spec(cell, port=port)
+        env = {**base.env, **CPU_TRANSFER_ENV, activation.PD_ENV: "1"}
+        return LaunchSpec(argv=[*base.argv, "--disaggregation-mode", role, *shared], env=env, port=port, health_path="/health",
+                          start_timeout_s=base.start_timeout_s, plugins=base.plugins)
+
+    router_launcher = os.environ.get(ROUTER_LAUNCHER_ENV) or f"{target.python} -m sglang_router.launch_router"
+    return PDSpec(server("prefill", ports.prefill), server("decode", ports.decode), _router_spec(ports, router_launcher), ports.bootstrap,
+                  CPU_TRANSFER_BACKEND, {"server": launcher, "router": router_launcher})
+
+
+def transport(spec: PDSpec) -> dict[str, str]:
+    """The PD cell's transfer backend and protocol, as the report records them."""
+    backend = spec.transfer_backend or "mooncake"  # SGLang's default backend
+    protocol = CPU_TRANSFER_PROTOCOL if spec.prefill.env.get("MC_FORCE_TCP") == "1" else "default"
+    return {"backend": backend, "protocol": protocol} if spec.launchers else {"backend": "reference", "protocol": "http"}
 
 
 def validate_router_argv(argv: Sequence[str], launcher: str = ROUTER_LAUNCHER) -> Validation:
@@ -204,7 +255,7 @@ def reference_pd_spec(
     router_argv = [python, "-m", "conformance.reference.router", "--prefill", f"http://127.0.0.1:{ports.prefill}",
                    "--decode", decode_url, "--host", "127.0.0.1", "--port", str(ports.router)]
     return PDSpec(role("prefill", ports.prefill, ["--decode-url", decode_url]), role("decode", ports.decode, []),
-                  LaunchSpec(argv=router_argv, env=dict(REFERENCE_ENV), port=ports.router, start_timeout_s=120.0))
+                  LaunchSpec(argv=router_argv, env=dict(REFERENCE_ENV), port=ports.router, start_timeout_s=120.0), router_batches=True)
 
 
 def pd_spec_for(cell: Cell, options: Any, *, ports: PDPorts | None = None) -> PDSpec:
@@ -218,6 +269,8 @@ def pd_spec_for(cell: Cell, options: Any, *, ports: PDPorts | None = None) -> PD
         if kind.name not in cell.targets:
             raise KitError(f"cell {cell.id}: not applicable on target {kind.name}: cache variant {cell.cache_variant.name!r} is served by real SGLang only")
         return reference_pd_spec(cell, ports=ports)
+    if kind.serves_pd and kind.kit_plugins:  # real SGLang on CPU
+        return sglang_cpu_pd_spec(cell, options, ports=ports)
     if not (kind.serves_pd and kind.on_gpu):
         raise KitError(f"target {options.target!r} does not serve PD cells")
     from conformance.targets.serving import worker_index
@@ -304,40 +357,77 @@ def _start_together(procs: Sequence[ServerProcess], release: threading.Event) ->
         raise errors[0]
 
 
+def _with_report(env: dict[str, str], report: Path | None) -> dict[str, str]:
+    """``env`` plus where the kit's plugins inside this PD server prove they ran (a fresh file)."""
+    if report is None:
+        return dict(env)
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.unlink(missing_ok=True)
+    return {**env, REPORT_ENV: str(report)}
+
+
 @contextlib.contextmanager
 def serve_pd(cell: Cell, options: Any, *, log_dir: Path, spec: PDSpec | None = None) -> Iterator[PDEndpoint]:
     """Start the cell's prefill and decode servers together, then its router; yield a
-    :class:`PDEndpoint`; tear all three down together (also on failure)."""
-    spec = spec or pd_spec_for(cell, options)
-    procs = {
-        role: ServerProcess(
-            name=f"{options.target} PD {role} for {cell.id}", argv=s.argv, env=s.env, health_url=s.base_url + s.health_path,
-            log_path=Path(log_dir) / f"{cell.id}-pd-{role}.log", start_timeout_s=s.start_timeout_s,
-        )
-        for role, s in spec.specs().items()
-    }
+    :class:`PDEndpoint`; tear all three down together (also on failure).  A port taken by
+    another process between picking and binding (Mooncake's TCP transport and other cells
+    take ports too) starts the unit again on new ports, as ``serving.serve_cell`` does."""
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        picked = spec or pd_spec_for(cell, options)
+        try:
+            procs, release = _start_pd(cell, options, picked, Path(log_dir))
+            break
+        except PortTakenError:
+            if spec is not None or attempt == PORT_ATTEMPTS:
+                raise
     clients: list[SGLangClient] = []
-    release = threading.Event()
     try:
-        _start_together([procs["prefill"], procs["decode"]], release)
-        procs["router"].start()
 
         def dead() -> str | None:
             gone = {role: r for role, p in procs.items() if (r := p.exit_reason())}
             return "; ".join(f"PD {role}: {r}" for role, r in gone.items()) or None
 
-        router = SGLangClient(spec.router.base_url, liveness=dead)
-        prefill = SGLangClient(spec.prefill.base_url, liveness=procs["prefill"].exit_reason)
-        decode = SGLangClient(spec.decode.base_url, liveness=procs["decode"].exit_reason)
+        router = SGLangClient(picked.router.base_url, liveness=dead, batches=picked.router_batches)
+        prefill = SGLangClient(picked.prefill.base_url, liveness=procs["prefill"].exit_reason)
+        decode = SGLangClient(picked.decode.base_url, liveness=procs["decode"].exit_reason)
         clients = [router, prefill, decode]
         try:
             info = router.server_info()
-        except KitError:
+        except (KitError, ValueError):  # sglang_router may answer without a JSON body
             info = {}
-        yield PDEndpoint(cell, options.target, router, prefill, decode, procs, spec, info)
+        yield PDEndpoint(cell, options.target, router, prefill, decode, procs, picked, info)
     finally:
         for c in clients:
             c.close()
-        for role in ("router", "decode", "prefill"):
-            procs[role].stop()
-        release.set()
+        _stop_pd(procs, release)
+
+
+def _stop_pd(procs: dict[str, ServerProcess], release: threading.Event) -> None:
+    for role in ("router", "decode", "prefill"):
+        procs[role].stop()
+    release.set()
+
+
+def _start_pd(cell: Cell, options: Any, spec: PDSpec, log_dir: Path) -> tuple[dict[str, ServerProcess], threading.Event]:
+    """The three processes of ``spec`` started and proven (the kit's plugins ran inside SGLang,
+    which only logs a failing one); on any failure all of them are stopped and it is raised."""
+    reports = {role: log_dir / f"{cell.id}-pd-{role}.plugins.jsonl" for role, s in spec.specs().items() if s.plugins}
+    procs = {
+        role: ServerProcess(
+            name=f"{options.target} PD {role} for {cell.id}", argv=s.argv, env=_with_report(s.env, reports.get(role)),
+            health_url=s.base_url + s.health_path, log_path=log_dir / f"{cell.id}-pd-{role}.log", start_timeout_s=s.start_timeout_s,
+        )
+        for role, s in spec.specs().items()
+    }
+    release = threading.Event()
+    try:
+        _start_together([procs["prefill"], procs["decode"]], release)
+        for role, report in reports.items():
+            check_plugins(procs[role].name, report, spec.specs()[role].plugins, procs[role].log_path)
+        procs["router"].start()
+    except BaseException:
+        _stop_pd(procs, release)
+        raise
+    return procs, release

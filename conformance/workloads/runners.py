@@ -40,7 +40,12 @@ def _sampling(max_new_tokens: int, **extra: Any) -> dict[str, Any]:
 
 
 def _batch(client: SGLangClient, payload: dict[str, Any], n: int, timeout: float | None) -> list[dict[str, Any]]:
-    out = client.generate(payload, timeout=timeout)
+    if getattr(client, "batches", True) or not isinstance(payload.get("sampling_params"), list):
+        out = client.generate(payload, timeout=timeout)
+    else:  # one request per prompt, all in flight together (the server batches them)
+        singles = [{**payload, "input_ids": ids, "sampling_params": sp} for ids, sp in zip(payload["input_ids"], payload["sampling_params"])]
+        with ThreadPoolExecutor(max_workers=max(1, min(len(singles), 32))) as pool:
+            out = list(pool.map(lambda p: client.generate(p, timeout=timeout), singles))
     out = out if isinstance(out, list) else [out]
     if len(out) != n:
         raise KitError(f"/generate answered {len(out)} results for a batch of {n}")

@@ -17,6 +17,7 @@ import importlib
 import pkgutil
 from typing import Any
 
+from conformance.sglang_plugins import activation
 from conformance.sglang_plugins.cpu import torch_device
 from conformance.sglang_plugins.cpu.catalogue import bindings
 
@@ -90,6 +91,10 @@ def install(role: str) -> dict[str, Any]:
     if missing:
         raise InstallError(f"stand-ins did not take effect: {', '.join(missing)}")
     done["replaced"], done["bound"] = replaced, bound
+    if activation.pd_enabled():
+        from conformance.sglang_plugins.cpu import pd_bridge
+
+        done["pd_bridges"] = pd_bridge.install()
     return done
 
 

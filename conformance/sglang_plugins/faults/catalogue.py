@@ -42,6 +42,10 @@ FAULT_MODULES = (
     "session_abort_continues",
     # one per server-option axis (conformance.axes): shows only with its option on
     "mixed_chunk_track_dropped",
+    # PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP): the disagg suite
+    "pd_state_index_off",             # PR 15829
+    "pd_last_layer_state_unsent",
+    "pd_prefill_slot_kept",
 )
 
 
@@ -50,7 +54,9 @@ FAULT_MODULES = (
 PROGRAMS_FAULTS = FAULT_MODULES[FAULT_MODULES.index("dup_insert_leak"):FAULT_MODULES.index("session_abort_continues") + 1]
 #: Written for the server-option axes (issue "server options as matrix axes"): each shows only
 #: with its option on (``Fault.options``), so its cell is a standard-tier axis cell.
-OPTION_FAULTS = FAULT_MODULES[FAULT_MODULES.index("session_abort_continues") + 1:]
+OPTION_FAULTS = FAULT_MODULES[FAULT_MODULES.index("session_abort_continues") + 1:FAULT_MODULES.index("pd_state_index_off")]
+#: PD disaggregation faults (hooks in SGLang's disaggregation code; fire only in PD roles).
+PD_FAULTS = FAULT_MODULES[FAULT_MODULES.index("pd_state_index_off"):]
 
 
 @functools.lru_cache(maxsize=1)
