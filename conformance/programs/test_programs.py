@@ -90,6 +90,7 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": total.requests, "hits": total.hits,
         "compared_tokens": total.compared_tokens, "idle_checks": total.idle_checks, "restarts": ex.restarts, "seed": seed,
         "max_logprob_gap": total.max_logprob_gap,
+        **{f"permitted_{k}": n for k, n in sorted(total.permissions.items())},
     }
     details: dict[str, Any] = {"budget": budget}
     if ex.finding is not None:
@@ -102,6 +103,8 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         return Verdict(CHECK, "fail", metrics, "no program ran within the budget: nothing was tested", details)
     if total.requests == 0:
         return Verdict(CHECK, "fail", metrics, "the programs sent no request the oracle could judge", details)
+    if total.compared_tokens == 0:
+        return Verdict(CHECK, "fail", metrics, f"the programs judged {total.requests} request(s) but compared no token with the cold computation: nothing was tested", details)
     return Verdict(CHECK, "pass", metrics, "", details)
 
 
