@@ -142,6 +142,16 @@ def _sha256(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+#: The incomplete reason of a run whose every check skipped: it tested nothing, so it is red.
+NOTHING_JUDGED = "nothing was judged: every check of every cell skipped"
+
+
+def nothing_judged(cells: list[dict[str, Any]]) -> bool:
+    """Cells ran checks and every one of them skipped (not-applicable cells aside)."""
+    statuses = [v.get("status") for c in cells for v in (c.get("checks") or {}).values()]
+    return bool(statuses) and all(s == "skip" for s in statuses)
+
+
 def completeness(state: Any, cells: list[dict[str, Any]]) -> dict[str, Any]:
     """``complete`` and, when false, why and which cells did not (fully) run."""
     outcomes = state.outcomes
@@ -159,6 +169,8 @@ def completeness(state: Any, cells: list[dict[str, Any]]) -> dict[str, Any]:
         reasons.append(f"{len(outcomes.collection_errors)} collection error(s)")
     if outcomes.collected and not any(outcomes.collected.values()):
         reasons.append("no matrix cell matches the selection")
+    if nothing_judged(cells):
+        reasons.append(NOTHING_JUDGED)
     none_ran, partly = outcomes.cells_not_run()
     out: dict[str, Any] = {"complete": not reasons, "cells_not_run": none_ran, "cells_partly_run": partly}
     if reasons:
