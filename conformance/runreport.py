@@ -83,6 +83,18 @@ def collect_cells(outcomes: Any, not_applicable: Mapping[str, str] | None = None
     return out
 
 
+def known_bugs_seen(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every failing check a known SGLang bug explains (``fixtures/known_bugs.toml``): the
+    run reports it as "known SGLang bug, still present", not as a new finding."""
+    out = []
+    for cell in cells:
+        for check, v in (cell.get("checks") or {}).items():
+            bug = (v.get("details") or {}).get("known_bug")
+            if v.get("status") == "fail" and bug:
+                out.append({"cell": cell["id"], "check": check, **bug})
+    return out
+
+
 def run_facts(*, target: str, cells: Iterable[Any], twins: bool = False) -> dict[str, Any]:
     """``versions``, ``machine`` and ``twins`` (name -> spec hash and weight sha256) of a run."""
     from conformance.preflight import versions
@@ -190,6 +202,7 @@ def write_run_report(state: Any, *, wall_s: float) -> dict[str, Any]:
     report["distinct_cells_launched"] = len({x["cell"] for x in launches})
     report.update(completeness(state, report["cells"]))
     report["tests"] = outcomes.test_counts()
+    report["known_bugs"] = known_bugs_seen(report["cells"])
     if outcomes.unbound:
         report["unbound_failures"] = outcomes.unbound[:50]
     if outcomes.collection_errors:
