@@ -1,4 +1,4 @@
-"""The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare | history | fuzz | replay.
+"""The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare | history | fuzz | replay | known-bugs.
 
 This module is the parser wiring and ``main``; the options are declared once in
 ``conformance.options`` and the verbs' bodies live in ``conformance.commands``.
@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     from conformance.programs.replay import add_arguments as add_replay_arguments
 
     add_replay_arguments(sub.add_parser("replay", help="play one program file (a shrunk finding) against a target"))
+    from conformance.commands.known_bugs import add_arguments as add_known_bugs_arguments
+
+    add_known_bugs_arguments(sub.add_parser("known-bugs", help="replay every known SGLang bug in range (fixtures/known_bugs.toml); red when one no longer reproduces"))
 
     from conformance.history import add_parser as add_history_parser
 
@@ -154,6 +157,7 @@ COMMANDS: dict[str, str | Callable[[argparse.Namespace], int]] = {
     "run": "conformance.commands.run:cmd_run", "preflight": "conformance.commands.preflight:cmd_preflight",
     "plan": "conformance.commands.plan:cmd_plan", "fuzz": "conformance.commands.fuzz:cmd_fuzz",
     "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants, "history": cmd_history, "replay": cmd_replay,
+    "known-bugs": "conformance.commands.known_bugs:cmd_known_bugs",
 }
 
 

@@ -75,7 +75,8 @@ SELECTION = (TARGET, MODELS, STRATEGIES_OPT, FAULTS, PAGE_SIZES, SERVER_OPTIONS,
 #: The plugin's options: the selection and where things go.
 PLUGIN_OPTIONS = (*(o for o in SELECTION if o.pytest), GSM8K_DIR, REPORT_DIR, SERVER_LOG_DIR)
 
-BUDGET = Option("--budget", "request programs per cell: ci (a plain pytest run's default: 2 programs), premerge (25 s; fuzz's default), "
+BUDGET = Option("--budget", "request programs per cell: ci (2 programs; a plain pytest run's default on the premerge tier), "
+                "standard (8 programs; its default above), premerge (25 s; fuzz's default), "
                 "nightly (600 s), a number of examples (40) or seconds (90s, 5m)")
 SEED = Option("--seed", "seed of the request-program generator (default 0): the same seed draws the same programs", type=int)
 PROGRAM_DB = Option("--program-db", "hypothesis database root for request programs (default .hypothesis/hybrid-conformance); one folder per target and cell")

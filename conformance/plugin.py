@@ -327,6 +327,10 @@ def record_verdict(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdic
 
     def record(verdict: Verdict) -> Verdict:
         options = run_state(request.config).options
+        if verdict.status == "fail":  # a known SGLang bug is filed as such (fixtures/known_bugs.toml)
+            from conformance.known_bugs import expect, installed_release
+
+            verdict = expect(verdict, cell=cell_obj.id if cell_obj else None, target=options.target, release=installed_release())
         payload = {"cell": cell_json(cell_obj, options) if cell_obj else None, "check": verdict.check, "verdict": verdict.to_json()}
         request.node.user_properties.append(("hc_verdict", json.dumps(payload, default=float)))
         return verdict

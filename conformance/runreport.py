@@ -103,6 +103,18 @@ def _skipped_as_not_applicable(checks: Mapping[str, Any]) -> str | None:
     return found[0] if len(found) == len(reasons) else None
 
 
+def known_bugs_seen(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every failing check a known SGLang bug explains (``fixtures/known_bugs.toml``): the
+    run reports it as "known SGLang bug, still present", not as a new finding."""
+    out = []
+    for cell in cells:
+        for check, v in (cell.get("checks") or {}).items():
+            bug = (v.get("details") or {}).get("known_bug")
+            if v.get("status") == "fail" and bug:
+                out.append({"cell": cell["id"], "check": check, **bug})
+    return out
+
+
 def run_facts(*, target: str, cells: Iterable[Any], twins: bool = False) -> dict[str, Any]:
     """``versions``, ``machine`` and ``twins`` (name -> spec hash and weight sha256) of a run."""
     from conformance.preflight import versions
@@ -162,6 +174,16 @@ def _sha256(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
+#: The incomplete reason of a run whose every check skipped: it tested nothing, so it is red.
+NOTHING_JUDGED = "nothing was judged: every check of every cell skipped"
+
+
+def nothing_judged(cells: list[dict[str, Any]]) -> bool:
+    """Cells ran checks and every one of them skipped (not-applicable cells aside)."""
+    statuses = [v.get("status") for c in cells for v in (c.get("checks") or {}).values()]
+    return bool(statuses) and all(s == "skip" for s in statuses)
+
+
 def completeness(state: Any, cells: list[dict[str, Any]]) -> dict[str, Any]:
     """``complete`` and, when false, why and which cells did not (fully) run."""
     outcomes = state.outcomes
@@ -179,6 +201,8 @@ def completeness(state: Any, cells: list[dict[str, Any]]) -> dict[str, Any]:
         reasons.append(f"{len(outcomes.collection_errors)} collection error(s)")
     if outcomes.collected and not any(outcomes.collected.values()):
         reasons.append("no matrix cell matches the selection")
+    if nothing_judged(cells):
+        reasons.append(NOTHING_JUDGED)
     none_ran, partly = outcomes.cells_not_run()
     out: dict[str, Any] = {"complete": not reasons, "cells_not_run": none_ran, "cells_partly_run": partly}
     if reasons:
@@ -198,6 +222,7 @@ def write_run_report(state: Any, *, wall_s: float) -> dict[str, Any]:
     report["distinct_cells_launched"] = len({x["cell"] for x in launches})
     report.update(completeness(state, report["cells"]))
     report["tests"] = outcomes.test_counts()
+    report["known_bugs"] = known_bugs_seen(report["cells"])
     if outcomes.unbound:
         report["unbound_failures"] = outcomes.unbound[:50]
     if outcomes.collection_errors:

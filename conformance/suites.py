@@ -20,7 +20,10 @@ from conformance.targets.registry import target_for
 
 
 def settle(verdict: Verdict) -> Verdict:
-    """fail -> test failure with the numbers; skip -> test skip with the stated reason."""
+    """fail -> test failure with the numbers (a known SGLang bug, still present: an
+    expected failure, ``conformance.known_bugs``); skip -> test skip with the stated reason."""
+    if verdict.status == "fail" and "known_bug" in verdict.details:
+        pytest.xfail(verdict.summary())
     if verdict.status == "fail":
         pytest.fail(verdict.summary(), pytrace=False)
     if verdict.status == "skip":

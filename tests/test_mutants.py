@@ -172,3 +172,86 @@ def test_fast_sglang_cpu_subset_as_typed(tmp_path: Path) -> None:
     assert text.rstrip().splitlines()[-1] == "mutation score: 2/2", text[-3000:]
     assert "clean [sglang-cpu/qwen3-next/extra_buffer:kl+leaks]" in text and "passes" in text
     assert "pingpong_leak_on_finish (fired" in text and "cow_skipped (fired" in text
+
+
+# ------------------------------------------------------------------ honest scoring (issue 26, finding 7)
+@pytest.mark.parametrize("lines,kind,checks", [
+    (["kl: top-k KL 1e-3 > 1e-9"], "caught", ["kl"]),
+    (["cell teardown: mamba 2 used at idle"], "caught", ["teardown (pools not idle)"]),
+    (["server died (exit -9): SGLang's idle check: memory leak detected: [mamba] total=48"], "caught", ["SGLang's idle check (strict, in the server)"]),
+    (["server died at start-up (exit 1): RuntimeError: boom"], "start-up death", []),
+    (["server died (exit -9): no error in its log"], "server death", []),
+    (["programs: step 3: server died: /health answers 503; no error in its log"], "server death", []),
+    (["teardown: cell c: server is not serving: exited"], "server death", []),
+    (["kl error: test test_kl: KitError: no answer within 300s"], "crash", []),
+    (["pytest exit 1"], "crash", []),
+    (["error: test_x: boom"], "crash", []),
+    ([], "missed", []),
+])
+def test_only_a_named_check_catches_a_fault(lines: list[str], kind: str, checks: list[str]) -> None:
+    from conformance.mutants.scoring import category
+
+    assert category(lines) == (kind, checks)
+
+
+def test_timeouts_and_faults_never_reached_are_their_own_categories() -> None:
+    from conformance.mutants.scoring import category
+
+    assert category(["timed out after 3s: not caught"], timed_out=True) == ("timeout", [])
+    assert category(["never reached: x did not fire", "leaks: failed"], fired=0) == ("not reached", [])
+
+
+def test_a_start_up_death_is_reported_not_scored_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: caught = 'the run was not green', so a server that died at start-up scored."""
+    import sys
+
+    died = "ERROR conformance/kl/test_kl.py::test_kl[c] - Failed: cell c: server exited during start-up with code 1; log tail: x"
+    monkeypatch.setattr(runs, "_pytest_argv", lambda plan, report_dir: [sys.executable, "-c", f"print({died!r}); raise SystemExit(1)"])
+    plan = MutantPlan("cell", suites=("kl",))
+    out = runs.run_plan(plan, "cached_tokens_overreport", tmp_path)
+    assert out.by[0].startswith("server died at start-up (exit 1): ") and out.exit_code == 1
+    assert not out.caught and out.category == "start-up death"
+    assert runs.run_plan(plan, None, tmp_path).caught  # the clean run: any failure voids the score
+    monkeypatch.setitem(catalogue.CATALOGUES, "reference", catalogue.Catalogue(lambda: {"cached_tokens_overreport": plan}, catalogue.FAST_REFERENCE))
+    console = Console(width=300, record=True)
+    assert command.run_mutants(target="reference", only=None, report_dir=tmp_path / "all", console=console) == 1
+    text = console.export_text()
+    assert "NOT CAUGHT [start-up death]" in text and "not scored as caught: 1 start-up death" in text
+    assert text.rstrip().splitlines()[-1] == "mutation score: 0/1"
+    scores = json.loads((tmp_path / "all" / "mutants.json").read_text())
+    assert scores["faults"]["cached_tokens_overreport"]["category"] == "start-up death" and scores["faults"]["cached_tokens_overreport"]["caught_by"] == []
+
+
+def test_a_caught_fault_names_its_check_in_mutants_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    def argv(plan: MutantPlan, report_dir: Path) -> list[str]:
+        fault = "HYBRID_CONFORMANCE_FAULT"
+        body = {"cells": [{"checks": {"prefix_branching": {"status": "fail", "reason": "hit 64, oracle 128"}}}]}
+        script = (f"import os, json, pathlib\nif os.environ.get({fault!r}):\n"
+                  f"    pathlib.Path({str(report_dir / 'report.json')!r}).write_text({json.dumps(body)!r}); raise SystemExit(1)")
+        return [sys.executable, "-c", script]
+
+    monkeypatch.setattr(runs, "_pytest_argv", argv)
+    plan = MutantPlan("cell", suites=("prefix_branching",))
+    monkeypatch.setitem(catalogue.CATALOGUES, "reference", catalogue.Catalogue(lambda: {"cached_tokens_overreport": plan}, catalogue.FAST_REFERENCE))
+    console = Console(width=300, record=True)
+    assert command.run_mutants(target="reference", only=None, report_dir=tmp_path, console=console) == 0
+    assert console.export_text().rstrip().splitlines()[-1] == "mutation score: 1/1"
+    row = json.loads((tmp_path / "mutants.json").read_text())["faults"]["cached_tokens_overreport"]
+    assert row["category"] == "caught" and row["caught_by"] == ["prefix_branching"]
+
+
+def test_programs_power_scores_no_death_and_no_start_up_a_re_run_missed(tmp_path: Path) -> None:
+    from conformance.mutants import power
+
+    (tmp_path / "report.json").write_text(json.dumps({"cells": [{"checks": {"programs": {
+        "status": "fail", "reason": "step 2: server died: /health answers 503; no error in its log",
+        "metrics": {"examples_to_failure": 3, "seconds_to_failure": 9.0}}}}]}))
+    examples, _, reason = power.programs_finding(tmp_path)
+    assert examples is None and reason.startswith("server death, not scored caught")  # before: caught after 3 programs
+    dummy = runs.Outcome("f", False)
+    idle = "server died (exit -9): SGLang's idle check: memory leak detected: [mamba] total=48"
+    assert power.Power("f", None, dummy, died_at_start=idle).startup_caught
+    assert not power.Power("f", None, dummy, died_at_start=idle, strict_off=True).startup_caught  # its re-run missed
+    assert not power.Power("f", None, dummy, died_at_start="server died at start-up (exit 1): boom").startup_caught

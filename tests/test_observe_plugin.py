@@ -83,3 +83,24 @@ def test_pool_peaks_cover_prefill_batches_and_reset_with_the_window(monkeypatch)
     assert g["mamba_used_peak"].value == 1 and g["kv_used_peak"].value == 40 and g["busy_periods"].value == 2
     observe.before_run_batch(pool_scheduler(None, 50), batch([req(False, True)]))  # a pool without a mamba term
     assert g["mamba_used_peak"].value == 1 and g["kv_used_peak"].value == 50
+
+
+def test_evidence_counters_count_cuts_and_evictions_and_change_nothing(monkeypatch):
+    """The programs' oracle relaxes only on these (issue 26): an extend batch holding the
+    scheduler's chunked request is a cut; an eviction walk that evicted anything counts."""
+    ex, g = exporter(monkeypatch)
+    monkeypatch.setattr(observe, "_EXPORTER", ex)
+    cut, other = req(), req()
+    sched = SimpleNamespace(chunked_req=cut)
+    ex.cut(sched, batch([cut, other], decode=False))
+    ex.cut(sched, batch([other], decode=False))  # the chunked request is not in this batch
+    ex.cut(sched, batch([cut], decode=True))  # a decode batch cuts nothing
+    ex.cut(SimpleNamespace(chunked_req=None), batch([cut], decode=False))
+    assert g["prefill_cuts_total"].value == 1
+    result = SimpleNamespace(num_tokens_evicted=0, swa_num_tokens_evicted=0, mamba_num_evicted=2)
+    assert observe.evict_counted(lambda cache, params: result, object(), "params") is result
+    nothing = SimpleNamespace(num_tokens_evicted=0, swa_num_tokens_evicted=0, mamba_num_evicted=0)
+    observe.evict_counted(lambda cache, params: nothing, object(), "params")
+    assert g["evictions_total"].value == 1
+    ex.publish(SimpleNamespace())  # an idle publish exports both, so /metrics has them from the first idle moment
+    assert g["evictions_total"].value == 1 and g["prefill_cuts_total"].value == 1

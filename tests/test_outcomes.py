@@ -159,3 +159,28 @@ def test_an_interrupted_run_writes_an_incomplete_report(tmp_path: Path, sig: str
     assert report["complete"] is False and "interrupted" in report["incomplete_reasons"]
     assert report["cells_partly_run"] == [report["cells"][0]["id"]]
     assert report["cells"][0]["checks"]["kl"]["status"] == "pass"
+
+
+ALL_SKIP = """
+import pytest
+
+@pytest.mark.kl
+def test_skips(cell):
+    pytest.skip("nothing applies here")
+"""
+
+
+def test_a_run_that_judged_nothing_is_incomplete_and_red(pytester: pytest.Pytester) -> None:
+    """Issue 26 finding 8: before, an all-skip run wrote ``complete: true`` and exited 0."""
+    pytester.makepyfile(test_x=ALL_SKIP)
+    rep = pytester.path / "rep"
+    result = pytester.runpytest_subprocess(*SELECT, f"--report-dir={rep}", "-p", "no:cacheprovider")
+    report = json.loads((rep / "report.json").read_text())
+    assert report["summary"]["skip"] >= 1 and report["summary"]["pass"] == 0
+    assert report["complete"] is False and "nothing was judged: every check of every cell skipped" in report["incomplete_reasons"]
+    assert result.ret == 1
+    # one judged check makes the same run complete and green
+    pytester.makepyfile(test_x=ALL_SKIP + "\n@pytest.mark.leaks\ndef test_passes(cell):\n    pass\n")
+    result = pytester.runpytest_subprocess(*SELECT, f"--report-dir={rep}", "-p", "no:cacheprovider")
+    report = json.loads((rep / "report.json").read_text())
+    assert report["complete"] is True and result.ret == 0

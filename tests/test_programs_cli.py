@@ -157,12 +157,14 @@ def test_power_tells_a_start_up_death_from_a_programs_finding(tmp_path: Path) ->
     died = "server died (exit -9): SGLang's idle check: memory leak detected: [mamba] total=48, available=46"
     rows = [power.Power("pingpong_leak_on_finish", None, Outcome("pingpong_leak_on_finish", True, [died]), None, None, "no report.json", died),
             power.Power("cow_skipped", None, Outcome("cow_skipped", True, ["programs: ..."]), 3, 40.0, "")]
-    assert [r.caught_by for r in rows] == ["start-up", "programs"]
+    assert [r.caught_by for r in rows] == ["SGLang's idle check at start-up", "programs"]
     buf = StringIO()
     code = power.render("sglang-cpu", "90s", 0, [("k", Outcome("clean", False))], rows, Console(file=buf, width=300))
     out = buf.getvalue()
     assert code == 0 and "no program ran" in out and "server died at start-up (before any program): 1" in out
-    assert "programs caught 1/2" in out
+    assert "programs caught 1/2" in out and "of which SGLang's idle check named: 1" in out
+    unexplained = power.Power("x", None, Outcome("x", False), None, None, "no report.json", "server died at start-up (exit 1): RuntimeError")
+    assert unexplained.caught_by == "neither" and power.render("sglang-cpu", "90s", 0, [], [unexplained], Console(file=StringIO())) == 1
     missed = power.Power("x", None, Outcome("x", False), None, None, "8 programs, 90s: nothing found")
     assert missed.caught_by == "neither" and power.render("sglang-cpu", "90s", 0, [], [missed], Console(file=StringIO())) == 1
 

@@ -576,3 +576,11 @@ def test_the_cache_off_twin_never_loads_the_seeded_sglang_fault(monkeypatch: pyt
     assert FAULT_ENV in FAULT_SWITCHES
     assert fault_for_launch({FAULT_ENV: ""}) is None
     assert fault_for_launch({}) == "double_free"
+
+
+def test_a_plain_run_above_premerge_spends_the_standard_budget() -> None:
+    """Issue 26: the standard tier ran two small programs per cell (the first one empty)."""
+    from conformance.programs.explore import default_budget
+
+    assert default_budget("premerge") == "ci" and default_budget("standard") == default_budget("nightly") == "standard"
+    assert parse_budget("standard").examples > parse_budget("ci").examples

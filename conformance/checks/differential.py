@@ -123,10 +123,14 @@ def logprob_gap(input_ids: Sequence[int], output_ids: Sequence[int], served: Ser
 
 
 def differential_problems(
-    input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold, tol: Tolerance
+    input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold, tol: Tolerance, *, expect_logprobs: bool = False
 ) -> list[str]:
-    """Every way the served request differs from the cold computation (first few)."""
+    """Every way the served request differs from the cold computation (first few).
+    ``expect_logprobs``: the request asked for output logprobs, so fewer than one per
+    output token is itself a finding (nothing would be compared)."""
     problems: list[str] = []
+    if expect_logprobs and len(served.output) < len(output_ids):
+        problems.append(f"served {len(served.output)} output logprobs for {len(output_ids)} output tokens, although the request asked for them")
     base = len(input_ids)
     for k, tok in enumerate(output_ids):
         got = _at(cold, base + k)

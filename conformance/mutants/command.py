@@ -2,16 +2,19 @@
 
 Reference target: each fault of ``conformance.reference.faults.FAULTS`` is switched on
 with ``HYBRID_CONFORMANCE_FAULT=<name>`` for the server-tier suites on the cells its plan
-names (``catalogue.reference_plans``); caught = some check of report.json failed, or the
-run errored (e.g. the cell teardown found the pools not idle).
+names (``catalogue.reference_plans``); caught = a named check reported it
+(:mod:`conformance.mutants.scoring`: a failing check of report.json, the cell teardown's
+idle check, SGLang's own strict idle check); a death, a timeout or a crash is reported in
+its own category, not scored caught.  Per fault, ``<report-dir>/mutants.json`` holds its
+category and the checks that caught it.
 Pool target: each fault of ``conformance.mutants.pool_faults`` is loaded as a pytest
 plugin (``-p conformance.mutants.pool_faults``) into the pool suite; caught = the pool
 suite failed.  The clean run of the same selection must pass, or the score means nothing.
 sglang-cpu target: each fault of ``conformance.sglang_plugins.faults`` is loaded into the
 real SGLang servers of its plan with ``HYBRID_CONFORMANCE_SGLANG_FAULT=<name>``; caught =
-some check failed or the server died and its log names why (exit code and the log's
-leak/error line), or, for a plan running the perf suite, ``compare`` flags a perf ratio
-against the plan's clean run; a fault whose hooks never fired was not reached, which is a failure too.
+a named check failed, or SGLang's strict idle check killed the server and its log says so,
+or, for a plan running the perf suite, ``compare`` flags a perf ratio against the plan's
+clean run; a fault whose hooks never fired was not reached, which is a failure too.
 A run that times out proved nothing: a fault is then NOT caught and a clean run fails
 (one run and its judgement: :mod:`conformance.mutants.runs`).
 """
@@ -19,6 +22,8 @@ A run that times out proved nothing: a fault is then NOT caught and a clean run 
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
@@ -29,6 +34,7 @@ from conformance.errors import KitError
 from conformance.mutants import power
 from conformance.mutants.catalogue import CATALOGUES, sglang_cpu_plans
 from conformance.mutants.runs import run_plan
+from conformance.mutants.scoring import catcher
 from conformance.targets.registry import target_for
 
 
@@ -49,6 +55,17 @@ def sglang_not_applicable(names: tuple[str, ...]) -> dict[str, str]:
         if line:
             out[name] = f"sglang {features.version} has no {line}"
     return out
+
+
+def write_scores(path: Path, target: str, clean: list, outcomes: list) -> None:
+    """Per fault: its category, the named checks that caught it, its lines (``mutants.json``)."""
+    data = {
+        "target": target,
+        "clean": [{"plan": key, "passed": not out.caught, "by": out.by} for key, out in clean],
+        "faults": {o.name: {"category": o.category, "caught_by": o.checks, "by": o.by, "fired": o.fired, "seconds": round(o.seconds, 1)}
+                   for o in outcomes},
+    }
+    path.write_text(json.dumps(data, indent=1))
 
 
 def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None,
@@ -103,14 +120,19 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
     for out in outcomes:
         fired = "" if out.fired is None else f" (fired {out.fired}x)"
         if out.caught:
-            cell = escape("\n".join(out.by[:4]))
+            named = [b for b in out.by if catcher(b)]
+            cell = escape("\n".join(named[:4]))
         elif out.timed_out:
             cell = f"[red]NOT CAUGHT[/] ({escape(out.by[0])})"
         else:
-            cell = "[red]NOT CAUGHT[/]" + (f": {escape(out.by[0])}" if out.by else "")
+            cell = "[red]NOT CAUGHT[/] " + escape(f"[{out.category}]") + (f": {escape(out.by[0])}" if out.by else "")
         table.add_row(escape(out.name + fired), cell, f"{out.seconds:.1f}s")
     console.print(table)
+    write_scores(report_dir / "mutants.json", target, clean_rows, outcomes)
     caught = sum(o.caught for o in outcomes)
+    unscored = Counter(o.category for o in outcomes if not o.caught)
+    if unscored:
+        console.print("not scored as caught: " + ", ".join(f"{n} {kind}" for kind, n in sorted(unscored.items())))
     if not clean_ok:
         console.print("clean run failed: the score is void")
     skipped = f" ({len(not_applicable)} not applicable on this SGLang: {', '.join(not_applicable)})" if not_applicable else ""

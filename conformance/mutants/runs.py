@@ -1,12 +1,13 @@
 """One run of ``hybrid-conformance mutants``: a plan's pytest selection, clean or with one
 seeded fault switched on, judged into an :class:`Outcome` (caught, and by which checks).
 
-Caught = some check of report.json failed, or the run errored (e.g. the cell teardown found
-the pools not idle, or a real SGLang server died and its log says why); for a plan running
-the perf suite, ``compare`` flags a perf ratio against the plan's clean run.  A real-SGLang
-fault whose hooks never fired was not reached.  A run that times out proved nothing: a
-fault is then NOT caught and a clean run fails; the timed-out pytest is killed with its
-whole process group (servers included).  Used by :mod:`conformance.mutants.command` (the
+Caught = a named check reported it (:mod:`conformance.mutants.scoring`): a failing check of
+report.json, the cell teardown's idle check, SGLang's own strict idle check named in the log
+of the server it killed; for a plan running the perf suite, ``compare`` flags a perf ratio
+against the plan's clean run.  A start-up death, a later unexplained death, a check that
+errored, a timeout, a real-SGLang fault whose hooks never fired: each its own category,
+reported, never scored caught.  A clean run fails on any of them.  The timed-out pytest
+is killed with its whole process group (servers included).  Used by :mod:`conformance.mutants.command` (the
 scores) and :mod:`conformance.mutants.power` (scripted suites vs request programs).
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from conformance.faults import FAULT_ENV
 from conformance.mutants.catalogue import MutantPlan
+from conformance.mutants.scoring import CAUGHT, category
 from conformance.targets.registry import target_for
 
 PKG = Path(__file__).resolve().parents[1]
@@ -32,12 +34,20 @@ PKG = Path(__file__).resolve().parents[1]
 @dataclass
 class Outcome:
     name: str
-    caught: bool
+    caught: bool  # a fault: a named check caught it; the clean run: it failed (anything at all)
     by: list[str] = field(default_factory=list)
     seconds: float = 0.0
     exit_code: int = 0
     fired: int | None = None  # real-SGLang faults: how often the fault's hooks changed SGLang's behaviour
     timed_out: bool = False
+    category: str = ""  # a fault: scoring.CAUGHT or one of scoring.UNSCORED
+    checks: list[str] = field(default_factory=list)  # a fault: the named checks that caught it
+
+
+def fault_outcome(fault: str, by: list[str], seconds: float, code: int, *, fired: int | None = None, timed_out: bool = False) -> Outcome:
+    """A fault run judged honestly: caught only by a named check (``scoring``)."""
+    kind, checks = category(by, timed_out=timed_out, fired=fired)
+    return Outcome(fault, kind == CAUGHT, by, seconds, code, fired, timed_out, kind, checks)
 
 
 def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
@@ -73,7 +83,7 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
             continue
         why = line.split(" - ", 1)[-1].strip() if " - " in line else line.strip()
         if "server is not serving" in why or "exited during start-up" in why:
-            found.append(_died_line(why, report_dir))
+            found.append(_died_line(why, report_dir, startup="exited during start-up" in why))
         elif "pools not idle" in why:
             found.append(f"cell teardown: {why.split(': ', 1)[-1][:110]}")
         elif "/leaks/test_pool" in line or "test_pool_" in line:
@@ -105,10 +115,10 @@ def _leak_line(log: str) -> str:
     return found[0] if found else ""
 
 
-def _died_line(why: str, report_dir: Path) -> str:
+def _died_line(why: str, report_dir: Path, *, startup: bool = False) -> str:
     """A dead server in one line: its exit code and what its log says killed it."""
     code = _EXIT_CODE.search(why)
-    head = f"server died (exit {code.group(1)})" if code else "server died"
+    head = "server died" + (" at start-up" if startup else "") + (f" (exit {code.group(1)})" if code else "")
     for log in sorted((report_dir / "logs").glob("*.log")):
         line = _leak_line(log.read_text(errors="replace"))
         if line:
@@ -149,15 +159,20 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
     (report_dir / "pytest.log").write_text(output)
     if timed_out:  # proves nothing either way: not caught, and a clean run that fails
         why = f"timed out after {plan.timeout_s:.0f}s: not caught" if fault else f"timed out after {plan.timeout_s:.0f}s"
-        return Outcome(fault or "clean", fault is None, [why], time.monotonic() - t0, code, timed_out=True)
+        if fault:
+            return fault_outcome(fault, [why], time.monotonic() - t0, code, timed_out=True)
+        return Outcome("clean", True, [why], time.monotonic() - t0, code, timed_out=True)
     by = _caught_by(report_dir, output, code)
     if fault and plan.suites[:1] == ("perf",):  # a slowdown fails no check: compare against the clean run catches it
         by += perf_regressions(out_dir / "clean" / plan.key, report_dir)
     if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
-        return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code)
+        return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code,
+                       category="" if fault is None else "crash")
     if target_for(plan).kit_plugins:
         return _judge_sglang(plan, fault, by, code, report_dir, time.monotonic() - t0)
-    return Outcome(fault or "clean", bool(by) or code != 0, by, time.monotonic() - t0, code)
+    if fault is None:
+        return Outcome("clean", bool(by) or code != 0, by, time.monotonic() - t0, code)
+    return fault_outcome(fault, by, time.monotonic() - t0, code)
 
 
 def run_bounded(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tuple[int, str, bool]:
@@ -184,10 +199,11 @@ def run_bounded(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tu
 def _judge_sglang(plan: MutantPlan, fault: str | None, by: list[str], code: int, report_dir: Path, seconds: float) -> Outcome:
     """Real SGLang: a timed-out run is not caught; a fault that never fired was not reached."""
     if code == -1:
-        return Outcome(fault or "clean", fault is None, [f"timed out after {plan.timeout_s:.0f}s on {plan.key}"], seconds, code)
+        why = [f"timed out after {plan.timeout_s:.0f}s on {plan.key}"]
+        return fault_outcome(fault, why, seconds, code, timed_out=True) if fault else Outcome("clean", True, why, seconds, code, timed_out=True)
     if fault is None:
         return Outcome("clean", bool(by) or code != 0, by, seconds, code)
     fired = fired_count(report_dir, fault)
     if not fired:
-        return Outcome(fault, False, [f"never reached: {fault} did not fire on {plan.key}", *by], seconds, code, 0)
-    return Outcome(fault, bool(by) or code != 0, by, seconds, code, fired)
+        return fault_outcome(fault, [f"never reached: {fault} did not fire on {plan.key}", *by], seconds, code, fired=0)
+    return fault_outcome(fault, by, seconds, code, fired=fired)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -69,10 +70,12 @@ def grid_for(ep: Endpoint) -> StrategyGrid:
 
 
 def target_for(ep: Endpoint, cold: Endpoint) -> Target:
+    from conformance.programs.evidence import refuse_missing
     from conformance.programs.oracle import Limits
 
     info = ep.info or ep.client.server_info()
     metrics = ep.client.metrics()
+    refuse_missing(metrics, target=ep.target, attempts=[_later(ep.client)] * 25)
     kv_total = metrics.get("hybrid_conformance:kv_total") or metrics.get("sglang:max_total_num_tokens") or info.get("max_total_num_tokens")
     context = info.get("context_length") or info.get("max_total_num_tokens") or kv_total or 4096
     limits = Limits(
@@ -89,6 +92,13 @@ def target_for(ep: Endpoint, cold: Endpoint) -> Target:
         idle_deadline_s=idle_deadline(ep), log_text=ep.log_text if ep.process else None,
         alive=ep.process.exit_reason if ep.process else None, info=info,
     )
+
+
+def _later(client: Any) -> Any:
+    def scrape() -> dict:
+        time.sleep(0.2)
+        return client.metrics()
+    return scrape
 
 
 def gen_spec(ep: Endpoint, target: Target) -> GenSpec:

@@ -1,8 +1,9 @@
 """Explore programs under a budget with hypothesis; shrink a failure; write its replay file.
 
-* ``--budget``: ``ci`` / ``premerge`` / ``nightly`` (named profiles: seconds per cell and
-  the size of the programs drawn; ``ci`` is a plain pytest run's default, sized for the
-  README's test command), a number of examples (``40``) or seconds (``90s``, ``5m``).
+* ``--budget``: ``ci`` / ``standard`` / ``premerge`` / ``nightly`` (named profiles: examples or
+  seconds per cell and the size of the programs drawn; a plain pytest run's default is
+  ``ci`` on the premerge tier and ``standard`` above it, sized from the examples the
+  catalogue's faults took to fail), a number of examples (``40``) or seconds (``90s``, ``5m``).
 * ``--seed``: the run is deterministic given the seed (the k-th program drawn is the
   same on every run; how many are drawn in a time budget depends on the machine).
 * the hypothesis database is kept per target and cell (``<db>/<target>/<cell id>``), so
@@ -53,6 +54,9 @@ class Budget:
 
 PROFILES = {
     "ci": Budget("ci", examples=2, size="small", shrink_s=20.0),  # hypothesis draws the empty program first
+    #: a plain pytest run's default from the standard tier up, sized from the examples the
+    #: reference catalogue's faults took to fail (``mutants --programs``; docs/fuzzing.md)
+    "standard": Budget("standard", examples=8, size="small", shrink_s=20.0),
     "premerge": Budget("premerge", seconds=25.0, size="small", shrink_s=60.0),
     "nightly": Budget("nightly", seconds=600.0, size="large", shrink_s=300.0),
 }
@@ -62,8 +66,13 @@ SIZES = {
 }
 
 
+def default_budget(tier: str | None) -> str:
+    """A plain pytest run's budget: ``ci`` for the premerge tier, ``standard`` above it."""
+    return "ci" if tier == "premerge" else "standard"
+
+
 def parse_budget(text: str, *, shrink_s: float | None = None) -> Budget:
-    """``ci``, ``premerge``, ``nightly``, ``N`` examples, or ``Ns`` / ``Nm`` seconds; one-line KitError otherwise."""
+    """``ci``, ``standard``, ``premerge``, ``nightly``, ``N`` examples, or ``Ns`` / ``Nm`` seconds; one-line KitError otherwise."""
     t = (text or "").strip().lower()
     if t in PROFILES:
         b = PROFILES[t]
@@ -75,7 +84,7 @@ def parse_budget(text: str, *, shrink_s: float | None = None) -> Budget:
             raise KitError(f"--budget: must be positive, got {text!r}")
         b = Budget(f"{m.group(1)}{m.group(2)}", seconds=secs, size="large" if secs >= 300 else "small")
     else:
-        raise KitError(f"--budget: expected premerge, nightly, ci, a number of examples (40) or seconds (90s, 5m); got {text!r}")
+        raise KitError(f"--budget: expected premerge, nightly, standard, ci, a number of examples (40) or seconds (90s, 5m); got {text!r}")
     return replace(b, shrink_s=shrink_s) if shrink_s is not None else b
 
 

@@ -1,8 +1,8 @@
 """pytest options and marker of the request-program suite (loaded by ``conformance.plugin``).
 
-``--budget`` (``ci`` | ``premerge`` | ``nightly`` | examples ``40`` | seconds ``90s``/``5m``,
-per cell; a plain pytest run defaults to ``ci``, ``hybrid-conformance fuzz`` to
-``premerge``), ``--seed``, ``--program-db`` (the hypothesis database root; one folder per
+``--budget`` (``ci`` | ``standard`` | ``premerge`` | ``nightly`` | examples ``40`` | seconds ``90s``/``5m``,
+per cell; a plain pytest run defaults to ``ci`` on the premerge tier and ``standard`` above
+it, ``hybrid-conformance fuzz`` to ``premerge``), ``--seed``, ``--program-db`` (the hypothesis database root; one folder per
 target and cell), ``--program-failures`` (where a failing program's replay file goes),
 ``--shrink-budget`` (seconds of shrinking after a finding).  Precedence: CLI > env
 (``HYBRID_CONFORMANCE_BUDGET``, ``HYBRID_CONFORMANCE_SEED``) > defaults.
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conformance.errors import KitError
+from conformance.matrix import DEFAULT_TIER
 from conformance.options import PROGRAM_OPTIONS, add_pytest_options
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,7 +48,9 @@ class ProgramOptions:
 
 def program_options(config: pytest.Config, report_dir: Path | None) -> ProgramOptions:
     opt = config.getoption
-    budget = opt("--budget") or os.environ.get("HYBRID_CONFORMANCE_BUDGET") or "ci"
+    from conformance.programs.explore import default_budget
+
+    budget = opt("--budget") or os.environ.get("HYBRID_CONFORMANCE_BUDGET") or default_budget(opt("--tier") or DEFAULT_TIER)
     raw_seed = opt("--seed")
     if raw_seed is None:
         env = os.environ.get("HYBRID_CONFORMANCE_SEED", "0")

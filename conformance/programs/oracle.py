@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from conformance.checks.leaks import KIT, POOLS, idle_invariant
+from conformance.programs.evidence import Evidence
 from conformance.checks.hit_bounds import (
     Key,
     Stores,
@@ -37,6 +38,14 @@ from conformance.checks.hit_bounds import (
 )
 
 PREFILL_LINE = re.compile(r"Prefill batch.*?#cached-token:\s*(\d+)")
+
+#: The ways a judged hit can be admitted other than by a certain store, each resting on
+#: something seen in the same run: ``concurrent`` (a request that overlapped this one may
+#: have stored it), ``cut_prefill`` (SGLang's scheduler was seen cutting a prefill while
+#: the storing request ran), ``streaming_session`` (a streaming session's held prefix),
+#: ``abort_waiting`` (aborted before its prefill: 0), ``eviction`` (SGLang's eviction path
+#: was seen running after the lost prefix was stored).  A verdict counts each.
+PERMISSIONS = ("concurrent", "cut_prefill", "streaming_session", "abort_waiting", "eviction")
 
 
 @dataclass
@@ -61,6 +70,8 @@ class Served:
     error: str = ""
     http_status: int | None = None
     judged: bool = False
+    #: which relaxation of the oracle admitted the hit ("" = a certain store; see PERMISSIONS)
+    permission: str = ""
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -140,8 +151,10 @@ class HitBook:
     fixed point over the keys of those requests.
     """
 
-    def __init__(self, grid: StrategyGrid, limits: Limits) -> None:
+    def __init__(self, grid: StrategyGrid, limits: Limits, evidence: Evidence | None = None) -> None:
         self.grid, self.limits = grid, limits
+        #: counters seen during the program (None: judge on the bounds alone, unit tests)
+        self.evidence = evidence
         self.records: list[Served] = []
         self.max_in_flight = 0
         self.max_sessions = 0
@@ -150,7 +163,7 @@ class HitBook:
         #: (rid, hit) -> {key: the branch point it gives or None}: judging asks again with
         #: overlapping key sets, so each key is compared once per request
         self._branch_memo: dict[tuple[str, int], dict[Key, int | None]] = {}
-        self._fixed: dict[str, frozenset[Key]] = {}
+        self._fixed: dict[tuple[str, bool], frozenset[Key]] = {}
 
     def reset(self) -> None:
         self.records.clear()
@@ -178,23 +191,24 @@ class HitBook:
     def _hits(self, q: Served) -> set[int]:
         return {q.cached_tokens} if q.answered else {0}
 
-    def _alternatives(self, q: Served, keys: set[Key]) -> set[Key]:
-        """Every key ``q`` may have stored (prefill checkpoint and finish)."""
+    def _alternatives(self, q: Served, keys: set[Key], cut: bool = True) -> set[Key]:
+        """Every key ``q`` may have stored (prefill checkpoint and finish); ``cut``: with
+        the checkpoints of a prefill SGLang may have cut."""
         if not q.answered and not q.abort_requested or q.refused_for_closed_session:
             return set()  # refused: it never ran
-        alts = set(self._fixed_alternatives(q))
+        alts = set(self._fixed_alternatives(q, cut))
         for h in self._hits(q):
             alts |= prefill_stores(q.input_ids, {h}, self._branches(q, h, keys), self.grid)
         return alts
 
-    def _fixed_alternatives(self, q: Served) -> frozenset[Key]:
+    def _fixed_alternatives(self, q: Served, cut: bool = True) -> frozenset[Key]:
         """The keys of ``_alternatives`` that do not depend on what else was stored: the
         checkpoints after a cut and the finish.  Fixed once ``q`` has answered (whatever is
         sent later cannot have overlapped it), so kept from then on."""
-        if q.rid in self._fixed:
-            return self._fixed[q.rid]
+        if (q.rid, cut) in self._fixed:
+            return self._fixed[(q.rid, cut)]
         alts: set[Key] = set()
-        if self._could_be_cut(q):
+        if cut and self._could_be_cut(q):
             for h in self._hits(q):
                 alts |= cut_prefill_stores(q.input_ids, h, self.grid, budget=self.limits.prefill_budget)
         if q.regular:
@@ -205,7 +219,7 @@ class HitBook:
             alts |= possible_finish_stores(q.input_ids, q.output_ids, self.grid)
         out = frozenset(alts)
         if q.done_seq:
-            self._fixed[q.rid] = out
+            self._fixed[(q.rid, cut)] = out
         return out
 
     def _branches(self, q: Served, hit: int, keys: set[Key]) -> set[int | None]:
@@ -223,20 +237,25 @@ class HitBook:
         hit there was seen on a clean SGLang: 40 requests of 386 tokens, 11 in the first
         batch, the 11th cut at 236 and cached at 192; without a buffer, 12 requests of 320
         and the 13th cut and cached at 256).  That needs the requests that
-        overlapped ``q`` to bring more new tokens than the budget."""
+        overlapped ``q`` to bring more new tokens than the budget, and -- evidence, not
+        permission -- SGLang's scheduler to have cut a prefill while ``q`` was in flight
+        (its ``prefill_cuts`` counter grew; where it is not exported the bound alone)."""
         budget = self.limits.prefill_budget
         if not budget:
             return False
         end = q.done_seq or float("inf")
         tokens = len(q.input_ids) + sum(
             len(x.input_ids) for x in self.records if x is not q and x.sent_seq < end and (not x.done_seq or x.done_seq > q.sent_seq))
-        return tokens > budget
+        if tokens <= budget:
+            return False
+        seen = self.evidence.grew("prefill_cuts", q.sent_seq, q.done_seq or 10**18) if self.evidence else None
+        return seen is not False
 
-    def _keys(self, group: list[Served]) -> set[Key]:
+    def _keys(self, group: list[Served], cut: bool = True) -> set[Key]:
         """The keys ``group`` may have stored, branch points iterated to a fixed point."""
         keys: set[Key] = set()
         for _ in range(4):
-            new = set().union(*(self._alternatives(q, keys) for q in group)) if group else set()
+            new = set().union(*(self._alternatives(q, keys, cut) for q in group)) if group else set()
             if new <= keys:
                 break
             keys |= new
@@ -271,28 +290,73 @@ class HitBook:
 
     # ------------------------------------------------------------ judging
     def judge(self, r: Served) -> str | None:
-        """Judge ``r``'s hit; a problem string or None."""
+        """Judge ``r``'s hit; a problem string or None (then ``r.permission`` says what admitted it)."""
         r.judged = True
         if not r.answered or r.refused_for_closed_session:
             return None  # never ran: SGLang's placeholder answer says nothing about the tree
         self._update_evicted()
         universe = [q for q in self.records if q is not r and q.done_seq and q.sent_seq < r.done_seq]
         certain: set[Key] = set()
+        stored_by: list[tuple[Served, set[Key]]] = []
         for q in universe:
             if q.done_seq < r.sent_seq:
-                certain |= self._certain_stores(q).certain
+                mine = self._certain_stores(q).certain
+                certain |= mine
+                stored_by.append((q, mine))
         maybe = self._keys(universe) - certain
         limit = key_limit(len(r.input_ids), self.grid.page_size, r.logprob_start)
-        allowed = allowed_hits(r.input_ids, certain, maybe, limit=limit, evicted=self.evicted)
+        hit = r.cached_tokens
+        allowed = allowed_hits(r.input_ids, certain, maybe, limit=limit, evicted=False)
+        if hit in allowed:
+            r.permission = self._admitted_by(r, hit, certain, universe, limit)
+            return None
         if r.streaming_turn and r.prev_committed is not None:
             c = min(r.prev_committed, max(len(r.input_ids) - 1, 0))
-            allowed |= {c, c // self.grid.page_size * self.grid.page_size}
+            held = {c, c // self.grid.page_size * self.grid.page_size}
+            allowed |= held
+            if hit in held:
+                r.permission = "streaming_session"
+                return None
         if r.abort_requested and r.finish_type == "abort" and not r.output_ids:
             allowed.add(0)  # aborted while waiting: SGLang counts cached_tokens only when it prepares the extend
-        if r.cached_tokens in allowed:
-            return None
-        return (f"cached_tokens {r.cached_tokens}, the prefix oracle allows {sorted(allowed)} "
-                f"(input {len(r.input_ids)} tokens{', after possible evictions' if self.evicted else ''})")
+            if hit == 0:
+                r.permission = "abort_waiting"
+                return None
+        evicted, why = self._eviction_seen(r, hit, stored_by, limit)
+        if evicted:
+            allowed |= allowed_hits(r.input_ids, certain, maybe, limit=limit, evicted=True)
+            if hit in allowed:
+                r.permission = "eviction"
+                return None
+        return f"cached_tokens {hit}, the prefix oracle allows {sorted(allowed)} (input {len(r.input_ids)} tokens; {why})"
+
+    def _admitted_by(self, r: Served, hit: int, certain: set[Key], universe: list[Served], limit: int) -> str:
+        """"" when a certain store explains ``hit``, else the relaxation that does."""
+        t = tuple(r.input_ids)
+        if hit == max((len(k) for k in certain if len(k) <= limit and t[: len(k)] == k), default=0):
+            return ""
+        if not any(self._could_be_cut(q) for q in universe):
+            return "concurrent"
+        plain = self._keys(universe, cut=False) - certain
+        return "concurrent" if hit in allowed_hits(r.input_ids, certain, plain, limit=limit, evicted=False) else "cut_prefill"
+
+    def _eviction_seen(self, r: Served, hit: int, stored_by: list[tuple[Served, set[Key]]], limit: int) -> tuple[bool, str]:
+        """May a certain store longer than ``hit`` be gone at ``r``'s admission?  Only when
+        the pools could have had to evict (the bound) and -- evidence, not permission --
+        SGLang's eviction counter grew after the last request that stored such a prefix
+        and before ``r`` answered.  (bool, what was seen, for the finding)."""
+        if not self.evicted:
+            return False, "the pools never had to evict"
+        if self.evidence is None:
+            return True, "after possible evictions"
+        t = tuple(r.input_ids)
+        lost = [q.done_seq for q, keys in stored_by if any(hit < len(k) <= limit and t[: len(k)] == k for k in keys)]
+        seen = self.evidence.grew("evictions", max(lost, default=0), r.done_seq)
+        if seen is None:
+            return True, "after possible evictions (no eviction counter)"
+        if seen:
+            return True, "after evictions SGLang counted"
+        return False, "SGLang's eviction counter did not move since the prefix was stored"
 
 
 def lazy_checkpoint_may_drop(q: Served, grid: StrategyGrid) -> bool:
@@ -354,13 +418,22 @@ def idle_problems(values: Mapping[str, float], *, locked: Mapping[str, float]) -
     return out
 
 
-def counter_problems(reported: int, metric_delta: float | None, log_delta: int | None) -> list[str]:
-    """The server's own reuse counters against the ``cached_tokens`` it reported."""
+def counter_problems(reported: int, metric_delta: float | None, log_delta: int | None, *, aborted_max: int = 0) -> list[str]:
+    """The server's own reuse counters against the ``cached_tokens`` it reported.
+
+    ``reported`` sums the requests that were not aborted; an aborted request's reuse is
+    counted (or not) by when it stopped, so up to ``aborted_max`` more (the aborted
+    requests' inputs) is allowed -- a window holding an abort is bounded, not unchecked."""
     out = []
-    if metric_delta is not None and metric_delta != reported:
-        out.append(f"sglang:cached_tokens_total grew by {metric_delta:g}, the answers reported {reported} cached tokens")
-    if log_delta is not None and log_delta != reported:
-        out.append(f"the server's prefill log lines count {log_delta} cached tokens, the answers reported {reported}")
+    span = f"{reported}" if not aborted_max else f"{reported}..{reported + aborted_max} (aborted requests may count up to {aborted_max})"
+
+    def off(value: float) -> bool:
+        return not reported <= value <= reported + aborted_max
+
+    if metric_delta is not None and off(metric_delta):
+        out.append(f"sglang:cached_tokens_total grew by {metric_delta:g}, the answers reported {span} cached tokens")
+    if log_delta is not None and off(log_delta):
+        out.append(f"the server's prefill log lines count {log_delta} cached tokens, the answers reported {span}")
     return out
 
 

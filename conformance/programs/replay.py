@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any, Iterator
 
 from conformance.errors import KitError
 from conformance.matrix import Cell, load_matrix
@@ -47,9 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from conformance.programs.bind import serve_cold, target_for
-    from conformance.programs.runner import ProgramFailure, run_program
-    from conformance.targets.serving import serve_cell
+    from conformance.programs.runner import ProgramFailure
 
     program = load_program(args.file)
     cell = find_cell(program, args.matrix)
@@ -61,20 +60,32 @@ def replay(args: argparse.Namespace) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="hc-replay-"))
     print(f"replaying {args.file} ({len(program.steps)} steps) on {args.target} cell {cell.id}; server logs in {log_dir}")
     failures = 0
-    with serve_cell(cell, args, log_dir=log_dir) as ep, serve_cold(cell, args, log_dir) as cold:
-        target = target_for(ep, cold)
-        for i in range(args.repeat):
-            try:
-                stats = run_program(program, target)
-            except ProgramFailure as f:
-                failures += 1
-                print(f"run {i + 1}: FAIL at {f}")
-                print("\n".join(f.trace[-40:]))
-                continue
-            print(f"run {i + 1}: PASS ({stats.requests} requests, {stats.hits} hits, {stats.compared_tokens} tokens compared, "
-                  f"{stats.idle_checks} idle checks, {stats.seconds:.1f}s)")
+    for i, outcome in enumerate(play(program, cell, args, log_dir, args.repeat)):
+        if isinstance(outcome, ProgramFailure):
+            failures += 1
+            print(f"run {i + 1}: FAIL at {outcome}")
+            print("\n".join(outcome.trace[-40:]))
+            continue
+        print(f"run {i + 1}: PASS ({outcome.requests} requests, {outcome.hits} hits, {outcome.compared_tokens} tokens compared, "
+              f"{outcome.idle_checks} idle checks, {outcome.seconds:.1f}s)")
     print(f"{failures}/{args.repeat} runs failed")
     return 1 if failures else 0
+
+
+def play(program: Program, cell: Cell, args: argparse.Namespace, log_dir: Path, repeat: int = 1) -> Iterator[Any]:
+    """Serve ``cell`` and its cache-off twin, play ``program`` ``repeat`` times: each run's
+    ``RunStats`` or its ``ProgramFailure``."""
+    from conformance.programs.bind import serve_cold, target_for
+    from conformance.programs.runner import ProgramFailure, run_program
+    from conformance.targets.serving import serve_cell
+
+    with serve_cell(cell, args, log_dir=log_dir) as ep, serve_cold(cell, args, log_dir) as cold:
+        target = target_for(ep, cold)
+        for _ in range(repeat):
+            try:
+                yield run_program(program, target)
+            except ProgramFailure as f:
+                yield f
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - the CLI verb is the entry point

@@ -11,8 +11,9 @@
   only; ``offset``: cut there), a streaming turn continues the session's last turn that
   finished (an aborted turn is not continued).
 
-Outside exact mode every request also asks for output logprobs and a top-5: the oracle
-needs the served distribution there.  That changes no prefix matching: SGLang resolves
+Every request -- sends, burst members and session turns, in exact mode too -- asks for
+output logprobs and a top-5: the oracle compares the served distribution, not only the
+greedy token (a logprob error of 7.6e-2 once kept the token).  That changes no prefix matching: SGLang resolves
 ``logprob_start_len=-1`` with ``return_logprob`` to the input length
 (``Scheduler.handle_generate_request``), past its match limit.
 """
@@ -91,15 +92,7 @@ class Resolver:
         return sp
 
     def _logprob_fields(self, opts: Options, n_input: int) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        want = opts.return_logprob or not self.exact
-        if not want:
-            return out
-        out["return_logprob"] = True
-        out["return_text_in_logprobs"] = False
-        top = opts.top_logprobs_num if self.exact else max(opts.top_logprobs_num, 5)
-        if top:
-            out["top_logprobs_num"] = top
+        out: dict[str, Any] = {"return_logprob": True, "return_text_in_logprobs": False, "top_logprobs_num": max(opts.top_logprobs_num, 5)}
         start = {"none": None, "zero": 0, "half": n_input // 2, "last": n_input - 1}[opts.logprob_start]
         if opts.return_logprob and start is not None:
             out["logprob_start_len"] = max(0, start)
@@ -132,8 +125,7 @@ class Resolver:
             "rid": [self.server_rid(r) for r in step.rids()],
             "sampling_params": [{"temperature": 0.0, "max_new_tokens": step.max_new, "ignore_eos": True} for _ in prompts],
         }
-        if not self.exact:
-            payload.update({"return_logprob": True, "top_logprobs_num": 5, "return_text_in_logprobs": False})
+        payload.update({"return_logprob": True, "top_logprobs_num": 5, "return_text_in_logprobs": False})
         return prompts, payload
 
     # ------------------------------------------------------------ sessions

@@ -22,6 +22,7 @@ from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.leaks import scan_log
 from conformance.client import SGLangClient
 from conformance.errors import KitError, ServerDiedError
+from conformance.programs.evidence import Evidence
 from conformance.programs.flights import Clock, Flight, FlightDeck
 from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
 from conformance.programs.program import (
@@ -33,6 +34,8 @@ from conformance.workloads.idle import idle_probe
 CACHED_COUNTER = "sglang:cached_tokens_total"
 WAIT_S = 300.0
 HEALTH_TIMEOUT_S = 20.0
+#: What burst members and session turns ask for (``Resolver``): output logprobs and a top-5.
+LOGPROB_OPTIONS = {"return_logprob": True, "top_logprobs_num": 5}
 
 
 class ProgramFailure(AssertionError):
@@ -68,16 +71,22 @@ class RunStats:
     steps: int = 0
     seconds: float = 0.0
     max_logprob_gap: float = 0.0  # largest |served - cold| logprob seen (exact mode: the noise)
+    #: judged hits per relaxation that admitted them (oracle.PERMISSIONS; absent: none)
+    permissions: dict[str, int] = field(default_factory=dict)
     cold_s: float = 0.0  # seconds waiting for the cache-off twin's batched cold computations
     idle_s: float = 0.0  # seconds in idle checks (waiting for fresh idle gauges)
 
     @classmethod
     def total(cls, runs: "list[RunStats]") -> "RunStats":
         """The sum over several programs' runs (the largest logprob gap of any)."""
+        permissions: dict[str, int] = {}
+        for r in runs:
+            for k, n in r.permissions.items():
+                permissions[k] = permissions.get(k, 0) + n
         return cls(
             sum(r.requests for r in runs), sum(r.hits for r in runs), sum(r.compared_tokens for r in runs),
             sum(r.idle_checks for r in runs), sum(r.steps for r in runs), sum(r.seconds for r in runs),
-            max((r.max_logprob_gap for r in runs), default=0.0), sum(r.cold_s for r in runs), sum(r.idle_s for r in runs),
+            max((r.max_logprob_gap for r in runs), default=0.0), permissions, sum(r.cold_s for r in runs), sum(r.idle_s for r in runs),
         )
 
 
@@ -97,7 +106,8 @@ class ProgramRun:
         self.clock = Clock()
         self.deck = FlightDeck(target.client.base_url, self.clock)
         self.resolver = Resolver(program, target.grid, target.limits, exact=target.exact, tag=self.tag)
-        self.book = HitBook(target.grid, target.limits)
+        self.evidence = Evidence()
+        self.book = HitBook(target.grid, target.limits, self.evidence)
         self.flights: dict[str, Flight] = {}  # rid -> its flight (bursts share one)
         self.served: dict[str, Served] = {}
         self.pending: list[Flight] = []
@@ -143,7 +153,9 @@ class ProgramRun:
         if dead:
             self.fail(f"server not serving before the program started: {dead}")
         c.flush_cache(attempts=40, pause_s=0.25)
-        self._counter0 = c.metrics().get(CACHED_COUNTER, 0.0)
+        metrics = c.metrics()
+        self.evidence.reset(self.clock.tick(), metrics)
+        self._counter0 = metrics.get(CACHED_COUNTER, 0.0)
         self._log0 = len(self.t.log_text()) if self.t.log_text else 0
 
     # ------------------------------------------------------------ steps
@@ -172,7 +184,9 @@ class ProgramRun:
             self._settle()
             self.t.client.flush_cache(attempts=40, pause_s=0.25)
             self.book.reset()
-            self._counter0 = self.t.client.metrics().get(CACHED_COUNTER, 0.0)
+            metrics = self.t.client.metrics()
+            self.evidence.reset(self.clock.tick(), metrics)
+            self._counter0 = metrics.get(CACHED_COUNTER, 0.0)
             self._log0 = len(self.t.log_text()) if self.t.log_text else 0
 
     def _base_ready(self, step: Send | Turn) -> None:
@@ -207,7 +221,7 @@ class ProgramRun:
         self.pending.append(flight)
         for rid, ids in zip(rids, prompts):
             self.flights[rid] = flight
-            self.served[rid] = Served(rid, self.step_no, ids, step.max_new, {"return_logprob": False}, flight.sent_seq, kind="burst")
+            self.served[rid] = Served(rid, self.step_no, ids, step.max_new, LOGPROB_OPTIONS, flight.sent_seq, kind="burst")
         self._note_load()
 
     def _turn(self, step: Turn) -> None:
@@ -220,7 +234,7 @@ class ProgramRun:
             self._wait(self.flights[prev])
             self._collect()
         ids, payload, meta = self.resolver.turn(step, sid, self.served)
-        self._launch(step.rid, ids, step.max_new, payload, {"return_logprob": False}, stream=step.stream or step.abort_at is not None,
+        self._launch(step.rid, ids, step.max_new, payload, LOGPROB_OPTIONS, stream=step.stream or step.abort_at is not None,
                      kind="turn", abort_at=step.abort_at, session=step.sid, **meta)
 
     def _launch(self, rid: str, ids, max_new: int, payload: dict, opts: dict, *, stream: bool, kind: str, overflow: bool = False,
@@ -290,10 +304,16 @@ class ProgramRun:
             for problem in answer_problems(s, self.t.limits):
                 self.fail(f"request {s.rid}: {problem}")
         self._compare_cold([s for s in fresh if s.answered])
-        for s in self.book.ready([f.sent_seq for f in self.pending]):
+        ready = self.book.ready([f.sent_seq for f in self.pending])
+        if fresh:  # the evidence counters, read after these answers arrived (oracle relaxations rest on them)
+            self.evidence.note(self.clock.tick(), self.t.client.metrics())
+        for s in ready:
             problem = self.book.judge(s)
-            self.stats.requests += 1
-            self.stats.hits += s.cached_tokens > 0
+            if s.answered and not s.refused_for_closed_session:
+                self.stats.requests += 1
+                self.stats.hits += s.cached_tokens > 0
+                if s.permission:
+                    self.stats.permissions[s.permission] = self.stats.permissions.get(s.permission, 0) + 1
             if problem:
                 self.fail(f"request {s.rid}: {problem}")
         if not self.pending:
@@ -331,7 +351,8 @@ class ProgramRun:
         for (s, start, served_start), resp in zip(todo, out):
             cold = cold_from_meta(resp.get("meta_info", {}), start)
             served = served_logprobs(s.meta, served_start)
-            problems = differential_problems(s.input_ids, s.output_ids, served, cold, self.t.tol)
+            problems = differential_problems(s.input_ids, s.output_ids, served, cold, self.t.tol,
+                                             expect_logprobs=bool(s.options.get("return_logprob")) and s.finish_type != "abort")
             if not problems:
                 self.stats.max_logprob_gap = max(self.stats.max_logprob_gap, logprob_gap(s.input_ids, s.output_ids, served, cold))
             self.stats.compared_tokens += len(s.output_ids)
@@ -349,7 +370,8 @@ class ProgramRun:
         self.stats.idle_checks += 1
         if probe.problems:
             self.fail("idle invariant: " + "; ".join(probe.problems[:3]))
-        reported = sum(s.cached_tokens for s in self._since_idle if s.answered)
+        reported = sum(s.cached_tokens for s in self._since_idle if s.answered and not s.abort_requested)
+        aborted_max = sum(len(s.input_ids) for s in self._since_idle if s.abort_requested)
         now = probe.values.get(CACHED_COUNTER)
         metric_delta = None if now is None else now - self._counter0
         log_delta = None
@@ -359,9 +381,7 @@ class ProgramRun:
             self._log0 = len(text)
         if now is not None:
             self._counter0 = now
-        if any(s.abort_requested for s in self._since_idle):
-            metric_delta = log_delta = None  # an aborted request's reuse is counted (or not) by when it stopped
-        problems = counter_problems(reported, metric_delta, log_delta)
+        problems = counter_problems(reported, metric_delta, log_delta, aborted_max=aborted_max)
         self._since_idle = []
         if problems:
             self.fail("reuse counters: " + "; ".join(problems))

@@ -91,6 +91,7 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         "compared_tokens": total.compared_tokens, "idle_checks": total.idle_checks, "restarts": ex.restarts, "seed": seed,
         "max_logprob_gap": total.max_logprob_gap,
         "cold_s": round(total.cold_s, 1), "idle_s": round(total.idle_s, 1),
+        **{f"permitted_{k}": n for k, n in sorted(total.permissions.items())},
     }
     details: dict[str, Any] = {"budget": budget}
     if ex.finding is not None:
@@ -103,6 +104,8 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         return Verdict(CHECK, "fail", metrics, "no program ran within the budget: nothing was tested", details)
     if total.requests == 0:
         return Verdict(CHECK, "fail", metrics, "the programs sent no request the oracle could judge", details)
+    if total.compared_tokens == 0:
+        return Verdict(CHECK, "fail", metrics, f"the programs judged {total.requests} request(s) but compared no token with the cold computation: nothing was tested", details)
     return Verdict(CHECK, "pass", metrics, "", details)
 
 

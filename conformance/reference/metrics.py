@@ -36,6 +36,10 @@ _METRICS = (
     ("hybrid_conformance:kv_total", "gauge", "KV pool size", "kv_total"),
     ("hybrid_conformance:kv_protected", "gauge", "KV tokens of locked radix entries", "kv_protected"),
     ("hybrid_conformance:kv_session_held", "gauge", "KV tokens held by sessions", "kv_session_held"),
+    # The oracle's evidence counters (conformance/programs/evidence.py): the reference
+    # server never cuts a prefill (it reports no chunked_prefill_size), so 0 is its truth.
+    ("hybrid_conformance:evictions_total", "counter", "Radix cache evictions under pressure (not flushes)", "evictions"),
+    ("hybrid_conformance:prefill_cuts_total", "counter", "Prefill batches that cut a request (chunked prefill)", "prefill_cuts"),
 )
 
 

@@ -23,6 +23,12 @@ The same hook also keeps window peaks of the pools' ``used`` terms (:data:`POOL_
 SGLang's own ``PoolStats``, read before every batch, prefill included), which SGLang's
 gauges only sample at its log intervals.
 
+Evidence counters for the programs' oracle (``conformance/programs/evidence.py``), both
+cumulative and published with every idle publish: ``evictions_total`` (an AROUND hook on
+the radix cache's eviction walk, :data:`EVICT_TARGET`, counting walks that evicted
+anything) and ``prefill_cuts_total`` (the BEFORE hook on ``run_batch``: an extend batch
+holding the scheduler's ``chunked_req``, i.e. a prefill SGLang cut at its budget).
+
 Nothing here changes what SGLang schedules, allocates, caches or checks.
 """
 
@@ -33,6 +39,10 @@ from typing import Any, Callable
 
 TARGET = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter._maybe_log_idle_metrics"
 STEP_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+#: The radix cache's eviction walk (``evict`` and ``evict_for_alloc`` both run it).
+EVICT_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict"
+#: Cumulative evidence counters (conformance/programs/evidence.py reads them).
+EVIDENCE_GAUGES = ("evictions_total", "prefill_cuts_total")
 MIN_INTERVAL_S = 0.2
 PREFIX = "hybrid_conformance:"
 
@@ -81,6 +91,7 @@ class _Exporter:
         self.last = 0.0
         self.track = dict.fromkeys((*TRACK_GAUGES, *POOL_GAUGES), 0)
         self.window_open = False
+        self.evidence = dict.fromkeys(EVIDENCE_GAUGES, 0)
 
     def gauge(self, name: str) -> Any:
         if name not in self.gauges:
@@ -96,6 +107,8 @@ class _Exporter:
             except Exception:
                 continue
             self.gauge(name).set(value)
+        for name, n in self.evidence.items():
+            self.gauge(name).set(n)
         self.seq += 1
         self.window_open = False  # the next batch starts a new busy window
         self.gauge("idle_publish_seq").set(self.seq)
@@ -118,6 +131,22 @@ class _Exporter:
         t["decode_running_peak"] = max(t["decode_running_peak"], len(per_req))
         for name in TRACK_GAUGES:
             self.gauge(name).set(t[name])
+
+    def count(self, name: str) -> None:
+        """One more of an evidence counter, published at once."""
+        if name not in self.evidence:
+            return
+        self.evidence[name] += 1
+        self.gauge(name).set(self.evidence[name])
+
+    def cut(self, scheduler: Any, batch: Any) -> None:
+        """An extend batch that holds the scheduler's chunked request: SGLang cut a prefill."""
+        mode = getattr(batch, "forward_mode", None)
+        if mode is None or mode.is_decode():
+            return
+        chunked = getattr(scheduler, "chunked_req", None)
+        if chunked is not None and any(r is chunked for r in batch.reqs):
+            self.count("prefill_cuts_total")
 
     def _open_window(self) -> None:
         if not self.window_open:
@@ -163,6 +192,21 @@ def before_run_batch(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> N
         _EXPORTER.step(batch)
     except Exception:  # an observer never breaks the server; a missing gauge is visible to the kit
         pass
+    try:
+        _EXPORTER.cut(scheduler, batch)
+    except Exception:  # an observer never breaks the server; a missing gauge is visible to the kit
+        pass
+
+
+def evict_counted(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on the eviction walk: count walks that evicted anything (result unchanged)."""
+    result = original(cache, *args, **kwargs)
+    try:
+        if any(getattr(result, f, 0) for f in ("num_tokens_evicted", "swa_num_tokens_evicted", "mamba_num_evicted")):
+            _EXPORTER.count("evictions_total")
+    except Exception:  # an observer never breaks the server
+        pass
+    return result
 
 
 def install(role: str) -> dict[str, Any]:
@@ -174,10 +218,20 @@ def install(role: str) -> dict[str, Any]:
 
     owner, attr = STEP_TARGET.rsplit(".", 1)
     before = getattr(pkgutil.resolve_name(owner), attr)
+    evict_owner, evict_attr = EVICT_TARGET.rsplit(".", 1)
+    try:
+        evict_before = getattr(pkgutil.resolve_name(evict_owner), evict_attr)
+    except (ImportError, AttributeError):
+        evict_before = None
     HookRegistry.register(TARGET, idle_publish, HookType.AROUND)
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
+    if evict_before is not None:
+        HookRegistry.register(EVICT_TARGET, evict_counted, HookType.AROUND)
     HookRegistry.apply_hooks()
     if getattr(pkgutil.resolve_name(owner), attr) is before:  # SGLang logs a failed hook and carries on
         raise RuntimeError(f"hook on {STEP_TARGET} was not applied")
-    gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES)) + [PREFIX + "idle_publish_seq"]
-    return {"around": [TARGET], "before": [STEP_TARGET], "gauges": gauges}
+    if evict_before is None or getattr(pkgutil.resolve_name(evict_owner), evict_attr) is evict_before:
+        # no eviction path seen: never publish a counter that would read "no eviction" (the kit refuses the oracle)
+        _EXPORTER.evidence.pop("evictions_total", None)
+    gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES)) + [PREFIX + "idle_publish_seq"]
+    return {"around": [TARGET, EVICT_TARGET], "before": [STEP_TARGET], "gauges": gauges}

@@ -1,0 +1,71 @@
+"""``hybrid-conformance known-bugs --target sglang-cpu``: replay every known SGLang bug
+(``fixtures/known_bugs.toml``) the installed release is in range of; strict.
+
+Each entry's program is played once on its cell (and the cache-off twin) with the
+recorded env.  An entry whose program still fails as its ``match`` says prints
+"known SGLang bug, still present"; one whose program passes (or fails otherwise) is red:
+exit 1, "no longer reproduces: remove or narrow the entry".  Entries out of range are
+listed and not played.  Exit 0 when every entry in range reproduced (or none is in range).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from conformance.errors import KitError
+from conformance.known_bugs import KnownBug, check_entries, installed_release, known_bugs_file, load
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from conformance.options import DTYPE, FUZZ_TARGET, LAUNCHER, MATRIX, TWINS, add_arguments as add_options
+    from conformance.programs.replay import REPLAY_TARGET
+
+    add_options(p, (REPLAY_TARGET, DTYPE, MATRIX, LAUNCHER, TWINS), target=FUZZ_TARGET)
+    p.add_argument("--file", help=f"the known-bugs file (default: {known_bugs_file()})")
+    p.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
+
+
+def replayer(args: argparse.Namespace, log_dir: Path):
+    """bug -> its replay's failure line, or None when the program passed."""
+    from conformance.programs.program import load_program
+    from conformance.programs.replay import find_cell, play
+    from conformance.programs.runner import ProgramFailure
+
+    def replay(bug: KnownBug) -> str | None:
+        program = load_program(str(bug.replay_path()))
+        cell = find_cell(program, args.matrix)
+        saved = dict(os.environ)
+        os.environ.update(program.env)
+        try:
+            outcome = next(iter(play(program, cell, args, log_dir / bug.id)))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        return str(outcome) if isinstance(outcome, ProgramFailure) else None
+
+    return replay
+
+
+def cmd_known_bugs(args: argparse.Namespace) -> int:
+    if args.file and not Path(args.file).is_file():
+        raise KitError(f"--file: {args.file} does not exist")
+    bugs = load(args.file)
+    release = installed_release()
+    in_range = [b for b in bugs if args.target in b.targets and b.in_range(release)]
+    for b in bugs:
+        if b not in in_range:
+            print(f"{b.id}: not played (releases {b.releases}, targets {', '.join(b.targets)}; installed sglang {release}, target {args.target})")
+    if not in_range:
+        print(f"{len(bugs)} known SGLang bug(s) in {args.file or known_bugs_file()}, none in range of sglang {release} on {args.target}")
+        return 0
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="hc-known-bugs-"))
+    print(f"replaying {len(in_range)} known SGLang bug(s) on sglang {release}; server logs in {log_dir}")
+    results = check_entries(in_range, target=args.target, release=release, replay=replayer(args, log_dir))
+    for r in results:
+        print(r.line)
+    bad = [r for r in results if not r.ok]
+    print(f"{len(results) - len(bad)}/{len(results)} still present" + (f"; {len(bad)} no longer as recorded: red" if bad else ""))
+    return 1 if bad else 0

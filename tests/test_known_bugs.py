@@ -1,0 +1,103 @@
+"""Known SGLang bugs as expectations (``conformance/known_bugs.py``, ``fixtures/known_bugs.toml``):
+a matching failure is reported "known SGLang bug, still present" and xfails; an entry
+whose replay stops reproducing is red (both directions); a bad file is one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conformance.errors import KitError
+from conformance.known_bugs import STILL_PRESENT, KnownBug, check_entries, expect, load
+from conformance.records import Verdict
+from conformance.runreport import known_bugs_seen
+from conformance.suites import settle
+
+ROOT = Path(__file__).resolve().parents[1]
+CELL = "qwen3-next-80b-extra_buffer-p1-t256"
+FAILURE = "step 4: request r2: cached_tokens 0, the prefix oracle allows [320] (input 325 tokens; the pools never had to evict)"
+
+
+def _file(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "bug.json").write_text(json.dumps({"version": 1, "forest": [], "steps": [], "cell": {"id": CELL}}))
+    path = tmp_path / "known_bugs.toml"
+    path.write_text(body.replace("REPLAY", str(tmp_path / "bug.json")))
+    return path
+
+
+ENTRY = '''
+[[bug]]
+id = "lost-prefix"
+summary = "a stored prefix is not reused although nothing evicted it"
+releases = ">=0.5.20,<0.5.24"
+check = "programs"
+match = "cached_tokens \\\\d+, the prefix oracle allows"
+replay = "REPLAY"
+issue = "https://github.com/sgl-project/sglang/issues/1"
+'''
+
+
+def test_the_repository_file_loads_and_every_entry_has_its_replay() -> None:
+    for bug in load(ROOT / "fixtures" / "known_bugs.toml"):
+        assert bug.replay_path().is_file() and bug.targets and "reference" not in bug.targets
+
+
+def test_a_matching_failure_is_a_known_bug_still_present_and_xfails(tmp_path: Path) -> None:
+    bugs = load(_file(tmp_path, ENTRY))
+    failing = Verdict("programs", "fail", {"examples": 3}, FAILURE)
+    v = expect(failing, cell=CELL, target="sglang-cpu", release="0.5.23", bugs=bugs)
+    assert v.status == "fail" and v.metrics == {"examples": 3}
+    assert v.reason.startswith(f"{STILL_PRESENT} (lost-prefix, https://github.com/sgl-project/sglang/issues/1)")
+    assert v.details["known_bug"]["id"] == "lost-prefix"
+    with pytest.raises(pytest.xfail.Exception, match=STILL_PRESENT):
+        settle(v)
+    rows = known_bugs_seen([{"id": CELL, "checks": {"programs": v.to_json()}}])
+    assert rows == [{"cell": CELL, "check": "programs", **v.details["known_bug"]}]
+    # anything else stays a plain, red failure
+    for other in (
+        expect(failing, cell=CELL, target="sglang-cpu", release="0.5.24", bugs=bugs),  # out of range
+        expect(failing, cell=CELL, target="reference", release="0.5.23", bugs=bugs),  # the reference engine: a kit bug
+        expect(Verdict("kl", "fail", {}, FAILURE), cell=CELL, target="sglang-cpu", release="0.5.23", bugs=bugs),  # another check
+        expect(Verdict("programs", "fail", {}, "request r1 differs from the cold computation"), cell=CELL, target="sglang-cpu",
+               release="0.5.23", bugs=bugs),  # another finding
+    ):
+        assert "known_bug" not in other.details
+        with pytest.raises(pytest.fail.Exception):
+            settle(other)
+
+
+def test_an_entry_that_stops_reproducing_is_red(tmp_path: Path) -> None:
+    bugs = load(_file(tmp_path, ENTRY))
+    still = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: FAILURE)
+    assert [r.ok for r in still] == [True] and STILL_PRESENT in still[0].line
+    fixed = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: None)
+    assert [r.ok for r in fixed] == [False] and "no longer reproduces: remove or narrow the entry" in fixed[0].line
+    other = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: "step 1: idle invariant: mamba leaked")
+    assert [r.ok for r in other] == [False] and "a different finding" in other[0].line
+    assert check_entries(bugs, target="sglang-cpu", release="0.6.0", replay=lambda b: pytest.fail("played out of range")) == []
+
+
+@pytest.mark.parametrize("body,why", [
+    (ENTRY.replace('check = "programs"\n', ""), "needs check"),
+    (ENTRY.replace('releases = ">=0.5.20,<0.5.24"', 'releases = "0.5.x"'), "is not a version range"),
+    (ENTRY.replace('id = "lost-prefix"', 'id = "Lost Prefix"'), "must be a slug"),
+    (ENTRY + 'targets = ["reference"]\n', "a kit bug"),
+    (ENTRY + 'colour = "red"\n', "unknown field 'colour'"),
+    (ENTRY.replace("REPLAY", "/nonexistent/bug.json"), "does not exist"),
+    (ENTRY + ENTRY, "appears twice"),
+    ("[[bug]\n", "not valid TOML"),
+])
+def test_a_bad_known_bugs_file_is_one_line(tmp_path: Path, body: str, why: str) -> None:
+    with pytest.raises(KitError, match=why):
+        load(_file(tmp_path, body))
+
+
+def test_the_command_plays_nothing_out_of_range_and_refuses_a_missing_file(tmp_path: Path) -> None:
+    path = _file(tmp_path, ENTRY.replace(">=0.5.20,<0.5.24", "<0.1"))
+    out = subprocess.run(["hybrid-conformance", "known-bugs", "--target", "sglang-cpu", "--file", str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "lost-prefix: not played" in out.stdout and "none in range" in out.stdout, out.stdout + out.stderr
+    out = subprocess.run(["hybrid-conformance", "known-bugs", "--file", str(tmp_path / "nope.toml")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "does not exist" in out.stderr
