@@ -28,6 +28,24 @@ def _rows_view(states: torch.Tensor, num_layers: int, strides: tuple, numel: int
     return states.as_strided((num_layers, rows, numel), (layer_stride, row_stride, 1), states.storage_offset())
 
 
+def track_mamba_states_if_needed(
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    cache_indices: torch.Tensor,
+    mamba_track_mask: torch.Tensor,
+    mamba_track_indices: torch.Tensor,
+    batch_size: int,
+) -> None:
+    """The older (one layer, row-indexed) form of the same copy (hybrid_linear_attn_backend)."""
+    if batch_size == 0:
+        return
+    mask = mamba_track_mask[:batch_size].to(torch.bool)
+    src = cache_indices[:batch_size][mask].to(torch.long)
+    dst = mamba_track_indices[:batch_size][mask].to(torch.long)
+    for states in (conv_states, ssm_states):
+        states[dst] = states[src].clone()
+
+
 def launch_track_mamba_states(
     conv_states: torch.Tensor,
     ssm_states: torch.Tensor,
@@ -142,23 +160,28 @@ BINDINGS = (
         launch_track_mamba_states,
         "replace",
         "Triton copy of conv/SSM rows into track slots (extra_buffer tracking)",
+        alternates=(("sglang.srt.layers.attention.hybrid_linear_attn_backend.track_mamba_states_if_needed",
+                     track_mamba_states_if_needed),),
     ),
     Binding(
         "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add",
         fused_gate_sigmoid_mul_add,
         "replace",
         "Triton shared-expert gate of the Qwen2-MoE block Qwen3-Next uses",
+        required=False,  # older releases gate the shared expert in torch
     ),
     Binding(
         "sglang.kernels.ops.attention.fla.layernorm_gated.layernorm_fn",
         layernorm_fn,
         "replace",
         "Triton gated norm; the CPU op path is taken only with AMX",
+        alternates=("sglang.srt.layers.attention.fla.layernorm_gated.layernorm_fn",),
     ),
     Binding(
         "sglang.kernels.ops.attention.fla.fused_norm_gate.rms_norm_gated",
         rms_norm_gated,
         "replace",
         "Triton fused gated RMSNorm; the CPU op path is taken only with AMX",
+        alternates=("sglang.srt.layers.attention.fla.fused_norm_gate.rms_norm_gated",),
     ),
 )
