@@ -62,9 +62,9 @@ class SGLangCpuTarget:
 
     def server_args(self, cell: Cell, *, port: int) -> list[str]:
         base = SGLangTarget(twins=True, launcher=f"{self.python} -m sglang.launch_server")
-        from conformance.reference.model import load_twin  # generates the twin on first use
+        from conformance.reference.twins import ensure_twin  # the folder (generated on first use); no model load
 
-        args = base.server_args(cell, model_path=str(load_twin(cell.model.twin).path), port=port)
+        args = base.server_args(cell, model_path=str(ensure_twin(cell.model.twin)), port=port)
         args += [
             "--device", "cpu",
             "--attention-backend", "torch_native",
