@@ -49,6 +49,8 @@ class Row:
     check: str
     status: str  # pass | fail | na
     reason: str = ""
+    cell: str = ""  # the matrix cell (server-level rows), "" for release-level rows
+    replay: str = ""  # a FAIL's replay file (request programs), copied under the history's --out
 
 
 def default_venv_dir() -> Path:
@@ -254,28 +256,82 @@ def _aggregate(release: str, check: str, outcomes: list[tuple[str, str, str]]) -
     return Row(release, check, "na", "no cell of the selected tier applies" if outcomes else "not collected")
 
 
-def sglang_cpu_row(release: str, venv: Path, features: dict, *, requested: bool, tier: str) -> Row:
-    """The hook for the sglang-cpu target's premerge set (n/a with the reason when it cannot run)."""
-    check = "sglang-cpu premerge"
+SGLANG_CPU = "sglang-cpu"
+CPU_SUITES = ("agreement", "kl", "prefix_branching", "gsm8k", "leaks", "programs")  # the premerge set + programs at its budget
+_CPU_STATUS = {"pass": "pass", "fail": "fail", "error": "fail", "skip": "na"}
+
+
+def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool, tier: str, out_dir: Path | None = None) -> list[Row]:
+    """The sglang-cpu premerge set and the request programs on this release: one row per
+    (cell, check) from the run's report.json; n/a rows (SGLang's own line) for the cells of a
+    strategy the release's parser refuses; one row when it cannot run at all."""
+    check = SGLANG_CPU
     if not (ROOT / "conformance" / "targets" / "sglang_cpu.py").exists():
-        return Row(release, check, "na", "the sglang-cpu target is not in this kit")
-    if not features.get("sglang_cpu_capable"):
-        return Row(release, check, "na", f"sglang {release} lacks an extension point the sglang-cpu target runs through (general plugins, "
-                   "out-of-tree platforms, the platform's support_mamba_cache_extra_buffer answer)")
+        return [Row(release, check, "na", "the sglang-cpu target is not in this kit")]
+    gap = features.get("sglang_cpu_gap")
+    if gap:
+        return [Row(release, check, "na", gap)]
     if not requested:
-        return Row(release, check, "na", "not requested (--with-sglang-cpu runs it; minutes per release)")
+        return [Row(release, check, "na", "not requested (--with-sglang-cpu runs it; minutes per release)")]
+    from conformance.matrix import load_matrix
+    from conformance.strategy import STRATEGIES
+
+    cells = load_matrix().select(target=SGLANG_CPU, tier=tier)
+    accepted = [s for s in STRATEGIES if s in features.get("strategies", ())]
+    rows = [Row(release, check, "na", _refused(features, c.strategy.name), cell=c.id) for c in cells if c.strategy.name not in accepted]
+    if not any(c.strategy.name in accepted for c in cells):
+        return rows or [Row(release, check, "na", "no sglang-cpu cell of the tier")]
     with tempfile.TemporaryDirectory(prefix="history-cpu-") as tmp:
-        argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", "sglang-cpu", "--tier", tier, "--report-dir", tmp, "-n", "1"]
+        argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", SGLANG_CPU, "--tier", tier, "--report-dir", tmp,
+                "-n", "1", "--suite", ",".join(CPU_SUITES), "--strategies", ",".join(accepted)]
         out = _run(argv, timeout=CPU_TIMEOUT_S, env=venv_env(venv))
-    if out.returncode == 0:
-        return Row(release, check, "pass", _last_line(out.stdout))
-    return Row(release, check, "fail", f"exit {out.returncode}: {_last_line(out.stderr or out.stdout)}")
+        report_file = Path(tmp) / "report.json"
+        if not report_file.exists():
+            return rows + [Row(release, check, "fail", f"exit {out.returncode}, no report.json: {_last_line(out.stderr or out.stdout)}")]
+        report = json.loads(report_file.read_text())
+        rows += report_rows(release, report, replay_dir=(out_dir / "replays" / release) if out_dir else None)
+        if not report.get("complete", True):
+            why = "; ".join(report.get("incomplete_reasons") or []) or "incomplete"
+            rows.append(Row(release, f"{check} run", "fail", f"exit {out.returncode}: the run is incomplete: {why}"[:400]))
+    return rows
+
+
+def _refused(features: dict, strategy: str) -> str:
+    from conformance.sglang_api.probes import Features
+
+    known = {k: v for k, v in features.items() if k in Features.__dataclass_fields__}
+    known["strategies"] = tuple(known.get("strategies") or ())
+    return Features(**known).not_applicable(strategy) or f"sglang {features.get('version')}: {strategy} not accepted"
+
+
+def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -> list[Row]:
+    """report.json -> one row per (cell, check): pass; fail for a finding or an error; n/a for
+    a skip (its stated reason) and for a cell the run declared not applicable."""
+    import shutil
+
+    rows = []
+    for cell in report.get("cells", []):
+        cid = cell.get("id", "?")
+        if cell.get("not_applicable"):
+            rows.append(Row(release, SGLANG_CPU, "na", str(cell["not_applicable"]), cell=cid))
+            continue
+        for name, verdict in (cell.get("checks") or {}).items():
+            status = _CPU_STATUS.get(verdict.get("status"), "fail")
+            replay = str((verdict.get("details") or {}).get("failure_file") or "") if isinstance(verdict.get("details"), dict) else ""
+            if replay and replay_dir is not None and Path(replay).is_file():
+                replay_dir.mkdir(parents=True, exist_ok=True)
+                replay = str(shutil.copy2(replay, replay_dir / Path(replay).name))
+            reason = " ".join(str(verdict.get("reason") or ("" if status == "pass" else verdict.get("status"))).split())[:400]
+            rows.append(Row(release, f"{SGLANG_CPU}:{name}", status, reason, cell=cid, replay=replay))
+    for cid in report.get("cells_not_run") or []:
+        rows.append(Row(release, SGLANG_CPU, "fail", "cell not run", cell=str(cid)))
+    return rows
 
 
 # ------------------------------------------------------------------ the command
 
 def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Sequence[str] = CHECKS, with_sglang_cpu: bool = False,
-            reinstall: bool = False, log: Callable[[str], None] = print) -> tuple[list[Row], dict[str, str]]:
+            reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None) -> tuple[list[Row], dict[str, str]]:
     rows: list[Row] = []
     probes: dict[str, str] = {}
     for release in releases:
@@ -301,23 +357,37 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
         if "pool" in checks:
             rows += pool_rows(release, venv, tier, machine="machine" in checks)
         if "sglang-cpu" in checks:
-            rows.append(sglang_cpu_row(release, venv, features, requested=with_sglang_cpu, tier=tier))
+            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir)
         log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
     return rows, probes
 
 
+def fold(rows: Sequence[Row]) -> dict[tuple[str, str], tuple[str, list[Row]]]:
+    """(release, check) -> (status, its rows): a check of several cells is FAIL when any cell
+    failed, pass when any passed and none failed, n/a only when every cell was n/a."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.release, r.check), []).append(r)
+    out = {}
+    for key, group in groups.items():
+        statuses = {r.status for r in group}
+        out[key] = ("fail" if "fail" in statuses else "pass" if "pass" in statuses else "na", group)
+    return out
+
+
 def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:
     checks = list(dict.fromkeys(r.check for r in rows))
-    cell = {(r.release, r.check): r for r in rows}
+    cell = fold(rows)
     width = max([len("check")] + [len(c) for c in checks]) + 2
     lines = ["check".ljust(width) + "".join(rel.ljust(10) for rel in releases)]
     for check in checks:
         marks = []
         for rel in releases:
             r = cell.get((rel, check))
-            marks.append(("-" if r is None else {"pass": "pass", "fail": "FAIL", "na": "n/a"}[r.status]).ljust(10))
+            marks.append(("-" if r is None else {"pass": "pass", "fail": "FAIL", "na": "n/a"}[r[0]]).ljust(10))
         lines.append(check.ljust(width) + "".join(marks))
-    notes = [f"  {r.release} {r.check}: {'FAIL' if r.status == 'fail' else 'n/a'}: {r.reason}" for r in rows if r.status != "pass"]
+    notes = [f"  {r.release} {r.check}{' [' + r.cell + ']' if r.cell else ''}: {'FAIL' if r.status == 'fail' else 'n/a'}: {r.reason}"
+             + (f" (replay: {r.replay})" if r.replay else "") for r in rows if r.status != "pass"]
     if notes:
         lines += ["", "why (fail and n/a):", *notes]
     return "\n".join(lines)
@@ -334,10 +404,15 @@ def run_history(args) -> int:
     as_json = args.format == "json"
     log = (lambda line: print(f"hybrid-conformance: {line}", file=sys.stderr)) if as_json else print
     checks = parse_checks(args.checks)
-    rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu, reinstall=args.reinstall, log=log)
+    out_dir = Path(args.out)
+    rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu,
+                           reinstall=args.reinstall, log=log, out_dir=out_dir)
     failed = failed_releases(rows)
+    doc = {"rows": [asdict(r) for r in rows], "probes": probes}
+    write_outputs(out_dir, doc, releases)
+    log(f"history: {out_dir / 'history.json'} and {out_dir / 'history.html'}")
     if as_json:
-        print(json.dumps({"rows": [asdict(r) for r in rows], "probes": probes}, indent=2))
+        print(json.dumps(doc, indent=2))
     else:
         print(render_table(rows, releases))
         verdict = f"{len(failed)} of {len(releases)} releases failed ({', '.join(failed)})" if failed else f"all {len(releases)} releases passed"
@@ -354,3 +429,14 @@ def add_parser(sub) -> None:
     p.add_argument("--checks", help=f"comma list of {', '.join(CHECKS)} (default: all; machine is the pool tier's state machine)")
     p.add_argument("--with-sglang-cpu", action="store_true", help="also run the sglang-cpu target's premerge set where it can run")
     p.add_argument("--reinstall", action="store_true", help="rebuild each release's venv")
+    p.add_argument("--out", default="reports/history", help="where history.json, history.html and FAILs' replay files go (default: %(default)s)")
+
+
+def write_outputs(out_dir: Path, doc: dict, releases: Sequence[str]) -> None:
+    """history.json (the --format json document) and history.html (release x check grid)."""
+    from conformance.history_html import render_html
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "history.json").write_text(json.dumps(doc, indent=2))
+    rows = [Row(**r) for r in doc["rows"]]
+    (out_dir / "history.html").write_text(render_html(rows, releases, doc.get("probes", {}), base=out_dir))

@@ -37,6 +37,9 @@ DTYPES = ("float32", "bfloat16")
 MAX_TOTAL_TOKENS = 8192
 CONTEXT_LENGTH = 4096
 MAX_MAMBA_CACHE_SIZE = 48
+#: SGLang up to 0.5.13 derives ``grpc_port = port + 10000`` unless SGLANG_GRPC_PORT is set
+#: and refuses to start when that exceeds 65535 (a free port is often above 55535).
+GRPC_OFFSET = 10000
 
 
 def _platform_answers_extra_buffer() -> bool:
@@ -116,9 +119,12 @@ class SGLangCpuTarget:
 
     def launch_spec(self, cell: Cell, *, port: int, gpus: list[int] | None = None) -> LaunchSpec:
         argv = [self.python, "-m", "sglang.launch_server", *self.server_args(cell, port=port)]
+        env = self.env(cell)
+        if port + GRPC_OFFSET > 65535:  # SGLang 0.5.13 and older refuse a derived gRPC port above 65535
+            env.setdefault("SGLANG_GRPC_PORT", str(port - GRPC_OFFSET))
         return LaunchSpec(
             argv=argv,
-            env=self.env(cell),
+            env=env,
             port=port,
             health_path="/health_generate",
             start_timeout_s=600.0,
