@@ -2,7 +2,7 @@
 
 Not feature detection (that is ``probes``): these are measured install requirements.
 An older release imported with the kit's transformers fails with "'qwen3_asr' is already
-used by a Transformers config"; measured working sets: transformers 5.6.0 for 0.5.12,
+used by a Transformers config"; measured working sets: transformers 5.6.0 for 0.5.11 and 0.5.12,
 5.8.1 for 0.5.13, 5.12.1 for 0.5.18, the kit's own pin (ci/requirements-cpu.txt) from
 0.5.22.  A release takes the row of the newest range start at or below it.
 
@@ -17,7 +17,7 @@ import sys
 
 # first release of a range -> pins installed (with their dependencies) over the kit's set
 RANGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("0.5.12", ("transformers==5.6.0",)),
+    ("0.5.11", ("transformers==5.6.0",)),  # 0.5.11's own Requires-Dist, as 0.5.12
     ("0.5.13", ("transformers==5.8.1",)),
     ("0.5.18", ("transformers==5.12.1",)),
     ("0.5.22", ()),

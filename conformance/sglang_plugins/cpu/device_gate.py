@@ -3,7 +3,7 @@
 From 0.5.22 SGLang asks the platform (``SRTPlatform.support_mamba_cache_extra_buffer``) and
 the kit's out-of-tree platform answers.  Before, ``ServerArgs._handle_mamba_radix_cache``
 asserts ``is_cuda() or is_musa() or is_npu()`` ("Mamba extra_buffer is only supported on
-CUDA and MUSA and NPU devices") whatever the platform.  This AROUND hook, registered
+CUDA and MUSA and NPU devices"; 0.5.11 without NPU) whatever the platform.  This AROUND hook, registered
 through SGLang's own ``HookRegistry`` in the process that parses the server arguments,
 answers that one device question for ``--device cpu`` while the method runs: the gate's
 ``is_musa`` (the last-resort device of the three, read nowhere else in the method: checked
@@ -19,7 +19,7 @@ import pkgutil
 from typing import Any, Callable
 
 TARGET = "sglang.srt.server_args.ServerArgs._handle_mamba_radix_cache"
-GATE = "is_cuda() or is_musa() or is_npu()"
+GATE = "Mamba extra_buffer is only supported on"  # the assert's message (0.5.11: CUDA and MUSA; 0.5.12-0.5.21: and NPU)
 ANSWERED = "is_musa"  # the name the hook answers while the method runs
 
 
