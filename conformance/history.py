@@ -118,12 +118,16 @@ print(json.dumps({"sglang_file": sglang.__file__, "versions": {n: md.version(n) 
 """
 
 
-def ensure_venv(release: str, root: Path, *, reinstall: bool = False, python: str = sys.executable) -> Path:
-    """The venv for ``release`` (made once, then reused); KitError with one line on failure."""
-    venv = root / f"sglang-{release}"
+def ensure_venv(release: str, root: Path, *, reinstall: bool = False, python: str = sys.executable,
+                spec: str | None = None, name: str | None = None) -> Path:
+    """The venv for ``release`` (made once, then reused); KitError with one line on failure.
+    ``spec``/``name``: what pip installs as sglang (default ``sglang==<release>``) and the
+    venv's folder name (default ``sglang-<release>``): a source checkout's ``python/`` folder
+    in a venv named by its commit (``conformance.sglang_source``)."""
+    venv = root / (name or f"sglang-{release}")
     pins = pins_for(release)
     ready = venv / READY
-    want = {"release": release, "pins": list(pins)}
+    want = {"release": release, "pins": list(pins)} | ({"spec": spec} if spec else {})
     if not reinstall and ready.exists() and json.loads(ready.read_text()) == want:
         return venv
     if ready.exists():
@@ -133,7 +137,8 @@ def ensure_venv(release: str, root: Path, *, reinstall: bool = False, python: st
         made = _run([python, "-m", "venv", "--system-site-packages", str(venv)], timeout=300)
         if made.returncode:
             raise KitError(f"sglang {release}: python -m venv failed: {_last_line(made.stderr)}")
-    env = dict(os.environ, PYTHON=str(venv / "bin" / "python"), HYBRID_CONFORMANCE_SGLANG=f"sglang=={release}")
+    env = dict(os.environ, PYTHON=str(venv / "bin" / "python"), HYBRID_CONFORMANCE_SGLANG=spec or f"sglang=={release}",
+               HYBRID_CONFORMANCE_SGLANG_PINS_FOR=release)
     setup = _run(["bash", str(ROOT / "ci" / "setup-cpu.sh")], timeout=SETUP_TIMEOUT_S, env=env)
     if setup.returncode:
         raise KitError(f"sglang {release}: ci/setup-cpu.sh failed: {_last_line(setup.stderr or setup.stdout)}")
@@ -331,13 +336,21 @@ def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -
 # ------------------------------------------------------------------ the command
 
 def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Sequence[str] = CHECKS, with_sglang_cpu: bool = False,
-            reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None) -> tuple[list[Row], dict[str, str]]:
+            reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None,
+            sources: Sequence[str] = ()) -> tuple[list[Row], dict[str, str]]:
+    """Rows for each release, then for each source checkout (column ``src-<commit>``)."""
+    from conformance.sglang_source import checkout, ensure_source_venv
+
     rows: list[Row] = []
     probes: dict[str, str] = {}
-    for release in releases:
+    installs: list[tuple[str, Callable[[], Path]]] = [(r, lambda r=r: ensure_venv(r, venv_dir, reinstall=reinstall)) for r in releases]
+    for path in sources:
+        co = checkout(path)
+        installs.append((co.label, lambda co=co: ensure_source_venv(co, venv_dir, reinstall=reinstall)))
+    for release, install in installs:
         start = time.monotonic()
         try:
-            venv = ensure_venv(release, venv_dir, reinstall=reinstall)
+            venv = install()
         except KitError as e:
             rows.append(Row(release, "install", "fail", str(e)))
             continue
@@ -398,7 +411,13 @@ def failed_releases(rows: Sequence[Row]) -> list[str]:
 
 
 def run_history(args) -> int:
-    releases = parse_releases(args.releases)
+    from conformance.sglang_source import checkout
+
+    if not args.releases and not args.sglang_source:
+        raise KitError("history: give --releases, --sglang-source or both")
+    releases = parse_releases(args.releases) if args.releases else []
+    sources = [args.sglang_source] if args.sglang_source else []
+    columns = [*releases, *(checkout(p).label for p in sources)]
     venv_dir = Path(args.venv_dir).expanduser() if args.venv_dir else default_venv_dir()
     start = time.monotonic()
     as_json = args.format == "json"
@@ -406,23 +425,26 @@ def run_history(args) -> int:
     checks = parse_checks(args.checks)
     out_dir = Path(args.out)
     rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu,
-                           reinstall=args.reinstall, log=log, out_dir=out_dir)
+                           reinstall=args.reinstall, log=log, out_dir=out_dir, sources=sources)
     failed = failed_releases(rows)
     doc = {"rows": [asdict(r) for r in rows], "probes": probes}
-    write_outputs(out_dir, doc, releases)
+    if sources:
+        doc["sources"] = {co.label: {"path": str(co.path), "commit": co.commit, "version": co.version} for co in map(checkout, sources)}
+    write_outputs(out_dir, doc, columns)
     log(f"history: {out_dir / 'history.json'} and {out_dir / 'history.html'}")
     if as_json:
         print(json.dumps(doc, indent=2))
     else:
-        print(render_table(rows, releases))
-        verdict = f"{len(failed)} of {len(releases)} releases failed ({', '.join(failed)})" if failed else f"all {len(releases)} releases passed"
+        print(render_table(rows, columns))
+        verdict = f"{len(failed)} of {len(columns)} releases failed ({', '.join(failed)})" if failed else f"all {len(columns)} releases passed"
         print(f"history: {verdict} in {time.monotonic() - start:.0f} s; venvs in {venv_dir}")
     return 1 if failed else 0
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("history", help="run the pool tier (and more) on each SGLang release of a list, print release x check")
-    p.add_argument("--releases", required=True, help="comma list of SGLang releases, e.g. 0.5.12,0.5.13")
+    p.add_argument("--releases", help="comma list of SGLang releases, e.g. 0.5.12,0.5.13")
+    p.add_argument("--sglang-source", metavar="PATH", help="also an SGLang git checkout (column src-<commit>): its python/ installed --no-deps in a venv keyed by its commit")
     p.add_argument("--venv-dir", help=f"where the per-release venvs live (default: ${VENVS_ENV} or ~/.cache/hybrid-conformance/venvs)")
     p.add_argument("--tier", choices=("premerge", "standard", "nightly"), default="premerge", help="matrix tier for the pool tier and plan --validate (default: %(default)s)")
     p.add_argument("--format", choices=("table", "json"), default="table")
