@@ -73,9 +73,11 @@ def install(role: str) -> dict[str, Any]:
         for home, impl in homes:
             module_path, _, attr = home.rpartition(".")
             owner = pkgutil.resolve_name(module_path)
-            if b.how == "bind" and not hasattr(owner, attr):
+            if b.how in ("bind", "constant") and not hasattr(owner, attr):
                 setattr(owner, attr, impl)
                 bound.append(home)
+            elif b.how == "constant":
+                continue  # the release binds it itself
             else:
                 _register_replace(home, impl)
                 replaced.append(home)
@@ -87,7 +89,7 @@ def install(role: str) -> dict[str, Any]:
             f"(written for another release?): {', '.join(missing_targets)}"
         )
     HookRegistry.apply_hooks()  # load_plugins() applies again afterwards; already-patched targets are skipped
-    missing = [t for t in replaced + bound if not _is_ours(pkgutil.resolve_name(t), _impl_of(t))]
+    missing = [t for t in replaced + bound if not _is_ours(pkgutil.resolve_name(t), _impl_of(t)) and pkgutil.resolve_name(t) != _impl_of(t)]
     if missing:
         raise InstallError(f"stand-ins did not take effect: {', '.join(missing)}")
     done["replaced"], done["bound"], done["absent"] = replaced, bound, absent
@@ -101,7 +103,7 @@ def _resolves(home: str, how: str) -> bool:
         owner = pkgutil.resolve_name(module_path)
     except (ImportError, AttributeError, ValueError):
         return False
-    return how == "bind" or hasattr(owner, attr)
+    return how in ("bind", "constant") or hasattr(owner, attr)
 
 
 def _impl_of(target: str) -> Any:

@@ -9,7 +9,9 @@ An ops module (``gdn_ops``, ``mamba2_ops``, ...) exports two tuples:
   (``target`` = ``"sgl_kernel.mamba.causal_conv1d_fn_cpu"``); ``how="replace"`` is a
   REPLACE hook in SGLang's own hook registry (``target`` = SGLang's dotted path);
   ``how="bind"`` defines a module global that SGLang leaves unbound on CPU (its
-  ``if is_cuda(): from ... import ...`` blocks), so the hook registry cannot resolve it.
+  ``if is_cuda(): from ... import ...`` blocks), so the hook registry cannot resolve it;
+  ``how="constant"`` likewise defines a module-level constant SGLang imports only off CPU
+  (``impl`` is the value; a release that binds it keeps its own).
 
 A symbol that moved between SGLang releases names its older homes in ``alternates``: a
 dotted path (same call signature, same impl) or a ``(path, impl)`` pair (an older helper
@@ -26,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-HOW = ("standin", "replace", "bind")
+HOW = ("standin", "replace", "bind", "constant")
 
 
 @dataclass(frozen=True)

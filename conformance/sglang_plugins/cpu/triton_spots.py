@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from conformance.sglang_plugins.cpu.gdn_ops import CHUNK
 from conformance.sglang_plugins.cpu.spec import Binding
 
 TORCH_OPS = ()
@@ -149,6 +150,14 @@ def topk_softmax(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_outp
 
 
 BINDINGS = (
+    Binding(
+        "sglang.srt.layers.attention.hybrid_linear_attn_backend.FLA_CHUNK_SIZE",
+        CHUNK,
+        "constant",
+        "the GDN chunk the extra_buffer prefill tracking divides by; 0.5.12 and older import it "
+        "from the FLA kernels only off CPU (NameError on CPU); the kit's prefill h uses the same chunk",
+        required=False,
+    ),
     Binding(
         "sglang.srt.layers.moe.topk.topk_softmax",
         topk_softmax,
