@@ -32,19 +32,37 @@ import time
 from typing import Any, Callable
 
 TARGET = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter._maybe_log_idle_metrics"
+#: Before the scheduler's components were split out (0.5.12 and older) the idle publisher is
+#: a Scheduler mixin method, so its ``self`` is the scheduler itself.
+LEGACY_TARGET = "sglang.srt.managers.scheduler_runtime_checker_mixin.SchedulerRuntimeCheckerMixin._maybe_log_idle_metrics"
 STEP_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 MIN_INTERVAL_S = 0.2
 PREFIX = "hybrid_conformance:"
 
+def _first(*readers: Callable[[Any], float]) -> Callable[[Any], float]:
+    """The first reader that works on this release (newest first)."""
+    def read(s: Any) -> float:
+        for reader in readers[:-1]:
+            try:
+                return reader(s)
+            except AttributeError:
+                continue
+        return readers[-1](s)
+
+    return read
+
+
 #: name -> reader of the scheduler; a reader that fails (a release without that
-#: attribute) leaves the gauge unpublished rather than guessing.
+#: attribute) leaves the gauge unpublished rather than guessing.  Where the term moved, the
+#: older release's own accessor (0.5.12's scheduler mixin methods) follows the newest.
 READERS: dict[str, Callable[[Any], float]] = {
     "mamba_total": lambda s: s.req_to_token_pool.mamba_pool.size,
     "mamba_protected": lambda s: s.tree_cache.mamba_protected_size(),
-    "mamba_session_held": lambda s: s.pool_stats_observer.session_held_mamba_slots(),
-    "kv_total": lambda s: s.req_to_token_pool.schedulable_token_capacity(s.token_to_kv_pool_allocator.size),
+    "mamba_session_held": _first(lambda s: s.pool_stats_observer.session_held_mamba_slots(), lambda s: s._session_held_mamba_slots()),
+    "kv_total": _first(lambda s: s.req_to_token_pool.schedulable_token_capacity(s.token_to_kv_pool_allocator.size),
+                       lambda s: s.token_to_kv_pool_allocator.size),
     "kv_protected": lambda s: s.tree_cache.full_protected_size(),
-    "kv_session_held": lambda s: s.pool_stats_observer.session_held_tokens(),
+    "kv_session_held": _first(lambda s: s.pool_stats_observer.session_held_tokens(), lambda s: s._session_held_tokens()),
     "running_reqs": lambda s: len(s.running_batch.reqs),
     "waiting_reqs": lambda s: len(s.waiting_queue),
 }
@@ -128,7 +146,8 @@ class _Exporter:
 
     def pools(self, scheduler: Any) -> None:
         """Account the pools' used terms before one batch (any mode) runs."""
-        stats = scheduler.pool_stats_observer.get_pool_stats()
+        observer = getattr(scheduler, "pool_stats_observer", None)
+        stats = observer.get_pool_stats() if observer is not None else scheduler.get_pool_stats()
         self._open_window()
         self.gauge("busy_periods").set(self.track["busy_periods"])
         for name, used in (("mamba_used_peak", stats.mamba_num_used), ("kv_used_peak", stats.full_num_used)):
@@ -149,7 +168,7 @@ def idle_publish(original: Callable, reporter: Any, *args: Any, **kwargs: Any) -
     result = original(reporter, *args, **kwargs)
     if due and collector is not None and getattr(reporter, "current_scheduler_metrics_enabled", False):
         _EXPORTER.last = now
-        _EXPORTER.publish(reporter.scheduler)
+        _EXPORTER.publish(getattr(reporter, "scheduler", reporter))  # the legacy publisher is the scheduler
     return result
 
 
@@ -174,10 +193,15 @@ def install(role: str) -> dict[str, Any]:
 
     owner, attr = STEP_TARGET.rsplit(".", 1)
     before = getattr(pkgutil.resolve_name(owner), attr)
-    HookRegistry.register(TARGET, idle_publish, HookType.AROUND)
+    idle_target = TARGET
+    try:
+        pkgutil.resolve_name(TARGET)
+    except (ImportError, AttributeError):
+        idle_target = LEGACY_TARGET
+    HookRegistry.register(idle_target, idle_publish, HookType.AROUND)
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
     HookRegistry.apply_hooks()
     if getattr(pkgutil.resolve_name(owner), attr) is before:  # SGLang logs a failed hook and carries on
         raise RuntimeError(f"hook on {STEP_TARGET} was not applied")
     gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES)) + [PREFIX + "idle_publish_seq"]
-    return {"around": [TARGET], "before": [STEP_TARGET], "gauges": gauges}
+    return {"around": [idle_target], "before": [STEP_TARGET], "gauges": gauges}
