@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         if getattr(args, "sglang_source", None):  # run / fuzz / mutants against a checkout: re-run in its venv
-            from conformance.sglang_source import rerun_in_source
+            from conformance.history import rerun_in_source
 
             return rerun_in_source(argv, args.sglang_source)
         if args.command == "serve":

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from conformance.errors import KitError
+from conformance.history_html import fold
 from conformance.sglang_api.release_pins import pins_for, release_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,6 +154,22 @@ def ensure_venv(release: str, root: Path, *, reinstall: bool = False, python: st
         raise KitError(f"sglang {release}: the venv does not shadow the system's packages: {wrong} (expected {expected})")
     ready.write_text(json.dumps(want))
     return venv
+
+
+def ensure_source_venv(co, venv_dir: Path, *, reinstall: bool = False) -> Path:
+    """The venv of a source checkout (``conformance.sglang_source.Checkout``), keyed by its commit."""
+    return ensure_venv(co.version, venv_dir, reinstall=reinstall, spec=str(co.path / "python"), name=co.venv_name)
+
+
+def rerun_in_source(argv: Sequence[str], path: str, *, venv_dir: Path | None = None) -> int:
+    """``hybrid-conformance <argv>`` (``--sglang-source`` removed) inside the checkout's venv."""
+    from conformance.sglang_source import SOURCE_ENV, checkout, without_flag
+
+    co = checkout(path)
+    venv = ensure_source_venv(co, venv_dir or default_venv_dir())
+    print(f"hybrid-conformance: sglang from {co.path} at {co.commit[:12]} (version {co.version}) in {venv}", file=sys.stderr)
+    env = venv_env(venv) | {SOURCE_ENV: f"{co.path}@{co.commit}"}
+    return subprocess.call([str(venv / "bin" / "python"), "-m", "conformance.cli", *without_flag(argv)], env=env)
 
 
 # ------------------------------------------------------------------ checks
@@ -339,7 +356,7 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
             reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None,
             sources: Sequence[str] = ()) -> tuple[list[Row], dict[str, str]]:
     """Rows for each release, then for each source checkout (column ``src-<commit>``)."""
-    from conformance.sglang_source import checkout, ensure_source_venv
+    from conformance.sglang_source import checkout
 
     rows: list[Row] = []
     probes: dict[str, str] = {}
@@ -373,19 +390,6 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
             rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir)
         log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
     return rows, probes
-
-
-def fold(rows: Sequence[Row]) -> dict[tuple[str, str], tuple[str, list[Row]]]:
-    """(release, check) -> (status, its rows): a check of several cells is FAIL when any cell
-    failed, pass when any passed and none failed, n/a only when every cell was n/a."""
-    groups: dict[tuple[str, str], list[Row]] = {}
-    for r in rows:
-        groups.setdefault((r.release, r.check), []).append(r)
-    out = {}
-    for key, group in groups.items():
-        statuses = {r.status for r in group}
-        out[key] = ("fail" if "fail" in statuses else "pass" if "pass" in statuses else "na", group)
-    return out
 
 
 def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:

@@ -1,7 +1,7 @@
 """``history.html``: the release x check grid of ``hybrid-conformance history``, for a person.
 
 One row per check, one column per release; a cell is pass / FAIL / n/a (folded over the
-matrix cells as ``history.fold`` does, with how many cells each status had); every FAIL
+matrix cells by :func:`fold`, with how many cells each status had); every FAIL
 and n/a is listed under the grid with its cell and reason, and a FAIL with a replay file
 links to it (relative to the page, so the folder can be uploaded as it is).
 """
@@ -20,14 +20,25 @@ li{font-size:13px;margin:2px 0}"""
 MARK = {"pass": "pass", "fail": "FAIL", "na": "n/a"}
 
 
+def fold(rows: Sequence) -> dict[tuple[str, str], tuple[str, list]]:
+    """(release, check) -> (status, its rows): a check of several cells is FAIL when any cell
+    failed, pass when any passed and none failed, n/a only when every cell was n/a."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.release, r.check), []).append(r)
+    out = {}
+    for key, group in groups.items():
+        statuses = {r.status for r in group}
+        out[key] = ("fail" if "fail" in statuses else "pass" if "pass" in statuses else "na", group)
+    return out
+
+
 def _link(path: str, base: Path | None) -> str:
     target = os.path.relpath(path, base) if base is not None and os.path.isabs(path) else path
     return f'<a href="{html.escape(target)}">replay</a>'
 
 
 def render_html(rows: Sequence, releases: Sequence[str], probes: Mapping[str, str], *, base: Path | None = None) -> str:
-    from conformance.history import fold
-
     folded = fold(rows)
     checks = list(dict.fromkeys(r.check for r in rows))
     head = "".join(f"<th>{html.escape(r)}</th>" for r in releases)

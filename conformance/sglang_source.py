@@ -2,11 +2,12 @@
 
 The checkout's ``python/`` folder is installed without dependencies into its own venv
 under the history venv folder, named by the checkout's commit
-(``sglang-src-<commit 12>``, made once by ``history.ensure_venv`` through
+(``sglang-src-<commit 12>``, made once by ``history.ensure_source_venv`` through
 ``ci/setup-cpu.sh``; the release pins follow the version in ``python/pyproject.toml``).
 ``history`` runs it as one more column (``src-<commit 12>``); ``run``, ``fuzz`` and
-``mutants`` re-run themselves inside that venv with :data:`SOURCE_ENV` set, so the
-report's ``versions`` records the checkout's path and commit.
+``mutants`` re-run themselves inside that venv (``history.rerun_in_source``) with
+:data:`SOURCE_ENV` set, so the report's ``versions`` records the checkout's path and
+commit.  This module imports nothing of the kit but its errors.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -58,12 +58,6 @@ def checkout(path: str | Path) -> Checkout:
     return Checkout(root, out.stdout.strip(), m.group(1))
 
 
-def ensure_source_venv(co: Checkout, venv_dir: Path, *, reinstall: bool = False) -> Path:
-    from conformance.history import ensure_venv
-
-    return ensure_venv(co.version, venv_dir, reinstall=reinstall, spec=str(co.path / "python"), name=co.venv_name)
-
-
 def recorded() -> dict[str, str] | None:
     """The checkout this process runs against ({"path", "commit"}), None for an installed release."""
     value = os.environ.get(SOURCE_ENV)
@@ -84,14 +78,3 @@ def without_flag(argv: Sequence[str]) -> list[str]:
         elif not a.startswith(f"{FLAG}="):
             out.append(a)
     return out
-
-
-def rerun_in_source(argv: Sequence[str], path: str, *, venv_dir: Path | None = None) -> int:
-    """Run ``hybrid-conformance <argv>`` inside the checkout's venv; its exit code."""
-    from conformance.history import default_venv_dir, venv_env
-
-    co = checkout(path)
-    venv = ensure_source_venv(co, venv_dir or default_venv_dir())
-    print(f"hybrid-conformance: sglang from {co.path} at {co.commit[:12]} (version {co.version}) in {venv}", file=sys.stderr)
-    env = venv_env(venv) | {SOURCE_ENV: f"{co.path}@{co.commit}"}
-    return subprocess.call([str(venv / "bin" / "python"), "-m", "conformance.cli", *without_flag(argv)], env=env)
