@@ -185,3 +185,19 @@ def test_sglang_source_bad_path_is_one_line_through_the_console_script(verb, tmp
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1, out.stderr
     assert "not an SGLang checkout (no python/pyproject.toml)" in lines[0] and "Traceback" not in out.stderr
+
+
+def test_history_keeps_sglang_source_as_a_column_and_run_re_runs(monkeypatch, tmp_path):
+    """history adds the checkout as a column (never re-runs itself in the checkout's venv);
+    run/fuzz/mutants re-run in it."""
+    from conformance import cli, history
+
+    seen = {}
+    monkeypatch.setattr(history, "history", lambda releases, **k: seen.update(releases=releases, sources=k["sources"]) or ([], {}))
+    monkeypatch.setattr(history, "rerun_in_source", lambda argv, path: seen.update(rerun=(argv, path)) or 0)
+    monkeypatch.setattr("conformance.sglang_source.checkout", lambda p: type("C", (), {"label": "src-x", "path": p, "commit": "c", "version": "v"})())
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["history", "--releases", "0.5.23", "--sglang-source", "ck", "--checks", "validate"]) == 0
+    assert seen == {"releases": ["0.5.23"], "sources": ["ck"]}
+    assert cli.main(["run", "--tier", "premerge", "--sglang-source", "ck"]) == 0
+    assert seen["rerun"] == (["run", "--tier", "premerge", "--sglang-source", "ck"], "ck")
