@@ -36,13 +36,18 @@ def track_mamba_states_if_needed(
     mamba_track_mask: torch.Tensor,
     mamba_track_indices: torch.Tensor,
     batch_size: int,
+    check_freed_slots: bool = False,
 ) -> None:
-    """The older (one layer, row-indexed) form of the same copy (hybrid_linear_attn_backend)."""
+    """The older (one layer, row-indexed) form of the same copy (hybrid_linear_attn_backend;
+    0.5.16 adds ``check_freed_slots``: skip a request whose slots were freed, index < 0)."""
     if batch_size == 0:
         return
     mask = mamba_track_mask[:batch_size].to(torch.bool)
     src = cache_indices[:batch_size][mask].to(torch.long)
     dst = mamba_track_indices[:batch_size][mask].to(torch.long)
+    if check_freed_slots:
+        keep = (src >= 0) & (dst >= 0)
+        src, dst = src[keep], dst[keep]
     for states in (conv_states, ssm_states):
         states[dst] = states[src].clone()
 
@@ -177,7 +182,8 @@ BINDINGS = (
         fused_gate_sigmoid_mul_add,
         "replace",
         "Triton shared-expert gate of the Qwen2-MoE block Qwen3-Next uses",
-        required=False,  # older releases gate the shared expert in torch
+        alternates=("sglang.kernels.ops.layernorm.elementwise.fused_gate_sigmoid_mul_add",),  # 0.5.16
+        required=False,  # 0.5.13 and older gate the shared expert in torch (a miss crashes in Triton, visibly)
     ),
     Binding(
         "sglang.kernels.ops.attention.fla.layernorm_gated.layernorm_fn",
