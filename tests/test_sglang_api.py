@@ -20,6 +20,7 @@ from conformance.sglang_api import probes, validate
 from conformance.sglang_api.release_pins import pins_for, release_of
 
 ROOT = Path(__file__).resolve().parents[1]
+H = "openai-harmony==0.0.4"
 OLD = probes.Features(
     version="0.5.12", strategy_flag=probes.OLD_STRATEGY_FLAG, strategies=("auto", "no_buffer", "extra_buffer"),
     mamba_radix_cache=True, release_insert_kwarg="is_insert", general_plugins=True, oot_platforms=True, hook_registry=True,
@@ -127,8 +128,8 @@ def test_validation_status_defaults_from_ok():
 
 @pytest.mark.parametrize(
     "release, pins",
-    [("0.5.11", ("transformers==5.6.0",)), ("0.5.12", ("transformers==5.6.0",)), ("0.5.13", ("transformers==5.8.1",)), ("0.5.17", ("transformers==5.8.1",)),
-     ("0.5.18", ("transformers==5.12.1",)), ("0.5.22", ()), ("0.5.23", ()), ("0.6.1", ())],
+    [("0.5.11", ("transformers==5.6.0", H)), ("0.5.12", ("transformers==5.6.0", H)), ("0.5.13", ("transformers==5.8.1", H)),
+     ("0.5.17", ("transformers==5.8.1", H)), ("0.5.18", ("transformers==5.12.1", H)), ("0.5.22", ()), ("0.5.23", ()), ("0.6.1", ())],
 )
 def test_release_pins_by_range(release, pins):
     assert pins_for(release) == pins
@@ -140,7 +141,7 @@ def test_release_pins_refuse_older_releases_and_parse_specs():
     assert release_of("sglang==0.5.13") == "0.5.13" and release_of("0.5.13") == "0.5.13"
     assert release_of("../python") is None and release_of("sglang>=0.5") is None
     out = subprocess.run([sys.executable, str(ROOT / "conformance/sglang_api/release_pins.py"), "0.5.13"], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "transformers==5.8.1"
+    assert out.stdout.strip() == f"transformers==5.8.1 {H}"
     bad = subprocess.run([sys.executable, str(ROOT / "conformance/sglang_api/release_pins.py"), "0.4.0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "older than the oldest" in bad.stderr
 

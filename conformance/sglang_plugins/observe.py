@@ -84,11 +84,17 @@ _PEAKS = ("track_slots_step_peak", "track_slots_req_peak", "decode_running_peak"
 
 
 def track_slots(req: Any) -> int:
-    """Ping-pong track slots one SGLang request holds right now (0 without a buffer)."""
-    kv = getattr(req, "kv", None)
-    empty = getattr(kv, "mamba_ping_pong_empty", None)
-    if getattr(kv, "mamba_ping_pong_track_buffer", None) is None or empty is None:
+    """Ping-pong track slots one SGLang request holds right now (0 without a buffer).
+    Before the request's cache state moved to ``req.kv`` (0.5.12 and older) it lives on the
+    request, and a buffered request holds its whole ping-pong buffer from admission (those
+    releases have no lazy strategy and no emptiness flags)."""
+    holder = getattr(req, "kv", None) or req
+    buffer = getattr(holder, "mamba_ping_pong_track_buffer", None)
+    if buffer is None:
         return 0
+    empty = getattr(holder, "mamba_ping_pong_empty", None)
+    if empty is None:
+        return len(buffer)
     return sum(1 for e in empty if not e)
 
 
