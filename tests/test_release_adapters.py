@@ -201,3 +201,24 @@ def test_history_keeps_sglang_source_as_a_column_and_run_re_runs(monkeypatch, tm
     assert seen == {"releases": ["0.5.23"], "sources": ["ck"]}
     assert cli.main(["run", "--tier", "premerge", "--sglang-source", "ck"]) == 0
     assert seen["rerun"] == (["run", "--tier", "premerge", "--sglang-source", "ck"], "ck")
+
+
+def test_old_track_copy_copies_masked_rows_and_skips_freed_ones():
+    import torch
+
+    from conformance.sglang_plugins.cpu.triton_spots import track_mamba_states_if_needed
+
+    conv, ssm = torch.arange(8.0).reshape(4, 2), torch.arange(4.0).reshape(4, 1) * 10
+    idx, mask, track = torch.tensor([0, 1, 2]), torch.tensor([True, False, True]), torch.tensor([3, 3, -1])
+    track_mamba_states_if_needed(conv, ssm, idx, mask, track, 3, check_freed_slots=True)
+    assert conv[3].tolist() == [0.0, 1.0] and ssm[3].tolist() == [0.0] and conv[2].tolist() == [4.0, 5.0]
+
+
+def test_observe_counts_track_slots_on_the_req_before_req_kv():
+    from types import SimpleNamespace as NS
+
+    from conformance.sglang_plugins.observe import track_slots
+
+    assert track_slots(NS(mamba_ping_pong_track_buffer=[5, 6])) == 2  # 0.5.12: state on the Req, both held
+    assert track_slots(NS(kv=NS(mamba_ping_pong_track_buffer=[5, 6], mamba_ping_pong_empty=[False, True]))) == 1
+    assert track_slots(NS(mamba_ping_pong_track_buffer=None)) == 0

@@ -40,16 +40,20 @@ def track_mamba_states_if_needed(
 ) -> None:
     """The older (one layer, row-indexed) form of the same copy (hybrid_linear_attn_backend;
     0.5.16 adds ``check_freed_slots``: skip a request whose slots were freed, index < 0)."""
-    if batch_size == 0:
-        return
+    src, dst = _tracked_rows(cache_indices, mamba_track_mask, mamba_track_indices, batch_size, check_freed_slots)
+    for states in (conv_states, ssm_states):
+        states[dst] = states[src].clone()
+
+
+def _tracked_rows(cache_indices, mamba_track_mask, mamba_track_indices, batch_size: int, check_freed_slots: bool):  # noqa: ANN001
+    """(source rows, track rows) of the requests whose track mask is set."""
     mask = mamba_track_mask[:batch_size].to(torch.bool)
     src = cache_indices[:batch_size][mask].to(torch.long)
     dst = mamba_track_indices[:batch_size][mask].to(torch.long)
     if check_freed_slots:
         keep = (src >= 0) & (dst >= 0)
         src, dst = src[keep], dst[keep]
-    for states in (conv_states, ssm_states):
-        states[dst] = states[src].clone()
+    return src, dst
 
 
 def launch_track_mamba_states(
@@ -68,12 +72,7 @@ def launch_track_mamba_states(
 ) -> None:
     if batch_size == 0:
         return
-    mask = mamba_track_mask[:batch_size].to(torch.bool)
-    src = cache_indices[:batch_size][mask].to(torch.long)
-    dst = mamba_track_indices[:batch_size][mask].to(torch.long)
-    if check_freed_slots:
-        keep = (src >= 0) & (dst >= 0)
-        src, dst = src[keep], dst[keep]
+    src, dst = _tracked_rows(cache_indices, mamba_track_mask, mamba_track_indices, batch_size, check_freed_slots)
     if src.numel() == 0:
         return
     rows = int(torch.maximum(src.max(), dst.max())) + 1
