@@ -18,9 +18,12 @@ pipi $TORCH_PIN
 pipi -r "$here/requirements-cpu.txt" $TORCH_PIN
 # sglang pins CUDA-only packages; its CPU-importable part needs only the list above.
 pipi --no-deps "$SGLANG_PIN"
-# An older release needs older pins over the set above (conformance/sglang_api/release_pins.py).
-if [[ "$SGLANG_PIN" =~ ^sglang==(.+)$ ]]; then
-    release_pins="$("$PY" "$root/conformance/sglang_api/release_pins.py" "${BASH_REMATCH[1]}")"
+# An older release needs older pins over the set above (conformance/sglang_api/release_pins.py);
+# a source checkout (a path) names the release its pins follow in HYBRID_CONFORMANCE_SGLANG_PINS_FOR.
+pins_for="${HYBRID_CONFORMANCE_SGLANG_PINS_FOR:-}"
+[[ -z "$pins_for" && "$SGLANG_PIN" =~ ^sglang==(.+)$ ]] && pins_for="${BASH_REMATCH[1]}"
+if [ -n "$pins_for" ]; then
+    release_pins="$("$PY" "$root/conformance/sglang_api/release_pins.py" "$pins_for")"
     # shellcheck disable=SC2086
     [ -z "$release_pins" ] || pipi $release_pins $TORCH_PIN
 fi

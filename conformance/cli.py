@@ -92,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_history_parser(sub)
 
+    for p in (run, mut, fuzz):
+        p.set_defaults(rerun_in_source=True)
+        p.add_argument("--sglang-source", metavar="PATH", help="an SGLang git checkout: its python/ installed --no-deps in a venv keyed by "
+                       "its commit; the command re-runs there and the report records the commit")
+
     cmp_ = sub.add_parser("compare", help="what got worse between two report.json files")
     cmp_.add_argument("old")
     cmp_.add_argument("new")
@@ -178,6 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        if getattr(args, "rerun_in_source", False) and args.sglang_source:  # run / fuzz / mutants against a checkout: re-run in its venv
+            from conformance.history import rerun_in_source
+
+            return rerun_in_source(argv, args.sglang_source)
         if args.command == "serve":
             return cmd_serve(argv[1:])
         return command(args.command)(args)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from conformance.errors import KitError
+from conformance.history_html import fold
 from conformance.sglang_api.release_pins import pins_for, release_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,6 +50,8 @@ class Row:
     check: str
     status: str  # pass | fail | na
     reason: str = ""
+    cell: str = ""  # the matrix cell (server-level rows), "" for release-level rows
+    replay: str = ""  # a FAIL's replay file (request programs), copied under the history's --out
 
 
 def default_venv_dir() -> Path:
@@ -116,12 +119,16 @@ print(json.dumps({"sglang_file": sglang.__file__, "versions": {n: md.version(n) 
 """
 
 
-def ensure_venv(release: str, root: Path, *, reinstall: bool = False, python: str = sys.executable) -> Path:
-    """The venv for ``release`` (made once, then reused); KitError with one line on failure."""
-    venv = root / f"sglang-{release}"
+def ensure_venv(release: str, root: Path, *, reinstall: bool = False, python: str = sys.executable,
+                spec: str | None = None, name: str | None = None) -> Path:
+    """The venv for ``release`` (made once, then reused); KitError with one line on failure.
+    ``spec``/``name``: what pip installs as sglang (default ``sglang==<release>``) and the
+    venv's folder name (default ``sglang-<release>``): a source checkout's ``python/`` folder
+    in a venv named by its commit (``conformance.sglang_source``)."""
+    venv = root / (name or f"sglang-{release}")
     pins = pins_for(release)
     ready = venv / READY
-    want = {"release": release, "pins": list(pins)}
+    want = {"release": release, "pins": list(pins)} | ({"spec": spec} if spec else {})
     if not reinstall and ready.exists() and json.loads(ready.read_text()) == want:
         return venv
     if ready.exists():
@@ -131,7 +138,8 @@ def ensure_venv(release: str, root: Path, *, reinstall: bool = False, python: st
         made = _run([python, "-m", "venv", "--system-site-packages", str(venv)], timeout=300)
         if made.returncode:
             raise KitError(f"sglang {release}: python -m venv failed: {_last_line(made.stderr)}")
-    env = dict(os.environ, PYTHON=str(venv / "bin" / "python"), HYBRID_CONFORMANCE_SGLANG=f"sglang=={release}")
+    env = dict(os.environ, PYTHON=str(venv / "bin" / "python"), HYBRID_CONFORMANCE_SGLANG=spec or f"sglang=={release}",
+               HYBRID_CONFORMANCE_SGLANG_PINS_FOR=release)
     setup = _run(["bash", str(ROOT / "ci" / "setup-cpu.sh")], timeout=SETUP_TIMEOUT_S, env=env)
     if setup.returncode:
         raise KitError(f"sglang {release}: ci/setup-cpu.sh failed: {_last_line(setup.stderr or setup.stdout)}")
@@ -146,6 +154,22 @@ def ensure_venv(release: str, root: Path, *, reinstall: bool = False, python: st
         raise KitError(f"sglang {release}: the venv does not shadow the system's packages: {wrong} (expected {expected})")
     ready.write_text(json.dumps(want))
     return venv
+
+
+def ensure_source_venv(co, venv_dir: Path, *, reinstall: bool = False) -> Path:
+    """The venv of a source checkout (``conformance.sglang_source.Checkout``), keyed by its commit."""
+    return ensure_venv(co.version, venv_dir, reinstall=reinstall, spec=str(co.path / "python"), name=co.venv_name)
+
+
+def rerun_in_source(argv: Sequence[str], path: str, *, venv_dir: Path | None = None) -> int:
+    """``hybrid-conformance <argv>`` (``--sglang-source`` removed) inside the checkout's venv."""
+    from conformance.sglang_source import SOURCE_ENV, checkout, without_flag
+
+    co = checkout(path)
+    venv = ensure_source_venv(co, venv_dir or default_venv_dir())
+    print(f"hybrid-conformance: sglang from {co.path} at {co.commit[:12]} (version {co.version}) in {venv}", file=sys.stderr)
+    env = venv_env(venv) | {SOURCE_ENV: f"{co.path}@{co.commit}"}
+    return subprocess.call([str(venv / "bin" / "python"), "-m", "conformance.cli", *without_flag(argv)], env=env)
 
 
 # ------------------------------------------------------------------ checks
@@ -254,34 +278,96 @@ def _aggregate(release: str, check: str, outcomes: list[tuple[str, str, str]]) -
     return Row(release, check, "na", "no cell of the selected tier applies" if outcomes else "not collected")
 
 
-def sglang_cpu_row(release: str, venv: Path, features: dict, *, requested: bool, tier: str) -> Row:
-    """The hook for the sglang-cpu target's premerge set (n/a with the reason when it cannot run)."""
-    check = "sglang-cpu premerge"
+SGLANG_CPU = "sglang-cpu"
+CPU_SUITES = ("agreement", "kl", "prefix_branching", "gsm8k", "leaks", "programs")  # the premerge set + programs at its budget
+_CPU_STATUS = {"pass": "pass", "fail": "fail", "error": "fail", "skip": "na"}
+
+
+def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool, tier: str, out_dir: Path | None = None) -> list[Row]:
+    """The sglang-cpu premerge set and the request programs on this release: one row per
+    (cell, check) from the run's report.json; n/a rows (SGLang's own line) for the cells of a
+    strategy the release's parser refuses; one row when it cannot run at all."""
+    check = SGLANG_CPU
     if not (ROOT / "conformance" / "targets" / "sglang_cpu.py").exists():
-        return Row(release, check, "na", "the sglang-cpu target is not in this kit")
-    if not features.get("sglang_cpu_capable"):
-        return Row(release, check, "na", f"sglang {release} lacks an extension point the sglang-cpu target runs through (general plugins, "
-                   "out-of-tree platforms, the platform's support_mamba_cache_extra_buffer answer)")
+        return [Row(release, check, "na", "the sglang-cpu target is not in this kit")]
+    gap = features.get("sglang_cpu_gap")
+    if gap:
+        return [Row(release, check, "na", gap)]
     if not requested:
-        return Row(release, check, "na", "not requested (--with-sglang-cpu runs it; minutes per release)")
+        return [Row(release, check, "na", "not requested (--with-sglang-cpu runs it; minutes per release)")]
+    from conformance.matrix import load_matrix
+    from conformance.strategy import STRATEGIES
+
+    cells = load_matrix().select(target=SGLANG_CPU, tier=tier)
+    accepted = [s for s in STRATEGIES if s in features.get("strategies", ())]
+    rows = [Row(release, check, "na", _refused(features, c.strategy.name), cell=c.id) for c in cells if c.strategy.name not in accepted]
+    if not any(c.strategy.name in accepted for c in cells):
+        return rows or [Row(release, check, "na", "no sglang-cpu cell of the tier")]
     with tempfile.TemporaryDirectory(prefix="history-cpu-") as tmp:
-        argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", "sglang-cpu", "--tier", tier, "--report-dir", tmp, "-n", "1"]
+        argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", SGLANG_CPU, "--tier", tier, "--report-dir", tmp,
+                "-n", "1", "--suite", ",".join(CPU_SUITES), "--strategies", ",".join(accepted)]
         out = _run(argv, timeout=CPU_TIMEOUT_S, env=venv_env(venv))
-    if out.returncode == 0:
-        return Row(release, check, "pass", _last_line(out.stdout))
-    return Row(release, check, "fail", f"exit {out.returncode}: {_last_line(out.stderr or out.stdout)}")
+        report_file = Path(tmp) / "report.json"
+        if not report_file.exists():
+            return rows + [Row(release, check, "fail", f"exit {out.returncode}, no report.json: {_last_line(out.stderr or out.stdout)}")]
+        report = json.loads(report_file.read_text())
+        rows += report_rows(release, report, replay_dir=(out_dir / "replays" / release) if out_dir else None)
+        if not report.get("complete", True):
+            why = "; ".join(report.get("incomplete_reasons") or []) or "incomplete"
+            rows.append(Row(release, f"{check} run", "fail", f"exit {out.returncode}: the run is incomplete: {why}"[:400]))
+    return rows
+
+
+def _refused(features: dict, strategy: str) -> str:
+    from conformance.sglang_api.probes import Features
+
+    known = {k: v for k, v in features.items() if k in Features.__dataclass_fields__}
+    known["strategies"] = tuple(known.get("strategies") or ())
+    return Features(**known).not_applicable(strategy) or f"sglang {features.get('version')}: {strategy} not accepted"
+
+
+def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -> list[Row]:
+    """report.json -> one row per (cell, check): pass; fail for a finding or an error; n/a for
+    a skip (its stated reason) and for a cell the run declared not applicable."""
+    import shutil
+
+    rows = []
+    for cell in report.get("cells", []):
+        cid = cell.get("id", "?")
+        if cell.get("not_applicable"):
+            rows.append(Row(release, SGLANG_CPU, "na", str(cell["not_applicable"]), cell=cid))
+            continue
+        for name, verdict in (cell.get("checks") or {}).items():
+            status = _CPU_STATUS.get(verdict.get("status"), "fail")
+            replay = str((verdict.get("details") or {}).get("failure_file") or "") if isinstance(verdict.get("details"), dict) else ""
+            if replay and replay_dir is not None and Path(replay).is_file():
+                replay_dir.mkdir(parents=True, exist_ok=True)
+                replay = str(shutil.copy2(replay, replay_dir / Path(replay).name))
+            reason = " ".join(str(verdict.get("reason") or ("" if status == "pass" else verdict.get("status"))).split())[:400]
+            rows.append(Row(release, f"{SGLANG_CPU}:{name}", status, reason, cell=cid, replay=replay))
+    for cid in report.get("cells_not_run") or []:
+        rows.append(Row(release, SGLANG_CPU, "fail", "cell not run", cell=str(cid)))
+    return rows
 
 
 # ------------------------------------------------------------------ the command
 
 def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Sequence[str] = CHECKS, with_sglang_cpu: bool = False,
-            reinstall: bool = False, log: Callable[[str], None] = print) -> tuple[list[Row], dict[str, str]]:
+            reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None,
+            sources: Sequence[str] = ()) -> tuple[list[Row], dict[str, str]]:
+    """Rows for each release, then for each source checkout (column ``src-<commit>``)."""
+    from conformance.sglang_source import checkout
+
     rows: list[Row] = []
     probes: dict[str, str] = {}
-    for release in releases:
+    installs: list[tuple[str, Callable[[], Path]]] = [(r, lambda r=r: ensure_venv(r, venv_dir, reinstall=reinstall)) for r in releases]
+    for path in sources:
+        co = checkout(path)
+        installs.append((co.label, lambda co=co: ensure_source_venv(co, venv_dir, reinstall=reinstall)))
+    for release, install in installs:
         start = time.monotonic()
         try:
-            venv = ensure_venv(release, venv_dir, reinstall=reinstall)
+            venv = install()
         except KitError as e:
             rows.append(Row(release, "install", "fail", str(e)))
             continue
@@ -301,23 +387,24 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
         if "pool" in checks:
             rows += pool_rows(release, venv, tier, machine="machine" in checks)
         if "sglang-cpu" in checks:
-            rows.append(sglang_cpu_row(release, venv, features, requested=with_sglang_cpu, tier=tier))
+            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir)
         log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
     return rows, probes
 
 
 def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:
     checks = list(dict.fromkeys(r.check for r in rows))
-    cell = {(r.release, r.check): r for r in rows}
+    cell = fold(rows)
     width = max([len("check")] + [len(c) for c in checks]) + 2
     lines = ["check".ljust(width) + "".join(rel.ljust(10) for rel in releases)]
     for check in checks:
         marks = []
         for rel in releases:
             r = cell.get((rel, check))
-            marks.append(("-" if r is None else {"pass": "pass", "fail": "FAIL", "na": "n/a"}[r.status]).ljust(10))
+            marks.append(("-" if r is None else {"pass": "pass", "fail": "FAIL", "na": "n/a"}[r[0]]).ljust(10))
         lines.append(check.ljust(width) + "".join(marks))
-    notes = [f"  {r.release} {r.check}: {'FAIL' if r.status == 'fail' else 'n/a'}: {r.reason}" for r in rows if r.status != "pass"]
+    notes = [f"  {r.release} {r.check}{' [' + r.cell + ']' if r.cell else ''}: {'FAIL' if r.status == 'fail' else 'n/a'}: {r.reason}"
+             + (f" (replay: {r.replay})" if r.replay else "") for r in rows if r.status != "pass"]
     if notes:
         lines += ["", "why (fail and n/a):", *notes]
     return "\n".join(lines)
@@ -328,29 +415,54 @@ def failed_releases(rows: Sequence[Row]) -> list[str]:
 
 
 def run_history(args) -> int:
-    releases = parse_releases(args.releases)
+    from conformance.sglang_source import checkout
+
+    if not args.releases and not args.sglang_source:
+        raise KitError("history: give --releases, --sglang-source or both")
+    releases = parse_releases(args.releases) if args.releases else []
+    sources = [args.sglang_source] if args.sglang_source else []
+    columns = [*releases, *(checkout(p).label for p in sources)]
     venv_dir = Path(args.venv_dir).expanduser() if args.venv_dir else default_venv_dir()
     start = time.monotonic()
     as_json = args.format == "json"
     log = (lambda line: print(f"hybrid-conformance: {line}", file=sys.stderr)) if as_json else print
     checks = parse_checks(args.checks)
-    rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu, reinstall=args.reinstall, log=log)
+    out_dir = Path(args.out)
+    rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu,
+                           reinstall=args.reinstall, log=log, out_dir=out_dir, sources=sources)
     failed = failed_releases(rows)
+    doc = {"rows": [asdict(r) for r in rows], "probes": probes}
+    if sources:
+        doc["sources"] = {co.label: {"path": str(co.path), "commit": co.commit, "version": co.version} for co in map(checkout, sources)}
+    write_outputs(out_dir, doc, columns)
+    log(f"history: {out_dir / 'history.json'} and {out_dir / 'history.html'}")
     if as_json:
-        print(json.dumps({"rows": [asdict(r) for r in rows], "probes": probes}, indent=2))
+        print(json.dumps(doc, indent=2))
     else:
-        print(render_table(rows, releases))
-        verdict = f"{len(failed)} of {len(releases)} releases failed ({', '.join(failed)})" if failed else f"all {len(releases)} releases passed"
+        print(render_table(rows, columns))
+        verdict = f"{len(failed)} of {len(columns)} releases failed ({', '.join(failed)})" if failed else f"all {len(columns)} releases passed"
         print(f"history: {verdict} in {time.monotonic() - start:.0f} s; venvs in {venv_dir}")
     return 1 if failed else 0
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("history", help="run the pool tier (and more) on each SGLang release of a list, print release x check")
-    p.add_argument("--releases", required=True, help="comma list of SGLang releases, e.g. 0.5.12,0.5.13")
+    p.add_argument("--releases", help="comma list of SGLang releases, e.g. 0.5.12,0.5.13")
+    p.add_argument("--sglang-source", metavar="PATH", help="also an SGLang git checkout (column src-<commit>): its python/ installed --no-deps in a venv keyed by its commit")
     p.add_argument("--venv-dir", help=f"where the per-release venvs live (default: ${VENVS_ENV} or ~/.cache/hybrid-conformance/venvs)")
     p.add_argument("--tier", choices=("premerge", "standard", "nightly"), default="premerge", help="matrix tier for the pool tier and plan --validate (default: %(default)s)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--checks", help=f"comma list of {', '.join(CHECKS)} (default: all; machine is the pool tier's state machine)")
     p.add_argument("--with-sglang-cpu", action="store_true", help="also run the sglang-cpu target's premerge set where it can run")
     p.add_argument("--reinstall", action="store_true", help="rebuild each release's venv")
+    p.add_argument("--out", default="reports/history", help="where history.json, history.html and FAILs' replay files go (default: %(default)s)")
+
+
+def write_outputs(out_dir: Path, doc: dict, releases: Sequence[str]) -> None:
+    """history.json (the --format json document) and history.html (release x check grid)."""
+    from conformance.history_html import render_html
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "history.json").write_text(json.dumps(doc, indent=2))
+    rows = [Row(**r) for r in doc["rows"]]
+    (out_dir / "history.html").write_text(render_html(rows, releases, doc.get("probes", {}), base=out_dir))

@@ -338,15 +338,21 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             return None
 
+    from conformance.sglang_source import recorded
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return {
+        out = {
             "kit": __version__,
             "sglang": v("sglang"),
             "torch": v("torch"),
             "transformers": v("transformers"),
             "python": sys.version.split()[0],
         }
+    source = recorded()
+    if source:
+        out["sglang_source"], out["sglang_commit"] = source["path"], source["commit"]
+    return out
 
 
 # ------------------------------------------------------------------ pytest items

@@ -28,7 +28,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     "args, needle",
     [
         (("history", "--releases", "0.5.x"), "'0.5.x' is not a release number"),
-        (("history", "--releases", "0.5.3"), "older than the oldest supported release 0.5.12"),
+        (("history", "--releases", "0.5.3"), "older than the oldest supported release 0.5.11"),
         (("history", "--releases", ","), "no release given"),
         (("history", "--releases", "0.5.13", "--checks", "pool,speed"), "--checks: unknown value speed"),
     ],
@@ -87,14 +87,15 @@ def test_table_shows_every_release_and_why_each_non_pass():
     assert history.failed_releases(rows[1:2] + rows[3:]) == []
 
 
-def test_run_history_exit_code_and_json_rows(monkeypatch, capsys):
+def test_run_history_exit_code_and_json_rows(monkeypatch, capsys, tmp_path):
     rows = [Row("0.5.12", "pool:session_reuse", "fail", "leak"), Row("0.5.13", "pool:session_reuse", "pass", "ok")]
     monkeypatch.setattr(history, "history", lambda *a, **k: (rows, {"0.5.12": "sglang 0.5.12: ...", "0.5.13": "sglang 0.5.13: ..."}))
+    monkeypatch.chdir(tmp_path)
     args = history_args("--releases", "0.5.12,0.5.13", "--format", "json")
     assert history.run_history(args) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert doc["rows"] == [{"release": "0.5.12", "check": "pool:session_reuse", "status": "fail", "reason": "leak"},
-                           {"release": "0.5.13", "check": "pool:session_reuse", "status": "pass", "reason": "ok"}]
+    assert doc["rows"] == [{"release": "0.5.12", "check": "pool:session_reuse", "status": "fail", "reason": "leak", "cell": "", "replay": ""},
+                           {"release": "0.5.13", "check": "pool:session_reuse", "status": "pass", "reason": "ok", "cell": "", "replay": ""}]
     assert all(r["status"] in history.STATUSES for r in doc["rows"])
     monkeypatch.setattr(history, "history", lambda *a, **k: (rows[1:], {}))
     assert history.run_history(history_args("--releases", "0.5.13")) == 0
@@ -115,7 +116,66 @@ def test_parse_checks():
 
 
 def test_sglang_cpu_hook_is_an_explicit_na_row(tmp_path):
-    row = history.sglang_cpu_row("0.5.12", tmp_path, {"sglang_cpu_capable": False}, requested=True, tier="premerge")
-    assert row.status == "na" and ("support_mamba_cache_extra_buffer" in row.reason or "not in this kit" in row.reason)
-    row = history.sglang_cpu_row("0.5.23", tmp_path, {"sglang_cpu_capable": True}, requested=False, tier="premerge")
-    assert row.status == "na" and ("not requested" in row.reason or "not in this kit" in row.reason)
+    gap = "sglang 0.5.11 has no general plugins (sglang.srt.plugins.load_plugins)"
+    [row] = history.sglang_cpu_rows("0.5.11", tmp_path, {"sglang_cpu_gap": gap}, requested=True, tier="premerge")
+    assert row.status == "na" and row.reason == gap and "lacks an extension point" not in row.reason
+    [row] = history.sglang_cpu_rows("0.5.23", tmp_path, {"sglang_cpu_gap": None}, requested=False, tier="premerge")
+    assert row.status == "na" and "not requested" in row.reason
+
+
+REPORT = {
+    "cells": [
+        {"id": "qwen3-next-80b-extra_buffer-p1-t256", "checks": {
+            "kl": {"status": "pass", "metrics": {}},
+            "programs": {"status": "fail", "reason": "answer differs from the cold twin", "details": {"failure_file": "REPLAY"}},
+            "gsm8k": {"status": "skip", "reason": "n/a: no baseline"},
+            "leaks": {"status": "error", "reason": "server died"}}},
+        {"id": "qwen3-next-80b-extra_buffer_lazy-p1-t256", "not_applicable": "no lazy", "checks": {}},
+    ],
+    "cells_not_run": ["nemotron-nano-9b-v2-extra_buffer-p1-t256"],
+}
+
+
+def test_report_rows_one_per_cell_and_check_error_is_fail_skip_is_na(tmp_path):
+    replay = tmp_path / "finding.json"
+    replay.write_text("{}")
+    report = json.loads(json.dumps(REPORT).replace("REPLAY", str(replay)))
+    rows = history.report_rows("0.5.13", report, replay_dir=tmp_path / "out" / "replays" / "0.5.13")
+    got = {(r.cell, r.check): r for r in rows}
+    cell = "qwen3-next-80b-extra_buffer-p1-t256"
+    assert got[(cell, "sglang-cpu:kl")].status == "pass"
+    assert got[(cell, "sglang-cpu:gsm8k")].status == "na" and got[(cell, "sglang-cpu:gsm8k")].reason == "n/a: no baseline"
+    assert got[(cell, "sglang-cpu:leaks")].status == "fail" and got[(cell, "sglang-cpu:leaks")].reason == "server died"
+    fail = got[(cell, "sglang-cpu:programs")]
+    assert fail.status == "fail" and fail.replay == str(tmp_path / "out" / "replays" / "0.5.13" / "finding.json")
+    assert Path(fail.replay).read_text() == "{}"
+    assert got[("qwen3-next-80b-extra_buffer_lazy-p1-t256", "sglang-cpu")] == Row(
+        "0.5.13", "sglang-cpu", "na", "no lazy", cell="qwen3-next-80b-extra_buffer_lazy-p1-t256")
+    assert got[("nemotron-nano-9b-v2-extra_buffer-p1-t256", "sglang-cpu")].status == "fail"
+
+
+def test_table_and_html_fold_cells_fail_first_and_link_the_replay(tmp_path):
+    from conformance.history_html import render_html
+
+    rows = [Row("0.5.12", "sglang-cpu:programs", "pass", "", cell="a"),
+            Row("0.5.12", "sglang-cpu:programs", "fail", "leak", cell="b", replay=str(tmp_path / "replays" / "0.5.12" / "f.json")),
+            Row("0.5.13", "sglang-cpu:programs", "pass", "", cell="a"), Row("0.5.13", "sglang-cpu:programs", "na", "no lazy", cell="c")]
+    table = history.render_table(rows, ["0.5.12", "0.5.13"])
+    assert next(ln for ln in table.splitlines() if ln.startswith("sglang-cpu:programs")).split()[1:] == ["FAIL", "pass"]
+    assert "0.5.12 sglang-cpu:programs [b]: FAIL: leak (replay: " in table
+    page = render_html(rows, ["0.5.12", "0.5.13"], {"0.5.12": "sglang 0.5.12: probes"}, base=tmp_path)
+    assert '<td class="fail"' in page and 'href="replays/0.5.12/f.json"' in page
+    assert ">FAIL (1/2)" in page and ">pass (1/2)" in page and "sglang 0.5.12: probes" in page
+    assert history.fold([Row("x", "c", "na", "n", cell="a")])[("x", "c")][0] == "na"
+
+
+def test_history_writes_json_and_html_through_the_console_script(tmp_path):
+    """--out through the installed console script: a release older than the range stops at
+    argument parsing (exit 2), so the files come from a run that needs no venv: none here."""
+    out = subprocess.run(["hybrid-conformance", "history", "--releases", "0.5.3", "--out", str(tmp_path / "h")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "older than the oldest supported release" in out.stderr
+    history.write_outputs(tmp_path / "h", {"rows": [{"release": "0.5.13", "check": "sglang-cpu:kl", "status": "fail", "reason": "x",
+                                                      "cell": "c", "replay": ""}], "probes": {}}, ["0.5.13"])
+    assert json.loads((tmp_path / "h" / "history.json").read_text())["rows"][0]["cell"] == "c"
+    assert "<table>" in (tmp_path / "h" / "history.html").read_text()

@@ -38,7 +38,7 @@ def rows_of(out: subprocess.CompletedProcess) -> dict[tuple[str, str], dict]:
     doc = json.loads(out.stdout)
     assert set(doc) >= {"rows", "probes"}
     for r in doc["rows"]:
-        assert set(r) == {"release", "check", "status", "reason"} and r["status"] in ("pass", "fail", "na")
+        assert set(r) == {"release", "check", "status", "reason", "cell", "replay"} and r["status"] in ("pass", "fail", "na")
     return {(r["release"], r["check"]): r for r in doc["rows"]}
 
 

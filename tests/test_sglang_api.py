@@ -20,15 +20,17 @@ from conformance.sglang_api import probes, validate
 from conformance.sglang_api.release_pins import pins_for, release_of
 
 ROOT = Path(__file__).resolve().parents[1]
+H = "openai-harmony==0.0.4"
 OLD = probes.Features(
     version="0.5.12", strategy_flag=probes.OLD_STRATEGY_FLAG, strategies=("auto", "no_buffer", "extra_buffer"),
-    mamba_radix_cache=True, release_insert_kwarg="is_insert",
+    mamba_radix_cache=True, release_insert_kwarg="is_insert", general_plugins=True, oot_platforms=True, hook_registry=True,
+    extra_buffer_gate="server_args", tree_class="MambaRadixCache",
 )
 NEW = probes.Features(
     version="0.5.23", strategy_flag=probes.NEW_STRATEGY_FLAG, strategies=("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"),
     req_kv=True, checkpoint_kv_cache=True, unified_components=True, release_insert_kwarg="checkpoint",
     override_platform=True, granite_new_layer_names=True, general_plugins=True, oot_platforms=True,
-    platform_extra_buffer_answer=True,
+    platform_extra_buffer_answer=True, hook_registry=True, extra_buffer_gate="platform", tree_class="UnifiedRadixCache",
 )
 
 
@@ -43,9 +45,24 @@ def test_summary_is_one_line_naming_each_probe_and_its_consequence():
     assert "\n" not in line and line.startswith("sglang 0.5.12: ")
     assert "lazy strategy absent -> lazy cells not applicable" in line
     assert "pool driver legacy" in line and "release_kv_cache(*, is_insert)" in line
-    assert "granite configs rewritten" in line and "sglang-cpu target not applicable" in line
+    assert "granite configs rewritten" in line and "tree MambaRadixCache" in line
+    assert "extra_buffer device gate in ServerArgs._handle_mamba_radix_cache (answered by the CPU plugin's hook)" in line
     assert "lazy strategy present" in NEW.summary() and "pool driver kv" in NEW.summary()
-    assert NEW.sglang_cpu_capable and not OLD.sglang_cpu_capable
+    assert "answered by the kit's out-of-tree platform" in NEW.summary()
+    assert NEW.sglang_cpu_capable and OLD.sglang_cpu_capable
+
+
+def test_sglang_cpu_gap_names_the_missing_extension_point():
+    import dataclasses
+
+    no_plugins = dataclasses.replace(OLD, general_plugins=False)
+    assert no_plugins.sglang_cpu_gap == "sglang 0.5.12 has no general plugins (sglang.srt.plugins.load_plugins)"
+    assert "sglang-cpu not applicable (sglang 0.5.12 has no general plugins" in no_plugins.summary()
+    no_hooks = dataclasses.replace(OLD, hook_registry=False)
+    assert "no hook registry" in no_hooks.sglang_cpu_gap and not no_hooks.sglang_cpu_capable
+    ungated = dataclasses.replace(OLD, extra_buffer_gate=None)
+    assert "extra_buffer cells not applicable on sglang-cpu" in ungated.summary()
+    assert OLD.sglang_cpu_gap is None and NEW.sglang_cpu_gap is None
 
 
 def test_pool_driver_follows_the_lifecycle_probes():
@@ -111,20 +128,20 @@ def test_validation_status_defaults_from_ok():
 
 @pytest.mark.parametrize(
     "release, pins",
-    [("0.5.12", ("transformers==5.6.0",)), ("0.5.13", ("transformers==5.8.1",)), ("0.5.17", ("transformers==5.8.1",)),
-     ("0.5.18", ("transformers==5.12.1",)), ("0.5.22", ()), ("0.5.23", ()), ("0.6.1", ())],
+    [("0.5.11", ("transformers==5.6.0", H)), ("0.5.12", ("transformers==5.6.0", H)), ("0.5.13", ("transformers==5.8.1", H)),
+     ("0.5.17", ("transformers==5.8.1", H)), ("0.5.18", ("transformers==5.12.1", H)), ("0.5.22", ()), ("0.5.23", ()), ("0.6.1", ())],
 )
 def test_release_pins_by_range(release, pins):
     assert pins_for(release) == pins
 
 
 def test_release_pins_refuse_older_releases_and_parse_specs():
-    with pytest.raises(ValueError, match="older than the oldest supported release 0.5.12"):
-        pins_for("0.5.11")
+    with pytest.raises(ValueError, match="older than the oldest supported release 0.5.11"):
+        pins_for("0.5.10")
     assert release_of("sglang==0.5.13") == "0.5.13" and release_of("0.5.13") == "0.5.13"
     assert release_of("../python") is None and release_of("sglang>=0.5") is None
     out = subprocess.run([sys.executable, str(ROOT / "conformance/sglang_api/release_pins.py"), "0.5.13"], capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip() == "transformers==5.8.1"
+    assert out.stdout.strip() == f"transformers==5.8.1 {H}"
     bad = subprocess.run([sys.executable, str(ROOT / "conformance/sglang_api/release_pins.py"), "0.4.0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "older than the oldest" in bad.stderr
 

@@ -60,6 +60,8 @@ class TwinState:
 
     def _tensors(self, layer: int, table: str) -> list[torch.Tensor]:
         states = getattr(self._layer(layer), table)
+        if isinstance(states, torch.Tensor):  # transformers before 5.12 keeps one tensor per layer
+            return [states]
         return [t for t in states.values() if t is not None]
 
     def scale_recurrent(self, layer: int, factor: float) -> "TwinState":

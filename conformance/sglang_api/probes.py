@@ -52,6 +52,9 @@ class Features:
     general_plugins: bool = False  # sglang.srt.plugins.load_plugins (entry-point group sglang.srt.plugins)
     oot_platforms: bool = False  # sglang.srt.platforms.interface.SRTPlatform (out-of-tree platforms)
     platform_extra_buffer_answer: bool = False  # SRTPlatform.support_mamba_cache_extra_buffer (a platform may allow extra_buffer)
+    hook_registry: bool = False  # sglang.srt.plugins.hook_registry.HookRegistry (the CPU stand-ins' REPLACE hooks)
+    extra_buffer_gate: str | None = None  # where extra_buffer is gated on the device: "platform", "server_args" (an in-method assert), None
+    tree_class: str | None = None  # the radix tree a hybrid model gets by default: UnifiedRadixCache | MambaRadixCache
     flags: tuple[str, ...] = ()  # which of PARSER_FLAGS SGLang's parser takes
     choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (flag, its choices) for the PARSER_FLAGS that have choices
     pd_transfer_refusal: str | None = None  # SGLang's own line when its default PD transfer engine cannot be built here
@@ -83,9 +86,22 @@ class Features:
         return None
 
     @property
+    def sglang_cpu_gap(self) -> str | None:
+        """What the sglang-cpu target needs and this release lacks, in one line (None: nothing).
+        The out-of-tree platform is used only where its interface answers extra_buffer; without
+        that answer the device gate is reached through a general-plugin hook (``extra_buffer_gate``)."""
+        if not self.importable:
+            return f"sglang {self.version} is not importable ({self.import_error})"
+        if not self.general_plugins:
+            return f"sglang {self.version} has no general plugins (sglang.srt.plugins.load_plugins)"
+        if not self.hook_registry:
+            return f"sglang {self.version} has no hook registry (sglang.srt.plugins.hook_registry.HookRegistry)"
+        return None
+
+    @property
     def sglang_cpu_capable(self) -> bool:
         """SGLang's extension points the sglang-cpu target runs through are all there."""
-        return self.general_plugins and self.oot_platforms and self.platform_extra_buffer_answer
+        return self.sglang_cpu_gap is None
 
     def not_applicable(self, strategy: str) -> str | None:
         """SGLang's own reason a strategy cannot be asked of this release (None: it can)."""
@@ -123,14 +139,22 @@ class Features:
             f"MambaSlotAllocator {'present' if self.mamba_slot_allocator else 'absent (mamba_pool.alloc/free)'}",
             f"_gather_mamba_track_indices {'present' if self.gather_track_indices else 'absent (kit indexes the ping-pong mapping)'}",
             f"granite layer names {'linear_attention/full_attention' if self.granite_new_layer_names else 'mamba/attention only -> granite configs rewritten'}",
-            f"plugins + out-of-tree platform with an extra_buffer answer {'present' if self.sglang_cpu_capable else 'absent -> sglang-cpu target not applicable'}",
+            f"tree {self.tree_class or 'unknown'}",
+            f"sglang-cpu {'runs through general plugins + hook registry' if self.sglang_cpu_capable else 'not applicable (' + str(self.sglang_cpu_gap) + ')'}"
+            f", extra_buffer device gate {self._gate_text()}",
             f"seeded-fault hook targets {'all resolve' if not self.missing_hook_targets else f'{len(self.missing_hook_targets)} missing -> their faults not applicable'}",
         ]
         return f"sglang {self.version}: " + "; ".join(parts)
 
+    def _gate_text(self) -> str:
+        return {"platform": "answered by the kit's out-of-tree platform",
+                "server_args": "in ServerArgs._handle_mamba_radix_cache (answered by the CPU plugin's hook)"}.get(
+                    self.extra_buffer_gate or "", "not found -> extra_buffer cells not applicable on sglang-cpu")
+
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
-            "lazy": self.lazy, "pool_driver": self.pool_driver, "sglang_cpu_capable": self.sglang_cpu_capable}
+            "lazy": self.lazy, "pool_driver": self.pool_driver, "sglang_cpu_capable": self.sglang_cpu_capable,
+            "sglang_cpu_gap": self.sglang_cpu_gap}
 
 
 def _module(name: str):
@@ -214,6 +238,22 @@ def _granite_takes_new_names() -> bool:
     return True
 
 
+def _tree_class() -> str | None:
+    """The radix tree SGLang's default factory builds for a hybrid (Mamba) model."""
+    registry = _module("sglang.srt.mem_cache.registry")
+    factory = getattr(registry, "default_radix_cache_factory", None)
+    if factory is not None:
+        return "MambaRadixCache" if "MambaRadixCache(" in inspect.getsource(factory) else "UnifiedRadixCache"
+    return "MambaRadixCache" if hasattr(_module("sglang.srt.mem_cache.mamba_radix_cache"), "MambaRadixCache") else None
+
+
+def _extra_buffer_gate() -> str | None:
+    from conformance.sglang_plugins.cpu.device_gate import gate_location
+
+    where = gate_location()
+    return where if where in (None, "platform") else "server_args"
+
+
 def _fault_hook_targets() -> tuple[str, ...]:
     """Every SGLang symbol a seeded fault of the kit hooks (the catalogue imports no SGLang)."""
     from conformance.sglang_plugins.faults.catalogue import faults
@@ -277,6 +317,9 @@ def _probe() -> Features:
         general_plugins=hasattr(_module("sglang.srt.plugins"), "load_plugins"),
         oot_platforms=hasattr(_module("sglang.srt.platforms.interface"), "SRTPlatform"),
         platform_extra_buffer_answer=hasattr(getattr(_module("sglang.srt.platforms.interface"), "SRTPlatform", None), "support_mamba_cache_extra_buffer"),
+        hook_registry=hasattr(_module("sglang.srt.plugins.hook_registry"), "HookRegistry"),
+        extra_buffer_gate=_extra_buffer_gate(),
+        tree_class=_tree_class(),
         flags=flags,
         choices=choices,
         pd_transfer_refusal=_pd_transfer_refusal(),

@@ -2,7 +2,7 @@
 
 Not feature detection (that is ``probes``): these are measured install requirements.
 An older release imported with the kit's transformers fails with "'qwen3_asr' is already
-used by a Transformers config"; measured working sets: transformers 5.6.0 for 0.5.12,
+used by a Transformers config"; measured working sets: transformers 5.6.0 for 0.5.11 and 0.5.12,
 5.8.1 for 0.5.13, 5.12.1 for 0.5.18, the kit's own pin (ci/requirements-cpu.txt) from
 0.5.22.  A release takes the row of the newest range start at or below it.
 
@@ -16,10 +16,13 @@ import re
 import sys
 
 # first release of a range -> pins installed (with their dependencies) over the kit's set
+# openai-harmony: the older releases' own Requires-Dist (0.0.4); their HTTP server imports it at
+# start-up and logs a traceback without it, which the leaks suite's log scan reports.
+HARMONY = "openai-harmony==0.0.4"
 RANGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("0.5.12", ("transformers==5.6.0",)),
-    ("0.5.13", ("transformers==5.8.1",)),
-    ("0.5.18", ("transformers==5.12.1",)),
+    ("0.5.11", ("transformers==5.6.0", HARMONY)),  # 0.5.11 and 0.5.12 (0.5.11's own Requires-Dist)
+    ("0.5.13", ("transformers==5.8.1", HARMONY)),
+    ("0.5.18", ("transformers==5.12.1", HARMONY)),
     ("0.5.22", ()),
 )
 OLDEST = RANGES[0][0]

@@ -38,6 +38,9 @@ import time
 from typing import Any, Callable
 
 TARGET = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter._maybe_log_idle_metrics"
+#: Before the scheduler's components were split out (0.5.12 and older) the idle publisher is
+#: a Scheduler mixin method, so its ``self`` is the scheduler itself.
+LEGACY_TARGET = "sglang.srt.managers.scheduler_runtime_checker_mixin.SchedulerRuntimeCheckerMixin._maybe_log_idle_metrics"
 STEP_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 #: The radix cache's eviction walk (``evict`` and ``evict_for_alloc`` both run it).
 EVICT_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict"
@@ -46,15 +49,30 @@ EVIDENCE_GAUGES = ("evictions_total", "prefill_cuts_total")
 MIN_INTERVAL_S = 0.2
 PREFIX = "hybrid_conformance:"
 
+def _first(*readers: Callable[[Any], float]) -> Callable[[Any], float]:
+    """The first reader that works on this release (newest first)."""
+    def read(s: Any) -> float:
+        for reader in readers[:-1]:
+            try:
+                return reader(s)
+            except AttributeError:
+                continue
+        return readers[-1](s)
+
+    return read
+
+
 #: name -> reader of the scheduler; a reader that fails (a release without that
-#: attribute) leaves the gauge unpublished rather than guessing.
+#: attribute) leaves the gauge unpublished rather than guessing.  Where the term moved, the
+#: older release's own accessor (0.5.12's scheduler mixin methods) follows the newest.
 READERS: dict[str, Callable[[Any], float]] = {
     "mamba_total": lambda s: s.req_to_token_pool.mamba_pool.size,
     "mamba_protected": lambda s: s.tree_cache.mamba_protected_size(),
-    "mamba_session_held": lambda s: s.pool_stats_observer.session_held_mamba_slots(),
-    "kv_total": lambda s: s.req_to_token_pool.schedulable_token_capacity(s.token_to_kv_pool_allocator.size),
+    "mamba_session_held": _first(lambda s: s.pool_stats_observer.session_held_mamba_slots(), lambda s: s._session_held_mamba_slots()),
+    "kv_total": _first(lambda s: s.req_to_token_pool.schedulable_token_capacity(s.token_to_kv_pool_allocator.size),
+                       lambda s: s.token_to_kv_pool_allocator.size),
     "kv_protected": lambda s: s.tree_cache.full_protected_size(),
-    "kv_session_held": lambda s: s.pool_stats_observer.session_held_tokens(),
+    "kv_session_held": _first(lambda s: s.pool_stats_observer.session_held_tokens(), lambda s: s._session_held_tokens()),
     "running_reqs": lambda s: len(s.running_batch.reqs),
     "waiting_reqs": lambda s: len(s.waiting_queue),
 }
@@ -76,11 +94,17 @@ _PEAKS = ("track_slots_step_peak", "track_slots_req_peak", "decode_running_peak"
 
 
 def track_slots(req: Any) -> int:
-    """Ping-pong track slots one SGLang request holds right now (0 without a buffer)."""
-    kv = getattr(req, "kv", None)
-    empty = getattr(kv, "mamba_ping_pong_empty", None)
-    if getattr(kv, "mamba_ping_pong_track_buffer", None) is None or empty is None:
+    """Ping-pong track slots one SGLang request holds right now (0 without a buffer).
+    Before the request's cache state moved to ``req.kv`` (0.5.12 and older) it lives on the
+    request, and a buffered request holds its whole ping-pong buffer from admission (those
+    releases have no lazy strategy and no emptiness flags)."""
+    holder = getattr(req, "kv", None) or req
+    buffer = getattr(holder, "mamba_ping_pong_track_buffer", None)
+    if buffer is None:
         return 0
+    empty = getattr(holder, "mamba_ping_pong_empty", None)
+    if empty is None:
+        return len(buffer)
     return sum(1 for e in empty if not e)
 
 
@@ -157,7 +181,8 @@ class _Exporter:
 
     def pools(self, scheduler: Any) -> None:
         """Account the pools' used terms before one batch (any mode) runs."""
-        stats = scheduler.pool_stats_observer.get_pool_stats()
+        observer = getattr(scheduler, "pool_stats_observer", None)
+        stats = observer.get_pool_stats() if observer is not None else scheduler.get_pool_stats()
         self._open_window()
         self.gauge("busy_periods").set(self.track["busy_periods"])
         for name, used in (("mamba_used_peak", stats.mamba_num_used), ("kv_used_peak", stats.full_num_used)):
@@ -178,7 +203,7 @@ def idle_publish(original: Callable, reporter: Any, *args: Any, **kwargs: Any) -
     result = original(reporter, *args, **kwargs)
     if due and collector is not None and getattr(reporter, "current_scheduler_metrics_enabled", False):
         _EXPORTER.last = now
-        _EXPORTER.publish(reporter.scheduler)
+        _EXPORTER.publish(getattr(reporter, "scheduler", reporter))  # the legacy publisher is the scheduler
     return result
 
 
@@ -223,7 +248,12 @@ def install(role: str) -> dict[str, Any]:
         evict_before = getattr(pkgutil.resolve_name(evict_owner), evict_attr)
     except (ImportError, AttributeError):
         evict_before = None
-    HookRegistry.register(TARGET, idle_publish, HookType.AROUND)
+    idle_target = TARGET
+    try:
+        pkgutil.resolve_name(TARGET)
+    except (ImportError, AttributeError):
+        idle_target = LEGACY_TARGET
+    HookRegistry.register(idle_target, idle_publish, HookType.AROUND)
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
     if evict_before is not None:
         HookRegistry.register(EVICT_TARGET, evict_counted, HookType.AROUND)
@@ -234,4 +264,4 @@ def install(role: str) -> dict[str, Any]:
         # no eviction path seen: never publish a counter that would read "no eviction" (the kit refuses the oracle)
         _EXPORTER.evidence.pop("evictions_total", None)
     gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES)) + [PREFIX + "idle_publish_seq"]
-    return {"around": [TARGET, EVICT_TARGET], "before": [STEP_TARGET], "gauges": gauges}
+    return {"around": [idle_target, EVICT_TARGET], "before": [STEP_TARGET], "gauges": gauges}

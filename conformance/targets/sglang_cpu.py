@@ -6,7 +6,9 @@ as model path) plus the CPU flags that SGLang needs here; what differs is the
 environment that switches the kit's code inside SGLang on, through SGLang's extension
 points only (``conformance.sglang_plugins``):
 
-* ``SGLANG_PLATFORM`` selects the kit's out-of-tree CPU platform;
+* ``SGLANG_PLATFORM`` selects the kit's out-of-tree CPU platform where SGLang's platform
+  interface has the extra_buffer answer (a feature probe; older releases run SGLang's
+  in-tree CPU device logic and the CPU plugin answers their extra_buffer device gate);
 * ``SGLANG_PLUGINS`` loads the kit's general plugins (CPU stand-ins, seeded faults) and
   no other, ``HYBRID_CONFORMANCE_SGLANG_CPU=1`` switches the CPU plugin on;
 * ``PYTHONPATH`` starts with the folder holding the ``sgl_kernel`` stand-in;
@@ -36,6 +38,16 @@ DTYPES = ("float32", "bfloat16")
 MAX_TOTAL_TOKENS = axes.CPU_MAX_TOTAL_TOKENS
 CONTEXT_LENGTH = 4096
 MAX_MAMBA_CACHE_SIZE = axes.CPU_MAX_MAMBA_CACHE_SIZE
+#: SGLang up to 0.5.13 derives ``grpc_port = port + 10000`` unless SGLANG_GRPC_PORT is set
+#: and refuses to start when that exceeds 65535 (a free port is often above 55535).
+GRPC_OFFSET = 10000
+
+
+def _platform_answers_extra_buffer() -> bool:
+    from conformance.sglang_api.probes import probe
+
+    features = probe()
+    return features.platform_extra_buffer_answer or not features.importable
 
 
 @dataclass
@@ -82,7 +94,6 @@ class SGLangCpuTarget:
         env = {
             "PYTHONPATH": path,
             "SGLANG_USE_CPU_ENGINE": "1",
-            "SGLANG_PLATFORM": activation.PLATFORM_NAME,
             "SGLANG_PLUGINS": ",".join((activation.CPU_PLUGIN, activation.OBSERVE_PLUGIN, activation.FAULT_PLUGIN)),
             activation.CPU_ENV: "1",
             activation.OBSERVE_ENV: "1",
@@ -94,6 +105,8 @@ class SGLangCpuTarget:
             "TOKENIZERS_PARALLELISM": "false",
             **cell.env,
         }
+        if _platform_answers_extra_buffer():
+            env["SGLANG_PLATFORM"] = activation.PLATFORM_NAME
         fault = fault_for_launch(cell.env)
         if fault:
             env[activation.FAULT_ENV] = fault
@@ -109,9 +122,12 @@ class SGLangCpuTarget:
 
     def launch_spec(self, cell: Cell, *, port: int, gpus: list[int] | None = None) -> LaunchSpec:
         argv = [self.python, "-m", "sglang.launch_server", *self.server_args(cell, port=port)]
+        env = self.env(cell)
+        if port + GRPC_OFFSET > 65535:  # SGLang 0.5.13 and older refuse a derived gRPC port above 65535
+            env.setdefault("SGLANG_GRPC_PORT", str(port - GRPC_OFFSET))
         return LaunchSpec(
             argv=argv,
-            env=self.env(cell),
+            env=env,
             port=port,
             health_path="/health_generate",
             start_timeout_s=600.0,

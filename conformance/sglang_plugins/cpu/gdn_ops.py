@@ -345,9 +345,12 @@ def causal_conv1d_update_cpu(
 
 def chunk_gated_delta_rule_cpu(
     q, k, v, g, beta, initial_state, cu_seqlens, head_first, use_qk_l2norm_in_kernel,
-    initial_state_indices,
+    initial_state_indices=None,
 ):
-    """Returns ``(o, final_states, h)``; h = state before each 64-token chunk (see module doc)."""
+    """Returns ``(o, final_states, h)``; h = state before each 64-token chunk (see module doc).
+    Without ``initial_state_indices`` (SGLang 0.5.13 and older on CPU pass the gathered
+    ``ssm_states[cache_indices]`` and write the final states back themselves) request i's
+    state is ``initial_state[i]``."""
     return _chunk_prefill(
         q, k, v, g, beta, initial_state, cu_seqlens, head_first, use_qk_l2norm_in_kernel,
         initial_state_indices, 1e-6, want_h=True,

@@ -5,7 +5,9 @@
   through SGLang's own ``HookRegistry`` (REPLACE), every ``how="bind"`` binding as the
   module global SGLang leaves unbound on CPU -- or, when a release does bind it, as a
   REPLACE hook like the others (a feature probe, not a version check);
-* a check that ``sgl_kernel`` is the kit's stand-in.
+* a check that ``sgl_kernel`` is the kit's stand-in;
+* in every process, the extra_buffer device gate where the release's platform interface
+  has no answer for it (``device_gate``).
 
 Returns what was installed, for the plugin report; raises with one line on anything
 that did not take effect, so a server never runs half-enabled.
@@ -18,7 +20,7 @@ import pkgutil
 from typing import Any
 
 from conformance.sglang_plugins import activation
-from conformance.sglang_plugins.cpu import torch_device
+from conformance.sglang_plugins.cpu import device_gate, torch_device
 from conformance.sglang_plugins.cpu.catalogue import bindings
 
 
@@ -56,29 +58,30 @@ def install(role: str) -> dict[str, Any]:
     if not getattr(sgl_kernel, "_hybrid_conformance_installed", False):
         raise InstallError(f"sgl_kernel at {getattr(sgl_kernel, '__file__', '?')} is not the kit's stand-in")
     done["torch_ops"] = list(getattr(sgl_kernel, "registered_ops", []))
+    done["device_gate"] = device_gate.install()  # in every process: the main one parses the server args
     if role != "scheduler":
         return done
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    replaced, bound, missing_targets = [], [], []
+    replaced, bound, missing_targets, absent = [], [], [], []
     for b in bindings():
         if b.how == "standin":
             continue
-        module_path, _, attr = b.target.rpartition(".")
-        try:
+        homes = [(h, impl) for h, impl in b.homes if _resolves(h, b.how)]
+        if not homes:
+            (missing_targets if b.required else absent).append(b.target)
+            continue
+        for home, impl in homes:
+            module_path, _, attr = home.rpartition(".")
             owner = pkgutil.resolve_name(module_path)
-        except (ImportError, AttributeError, ValueError):
-            missing_targets.append(b.target)
-            continue
-        if b.how == "replace" and not hasattr(owner, attr):
-            missing_targets.append(b.target)
-            continue
-        if b.how == "bind" and not hasattr(owner, attr):
-            setattr(owner, attr, b.impl)
-            bound.append(b.target)
-        else:
-            _register_replace(b.target, b.impl)
-            replaced.append(b.target)
+            if b.how in ("bind", "constant") and not hasattr(owner, attr):
+                setattr(owner, attr, impl)
+                bound.append(home)
+            elif b.how == "constant":
+                continue  # the release binds it itself
+            else:
+                _register_replace(home, impl)
+                replaced.append(home)
     if missing_targets:
         import sglang
 
@@ -87,10 +90,10 @@ def install(role: str) -> dict[str, Any]:
             f"(written for another release?): {', '.join(missing_targets)}"
         )
     HookRegistry.apply_hooks()  # load_plugins() applies again afterwards; already-patched targets are skipped
-    missing = [t for t in replaced + bound if not _is_ours(pkgutil.resolve_name(t), _impl_of(t))]
+    missing = [t for t in replaced + bound if not _is_ours(pkgutil.resolve_name(t), _impl_of(t)) and pkgutil.resolve_name(t) != _impl_of(t)]
     if missing:
         raise InstallError(f"stand-ins did not take effect: {', '.join(missing)}")
-    done["replaced"], done["bound"] = replaced, bound
+    done["replaced"], done["bound"], done["absent"] = replaced, bound, absent
     if activation.pd_enabled():
         from conformance.sglang_plugins.cpu import pd_bridge
 
@@ -98,10 +101,21 @@ def install(role: str) -> dict[str, Any]:
     return done
 
 
+def _resolves(home: str, how: str) -> bool:
+    """Whether ``home`` exists in this SGLang (a "bind" home needs only its module)."""
+    module_path, _, attr = home.rpartition(".")
+    try:
+        owner = pkgutil.resolve_name(module_path)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return how in ("bind", "constant") or hasattr(owner, attr)
+
+
 def _impl_of(target: str) -> Any:
     for b in bindings():
-        if b.target == target:
-            return b.impl
+        for home, impl in b.homes:
+            if home == target:
+                return impl
     raise KeyError(target)
 
 

@@ -37,6 +37,8 @@ TORCH_OPS = ()
 PAD_SLOT_ID = -1
 
 _MAMBA = "sglang.srt.layers.attention.mamba.mamba"
+_MAMBA_PKG = "sglang.srt.layers.attention.mamba"  # before the kernels moved to sglang.kernels (0.5.13 and older)
+_MAMBA_OPS = f"{_MAMBA_PKG}.ops"
 _PREFIX = "hybrid-conformance sglang-cpu mamba2"
 
 
@@ -628,12 +630,14 @@ BINDINGS = (
         "replace",
         "Mamba2 prefill SSD scan (varlen, initial/final/chunk-grid/track states) is Triton-only; "
         "the hook registry propagates it to mamba.py's imported name",
+        alternates=(f"{_MAMBA_OPS}.ssd_combined.mamba_chunk_scan_combined",),
     ),
     Binding(
         "sglang.kernels.ops.mamba.triton_ops.selective_state_update",
         selective_state_update,
         "replace",
         "Mamba2 decode step: the dispatcher only knows Triton / FlashInfer backends",
+        alternates=(f"{_MAMBA_OPS}.mamba_ssm.selective_state_update",),
     ),
     Binding(
         f"{_MAMBA}.causal_conv1d_fn",
@@ -665,6 +669,7 @@ BINDINGS = (
         "replace",
         "the Triton conv module itself, for callers that reach it directly or through "
         "srt.layers.attention.mamba.causal_conv1d's non-CUDA fallback",
+        alternates=(f"{_MAMBA_PKG}.causal_conv1d_triton.causal_conv1d_fn",),
     ),
     Binding(
         "sglang.kernels.ops.mamba.causal_conv1d_triton.causal_conv1d_update",
@@ -672,5 +677,6 @@ BINDINGS = (
         "replace",
         "the Triton conv update itself, for callers that reach it directly or through "
         "srt.layers.attention.mamba.causal_conv1d's non-CUDA fallback",
+        alternates=(f"{_MAMBA_PKG}.causal_conv1d_triton.causal_conv1d_update",),
     ),
 )

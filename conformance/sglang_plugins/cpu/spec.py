@@ -9,7 +9,15 @@ An ops module (``gdn_ops``, ``mamba2_ops``, ...) exports two tuples:
   (``target`` = ``"sgl_kernel.mamba.causal_conv1d_fn_cpu"``); ``how="replace"`` is a
   REPLACE hook in SGLang's own hook registry (``target`` = SGLang's dotted path);
   ``how="bind"`` defines a module global that SGLang leaves unbound on CPU (its
-  ``if is_cuda(): from ... import ...`` blocks), so the hook registry cannot resolve it.
+  ``if is_cuda(): from ... import ...`` blocks), so the hook registry cannot resolve it;
+  ``how="constant"`` likewise defines a module-level constant SGLang imports only off CPU
+  (``impl`` is the value; a release that binds it keeps its own).
+
+A symbol that moved between SGLang releases names its older homes in ``alternates``: a
+dotted path (same call signature, same impl) or a ``(path, impl)`` pair (an older helper
+with its own signature doing the same step); the install hooks every home that resolves
+and requires at least one.  ``required=False`` marks a helper an older release does not have at all (it
+computes that step in torch); its absence is reported, never an error.
 
 Nothing here imports SGLang: the records are plain data, read by
 ``conformance.sglang_plugins.cpu.install`` inside the servers the kit launches.
@@ -20,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-HOW = ("standin", "replace", "bind")
+HOW = ("standin", "replace", "bind", "constant")
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,13 @@ class Binding:
     impl: Callable
     how: str = "replace"
     why: str = ""
+    alternates: tuple = ()  # older homes: "dotted.path" or ("dotted.path", impl)
+    required: bool = True  # False: a release without it in any home does not call it
+
+    @property
+    def homes(self) -> tuple[tuple[str, Callable], ...]:
+        """(dotted path, impl) for the current home and every older one."""
+        return ((self.target, self.impl), *((a, self.impl) if isinstance(a, str) else tuple(a) for a in self.alternates))
 
     def __post_init__(self) -> None:
         if self.how not in HOW:

@@ -7,6 +7,10 @@ inside the ``sglang-cpu`` servers only.
 * ``Tensor.pin_memory()`` needs a CUDA driver; SGLang pins host buffers while preparing
   extra_buffer tracking.  Without a usable CUDA device it returns the tensor itself
   (pinning is a transfer optimisation, not semantics).
+* The factories (``torch.tensor``, ``empty``, ``zeros``, ``ones``, ``full``) with
+  ``pin_memory=True`` need the driver too; SGLang 0.5.13 and older pass it unconditionally
+  when building the extra_buffer track indices.  Without a usable CUDA device the keyword
+  is dropped (the same tensor, unpinned).
 """
 
 from __future__ import annotations
@@ -14,6 +18,17 @@ from __future__ import annotations
 import torch
 
 _PATCHED: list[str] = []
+FACTORIES = ("tensor", "empty", "zeros", "ones", "full")
+
+
+def _unpinned(factory):  # noqa: ANN001, ANN202
+    def call(*args, **kwargs):  # noqa: ANN002, ANN003
+        kwargs.pop("pin_memory", None)
+        return factory(*args, **kwargs)
+
+    call.__wrapped__ = factory
+    call.__name__ = getattr(factory, "__name__", "factory")
+    return call
 
 
 def install() -> list[str]:
@@ -33,4 +48,7 @@ def install() -> list[str]:
 
     torch.Tensor.pin_memory = pin_memory
     _PATCHED.extend(["torch.get_device_module", "torch.Tensor.pin_memory"])
+    for name in FACTORIES:
+        setattr(torch, name, _unpinned(getattr(torch, name)))
+        _PATCHED.append(f"torch.{name}(pin_memory=)")
     return list(_PATCHED)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from conformance.sglang_plugins.cpu.gdn_ops import CHUNK
 from conformance.sglang_plugins.cpu.spec import Binding
 
 TORCH_OPS = ()
@@ -26,6 +27,33 @@ TORCH_OPS = ()
 def _rows_view(states: torch.Tensor, num_layers: int, strides: tuple, numel: int, rows: int) -> torch.Tensor:
     layer_stride, row_stride = int(strides[0]), int(strides[1])
     return states.as_strided((num_layers, rows, numel), (layer_stride, row_stride, 1), states.storage_offset())
+
+
+def track_mamba_states_if_needed(
+    conv_states: torch.Tensor,
+    ssm_states: torch.Tensor,
+    cache_indices: torch.Tensor,
+    mamba_track_mask: torch.Tensor,
+    mamba_track_indices: torch.Tensor,
+    batch_size: int,
+    check_freed_slots: bool = False,
+) -> None:
+    """The older (one layer, row-indexed) form of the same copy (hybrid_linear_attn_backend;
+    0.5.16 adds ``check_freed_slots``: skip a request whose slots were freed, index < 0)."""
+    src, dst = _tracked_rows(cache_indices, mamba_track_mask, mamba_track_indices, batch_size, check_freed_slots)
+    for states in (conv_states, ssm_states):
+        states[dst] = states[src].clone()
+
+
+def _tracked_rows(cache_indices, mamba_track_mask, mamba_track_indices, batch_size: int, check_freed_slots: bool):  # noqa: ANN001
+    """(source rows, track rows) of the requests whose track mask is set."""
+    mask = mamba_track_mask[:batch_size].to(torch.bool)
+    src = cache_indices[:batch_size][mask].to(torch.long)
+    dst = mamba_track_indices[:batch_size][mask].to(torch.long)
+    if check_freed_slots:
+        keep = (src >= 0) & (dst >= 0)
+        src, dst = src[keep], dst[keep]
+    return src, dst
 
 
 def launch_track_mamba_states(
@@ -44,12 +72,7 @@ def launch_track_mamba_states(
 ) -> None:
     if batch_size == 0:
         return
-    mask = mamba_track_mask[:batch_size].to(torch.bool)
-    src = cache_indices[:batch_size][mask].to(torch.long)
-    dst = mamba_track_indices[:batch_size][mask].to(torch.long)
-    if check_freed_slots:
-        keep = (src >= 0) & (dst >= 0)
-        src, dst = src[keep], dst[keep]
+    src, dst = _tracked_rows(cache_indices, mamba_track_mask, mamba_track_indices, batch_size, check_freed_slots)
     if src.numel() == 0:
         return
     rows = int(torch.maximum(src.max(), dst.max())) + 1
@@ -132,6 +155,14 @@ def topk_softmax(topk_weights: torch.Tensor, topk_ids: torch.Tensor, gating_outp
 
 BINDINGS = (
     Binding(
+        "sglang.srt.layers.attention.hybrid_linear_attn_backend.FLA_CHUNK_SIZE",
+        CHUNK,
+        "constant",
+        "the GDN chunk the extra_buffer prefill tracking divides by; 0.5.12 and older import it "
+        "from the FLA kernels only off CPU (NameError on CPU); the kit's prefill h uses the same chunk",
+        required=False,
+    ),
+    Binding(
         "sglang.srt.layers.moe.topk.topk_softmax",
         topk_softmax,
         "bind",
@@ -142,23 +173,29 @@ BINDINGS = (
         launch_track_mamba_states,
         "replace",
         "Triton copy of conv/SSM rows into track slots (extra_buffer tracking)",
+        alternates=(("sglang.srt.layers.attention.hybrid_linear_attn_backend.track_mamba_states_if_needed",
+                     track_mamba_states_if_needed),),
     ),
     Binding(
         "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add",
         fused_gate_sigmoid_mul_add,
         "replace",
         "Triton shared-expert gate of the Qwen2-MoE block Qwen3-Next uses",
+        alternates=("sglang.kernels.ops.layernorm.elementwise.fused_gate_sigmoid_mul_add",),  # 0.5.16
+        required=False,  # 0.5.13 and older gate the shared expert in torch (a miss crashes in Triton, visibly)
     ),
     Binding(
         "sglang.kernels.ops.attention.fla.layernorm_gated.layernorm_fn",
         layernorm_fn,
         "replace",
         "Triton gated norm; the CPU op path is taken only with AMX",
+        alternates=("sglang.srt.layers.attention.fla.layernorm_gated.layernorm_fn",),
     ),
     Binding(
         "sglang.kernels.ops.attention.fla.fused_norm_gate.rms_norm_gated",
         rms_norm_gated,
         "replace",
         "Triton fused gated RMSNorm; the CPU op path is taken only with AMX",
+        alternates=("sglang.srt.layers.attention.fla.fused_norm_gate.rms_norm_gated",),
     ),
 )

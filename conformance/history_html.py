@@ -1,0 +1,71 @@
+"""``history.html``: the release x check grid of ``hybrid-conformance history``, for a person.
+
+One row per check, one column per release; a cell is pass / FAIL / n/a (folded over the
+matrix cells by :func:`fold`, with how many cells each status had); every FAIL
+and n/a is listed under the grid with its cell and reason, and a FAIL with a replay file
+links to it (relative to the page, so the folder can be uploaded as it is).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+STYLE = """body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#eee}
+.pass{background:#d4f7d4}.fail{background:#f7c6c6;font-weight:bold}.na{background:#eee;color:#666}
+li{font-size:13px;margin:2px 0}"""
+MARK = {"pass": "pass", "fail": "FAIL", "na": "n/a"}
+
+
+def fold(rows: Sequence) -> dict[tuple[str, str], tuple[str, list]]:
+    """(release, check) -> (status, its rows): a check of several cells is FAIL when any cell
+    failed, pass when any passed and none failed, n/a only when every cell was n/a."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.release, r.check), []).append(r)
+    out = {}
+    for key, group in groups.items():
+        statuses = {r.status for r in group}
+        out[key] = ("fail" if "fail" in statuses else "pass" if "pass" in statuses else "na", group)
+    return out
+
+
+def _link(path: str, base: Path | None) -> str:
+    target = os.path.relpath(path, base) if base is not None and os.path.isabs(path) else path
+    return f'<a href="{html.escape(target)}">replay</a>'
+
+
+def render_html(rows: Sequence, releases: Sequence[str], probes: Mapping[str, str], *, base: Path | None = None) -> str:
+    folded = fold(rows)
+    checks = list(dict.fromkeys(r.check for r in rows))
+    head = "".join(f"<th>{html.escape(r)}</th>" for r in releases)
+    body = []
+    for check in checks:
+        tds = []
+        for rel in releases:
+            got = folded.get((rel, check))
+            if got is None:
+                tds.append("<td>-</td>")
+                continue
+            status, group = got
+            cells = [r for r in group if r.cell]
+            count = f" ({sum(1 for r in cells if r.status == status)}/{len(cells)})" if cells else ""
+            first = next((r for r in group if r.status == "fail" and r.replay), None)
+            link = f" {_link(first.replay, base)}" if first else ""
+            title = html.escape("; ".join(f"{r.cell or r.check}: {r.status} {r.reason}" for r in group)[:1500])
+            tds.append(f'<td class="{status}" title="{title}">{MARK[status]}{count}{link}</td>')
+        body.append(f"<tr><th style='text-align:left'>{html.escape(check)}</th>{''.join(tds)}</tr>")
+    notes = []
+    for r in rows:
+        if r.status == "pass":
+            continue
+        where = f" [{html.escape(r.cell)}]" if r.cell else ""
+        link = f" {_link(r.replay, base)}" if r.replay else ""
+        notes.append(f"<li class='{r.status}'>{html.escape(r.release)} {html.escape(r.check)}{where}: {MARK[r.status]}: {html.escape(r.reason)}{link}</li>")
+    probe_lines = "".join(f"<li>{html.escape(line)}</li>" for line in probes.values())
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>hybrid-conformance history</title><style>{STYLE}</style></head><body>"
+            f"<h1>SGLang releases x checks</h1><table><tr><th>check</th>{head}</tr>{''.join(body)}</table>"
+            f"<h2>FAIL and n/a</h2><ul>{''.join(notes) or '<li>none</li>'}</ul><h2>feature probes</h2><ul>{probe_lines}</ul></body></html>")

@@ -1,0 +1,82 @@
+"""The extra_buffer device gate on releases whose platform interface has no answer for it.
+
+From 0.5.22 SGLang asks the platform (``SRTPlatform.support_mamba_cache_extra_buffer``) and
+the kit's out-of-tree platform answers.  Before, ``ServerArgs._handle_mamba_radix_cache``
+(``_validate_mamba_extra_buffer`` from 0.5.16) asserts ``is_cuda() or is_musa() or is_npu()`` ("Mamba extra_buffer is only supported on
+CUDA and MUSA and NPU devices"; 0.5.11 without NPU) whatever the platform.  This AROUND hook, registered
+through SGLang's own ``HookRegistry`` in the process that parses the server arguments,
+answers that one device question for ``--device cpu`` while the method runs: the gate's
+``is_musa`` (the last-resort device of the three, read nowhere else in the method: checked
+from the method's source before installing) says yes; every other line of the method and
+all of SGLang's Mamba-cache logic run unchanged.  Nothing is installed when the platform
+answers the question itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pkgutil
+import re
+from typing import Any, Callable
+
+#: The methods that hold the gate, newest first: 0.5.16-0.5.21 split it out of the
+#: strategy handling ("extra_buffer needs CUDA/MUSA/NPU/ROCm (FLA)."); 0.5.11-0.5.15 assert
+#: it in the handler ("Mamba extra_buffer is only supported on CUDA and MUSA [and NPU] devices").
+TARGETS = (
+    "sglang.srt.server_args.ServerArgs._validate_mamba_extra_buffer",
+    "sglang.srt.server_args.ServerArgs._handle_mamba_radix_cache",
+)
+TARGET = TARGETS[-1]
+GATE = re.compile(r"assert\s*\(?\s*is_cuda\(\)\s+or\s+is_musa\(\)")  # the device assert, whatever devices follow
+ANSWERED = "is_musa"  # the name the hook answers while the method runs
+
+
+class GateError(RuntimeError):
+    """The release gates extra_buffer somewhere this hook does not know; one line."""
+
+
+def gate_location() -> str | None:
+    """Where this SGLang gates extra_buffer on the device: ``platform`` (an
+    ``SRTPlatform.support_mamba_cache_extra_buffer`` answer), the method of :data:`TARGETS`
+    whose assert this hook answers, or None (neither found)."""
+    from conformance.sglang_plugins.platform import platform_answers_extra_buffer
+
+    if platform_answers_extra_buffer():
+        return "platform"
+    for target in TARGETS:
+        try:
+            source = inspect.getsource(pkgutil.resolve_name(target))
+        except (ImportError, AttributeError, ValueError, OSError, TypeError):
+            continue
+        if GATE.search(source) and source.count(f"{ANSWERED}(") == 1:
+            return target
+    return None
+
+
+def answer_device(original: Callable, server_args: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook: for ``--device cpu`` the gate's ``is_musa`` answers yes during the call."""
+    if getattr(server_args, "device", None) != "cpu":
+        return original(server_args, *args, **kwargs)
+    module = inspect.getmodule(original) or pkgutil.resolve_name("sglang.srt.server_args")
+    saved = getattr(module, ANSWERED)
+    setattr(module, ANSWERED, lambda *a, **k: True)
+    try:
+        return original(server_args, *args, **kwargs)
+    finally:
+        setattr(module, ANSWERED, saved)
+
+
+def install() -> str:
+    """Register the hook where needed; returns what was done (for the plugin report)."""
+    where = gate_location()
+    if where == "platform":
+        return "platform answers support_mamba_cache_extra_buffer (no hook)"
+    if where is None:
+        import sglang
+
+        raise GateError(f"sglang {getattr(sglang, '__version__', '?')}: no extra_buffer device gate found "
+                        f"(neither SRTPlatform.support_mamba_cache_extra_buffer nor an 'assert is_cuda() or is_musa()' in {', '.join(TARGETS)})")
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(where, answer_device, HookType.AROUND)
+    return f"AROUND {where}: {ANSWERED}() answers yes for --device cpu"

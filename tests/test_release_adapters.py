@@ -1,0 +1,224 @@
+"""What lets real SGLang on CPU run on releases before 0.5.22 (issue 24), without a server:
+
+* the extra_buffer device gate hook (``conformance/sglang_plugins/cpu/device_gate.py``):
+  found only where the method asserts on ``is_cuda() or is_musa()`` and reads ``is_musa``
+  once; while the method runs for ``--device cpu`` it answers that one question, and
+  nothing else (shown on a stand-in of SGLang's method, failing without the hook);
+* stand-ins that moved between releases (``Binding.alternates``): every home that exists
+  is hooked, a required symbol with no home refuses in one line;
+* ``--sglang-source``: a checkout is named by its commit, bad paths are one line through
+  the installed console script, the flag is stripped for the re-run, the report records it;
+* the torch factories drop ``pin_memory`` only.
+
+The launches themselves (0.5.12, 0.5.13, ... in their venvs) are in docs/history.md and
+the issue note; they take minutes each and need PyPI venvs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import pytest
+
+from conformance.errors import KitError
+from conformance.sglang_plugins.cpu import device_gate, install
+from conformance.sglang_plugins.cpu.spec import Binding
+
+GATED = '''
+def is_cuda():
+    return False
+
+def is_musa():
+    return False
+
+def is_npu():
+    return False
+
+class ServerArgs:
+    device = "cpu"
+
+    def _validate_mamba_extra_buffer(self, view):
+        assert (
+            is_cuda() or is_musa() or is_npu()
+        ), "extra_buffer needs CUDA/MUSA/NPU/ROCm (FLA)."
+        return "validated"
+'''
+
+
+@pytest.fixture
+def fake_server_args(monkeypatch, tmp_path):
+    pkg = tmp_path / "fakesglang_i24"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "server_args.py").write_text(GATED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    module = importlib.import_module("fakesglang_i24.server_args")
+    target = "fakesglang_i24.server_args.ServerArgs._validate_mamba_extra_buffer"
+    monkeypatch.setattr(device_gate, "TARGETS", (target,))
+    monkeypatch.setattr("conformance.sglang_plugins.platform.platform_answers_extra_buffer", lambda: False)
+    yield module, target
+    sys.modules.pop("fakesglang_i24.server_args", None)
+    sys.modules.pop("fakesglang_i24", None)
+
+
+def test_device_gate_answers_only_is_musa_while_the_method_runs(fake_server_args):
+    module, target = fake_server_args
+    assert device_gate.gate_location() == target
+    args = module.ServerArgs()
+    original = module.ServerArgs._validate_mamba_extra_buffer
+    with pytest.raises(AssertionError, match="extra_buffer needs CUDA"):  # the gate, unhooked
+        original(args, None)
+    assert device_gate.answer_device(original, args, None) == "validated"
+    assert module.is_musa() is False and module.is_cuda() is False  # restored, and never touched
+    args.device = "cuda"
+    with pytest.raises(AssertionError):  # only --device cpu is answered
+        device_gate.answer_device(original, args, None)
+
+
+def test_device_gate_refuses_a_method_that_reads_is_musa_elsewhere(fake_server_args, monkeypatch):
+    module, target = fake_server_args
+    source = GATED.replace('return "validated"', 'return "musa" if is_musa() else "validated"')
+    with open(module.__file__, "w") as f:
+        f.write(source)
+    import importlib
+    import linecache
+
+    linecache.clearcache()
+    importlib.reload(module)
+    assert device_gate.gate_location() is None
+    with pytest.raises(device_gate.GateError, match="no extra_buffer device gate found"):
+        device_gate.install()
+
+
+def test_device_gate_defers_to_a_platform_that_answers(monkeypatch):
+    monkeypatch.setattr("conformance.sglang_plugins.platform.platform_answers_extra_buffer", lambda: True)
+    assert device_gate.gate_location() == "platform"
+    assert "no hook" in device_gate.install()
+
+
+def test_bindings_hook_every_home_that_exists(monkeypatch):
+    fake = types.ModuleType("fake_i24_homes")
+    fake.old_home = lambda: "sglang"
+    monkeypatch.setitem(sys.modules, "fake_i24_homes", fake)
+
+    def impl():
+        return "kit"
+
+    def legacy_impl():
+        return "kit, old signature"
+
+    moved = Binding("fake_i24_homes.new_home", impl, "replace", alternates=("fake_i24_homes.old_home", ("fake_i24_homes.older", legacy_impl)))
+    assert moved.homes == (("fake_i24_homes.new_home", impl), ("fake_i24_homes.old_home", impl), ("fake_i24_homes.older", legacy_impl))
+    assert [h for h, _ in moved.homes if install._resolves(h, moved.how)] == ["fake_i24_homes.old_home"]
+    assert install._resolves("fake_i24_homes.absent", "constant") and not install._resolves("no_such_module_i24.x", "constant")
+    registered = []
+    monkeypatch.setattr(install, "bindings", lambda: (moved, Binding("fake_i24_homes.CHUNK", 64, "constant")))
+    monkeypatch.setattr(install, "_register_replace", lambda target, fn: registered.append((target, fn)))
+    monkeypatch.setattr(install.torch_device, "install", lambda: [])
+    monkeypatch.setattr(install.device_gate, "install", lambda: "n/a")
+    fake_kernel = types.ModuleType("sgl_kernel")
+    fake_kernel._hybrid_conformance_installed = True
+    monkeypatch.setitem(sys.modules, "sgl_kernel", fake_kernel)
+    import sglang.srt.plugins.hook_registry as registry
+
+    monkeypatch.setattr(registry.HookRegistry, "apply_hooks", classmethod(lambda cls: setattr(fake, "old_home", impl)))
+    done = install.install("scheduler")
+    assert registered == [("fake_i24_homes.old_home", impl)] and fake.CHUNK == 64
+    assert done["bound"] == ["fake_i24_homes.CHUNK"]
+    missing = Binding("fake_i24_homes.gone", impl, "replace")
+    monkeypatch.setattr(install, "bindings", lambda: (missing,))
+    with pytest.raises(install.InstallError, match="lacks what the kit's CPU stand-ins hook .*fake_i24_homes.gone"):
+        install.install("scheduler")
+    monkeypatch.setattr(install, "bindings", lambda: (Binding("fake_i24_homes.gone", impl, "replace", required=False),))
+    assert install.install("scheduler")["absent"] == ["fake_i24_homes.gone"]
+
+
+def test_torch_factories_drop_pin_memory_only():
+    import torch
+
+    from conformance.sglang_plugins.cpu.torch_device import _unpinned
+
+    tensor = _unpinned(torch.tensor)
+    t = tensor([1, 2], dtype=torch.int64, pin_memory=True)
+    assert t.tolist() == [1, 2] and t.dtype == torch.int64 and not t.is_pinned()
+    assert _unpinned(torch.zeros)(3, pin_memory=True).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_source_checkout_is_named_by_its_commit(tmp_path):
+    from conformance import sglang_source
+
+    with pytest.raises(KitError, match="not an SGLang checkout"):
+        sglang_source.checkout(tmp_path)
+    (tmp_path / "python").mkdir()
+    (tmp_path / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\nversion = "0.5.23"\n')
+    with pytest.raises(KitError, match="not a git checkout"):
+        sglang_source.checkout(tmp_path)
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=k@k", "-c", "user.name=k"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    co = sglang_source.checkout(tmp_path)
+    assert len(co.commit) == 40 and co.version == "0.5.23" and co.label == f"src-{co.commit[:12]}"
+    assert co.venv_name == f"sglang-src-{co.commit[:12]}"
+    argv = ["run", "--sglang-source", str(tmp_path), "--tier", "premerge", "--sglang-source=x"]
+    assert sglang_source.without_flag(argv) == ["run", "--tier", "premerge"]
+
+
+def test_report_versions_record_the_checkout(monkeypatch):
+    from conformance import preflight, sglang_source
+
+    monkeypatch.delenv(sglang_source.SOURCE_ENV, raising=False)
+    assert "sglang_commit" not in preflight.versions()
+    monkeypatch.setenv(sglang_source.SOURCE_ENV, "/src/sglang@0123456789abcdef")
+    v = preflight.versions()
+    assert v["sglang_source"] == "/src/sglang" and v["sglang_commit"] == "0123456789abcdef"
+
+
+@pytest.mark.parametrize("verb", ["run", "fuzz", "mutants", "history"])
+def test_sglang_source_bad_path_is_one_line_through_the_console_script(verb, tmp_path):
+    out = subprocess.run(["hybrid-conformance", verb, "--sglang-source", str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert "not an SGLang checkout (no python/pyproject.toml)" in lines[0] and "Traceback" not in out.stderr
+
+
+def test_history_keeps_sglang_source_as_a_column_and_run_re_runs(monkeypatch, tmp_path):
+    """history adds the checkout as a column (never re-runs itself in the checkout's venv);
+    run/fuzz/mutants re-run in it."""
+    from conformance import cli, history
+
+    seen = {}
+    monkeypatch.setattr(history, "history", lambda releases, **k: seen.update(releases=releases, sources=k["sources"]) or ([], {}))
+    monkeypatch.setattr(history, "rerun_in_source", lambda argv, path: seen.update(rerun=(argv, path)) or 0)
+    monkeypatch.setattr("conformance.sglang_source.checkout", lambda p: type("C", (), {"label": "src-x", "path": p, "commit": "c", "version": "v"})())
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["history", "--releases", "0.5.23", "--sglang-source", "ck", "--checks", "validate"]) == 0
+    assert seen == {"releases": ["0.5.23"], "sources": ["ck"]}
+    assert cli.main(["run", "--tier", "premerge", "--sglang-source", "ck"]) == 0
+    assert seen["rerun"] == (["run", "--tier", "premerge", "--sglang-source", "ck"], "ck")
+
+
+def test_old_track_copy_copies_masked_rows_and_skips_freed_ones():
+    import torch
+
+    from conformance.sglang_plugins.cpu.triton_spots import track_mamba_states_if_needed
+
+    conv, ssm = torch.arange(8.0).reshape(4, 2), torch.arange(4.0).reshape(4, 1) * 10
+    idx, mask, track = torch.tensor([0, 1, 2]), torch.tensor([True, False, True]), torch.tensor([3, 3, -1])
+    track_mamba_states_if_needed(conv, ssm, idx, mask, track, 3, check_freed_slots=True)
+    assert conv[3].tolist() == [0.0, 1.0] and ssm[3].tolist() == [0.0] and conv[2].tolist() == [4.0, 5.0]
+
+
+def test_observe_counts_track_slots_on_the_req_before_req_kv():
+    from types import SimpleNamespace as NS
+
+    from conformance.sglang_plugins.observe import track_slots
+
+    assert track_slots(NS(mamba_ping_pong_track_buffer=[5, 6])) == 2  # 0.5.12: state on the Req, both held
+    assert track_slots(NS(kv=NS(mamba_ping_pong_track_buffer=[5, 6], mamba_ping_pong_empty=[False, True]))) == 1
+    assert track_slots(NS(mamba_ping_pong_track_buffer=None)) == 0
