@@ -23,6 +23,8 @@ from typing import IO, Iterator
 
 import pytest
 
+from conformance.targets.reaper_client import pid_exists
+
 LOCK_NAME = "perf-quiet.lock"
 PENDING_NAME = "perf-quiet.pending"
 EXCLUSIVE_WAIT_S = 900.0
@@ -57,13 +59,7 @@ def _pending_alive(path: Path) -> bool:
         return False
     if pid <= 0 or pid == os.getpid():
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_exists(pid)
 
 
 @contextlib.contextmanager

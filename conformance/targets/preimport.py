@@ -33,7 +33,7 @@ from typing import IO, Mapping, Sequence
 from conformance.errors import KitError
 from conformance.faults import FAULT_SWITCHES
 from conformance.sglang_plugins.activation import REPORT_ENV
-from conformance.targets.reaper_client import register_with_reaper
+from conformance.targets.reaper_client import pid_exists, register_with_reaper
 
 #: Read by SGLang or the kit only when a server runs, never while importing: a zygote
 #: imported without them serves every value.
@@ -184,12 +184,8 @@ class ForkedServer:
 
 
 def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_exists(pid):
         return False
-    except PermissionError:
-        return True
     try:  # a zombie whose parent (the zygote) has not reaped it yet counts as gone
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
     except (OSError, IndexError):

@@ -7,6 +7,7 @@ launcher (``conformance.targets.preimport``: the zygote's group).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -45,3 +46,14 @@ def register_with_reaper(kind: str, ident: int, *, forget: bool = False) -> None
     """Tell this process's reaper to kill ``kind`` (``group`` or ``pid``) ``ident`` if we die
     (``forget``: we stopped it ourselves)."""
     Reaper.tell(kind, ident, forget=forget)
+
+
+def pid_exists(pid: int) -> bool:
+    """Whether a process with this pid exists (a zombie included; one we may not signal too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
