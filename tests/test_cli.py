@@ -109,5 +109,5 @@ def test_preflight_subcommand_prints_one_line_per_need() -> None:
     out = run_cli("preflight", "--tier", "premerge", "--suite", "kl")
     assert out.returncode == 0, out.stderr
     names = [ln.split()[1] for ln in out.stdout.splitlines() if ln.startswith("preflight ")]
-    assert names == ["selection", "gpus", "sglang", "plugins", "gsm8k", "twins", "ports"]
+    assert names == ["selection", "gpus", "sglang", "plugins", "launch", "gsm8k", "twins", "ports"]
     assert "gsm8k     ok   not needed" in out.stdout

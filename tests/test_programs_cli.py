@@ -113,7 +113,8 @@ def test_fuzz_sglang_cpu_as_typed(tmp_path: Path) -> None:
 def test_verdict_refuses_to_pass_vacuously() -> None:
     assert programs_verdict(Exploration(), budget="1", seed=0).status == "fail"
     assert "sent no request" in programs_verdict(Exploration(examples=3), budget="1", seed=0).reason
-    assert programs_verdict(Exploration(examples=3, stats=[RunStats(requests=5)]), budget="1", seed=0).status == "pass"
+    assert programs_verdict(Exploration(examples=3, stats=[RunStats(requests=5)]), budget="1", seed=0).status == "fail"  # nothing compared
+    assert programs_verdict(Exploration(examples=3, stats=[RunStats(requests=5, compared_tokens=12)]), budget="1", seed=0).status == "pass"
 
 
 def test_verdict_of_a_finding_names_file_and_replay() -> None:

@@ -175,7 +175,8 @@ def test_unusable_sglang_fails_when_the_pool_tier_was_asked_for(monkeypatch):
 
 def test_pool_tier_on_an_unimportable_sglang_exits_non_zero_with_one_line(tmp_path):
     """A stand-in sglang that fails to import the way an old release does with the kit's
-    transformers: an explicit pool run fails naming it; an ordinary run skips (exit 0)."""
+    transformers: an explicit pool run fails naming it; an ordinary run skips its pool tests
+    (and, having judged nothing else, is not green)."""
     stub = tmp_path / "sglang"
     stub.mkdir()
     (stub / "__init__.py").write_text("raise ValueError(\"'qwen3_asr' is already used by a Transformers config, pick another name.\")\n")
@@ -188,7 +189,10 @@ def test_pool_tier_on_an_unimportable_sglang_exits_non_zero_with_one_line(tmp_pa
     assert "pool tier asked for but cannot run" in explicit.stdout and "qwen3_asr" in explicit.stdout
     assert "Traceback" not in explicit.stdout
     ordinary = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert ordinary.returncode == 0 and "skipped" in ordinary.stdout and "failed" not in ordinary.stdout, ordinary.stdout[-2000:]
+    # not asked for: the pool tests skip (never fail); a run that judged nothing else is not green
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["tests"]["skipped"] >= 1 and report["tests"]["failed"] == 0 and "failed" not in ordinary.stdout, ordinary.stdout[-2000:]
+    assert ordinary.returncode == 1 and report["incomplete_reasons"] == ["nothing was judged: every check of every cell skipped"]
 
 
 def test_probe_answers_are_kept_per_installation(monkeypatch, tmp_path):

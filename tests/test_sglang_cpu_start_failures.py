@@ -34,11 +34,14 @@ CASES = {
 
 
 def _children() -> set[int]:
-    """This process's descendants, but the launcher's reaper (one per process, kept alive)."""
+    """This process's descendants, but the launcher's reaper and the pre-imported launcher
+    (one per process and import environment, kept alive for the next cell; the servers it
+    forked are its children, so they are counted)."""
     out = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if "conformance.targets.reaper" not in " ".join(p.cmdline()):
+            cmd = " ".join(p.cmdline())
+            if "conformance.targets.reaper" not in cmd and "conformance.targets.zygote" not in cmd:
                 out.add(p.pid)
         except psutil.NoSuchProcess:
             pass
