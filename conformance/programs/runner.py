@@ -415,23 +415,31 @@ class ProgramRun:
 
 
 def not_serving(client: SGLangClient, alive: Any = None, log_text: Any = None) -> str | None:
-    """Why the server is not serving (its process exited, or /health answers non-200);
-    None while it serves.  A slow /health on a busy server is retried, not a death."""
+    """Why the server is not serving (its process exited, or its scheduler does not answer);
+    None while it serves.  The question is ``/server_info``, which SGLang answers from the
+    scheduler's internal state (a hung scheduler leaves it unanswered); SGLang's ``/health``
+    sleeps a whole second before it answers, which cost the programs a second per program.
+    A release without ``/server_info`` is asked ``/health``.  A slow answer on a busy server
+    is retried, not a death."""
     why = alive() if alive else None
     if why:
         return why
     status = ""
+    path = "/server_info"
     for _ in range(3):
         try:
-            resp = client.request("GET", "/health", timeout=HEALTH_TIMEOUT_S, ok=(200, 500, 502, 503, 504))
+            resp = client.request("GET", path, timeout=HEALTH_TIMEOUT_S, ok=(200, 404, 500, 502, 503, 504))
         except ServerDiedError as e:
             status = str(e)
             if "no answer within" in status:
                 continue
             break
+        if resp.status_code == 404 and path != "/health":
+            path = "/health"
+            continue
         if resp.status_code == 200:
             return None
-        status = f"/health answers {resp.status_code}"
+        status = f"{path} answers {resp.status_code}"
         break
     bad = scan_log(log_text()) if log_text else []
     return f"{status}; {bad[-1][:300] if bad else 'no error in its log'}"

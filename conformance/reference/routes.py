@@ -4,7 +4,7 @@ the OpenAI routes are in ``openai_routes.py``.
 
 Errors are SGLang-shaped JSON (``{"error": {"message", "type", "code"}}``) with a 4xx
 status for bad input; a dead scheduler (idle leak check in strict mode, or a crash) makes
-``/health`` 503 and generation 503, as SGLang's server does once its scheduler died.  A
+``/health``, ``/server_info`` and generation 503, as SGLang's server does once its scheduler died.  A
 request aborted by ``/abort_request`` answers 200 with ``finish_reason.type == "abort"``,
 as SGLang's does.
 """
@@ -54,6 +54,7 @@ def create_app(runner, args, faults) -> FastAPI:
         return PlainTextResponse("")
 
     def server_info() -> dict:
+        alive()  # SGLang answers from its scheduler's state: a dead scheduler leaves it unanswered
         return {
             "model_path": args.model, "served_model_name": args.model, "engine": "hybrid-conformance reference",
             "tokenizer_path": str(getattr(model, "path", "")) or None,
