@@ -36,7 +36,8 @@ def run_once(target: str, args: argparse.Namespace, report_dir: Path) -> dict:
         return {"status": f"no report (exit {proc.returncode}): {tail[0][:200]}"}
     rows = [c["checks"]["programs"] for c in report.get("cells", []) if "programs" in c.get("checks", {})]
     if not rows:
-        return {"status": f"no programs verdict (exit {proc.returncode})"}
+        why = [ln.strip() for ln in proc.stdout.splitlines() if " ERROR" in ln or "FAILED" in ln or "error:" in ln][:1]
+        return {"status": f"no programs verdict (exit {proc.returncode}): {(why or ['no error line'])[0][:200]}"}
     m = rows[0].get("metrics", {})
     seconds = float(m.get("seconds") or 0.0)
     requests = int(m.get("requests") or 0)

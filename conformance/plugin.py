@@ -35,8 +35,9 @@ from conformance.records import Verdict
 from conformance.run_state import RUN_KEY, RunState, run_state
 from conformance.targets.registry import POOL, target_for
 
-#: The report hooks, perf selection and quiet mode, and the request-program suite's options and marker.
-pytest_plugins = ["conformance.report_hooks", "conformance.perf.selection", "conformance.perf.quiet", "conformance.programs.options"]
+#: The report hooks, perf selection and quiet mode, the request-program suite's options and marker, and its run-wide cache-off twins.
+pytest_plugins = ["conformance.report_hooks", "conformance.perf.selection", "conformance.perf.quiet", "conformance.programs.options",
+                  "conformance.programs.cold_twins"]
 
 _CHECK_MARKERS = {
     "kl": "KL divergence between cached and uncached logprobs",
@@ -223,7 +224,7 @@ def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytes
     else:
         with stack:
             note_launch(request, cell, kind="server")
-            note_server(request, cell, ep.info, target=state.options.target)
+            note_server(request, cell, ep.info, target=state.options.target, worker=os.environ.get("PYTEST_XDIST_WORKER") or "main")
             yield ep
             note_server_end(cell, alive_at_end=ep.alive(), exit_reason=None if ep.alive() else _dead_reason(ep),
                             launch=getattr(ep.process, "launch", None) or None, **ep.extra.get("server", {}))

@@ -10,14 +10,14 @@ file, and the test fails with the finding, the file and the one command that rep
 from __future__ import annotations
 
 import os
-import threading
 from concurrent.futures import Future
 from typing import Any, Iterator
 
 import pytest
 
 from conformance.errors import KitError
-from conformance.programs.bind import FAULT_SWITCHES, cold_cell, gen_spec, prepare_twin, restart_if_dead, serve_cold, target_for
+from conformance.programs.bind import FAULT_SWITCHES, gen_spec, restart_if_dead, target_for
+from conformance.programs.cold_twins import twins_for
 from conformance.programs.explore import cell_seed, Exploration, explore, failure_file, parse_budget, replay_command
 from conformance.programs.options import program_options
 from conformance.programs.runner import run_program
@@ -28,50 +28,11 @@ CHECK = "programs"
 pytestmark = [pytest.mark.programs]
 
 
-class ColdTwins:
-    """One cache-off twin per model (and dtype) for the session, started in a thread so it
-    boots while the cell's own server does.  The thread lives until the session ends: a
-    server the kit starts gets SIGTERM when the thread that started it exits (Linux's
-    parent-death signal follows the thread)."""
-
-    def __init__(self, options: Any, log_dir: Any) -> None:
-        self.options, self.log_dir = options, log_dir
-        self._futures: dict[str, Future] = {}
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-
-    def start(self, cell: Any) -> Future:
-        key = cold_cell(cell).id
-        with self._lock:
-            if key not in self._futures:
-                prepare_twin(cell)
-                fut: Future = Future()
-                self._futures[key] = fut
-                thread = threading.Thread(target=self._serve, args=(cell, fut), name=f"cold twin {key}", daemon=True)
-                self._threads.append(thread)
-                thread.start()
-            return self._futures[key]
-
-    def _serve(self, cell: Any, fut: Future) -> None:
-        try:
-            with serve_cold(cell, self.options, self.log_dir) as ep:
-                fut.set_result(ep)
-                self._stop.wait()
-        except BaseException as e:  # noqa: BLE001 - handed to the test that waits on it
-            if not fut.done():
-                fut.set_exception(e)
-
-    def close(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=120)
-
-
 @pytest.fixture(scope="session")
-def cold_twins(conformance_options: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ColdTwins]:
+def cold_twins(pytestconfig: pytest.Config, conformance_options: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The run's cache-off twins: the xdist controller's, shared by every worker (``cold_twins``)."""
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
-    twins = ColdTwins(conformance_options, log_dir)
+    twins = twins_for(pytestconfig, conformance_options, log_dir)
     try:
         yield twins
     finally:
@@ -79,12 +40,12 @@ def cold_twins(conformance_options: Any, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="session")
-def cold_start(cell: Any, cold_twins: ColdTwins) -> Future:
+def cold_start(cell: Any, cold_twins: Any) -> Future:
     """Starts the cell's cache-off twin before ``endpoint`` boots (fixture order)."""
     return cold_twins.start(cell)
 
 
-def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = "", replay: str = "", file: str = "") -> Verdict:
+def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = "", replay: str = "", file: str = "", cold_twin: str = "") -> Verdict:
     total = ex.total
     metrics: dict[str, Any] = {
         "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": total.requests, "hits": total.hits,
@@ -93,7 +54,7 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         "cold_s": round(total.cold_s, 1), "idle_s": round(total.idle_s, 1),
         **{f"permitted_{k}": n for k, n in sorted(total.permissions.items())},
     }
-    details: dict[str, Any] = {"budget": budget}
+    details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {})}
     if ex.finding is not None:
         f = ex.finding
         metrics.update({"examples_to_failure": f.examples_to_failure, "seconds_to_failure": round(f.seconds_to_failure, 1),
@@ -117,6 +78,8 @@ def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: 
     except KitError as e:
         pytest.fail(f"cell {cell.id}: the cache-off twin did not start: {e}", pytrace=False)
     target = target_for(endpoint, cold)
+    cold_pid = cold.process.pid if getattr(cold, "process", None) else getattr(cold, "pid", None)
+    twin = f"{cold.base_url} pid {cold_pid}"  # the run's one twin for this cold cell (the report shows it is shared)
     db = opts.db_root / endpoint.target / cell.id if opts.db_root else None
     ex = explore(lambda p: run_program(p, target), gen_spec(endpoint, target), budget, seed=cell_seed(opts.seed, cell.id), db_dir=db,
                  ensure_alive=lambda: restart_if_dead(endpoint))
@@ -128,5 +91,5 @@ def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: 
         path, failure = str(file), ex.finding.failure.what
         replay = replay_command(file, endpoint.target, getattr(conformance_options, "dtype", None))
         restart_if_dead(endpoint)  # leave a serving server to the cell's other tests and its teardown check
-    settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path)))
+    settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path, cold_twin=twin)))
 

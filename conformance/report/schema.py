@@ -6,7 +6,7 @@ users' own tooling::
     {"schema": 1, "target", "launches", "wall_s", "complete", "versions",
      "cells": [{"id", "model", "family", "strategy", "fault", [page_size, ...], ["served_model"],
                 "checks": {name: {"status", "metrics": {...}, ["reason"], ["details"]}},
-                ["server": {"version", ..., "alive_at_end"}],
+                ["server": {"version", ..., "worker", "launch", "alive_at_end"}],
                 ["perf": {"ttft_cold_s", "ttft_hit_s", "decode_tok_s", "repeats", "ratios": {name: value}, ...}]}],
      ["cells_not_run"], ["incomplete_reasons"], ["tests": {passed, failed, skipped, errors}],
      ["machine"], ["twins"], ["preflight"], ["disagg": [...]], ["pool": ...], ["summary"], ["generated_at"]}

@@ -175,6 +175,11 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The server process's pid (a forked server's own, not the launcher's), None before start."""
+        return self.proc.pid if self.proc is not None else None
+
     def exit_reason(self) -> str | None:
         """None while running; otherwise a short phrase with the exit code and log tail."""
         if self.proc is None:

@@ -1,0 +1,131 @@
+"""The run's cache-off twins (``conformance.programs.cold_twins``): one twin per cold cell,
+shared through the controller's broker by every worker; a dead twin is started again; a
+start failure reaches the asker as one line; a wrong key is refused.  The twin itself is a
+stand-in (``serve_cold`` replaced): the broker's bookkeeping is what is tested here; a
+real xdist run sharing one twin is in ``test_fuzz_two_workers_share_one_twin``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance.errors import KitError
+from conformance.matrix import load_matrix
+from conformance.programs import cold_twins
+from conformance.programs.bind import cold_cell
+from conformance.programs.cold_twins import RemoteTwins, TwinBroker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cells(family: str = "qwen3-next"):
+    return [c for c in load_matrix().cells if c.model.family == family and c.fault.name == "none" and not c.options]
+
+
+class FakeTwins:
+    """Stands in for ``serve_cold``: counts starts per cold cell; each twin 'lives' until killed."""
+
+    def __init__(self, fail: str = "") -> None:
+        self.starts: list[str] = []
+        self.fail = fail
+        self.lock = threading.Lock()
+        self.endpoints: list[SimpleNamespace] = []
+
+    @contextlib.contextmanager
+    def serve_cold(self, cell, options, log_dir):
+        if self.fail:
+            raise KitError(self.fail)
+        with self.lock:
+            self.starts.append(cold_cell(cell).id)
+            n = len(self.starts)
+        state = {"alive": True}
+        ep = SimpleNamespace(base_url=f"http://127.0.0.1:{40000 + n}", process=SimpleNamespace(pid=os.getpid()),
+                             alive=lambda: state["alive"], kill=lambda: state.update(alive=False))
+        self.endpoints.append(ep)
+        yield ep
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeTwins:
+    f = FakeTwins()
+    monkeypatch.setattr(cold_twins, "serve_cold", f.serve_cold)
+    monkeypatch.setattr(cold_twins, "prepare_twin", lambda cell: None)
+    return f
+
+
+def test_workers_share_one_twin_per_cold_cell(fake: FakeTwins, tmp_path: Path) -> None:
+    cells = _cells()
+    strategies = {c.strategy.name for c in cells}
+    assert len(cells) >= 2 and len(strategies) >= 2  # cells that differ, with one cold cell
+    broker = TwinBroker(SimpleNamespace(), tmp_path)
+    try:
+        workers = [RemoteTwins(broker.env_value) for _ in range(3)]
+        futures = [w.start(c) for w in workers for c in cells]
+        urls = {f.result(timeout=30).base_url for f in futures}
+        assert len(urls) == 1 and fake.starts == [cold_cell(cells[0]).id]
+        other = _cells("nemotron-h")[0]  # another model: its own twin
+        assert workers[0].start(other).result(timeout=30).base_url not in urls
+        assert len(fake.starts) == 2
+    finally:
+        broker.close()
+
+
+def test_a_dead_twin_is_started_again(fake: FakeTwins, tmp_path: Path) -> None:
+    cell = _cells()[0]
+    broker = TwinBroker(SimpleNamespace(), tmp_path)
+    try:
+        first = RemoteTwins(broker.env_value).start(cell).result(timeout=30)
+        fake.endpoints[0].kill()
+        second = RemoteTwins(broker.env_value).start(cell).result(timeout=30)
+        assert first.base_url != second.base_url and len(fake.starts) == 2
+    finally:
+        broker.close()
+
+
+def test_a_twin_that_cannot_start_is_one_line_for_the_asker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    f = FakeTwins(fail="server exited during start-up (code 1): no memory")
+    monkeypatch.setattr(cold_twins, "serve_cold", f.serve_cold)
+    monkeypatch.setattr(cold_twins, "prepare_twin", lambda cell: None)
+    broker = TwinBroker(SimpleNamespace(), tmp_path)
+    try:
+        with pytest.raises(KitError, match=r"^server exited during start-up \(code 1\): no memory$"):
+            RemoteTwins(broker.env_value).start(_cells()[0]).result(timeout=30)
+    finally:
+        broker.close()
+
+
+def test_wrong_key_or_gone_broker_is_refused(fake: FakeTwins, tmp_path: Path) -> None:
+    broker = TwinBroker(SimpleNamespace(), tmp_path)
+    address = broker.env_value.rpartition("#")[0]
+    try:
+        with pytest.raises(Exception):
+            RemoteTwins(f"{address}#{'00' * 16}").start(_cells()[0]).result(timeout=30)
+        assert fake.starts == []
+    finally:
+        broker.close()
+    with pytest.raises(KitError, match="cannot be reached"):
+        RemoteTwins(broker.env_value).start(_cells()[0]).result(timeout=30)
+    with pytest.raises(KitError, match="expected <socket path>#<key hex>"):
+        RemoteTwins("no-key")
+
+
+def test_fuzz_two_workers_share_one_twin(tmp_path: Path) -> None:
+    """Two xdist workers, two cells of one model (reference engine): one cold twin's log."""
+    cmd = ["hybrid-conformance", "fuzz", "--models", "qwen3-next", "--strategies", "no_buffer,extra_buffer", "--faults", "none",
+           "--tier", "premerge", "--budget", "2", "--seed", "0", "-n", "2", "--report-dir", str(tmp_path / "r")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    checks = [c["checks"]["programs"] for c in report["cells"]]
+    assert [c["status"] for c in checks] == ["pass", "pass"]
+    twins = {c["details"]["cold_twin"] for c in checks}
+    assert len(twins) == 1 and re.fullmatch(r"http://127\.0\.0\.1:\d+ pid \d+", twins.pop())
+    assert sorted(c["server"]["worker"] for c in report["cells"]) == ["gw0", "gw1"]  # two workers, one twin
