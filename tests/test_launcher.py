@@ -136,3 +136,23 @@ def test_serve_cell_retries_a_taken_port_then_gives_up_in_one_line(tmp_path: Pat
         with serving.serve_cell("cell", object(), log_dir=tmp_path):
             pass
     assert len(tries) == serving.PORT_ATTEMPTS
+
+
+def test_start_failure_cause_is_the_scheduler_exception_not_an_earlier_import_warning(tmp_path: Path) -> None:
+    """An old release logs a survivable import error (openai_harmony) first; the scheduler's
+    exception that stopped start-up comes later, then SGLang's pointer line: the cause is
+    the scheduler's exception."""
+    log = tmp_path / "cell.log"
+    log.write_text("\n".join([
+        "[2026-11-26 03:00:00] Ignore import error when loading sglang.srt.entrypoints.harmony: ",
+        "ModuleNotFoundError: No module named 'openai_harmony'",
+        "[2026-11-26 03:00:05] Scheduler hit an exception: Traceback (most recent call last):",
+        "  File \"scheduler.py\", line 1, in run_scheduler_process",
+        "AssertionError: mamba_track_interval must be a multiple of page_size",
+        "Traceback (most recent call last):",
+        "RuntimeError: Initialization failed. Please see the error messages above.",
+    ]))
+    sp = ServerProcess(name="x", argv=[sys.executable, "-c", "pass"], health_url="http://127.0.0.1:1/health", log_path=log)
+    assert sp.start_failure_cause() == "AssertionError: mamba_track_interval must be a multiple of page_size"
+    log.write_text("ModuleNotFoundError: No module named 'sgl_kernel'\nRuntimeError: Initialization failed. Please see the error messages above.\n")
+    assert sp.start_failure_cause() == "ModuleNotFoundError: No module named 'sgl_kernel'"

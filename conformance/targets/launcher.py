@@ -48,9 +48,13 @@ _LIVE: "set[ServerProcess]" = set()
 _CAUSE_PATTERNS = (
     re.compile(r"hybrid-conformance sglang-cpu: .*"),
     re.compile(r"plugin hybrid_conformance_\w+ .*fail|Failed to (?:execute|load) (?:general )?plugin", re.I),
-    re.compile(r"^(?:[\w.]+\.)?(?:ModuleNotFoundError|ImportError): "),
     re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception): "),
 )
+#: Exception lines that only point elsewhere (SGLang's launcher after a child failed): the
+#: cause is the exception before them.  An import error SGLang logs and survives (an
+#: optional package of an older release) is not the cause when a later exception follows.
+_POINTERS = re.compile(r"see the error messages above|scheduler (?:process )?(?:\d+ )?(?:is dead|died|exited)|"
+                       r"Rank \d+ scheduler is dead", re.I)
 _LIVE_LOCK = threading.Lock()
 #: The server could not bind its port (uvicorn's line; SGLang then hangs in shutdown).
 _PORT_TAKEN = re.compile(r"\[Errno 98\]|address already in use", re.I)
@@ -237,12 +241,14 @@ class ServerProcess:
 
     def start_failure_cause(self) -> str:
         """The log line that names why start-up failed: the kit's own stand-in messages
-        first (an op the plugin lacks), then the last exception line, else the log's tail."""
+        first (an op the plugin lacks), then the last exception line that is not a mere
+        pointer to an earlier one (:data:`_POINTERS`), else the log's tail."""
         lines = [ln.strip() for ln in self.log_text().splitlines() if ln.strip()]
         for pattern in _CAUSE_PATTERNS:
             hits = [ln for ln in lines if pattern.search(ln)]
             if hits:
-                return hits[-1][:400]
+                specific = [ln for ln in hits if not _POINTERS.search(ln)]
+                return (specific or hits)[-1][:400]
         return " | ".join(lines[-3:])[:400] if lines else "(empty log)"
 
     def log_tail(self, n: int = 20, joiner: str = "\n") -> str:
