@@ -144,10 +144,10 @@ class ServerProcess:
         """Fork the server from its pre-imported launcher; False (and one line saying why,
         also in the server's log) when that cannot serve it."""
         forked = preimport.spawn(self.argv, self.preimport_env or {}, env, self.log_path, tuple(self.preload) or preimport.SGLANG_PRELOAD)
-        if isinstance(forked, str):
+        if isinstance(forked, preimport.PlainLaunch):
             preimport.say_plain_once(forked)
             with open(self.log_path, "a") as log:
-                log.write(f"hybrid-conformance: plain launch: {forked}\n")
+                log.write(f"hybrid-conformance: plain launch: {forked.reason}\n")
             return False
         self.proc = forked
         return True

@@ -226,33 +226,42 @@ def zygote_for(python: str, spec_env: Mapping[str, str], log_dir: Path, preload:
         return zygote
 
 
+@dataclass(frozen=True)
+class PlainLaunch:
+    """Why a server starts as the plain command instead; ``chosen`` when the user asked for it."""
+
+    reason: str
+    chosen: bool = False
+
+
 def spawn(argv: Sequence[str], spec_env: Mapping[str, str], env: Mapping[str, str], log_path: Path,
-          preload: tuple[str, ...] = SGLANG_PRELOAD) -> "ForkedServer | str":
+          preload: tuple[str, ...] = SGLANG_PRELOAD) -> "ForkedServer | PlainLaunch":
     """Fork ``argv`` (a plain ``python -m <module> ...`` command: SGLang's
-    ``sglang.launch_server``) from its zygote with ``env``; or the reason it cannot be,
-    for a plain launch instead."""
+    ``sglang.launch_server``) from its zygote with ``env``; or why it cannot be, for a
+    plain launch instead."""
     if not enabled():
-        return f"{LAUNCH_ENV}=plain"
+        return PlainLaunch(f"{LAUNCH_ENV}=plain", chosen=True)
     if len(argv) < 3 or argv[1] != "-m":
-        return f"not a 'python -m <module>' command: {' '.join(argv[:3])}"
+        return PlainLaunch(f"not a 'python -m <module>' command: {' '.join(argv[:3])}")
     try:
         zygote = zygote_for(argv[0], spec_env, log_path.parent, preload)
         if zygote.unavailable:
-            return zygote.unavailable
+            return PlainLaunch(zygote.unavailable)
         request = {"op": "start", "module": argv[2], "argv": list(argv[3:]), "env": dict(env), "log": str(log_path), "cwd": os.getcwd(),
                    "fork_children": mode() == "preimported-fork"}
         pid = zygote.ask(request)["pid"]
     except ZygoteError as e:
-        return str(e)
+        return PlainLaunch(str(e))
     return ForkedServer(zygote, int(pid))
 
 
-def say_plain_once(reason: str, out: IO[str] | None = None) -> None:
-    """The one line saying why servers start plainly (once per reason and process)."""
-    if reason in _SAID or reason == f"{LAUNCH_ENV}=plain":
+def say_plain_once(plain: PlainLaunch, out: IO[str] | None = None) -> None:
+    """The one line saying why servers start plainly (once per reason and process; nothing
+    when the plain launch was asked for)."""
+    if plain.chosen or plain.reason in _SAID:
         return
-    _SAID.add(reason)
-    print(f"hybrid-conformance: pre-imported launch unavailable ({reason}); plain launch", file=out or sys.stderr, flush=True)
+    _SAID.add(plain.reason)
+    print(f"hybrid-conformance: pre-imported launch unavailable ({plain.reason}); plain launch", file=out or sys.stderr, flush=True)
 
 
 def stop_all() -> None:
