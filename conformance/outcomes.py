@@ -50,6 +50,12 @@ def cell_json(cell: Cell, options: Any) -> dict[str, Any]:
     return out
 
 
+def cell_of_item(item: Any) -> Cell | None:
+    """The matrix cell a collected test is parametrized with (None: none, or no item)."""
+    value = getattr(getattr(item, "callspec", None), "params", {}).get("cell")
+    return value if isinstance(value, Cell) else None
+
+
 def item_of(request: Any) -> Any:
     """The test item a (possibly session-scoped) fixture request is being set up for."""
     node = request.node

@@ -30,14 +30,18 @@ import pytest
 from conformance.errors import KitError
 from conformance.matrix import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, Cell, Matrix
 from conformance.options import PLUGIN_OPTIONS, Options, add_pytest_options, resolve
-from conformance.outcomes import cell_json, note_launch, note_server, note_server_end
+from conformance.outcomes import cell_json, cell_of_item, note_launch, note_server, note_server_end
 from conformance.records import Verdict
+from conformance.cell_servers import CellServers
 from conformance.run_state import RUN_KEY, RunState, run_state
 from conformance.targets.registry import POOL, target_for
 
 #: The report hooks, perf selection and quiet mode, the request-program suite's options and marker, and its run-wide cache-off twins.
 pytest_plugins = ["conformance.report_hooks", "conformance.perf.selection", "conformance.perf.quiet", "conformance.programs.options",
                   "conformance.programs.cold_twins"]
+
+#: This process's open cell servers (``endpoint``).
+_CELL_SERVERS = CellServers()
 
 _CHECK_MARKERS = {
     "kl": "KL divergence between cached and uncached logprobs",
@@ -199,17 +203,21 @@ def matrix(pytestconfig: pytest.Config) -> Matrix:
     return run_state(pytestconfig).get_matrix()
 
 
-@pytest.fixture(scope="session")
-def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A healthy server for ``cell`` on the selected target, started once per cell.
-    A launch that cannot happen is one line (``KitError``), never a traceback."""
+@pytest.fixture
+def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A healthy server for ``cell`` on the selected target, started once per cell and kept
+    until the teardown of the cell's last test (``conformance.cell_servers``: a teardown
+    finding is then that cell's).  A launch that cannot happen is one line, never a traceback."""
+    return _CELL_SERVERS.get(cell.id, lambda stack: _start_endpoint(cell, request, tmp_path_factory, stack))
+
+
+def _start_endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, stack: contextlib.ExitStack) -> Any:
     from conformance.perf import quiet
     from conformance.targets.serving import serve_cell
 
     state = run_state(request.config)
     log_dir = state.options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     _skip_if_options_not_applicable(state, cell, target_for(state.options))
-    stack = contextlib.ExitStack()
     try:
         with quiet.shared(quiet.shared_dir(request.config, tmp_path_factory)):  # no launch while a perf test times
             ep = stack.enter_context(serve_cell(cell, state.options, log_dir=log_dir))
@@ -221,16 +229,40 @@ def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytes
         refused = log_refusal(cell, log_path_for(cell, log_dir))
         if refused:
             _not_applicable(state, cell, f"SGLang refuses the cell's server options at start: {refused}")
-    else:
-        with stack:
-            note_launch(request, cell, kind="server")
-            note_server(request, cell, ep.info, target=state.options.target, worker=os.environ.get("PYTEST_XDIST_WORKER") or "main")
-            yield ep
-            note_server_end(cell, alive_at_end=ep.alive(), exit_reason=None if ep.alive() else _dead_reason(ep),
-                            launch=getattr(ep.process, "launch", None) or None, **ep.extra.get("server", {}))
-            _teardown_idle_check(ep)
-        return
-    pytest.fail(problem, pytrace=False)
+        pytest.fail(problem, pytrace=False)
+    note_launch(request, cell, kind="server")
+    note_server(request, cell, ep.info, target=state.options.target, worker=os.environ.get("PYTEST_XDIST_WORKER") or "main")
+    _CELL_SERVERS.at_close(cell.id, lambda: _close_endpoint(ep))
+    return ep
+
+
+def _close_endpoint(ep: Any) -> None:
+    note_server_end(ep.cell, alive_at_end=ep.alive(), exit_reason=None if ep.alive() else _dead_reason(ep),
+                    launch=getattr(ep.process, "launch", None) or None, **ep.extra.get("server", {}))
+    _teardown_idle_check(ep)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """After the cell's last test here (the next test has another cell, or none): close
+    its server, so its teardown finding is this test's, in its own cell."""
+    try:
+        return (yield)
+    finally:
+        cell = cell_of_item(item)
+        if cell is not None and _CELL_SERVERS.is_open(cell.id) and getattr(cell_of_item(nextitem), "id", None) != cell.id:
+            try:
+                _CELL_SERVERS.close(cell.id)
+            except KitError as e:
+                pytest.fail(str(e), pytrace=False)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An interrupted run (``-x``, a signal) leaves a cell open: close it, and say so."""
+    import sys
+
+    for problem in _CELL_SERVERS.close_all():
+        print(f"hybrid-conformance: at session end, cell {problem}", file=sys.stderr)
 
 
 def _not_applicable(state: RunState, cell: Cell, reason: str) -> None:

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from conformance.matrix import Cell
-from conformance.outcomes import TEARDOWN_PROPS, cell_json, cell_of_nodeid, one_line
+from conformance.outcomes import TEARDOWN_PROPS, cell_json, cell_of_item, cell_of_nodeid, one_line
 from conformance.run_state import run_state
 
 _CONFIG_REF: dict[str, pytest.Config] = {}
@@ -31,17 +30,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         TEARDOWN_PROPS.clear()
 
 
-def _cell_param(item: pytest.Item) -> Cell | None:
-    value = getattr(getattr(item, "callspec", None), "params", {}).get("cell")
-    return value if isinstance(value, Cell) else None
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Tag the test with its cell (every report then names it); refuse, in one line and
     before any fixture starts a server, a test whose need preflight found missing."""
     state = run_state(item.config)
-    cell_obj = _cell_param(item)
+    cell_obj = cell_of_item(item)
     if cell_obj is not None and not any(k == "hc_cell" for k, _ in item.user_properties):
         item.user_properties.append(("hc_cell", json.dumps(cell_json(cell_obj, state.options))))
     reason = state.preflight_failures.get(item.nodeid)
@@ -58,7 +52,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     state = run_state(session.config)
     state.preflight_failures = item_failures(session.items, state.options)
     if not hasattr(session.config, "workerinput"):
-        state.outcomes.expect((item.nodeid, getattr(_cell_param(item), "id", None)) for item in session.items)
+        state.outcomes.expect((item.nodeid, getattr(cell_of_item(item), "id", None)) for item in session.items)
         if preflight_only():
             lines = sorted(set(state.preflight_failures.values()))
             msg = f"preflight only: {len(session.items)} tests collected" + (f"; missing: {lines[0]}" if lines else "; every need met")

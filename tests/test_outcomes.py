@@ -184,3 +184,38 @@ def test_a_run_that_judged_nothing_is_incomplete_and_red(pytester: pytest.Pytest
     result = pytester.runpytest_subprocess(*SELECT, f"--report-dir={rep}", "-p", "no:cacheprovider")
     report = json.loads((rep / "report.json").read_text())
     assert report["complete"] is True and result.ret == 0
+
+
+TWO_CELLS_SUITE = """
+import pytest
+from conformance.records import Verdict
+
+@pytest.mark.kl
+def test_a_first(endpoint, record_verdict):
+    record_verdict(Verdict("kl", "pass", {"n": 1}))
+    if endpoint.cell.strategy.name == "no_buffer":
+        endpoint.process.stop()  # this cell's server dies after its first test
+
+@pytest.mark.leaks
+def test_b_second(endpoint, record_verdict):
+    record_verdict(Verdict("leaks", "pass", {"n": 1}))
+"""
+
+
+def test_a_dead_servers_teardown_finding_stays_in_its_cell(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cell whose server died gets the teardown finding; the next cell's tests all run
+    (pytest alone would tear the server down while setting up the next cell's first test)."""
+    monkeypatch.setenv("HYBRID_CONFORMANCE_REFERENCE_SERVER", str(STANDIN))
+    pytester.makepyfile(test_suite=TWO_CELLS_SUITE)
+    rep = pytester.path / "rep"
+    pytester.runpytest_subprocess("--models", "falcon-h1", "--strategies", "no_buffer,extra_buffer", "--page-sizes", "1",
+                                  f"--report-dir={rep}", "-p", "no:cacheprovider")
+    report = json.loads((rep / "report.json").read_text())
+    cells = {c["id"]: c["checks"] for c in report["cells"]}
+    assert len(cells) == 2
+    dead = next(cid for cid in cells if "no_buffer" in cid)
+    other = next(cid for cid in cells if cid != dead)
+    assert cells[dead]["teardown"]["status"] == "fail" and "not serving" in cells[dead]["teardown"]["reason"]
+    assert cells[dead]["leaks"]["status"] == "error"  # its second test found the server dead, in its own cell
+    assert {k: v["status"] for k, v in cells[other].items()} == {"kl": "pass", "leaks": "pass"}
+    assert report["launches"] == 2
