@@ -82,8 +82,10 @@ SEED = Option("--seed", "seed of the request-program generator (default 0): the 
 PROGRAM_DB = Option("--program-db", "hypothesis database root for request programs (default .hypothesis/hybrid-conformance); one folder per target and cell")
 PROGRAM_FAILURES = Option("--program-failures", "where a failing program's replay file goes (default <report-dir>/programs, else ./program-failures)", cli=False)
 SHRINK = Option("--shrink-budget", "seconds of shrinking after a finding (default: the budget profile's)", type=float)
+TWIN_BROKER = Option("--twin-broker", "the cache-off twins of an enclosing run (``mutants`` passes its own; "
+                     "conformance/programs/cold_twins.py): <socket path>#<key hex>", cli=False)
 #: The request-program suite's options (``hybrid-conformance fuzz`` and ``-m programs``).
-PROGRAM_OPTIONS = (BUDGET, SEED, PROGRAM_DB, PROGRAM_FAILURES, SHRINK)
+PROGRAM_OPTIONS = (BUDGET, SEED, PROGRAM_DB, PROGRAM_FAILURES, SHRINK, TWIN_BROKER)
 
 
 # ------------------------------------------------------------------ the two fronts

@@ -24,6 +24,7 @@ from conformance.programs.bind import cold_cell
 from conformance.programs.cold_twins import RemoteTwins, TwinBroker
 
 ROOT = Path(__file__).resolve().parents[1]
+OPTS = SimpleNamespace(target="sglang-cpu", dtype=None, sglang_launcher="python -m sglang.launch_server", twins=False, gpus_per_worker=1)
 
 
 def _cells(family: str = "qwen3-next"):
@@ -65,26 +66,29 @@ def test_workers_share_one_twin_per_cold_cell(fake: FakeTwins, tmp_path: Path) -
     cells = _cells()
     strategies = {c.strategy.name for c in cells}
     assert len(cells) >= 2 and len(strategies) >= 2  # cells that differ, with one cold cell
-    broker = TwinBroker(SimpleNamespace(), tmp_path)
+    broker = TwinBroker(tmp_path)
     try:
-        workers = [RemoteTwins(broker.env_value) for _ in range(3)]
+        workers = [RemoteTwins(broker.env_value, OPTS) for _ in range(3)]
         futures = [w.start(c) for w in workers for c in cells]
         urls = {f.result(timeout=30).base_url for f in futures}
         assert len(urls) == 1 and fake.starts == [cold_cell(cells[0]).id]
         other = _cells("nemotron-h")[0]  # another model: its own twin
         assert workers[0].start(other).result(timeout=30).base_url not in urls
         assert len(fake.starts) == 2
+        bf16 = RemoteTwins(broker.env_value, SimpleNamespace(**{**vars(OPTS), "dtype": "bfloat16"}))
+        assert bf16.start(cells[0]).result(timeout=30).base_url not in urls  # served otherwise: its own twin
+        assert len(fake.starts) == 3
     finally:
         broker.close()
 
 
 def test_a_dead_twin_is_started_again(fake: FakeTwins, tmp_path: Path) -> None:
     cell = _cells()[0]
-    broker = TwinBroker(SimpleNamespace(), tmp_path)
+    broker = TwinBroker(tmp_path)
     try:
-        first = RemoteTwins(broker.env_value).start(cell).result(timeout=30)
+        first = RemoteTwins(broker.env_value, OPTS).start(cell).result(timeout=30)
         fake.endpoints[0].kill()
-        second = RemoteTwins(broker.env_value).start(cell).result(timeout=30)
+        second = RemoteTwins(broker.env_value, OPTS).start(cell).result(timeout=30)
         assert first.base_url != second.base_url and len(fake.starts) == 2
     finally:
         broker.close()
@@ -94,27 +98,27 @@ def test_a_twin_that_cannot_start_is_one_line_for_the_asker(monkeypatch: pytest.
     f = FakeTwins(fail="server exited during start-up (code 1): no memory")
     monkeypatch.setattr(cold_twins, "serve_cold", f.serve_cold)
     monkeypatch.setattr(cold_twins, "prepare_twin", lambda cell: None)
-    broker = TwinBroker(SimpleNamespace(), tmp_path)
+    broker = TwinBroker(tmp_path)
     try:
         with pytest.raises(KitError, match=r"^server exited during start-up \(code 1\): no memory$"):
-            RemoteTwins(broker.env_value).start(_cells()[0]).result(timeout=30)
+            RemoteTwins(broker.env_value, OPTS).start(_cells()[0]).result(timeout=30)
     finally:
         broker.close()
 
 
 def test_wrong_key_or_gone_broker_is_refused(fake: FakeTwins, tmp_path: Path) -> None:
-    broker = TwinBroker(SimpleNamespace(), tmp_path)
+    broker = TwinBroker(tmp_path)
     address = broker.env_value.rpartition("#")[0]
     try:
         with pytest.raises(Exception):
-            RemoteTwins(f"{address}#{'00' * 16}").start(_cells()[0]).result(timeout=30)
+            RemoteTwins(f"{address}#{'00' * 16}", OPTS).start(_cells()[0]).result(timeout=30)
         assert fake.starts == []
     finally:
         broker.close()
     with pytest.raises(KitError, match="cannot be reached"):
-        RemoteTwins(broker.env_value).start(_cells()[0]).result(timeout=30)
+        RemoteTwins(broker.env_value, OPTS).start(_cells()[0]).result(timeout=30)
     with pytest.raises(KitError, match="expected <socket path>#<key hex>"):
-        RemoteTwins("no-key")
+        RemoteTwins("no-key", OPTS)
 
 
 def test_fuzz_two_workers_share_one_twin(tmp_path: Path) -> None:

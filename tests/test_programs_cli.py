@@ -94,6 +94,10 @@ def test_mutants_programs_as_typed(tmp_path: Path) -> None:
     out = sh(MUTANTS, tmp_path)
     assert out.returncode == 0, out.stdout[-3000:]
     assert "programs caught 1/1" in out.stdout and "cached_tokens_underreport" in out.stdout
+    # the clean run and the fault's run were judged by one cache-off twin, the command's own
+    twins = [c["checks"]["programs"]["details"].get("cold_twin") for r in tmp_path.rglob("report.json")
+             for c in json.loads(r.read_text())["cells"] if "programs" in c["checks"]]
+    assert len(twins) >= 2 and len(set(twins)) == 1 and twins[0], twins
 
 
 def test_fuzz_sglang_cpu_as_typed(tmp_path: Path) -> None:

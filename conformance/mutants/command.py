@@ -21,6 +21,7 @@ A run that times out proved nothing: a fault is then NOT caught and a clean run 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections import Counter
@@ -35,6 +36,7 @@ from conformance.mutants import power
 from conformance.mutants.catalogue import CATALOGUES, sglang_cpu_plans
 from conformance.mutants.runs import run_plan
 from conformance.mutants.scoring import catcher
+from conformance.programs.cold_twins import TwinBroker
 from conformance.targets.registry import target_for
 
 
@@ -97,6 +99,16 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
         console.print(f"preflight only: {len(plans)} faults planned, nothing started")
         return 0
     report_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if not target_for(target).pool_only:  # one cache-off twin per cold cell for every run of this command
+            broker = stack.enter_context(contextlib.closing(TwinBroker(report_dir / "twins")))
+            plans = {n: dataclasses.replace(p, extra_args=(*p.extra_args, f"--twin-broker={broker.env_value}")) for n, p in plans.items()}
+        return _run_plans(target, plans, report_dir, console, programs=programs, seed=seed, programs_only=programs_only, shrink_s=shrink_s,
+                          not_applicable=not_applicable)
+
+
+def _run_plans(target: str, plans: dict, report_dir: Path, console: Console, *, programs: str | None, seed: int, programs_only: bool,
+               shrink_s: float | None, not_applicable: dict[str, str]) -> int:
     if programs or programs_only:  # scripted suites vs request programs, per fault (conformance/mutants/power.py)
         budget = programs or "premerge"
         plans = power.programs_reach(plans, console)

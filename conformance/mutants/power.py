@@ -93,7 +93,8 @@ def programs_plan(plan: MutantPlan, *, budget: str, seed: int, shrink_s: float |
     shrink = (f"--shrink-budget={shrink_s:g}",) if shrink_s is not None else ()
     return dataclasses.replace(
         plan, key=f"{plan.key}:programs", suites=("programs",), stop_at_first=True, timeout_s=PROGRAMS_TIMEOUT_S + 300,
-        extra_args=(f"--budget={budget}", f"--seed={seed}", "--program-db=none", f"--timeout={PROGRAMS_TIMEOUT_S}", *shrink),
+        extra_args=(f"--budget={budget}", f"--seed={seed}", "--program-db=none", f"--timeout={PROGRAMS_TIMEOUT_S}", *shrink,
+                    *(a for a in plan.extra_args if a.startswith("--twin-broker="))),  # the command's shared twins
     )
 
 

@@ -1,13 +1,15 @@
 """The run's cache-off twins: one per cold cell (model, dtype, server options) per run,
-shared by every xdist worker of the run.
+shared by every xdist worker of the run, and by every pytest run of a ``mutants`` run.
 
 The twin's answers do not depend on the cell beyond its cold cell (``bind.cold_cell``:
 no_buffer, page 1, no fault, radix cache off), so the xdist controller hosts a
 :class:`TwinBroker` (this module is a pytest plugin, registered by ``conformance.plugin``):
 a ``multiprocessing.connection`` listener on a Unix socket with a random key, named to
 each worker in its ``workerinput`` (``<socket path>#<key hex>``; not an environment
-variable, so a pytest started inside a test never finds its parent's broker).  A worker
-sends the cell, the broker starts that cold
+variable, so a pytest started inside a test never finds its parent's broker).  ``mutants``
+hosts one for all its runs and names it with ``--twin-broker``.  A worker sends the cell
+and its run's options (the twin is served as that run would serve it: target, dtype,
+launcher), the broker starts that cold
 cell's twin once (:class:`ColdTwins`, in a thread that lives until the broker closes: a
 server the kit starts gets SIGTERM when the thread that started it exits) and answers
 its URL and pid.  A twin whose process died is started again for the next asker.  The
@@ -94,11 +96,18 @@ class TwinHandle:
         return self.pid is None or pid_exists(self.pid)
 
 
+def serving_key(options: Any) -> tuple:
+    """What of a run's options decides how its twin is served (the cold cell decides the rest)."""
+    return tuple(getattr(options, k, None) for k in ("target", "dtype", "sglang_launcher", "twins", "gpus_per_worker"))
+
+
 class TwinBroker:
     """Hosts the run's :class:`ColdTwins` for the run's other processes (see the module)."""
 
-    def __init__(self, options: Any, log_dir: Any) -> None:
-        self.twins = ColdTwins(options, log_dir)
+    def __init__(self, log_dir: Any) -> None:
+        self.log_dir = log_dir
+        self._twins: dict[tuple, ColdTwins] = {}
+        self._twins_lock = threading.Lock()
         self._dir = tempfile.mkdtemp(prefix="hc-twins-")
         self.address = os.path.join(self._dir, "broker")
         self._key = os.urandom(16)
@@ -122,11 +131,11 @@ class TwinBroker:
         with conn:
             while True:
                 try:
-                    cell = conn.recv()
+                    cell, options = conn.recv()
                 except (EOFError, OSError):
                     return
                 try:
-                    ep = self.twins.start(cell).result(timeout=READY_S)
+                    ep = self._twins_for(options).start(cell).result(timeout=READY_S)
                     answer: tuple = ("ok", ep.base_url, ep.process.pid if ep.process else None)
                 except BaseException as e:  # noqa: BLE001 - the asker reports it
                     answer = ("error", str(e) if isinstance(e, KitError) else f"{type(e).__name__}: {e}")
@@ -135,17 +144,29 @@ class TwinBroker:
                 except OSError:
                     return
 
+    def _twins_for(self, options: Any) -> ColdTwins:
+        with self._twins_lock:
+            key = serving_key(options)
+            if key not in self._twins:
+                self._twins[key] = ColdTwins(options, self.log_dir)
+            return self._twins[key]
+
     def close(self) -> None:
         self._closed.set()
         self._listener.close()
-        self.twins.close()
+        with self._twins_lock:
+            twins = list(self._twins.values())
+        for t in twins:
+            t.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class RemoteTwins:
-    """The workers' side: asks the broker named by ``value`` for a cell's twin."""
+    """The workers' side: asks the broker named by ``value`` for a cell's twin, served as
+    ``options`` (this run's) say."""
 
-    def __init__(self, value: str) -> None:
+    def __init__(self, value: str, options: Any) -> None:
+        self.options = options
         address, _, key = value.rpartition("#")
         if not address or not key:
             raise KitError(f"twin broker {value!r}: expected <socket path>#<key hex>")
@@ -160,7 +181,7 @@ class RemoteTwins:
     def _ask(self, cell: Any, fut: Future) -> None:
         try:
             with Client(self.address, family="AF_UNIX", authkey=self._key) as conn:
-                conn.send(cell)
+                conn.send((cell, self.options))
                 if not conn.poll(READY_S):
                     raise KitError(f"the run's twin broker gave no twin within {READY_S:.0f}s")
                 answer = conn.recv()
@@ -184,15 +205,19 @@ class RemoteTwins:
 
 
 def twins_for(config: pytest.Config, options: Any, log_dir: Any) -> "ColdTwins | RemoteTwins":
-    """The controller's broker on an xdist worker, else twins of this process alone."""
-    value = getattr(config, "workerinput", {}).get(WORKERINPUT_KEY)
-    return RemoteTwins(value) if value else ColdTwins(options, log_dir)
+    """An enclosing run's broker (``--twin-broker``), or the xdist controller's on a worker,
+    else twins of this process alone."""
+    value = config.getoption("--twin-broker", None) or getattr(config, "workerinput", {}).get(WORKERINPUT_KEY)
+    return RemoteTwins(value, options) if value else ColdTwins(options, log_dir)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """xdist controller, per worker: host the run's broker (at the first worker) and name it."""
+    """xdist controller, per worker: name the run's broker (hosted at the first worker,
+    unless an enclosing run named its own with ``--twin-broker``: workers read that option)."""
     config = node.config
+    if config.getoption("--twin-broker", None):
+        return
     broker = config.stash.get(_BROKER, None)
     if broker is None:
         from conformance.run_state import run_state
@@ -200,7 +225,7 @@ def pytest_configure_node(node: Any) -> None:
         options = run_state(config).options
         factory = getattr(config, "_tmp_path_factory", None)
         log_dir = options.log_dir or (factory.getbasetemp() / "server-logs" if factory else Path(tempfile.mkdtemp(prefix="hc-twin-logs-")))
-        broker = config.stash[_BROKER] = TwinBroker(options, log_dir)
+        broker = config.stash[_BROKER] = TwinBroker(log_dir)
     node.workerinput[WORKERINPUT_KEY] = broker.env_value
 
 
