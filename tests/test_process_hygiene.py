@@ -6,6 +6,7 @@ process it started that is still alive (the servers, their grandchildren, the fo
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -140,3 +141,53 @@ def test_zero_orphans(tmp_path: Path, path: str, ending: str) -> None:
         assert survivors == [], f"orphans after {ending} on the {path} path: {survivors}"
     finally:
         _kill_tree(proc, pids)
+
+
+_UNTOLD = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    sys.path.insert(0, {tests!r})
+    from pathlib import Path
+    from multiprocessing import forkserver
+    from conformance.targets import launcher
+    from conformance.targets.launcher import ServerProcess, free_port
+
+    told = launcher._Reaper.tell
+
+    def slow_tell(kind, ident, **kw):  # the parent stalls between the fork and telling the reaper of the server
+        if kind == "group" and not kw.get("forget"):
+            Path({pidfile!r}).write_text(json.dumps({{"server": ident, "forkserver": forkserver._forkserver._forkserver_pid}}))
+            time.sleep(120)
+        return told(kind, ident, **kw)
+
+    if __name__ == "__main__":
+        launcher._Reaper.tell = slow_tell
+        port = free_port()
+        args = ["--port", str(port), "--mode", "healthy"]
+        sp = ServerProcess(name="untold", argv=[sys.executable, {standin!r}, *args], health_url=f"http://127.0.0.1:{{port}}/health",
+                           log_path=Path({tmp!r}) / "untold.log", entry="standins.server:entry", entry_argv=args, stop_timeout_s=2.0)
+        sp.start()
+    """
+)
+
+
+def test_kill9_between_the_fork_and_telling_the_reaper_leaves_nothing(tmp_path: Path) -> None:
+    """The parent dies (kill -9) after the forkserver forked its server but before the
+    parent told its reaper of that server: the forkserver was told first, so the reaper
+    ends it and the server (whose parent-death signal follows the forkserver) ends too."""
+    pidfile = tmp_path / "pids.json"
+    script = tmp_path / "untold.py"
+    script.write_text(_UNTOLD.format(tests=str(TESTS), standin=str(STANDIN), pidfile=str(pidfile), tmp=str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        info = _wait_for(pidfile, proc)
+        assert psutil.pid_exists(info["server"]) and psutil.pid_exists(info["forkserver"])
+        proc.kill()
+        proc.wait(timeout=30)
+        survivors = [p for p in (info["server"], info["forkserver"]) if not gone(p)]
+        left = [p.pid for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or ())]
+        left = [p for p in left if not gone(p)]
+        assert survivors == [] and left == [], f"left after kill -9 before the reaper was told: {survivors or left}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -131,8 +131,6 @@ class ServerProcess:
         with _LIVE_LOCK:
             _LIVE.add(self)
         _Reaper.tell("group", self.proc.pid)  # the child's own session: its pid is its group
-        if isinstance(self.proc, _ForkedChild):
-            _ForkedChild.register_forkserver()
         try:
             self._wait_healthy()
         except BaseException:
@@ -280,6 +278,13 @@ class _ForkedChild:
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(list(preload))
             cls._ctx = ctx
+        from multiprocessing import forkserver
+
+        # The forkserver is started, and told to the reaper, before the first request: a
+        # parent killed while the forkserver still preloads would otherwise leave a server
+        # it forks later, which nobody was told of (the forkserver lives as long as it).
+        forkserver.ensure_running()
+        cls.register_forkserver()
         p = cls._ctx.Process(target=_forked_main, args=(entry, argv, env, str(log_path)), daemon=False)
         p.start()
         return cls(p)
