@@ -222,3 +222,6 @@ def test_observe_counts_track_slots_on_the_req_before_req_kv():
     assert track_slots(NS(mamba_ping_pong_track_buffer=[5, 6])) == 2  # 0.5.12: state on the Req, both held
     assert track_slots(NS(kv=NS(mamba_ping_pong_track_buffer=[5, 6], mamba_ping_pong_empty=[False, True]))) == 1
     assert track_slots(NS(mamba_ping_pong_track_buffer=None)) == 0
+    # 0.5.16: req.kv exists (KV lengths only) while the buffer stays on the Req; lazy marks an empty entry -1
+    assert track_slots(NS(kv=NS(kv_committed_len=3), mamba_ping_pong_track_buffer=[5, 6])) == 2
+    assert track_slots(NS(kv=NS(kv_committed_len=3), mamba_ping_pong_track_buffer=[5, -1])) == 1

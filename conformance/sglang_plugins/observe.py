@@ -95,16 +95,20 @@ _PEAKS = ("track_slots_step_peak", "track_slots_req_peak", "decode_running_peak"
 
 def track_slots(req: Any) -> int:
     """Ping-pong track slots one SGLang request holds right now (0 without a buffer).
-    Before the request's cache state moved to ``req.kv`` (0.5.12 and older) it lives on the
-    request, and a buffered request holds its whole ping-pong buffer from admission (those
-    releases have no lazy strategy and no emptiness flags)."""
-    holder = getattr(req, "kv", None) or req
+    The buffer lives on ``req.kv`` once the request's cache state moved there (0.5.22+),
+    on the request before (0.5.12 and older, and 0.5.16, whose ``req.kv`` holds only the
+    KV lengths).  An entry is held unless its emptiness flag says so
+    (``mamba_ping_pong_empty``) or, where the release has no flags, it is -1 (the lazy
+    strategy's empty mark of 0.5.13-0.5.21); a release without lazy holds every entry."""
+    kv = getattr(req, "kv", None)
+    holder = kv if kv is not None and hasattr(kv, "mamba_ping_pong_track_buffer") else req
     buffer = getattr(holder, "mamba_ping_pong_track_buffer", None)
     if buffer is None:
         return 0
     empty = getattr(holder, "mamba_ping_pong_empty", None)
     if empty is None:
-        return len(buffer)
+        entries = buffer.tolist() if hasattr(buffer, "tolist") else list(buffer)
+        return sum(1 for e in entries if e != -1)
     return sum(1 for e in empty if not e)
 
 
