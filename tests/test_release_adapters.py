@@ -225,3 +225,17 @@ def test_observe_counts_track_slots_on_the_req_before_req_kv():
     # 0.5.16: req.kv exists (KV lengths only) while the buffer stays on the Req; lazy marks an empty entry -1
     assert track_slots(NS(kv=NS(kv_committed_len=3), mamba_ping_pong_track_buffer=[5, 6])) == 2
     assert track_slots(NS(kv=NS(kv_committed_len=3), mamba_ping_pong_track_buffer=[5, -1])) == 1
+
+
+def test_observe_eviction_targets_resolve_per_release_or_are_none():
+    """The eviction counter hooks ``UnifiedRadixCache._evict`` where it exists, else each
+    tree's public ``evict``; a target the release lacks resolves to None (never raises)."""
+    import pkgutil
+
+    pytest.importorskip("sglang")
+    from conformance.sglang_plugins import observe
+
+    assert observe._resolve(pkgutil, "sglang.srt.mem_cache.no_such_module.Tree.evict") is None
+    assert observe._resolve(pkgutil, "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.no_such_method") is None
+    found = [t for t in (observe.EVICT_TARGET, *observe.LEGACY_EVICT_TARGETS) if observe._resolve(pkgutil, t) is not None]
+    assert found, "no eviction path of the installed sglang is known to the observe plugin"
