@@ -181,7 +181,8 @@ BINDINGS = (
         fused_gate_sigmoid_mul_add,
         "replace",
         "Triton shared-expert gate of the Qwen2-MoE block Qwen3-Next uses",
-        alternates=("sglang.kernels.ops.layernorm.elementwise.fused_gate_sigmoid_mul_add",),  # 0.5.16
+        alternates=("sglang.kernels.ops.layernorm.elementwise.fused_gate_sigmoid_mul_add",  # 0.5.16
+                    "sglang.srt.layers.elementwise.fused_gate_sigmoid_mul_add"),  # 0.5.14 - 0.5.15
         required=False,  # 0.5.13 and older gate the shared expert in torch (a miss crashes in Triton, visibly)
     ),
     Binding(
