@@ -54,6 +54,7 @@ class Features:
     platform_extra_buffer_answer: bool = False  # SRTPlatform.support_mamba_cache_extra_buffer (a platform may allow extra_buffer)
     hook_registry: bool = False  # sglang.srt.plugins.hook_registry.HookRegistry (the CPU stand-ins' REPLACE hooks)
     extra_buffer_gate: str | None = None  # where extra_buffer is gated on the device: "platform", "server_args" (an in-method assert), None
+    extra_buffer_gate_method: str | None = None  # with "server_args": the ServerArgs method holding the assert
     tree_class: str | None = None  # the radix tree a hybrid model gets by default: UnifiedRadixCache | MambaRadixCache
     flags: tuple[str, ...] = ()  # which of PARSER_FLAGS SGLang's parser takes
     choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (flag, its choices) for the PARSER_FLAGS that have choices
@@ -148,7 +149,7 @@ class Features:
 
     def _gate_text(self) -> str:
         return {"platform": "answered by the kit's out-of-tree platform",
-                "server_args": "in ServerArgs._handle_mamba_radix_cache (answered by the CPU plugin's hook)"}.get(
+                "server_args": f"in ServerArgs.{self.extra_buffer_gate_method or '_handle_mamba_radix_cache'} (answered by the CPU plugin's hook)"}.get(
                     self.extra_buffer_gate or "", "not found -> extra_buffer cells not applicable on sglang-cpu")
 
     def as_dict(self) -> dict:
@@ -254,6 +255,13 @@ def _extra_buffer_gate() -> str | None:
     return where if where in (None, "platform") else "server_args"
 
 
+def _extra_buffer_gate_method() -> str | None:
+    from conformance.sglang_plugins.cpu.device_gate import gate_location
+
+    where = gate_location()
+    return None if where in (None, "platform") else where.rsplit(".", 1)[-1]
+
+
 def _fault_hook_targets() -> tuple[str, ...]:
     """Every SGLang symbol a seeded fault of the kit hooks (the catalogue imports no SGLang)."""
     from conformance.sglang_plugins.faults.catalogue import faults
@@ -319,6 +327,7 @@ def _probe() -> Features:
         platform_extra_buffer_answer=hasattr(getattr(_module("sglang.srt.platforms.interface"), "SRTPlatform", None), "support_mamba_cache_extra_buffer"),
         hook_registry=hasattr(_module("sglang.srt.plugins.hook_registry"), "HookRegistry"),
         extra_buffer_gate=_extra_buffer_gate(),
+        extra_buffer_gate_method=_extra_buffer_gate_method(),
         tree_class=_tree_class(),
         flags=flags,
         choices=choices,
