@@ -56,6 +56,17 @@ def test_leak_lines_in_the_log_fail():
     assert v.status == "fail" and v.metrics["leak_log_lines"] == 2 and "memory leak detected" in v.reason
 
 
+def test_sglang_leak_report_is_named_when_the_traceback_comes_first():
+    # SGLang 0.5.12-0.5.21: the scheduler's exception line precedes its ValueError leak report
+    log = """[2026-01-01 10:00:05] Scheduler hit an exception: Traceback (most recent call last):
+ValueError: pool memory leak detected! [full] total=8192, available=8144, evictable=0, protected=0, session_held=48, uncached=0
+"""
+    v = leak_verdict([probe()], log_text=log, alive=False, timeline=LOAD)
+    assert v.status == "fail" and "first: [2026-01-01 10:00:05] Scheduler hit an exception" in v.reason
+    assert "SGLang's leak report: ValueError: pool memory leak detected! [full]" in v.reason
+    assert "leak report" not in leak_verdict([probe()], log_text=LEAK_LOG, timeline=LOAD).reason  # first line already is it
+
+
 def test_dead_process_and_bad_exit_status_fail():
     assert "not alive" in leak_verdict([probe()], alive=False, exit_code=-9, timeline=LOAD).reason
     assert "exited with status 1" in leak_verdict([probe()], exit_code=1, timeline=LOAD).reason

@@ -584,3 +584,48 @@ def test_a_plain_run_above_premerge_spends_the_standard_budget() -> None:
 
     assert default_budget("premerge") == "ci" and default_budget("standard") == default_budget("nightly") == "standard"
     assert parse_budget("standard").examples > parse_budget("ci").examples
+
+
+def test_a_server_that_dies_mid_program_is_the_program_failure_not_a_kit_error() -> None:
+    """SGLang 0.5.12's scheduler dies on its own idle leak check: the next call on the server
+    is a connection error, which the runner reports as the program's failure naming the
+    death (exit + log line), not as a kit error."""
+    from types import SimpleNamespace
+
+    from conformance.checks.hit_bounds import StrategyGrid
+    from conformance.programs.oracle import Limits
+    from conformance.programs.program import Open
+    from conformance.programs.runner import ProgramFailure, Target, run_program
+
+    death = "server process exited with code -9; log tail: ValueError: pool memory leak detected! [mamba] total=48, available=45"
+
+    class Dying:
+        base_url = "http://127.0.0.1:9"
+        dead = False
+
+        def request(self, *a, **kw):
+            return SimpleNamespace(status_code=200, json=lambda: {})
+
+        def flush_cache(self, **kw):
+            return None
+
+        def metrics(self):
+            return {}
+
+        def open_session(self, *a, **kw):
+            self.dead = True
+            raise KitError("POST http://127.0.0.1:9/open_session: ReadError: [Errno 104] Connection reset by peer")
+
+        def close_session(self, *a, **kw):
+            raise KitError("POST /close_session: ConnectError")
+
+    client = Dying()
+    target = Target(client=client, cold=client, grid=StrategyGrid(64, 1, 256, strategy=strategy_named("extra_buffer")),
+                    limits=Limits(context_len=4096), tol=Tolerance.for_mode(True, kl_cap=1.0), exact=True,
+                    alive=lambda: death if client.dead else None)
+    with pytest.raises(ProgramFailure, match="server died: server process exited with code -9.*pool memory leak detected"):
+        run_program(Program(forest=((5, 6, 7),), steps=(Open("s1", streaming=True),)), target)
+    client.dead = False  # a connection error from a server that still lives stays a kit error
+    target.alive = lambda: None
+    with pytest.raises(KitError, match="open_session"):
+        run_program(Program(forest=((5, 6, 7),), steps=(Open("s1", streaming=True),)), target)

@@ -222,3 +222,33 @@ def test_observe_counts_track_slots_on_the_req_before_req_kv():
     assert track_slots(NS(mamba_ping_pong_track_buffer=[5, 6])) == 2  # 0.5.12: state on the Req, both held
     assert track_slots(NS(kv=NS(mamba_ping_pong_track_buffer=[5, 6], mamba_ping_pong_empty=[False, True]))) == 1
     assert track_slots(NS(mamba_ping_pong_track_buffer=None)) == 0
+    # 0.5.16: req.kv exists (KV lengths only) while the buffer stays on the Req; lazy marks an empty entry -1
+    assert track_slots(NS(kv=NS(kv_committed_len=3), mamba_ping_pong_track_buffer=[5, 6])) == 2
+    assert track_slots(NS(kv=NS(kv_committed_len=3), mamba_ping_pong_track_buffer=[5, -1])) == 1
+
+
+def test_observe_eviction_targets_resolve_per_release_or_are_none():
+    """The eviction counter hooks ``UnifiedRadixCache._evict`` where it exists, else each
+    tree's public ``evict``; a target the release lacks resolves to None (never raises)."""
+    import pkgutil
+
+    pytest.importorskip("sglang")
+    from conformance.sglang_plugins import observe
+
+    assert observe._resolve(pkgutil, "sglang.srt.mem_cache.no_such_module.Tree.evict") is None
+    assert observe._resolve(pkgutil, "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.no_such_method") is None
+    found = [t for t in (observe.EVICT_TARGET, *observe.LEGACY_EVICT_TARGETS) if observe._resolve(pkgutil, t) is not None]
+    assert found, "no eviction path of the installed sglang is known to the observe plugin"
+
+
+def test_all_layer_track_copy_stand_in_copies_every_layer_and_skips_freed_slots():
+    """0.5.22's decode-path ``track_mamba_states_all_layers`` (its own Triton kernel there)."""
+    import torch
+
+    from conformance.sglang_plugins.cpu.triton_spots import track_mamba_states_all_layers
+
+    conv, ssm = torch.arange(24.0).reshape(2, 4, 3), torch.arange(8.0).reshape(2, 4, 1)
+    track_mamba_states_all_layers(conv, ssm, torch.tensor([0, 1, 2]), torch.tensor([True, False, True]), torch.tensor([3, 3, -1]), 3,
+                                  check_freed_slots=True)
+    assert conv[:, 3].tolist() == [[0.0, 1.0, 2.0], [12.0, 13.0, 14.0]] and ssm[:, 3].tolist() == [[0.0], [4.0]]
+    assert conv[:, 2].tolist() == [[6.0, 7.0, 8.0], [18.0, 19.0, 20.0]]  # the freed (-1) track slot: nothing copied

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conformance.errors import KitError
 from conformance.workloads.prompts import boundary_lengths, decode_cross_lengths, prefill_hit_lengths, text_prompts, token_prompts
-from conformance.workloads.sessions import leak_session_scripts
+from conformance.workloads.sessions import first_turn_abort_script, leak_session_scripts
 from conformance.workloads.trees import branch_points, branching_tree
 
 
@@ -69,3 +69,11 @@ def test_session_scripts_abort_branch_and_replace_only_where_allowed():
     assert any(t.replace for t in plain.turns) and any(t.parent == 0 for t in plain.turns)
     assert sum(len(t.tokens) for t in streaming.turns[:2]) > 256
     assert leak_session_scripts(vocab_size=1024) == leak_session_scripts(vocab_size=1024)
+
+
+def test_first_turn_abort_script_aborts_the_session_first_turn_then_continues():
+    first = first_turn_abort_script(vocab_size=1024, track_interval=256)
+    assert first.streaming and len(first.turns) == 2
+    assert first.turns[0].abort_after_s is not None and first.turns[1].abort_after_s is None
+    assert first.turns[0].max_new_tokens > first.turns[1].max_new_tokens  # long enough to be aborted mid-decode
+    assert first == first_turn_abort_script(vocab_size=1024, track_interval=256)

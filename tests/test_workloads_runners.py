@@ -20,7 +20,7 @@ from conformance.errors import KitError
 from conformance.workloads.prompts import decode_cross_lengths, prefill_hit_lengths, token_prompts
 from conformance.workloads.idle import idle_probe
 from conformance.workloads.runners import record_kl, record_sessions, record_tree, sample_occupancy
-from conformance.workloads.sessions import leak_session_scripts
+from conformance.workloads.sessions import first_turn_abort_script, leak_session_scripts
 from conformance.workloads.trees import branching_tree
 from test_workloads_fake_server import DATA, FakeSGLang, Replayer
 
@@ -156,15 +156,16 @@ def test_record_tree_against_wrong_strategy_oracle_reports_hit_mismatches():
 
 def test_sessions_and_idle_probe_clean_then_leaking():
     streaming, plain = leak_session_scripts(vocab_size=VOCAB, track_interval=TRACK, new_tokens=4, abort_new_tokens=400, abort_after_s=0.05)
+    first = first_turn_abort_script(vocab_size=VOCAB, track_interval=TRACK, new_tokens=4, abort_new_tokens=400, abort_after_s=0.05)
     for leak, want in ((0, "pass"), (3, "fail")):
         fake = FakeSGLang(step_s=0.001, leak_per_session=leak)
-        timeline, rec = sample_occupancy(fake, lambda: record_sessions(fake, [streaming, plain], timeout=10), interval_s=0.002)
-        assert [(t.finish, t.decoding_seen) for t in rec.turns].count(("abort", True)) == 2
+        timeline, rec = sample_occupancy(fake, lambda: record_sessions(fake, [streaming, plain, first], timeout=10), interval_s=0.002)
+        assert [(t.finish, t.decoding_seen) for t in rec.turns].count(("abort", True)) == 3
         assert not rec.errors
         probe = idle_probe(fake, "sessions", requests=rec.requests, deadline_s=0.05)
         v = leak_verdict([probe], timeline=timeline)
         assert v.status == want, v.reason
-    assert v.metrics["mamba_used_at_idle"] == 6
+    assert v.metrics["mamba_used_at_idle"] == 9  # 3 per session, three sessions
     # the leak was read before the flush; the flush (SGLang's semantics) hid it afterwards
     assert probe.after_flush["sglang:mamba_used_tokens"] == 0 and "leaked" in v.reason
 

@@ -316,6 +316,9 @@ def leak_verdict(
         fails.append(f"server exited with status {exit_code}")
     if log_lines:
         fails.append(f"{len(log_lines)} bad log line(s), first: {log_lines[0][:160]}")
+        reports = [line for line in log_lines if LOG_PATTERNS[0].search(line)]
+        if reports and reports[0] != log_lines[0]:  # SGLang's own leak report, not only the traceback's first line
+            fails.append(f"SGLang's leak report: {reports[0][:200]}")
     fails += [f"scenario error: {e}" for e in scenario_errors]
     for p in probes:
         missing = [g for g in gauges if g not in p.values]

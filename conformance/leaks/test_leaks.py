@@ -12,6 +12,7 @@ import pytest
 
 from conformance import axes
 from conformance.checks.leaks import TrackSlotUse, leak_verdict, track_slot_use, track_slot_verdict
+from conformance.errors import ServerDiedError
 from conformance.records import merge
 from conformance.suites import grids, idle_deadline, note_idle_probe, settle, sizes_for, vocab_size
 from conformance.targets.registry import target_for
@@ -19,7 +20,7 @@ from conformance.workloads.cell_store import CellStore, sibling_key
 from conformance.workloads.idle import idle_probe
 from conformance.workloads.prompts import token_prompts
 from conformance.workloads.runners import generate_tokens, record_sessions, sample_occupancy
-from conformance.workloads.sessions import leak_session_scripts
+from conformance.workloads.sessions import first_turn_abort_script, leak_session_scripts
 
 pytestmark = pytest.mark.leaks
 
@@ -75,7 +76,8 @@ def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):
 def test_sessions_return_to_idle(endpoint, record_verdict):
     size = sizes_for(endpoint)
     _, grid = grids(endpoint.cell)
-    scripts = leak_session_scripts(vocab_size=vocab_size(endpoint), track_interval=grid, turns=max(3, size.session_turns))
+    scripts = (*leak_session_scripts(vocab_size=vocab_size(endpoint), track_interval=grid, turns=max(3, size.session_turns)),
+               first_turn_abort_script(vocab_size=vocab_size(endpoint), track_interval=grid))
     # streaming sessions only where the cell's server takes them (the sessions axis, conformance.axes)
     scripts = tuple(s for s in scripts if not s.streaming or axes.enabled(endpoint.cell, axes.STREAMING_SESSIONS))
     endpoint.client.flush_cache()
@@ -93,7 +95,10 @@ def test_sessions_return_to_idle(endpoint, record_verdict):
     except Exception as e:  # a failing scenario is a finding, judged below with the gauges
         errors.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
         sent = 1
-    probes.append(idle_probe(endpoint.client, "sessions (streaming + non-streaming, abort, branch)", requests=sent, deadline_s=idle_deadline(endpoint)))
+    try:
+        probes.append(idle_probe(endpoint.client, "sessions (streaming + non-streaming, abort, first-turn abort, branch)", requests=sent, deadline_s=idle_deadline(endpoint)))
+    except ServerDiedError as e:  # the scheduler died in the sessions (e.g. SGLang's idle leak check): judged below from its log
+        errors.append(str(e).splitlines()[0] if str(e) else type(e).__name__)
     for p in probes:
         note_idle_probe(endpoint, p)
     verdict = leak_verdict(

@@ -136,6 +136,12 @@ class ProgramRun:
                 self._close(sid)
             self._wait_all()
             self._settle(final=True)
+        except KitError:  # a scheduler that died mid-step leaves connection errors: name the death, a finding
+            dead = self._dead()
+            self._cleanup()
+            if dead:
+                raise ProgramFailure(self.step_no, f"server died: {dead}", self.trace) from None
+            raise
         except BaseException:
             self._cleanup()
             raise

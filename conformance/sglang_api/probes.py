@@ -54,7 +54,9 @@ class Features:
     platform_extra_buffer_answer: bool = False  # SRTPlatform.support_mamba_cache_extra_buffer (a platform may allow extra_buffer)
     hook_registry: bool = False  # sglang.srt.plugins.hook_registry.HookRegistry (the CPU stand-ins' REPLACE hooks)
     extra_buffer_gate: str | None = None  # where extra_buffer is gated on the device: "platform", "server_args" (an in-method assert), None
+    extra_buffer_gate_method: str | None = None  # with "server_args": the ServerArgs method holding the assert
     tree_class: str | None = None  # the radix tree a hybrid model gets by default: UnifiedRadixCache | MambaRadixCache
+    mamba_used_gauge: bool = True  # SGLang publishes sglang:mamba_used_tokens (0.5.11 has only sglang:mamba_usage, a fraction)
     flags: tuple[str, ...] = ()  # which of PARSER_FLAGS SGLang's parser takes
     choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (flag, its choices) for the PARSER_FLAGS that have choices
     pd_transfer_refusal: str | None = None  # SGLang's own line when its default PD transfer engine cannot be built here
@@ -140,6 +142,7 @@ class Features:
             f"_gather_mamba_track_indices {'present' if self.gather_track_indices else 'absent (kit indexes the ping-pong mapping)'}",
             f"granite layer names {'linear_attention/full_attention' if self.granite_new_layer_names else 'mamba/attention only -> granite configs rewritten'}",
             f"tree {self.tree_class or 'unknown'}",
+            *(() if self.mamba_used_gauge else ("no sglang:mamba_used_tokens gauge -> the idle invariant (leaks, programs) cannot be judged",)),
             f"sglang-cpu {'runs through general plugins + hook registry' if self.sglang_cpu_capable else 'not applicable (' + str(self.sglang_cpu_gap) + ')'}"
             f", extra_buffer device gate {self._gate_text()}",
             f"seeded-fault hook targets {'all resolve' if not self.missing_hook_targets else f'{len(self.missing_hook_targets)} missing -> their faults not applicable'}",
@@ -148,7 +151,7 @@ class Features:
 
     def _gate_text(self) -> str:
         return {"platform": "answered by the kit's out-of-tree platform",
-                "server_args": "in ServerArgs._handle_mamba_radix_cache (answered by the CPU plugin's hook)"}.get(
+                "server_args": f"in ServerArgs.{self.extra_buffer_gate_method or '_handle_mamba_radix_cache'} (answered by the CPU plugin's hook)"}.get(
                     self.extra_buffer_gate or "", "not found -> extra_buffer cells not applicable on sglang-cpu")
 
     def as_dict(self) -> dict:
@@ -247,11 +250,27 @@ def _tree_class() -> str | None:
     return "MambaRadixCache" if hasattr(_module("sglang.srt.mem_cache.mamba_radix_cache"), "MambaRadixCache") else None
 
 
+def _mamba_used_gauge() -> bool:
+    """Whether SGLang's metrics collector publishes ``sglang:mamba_used_tokens`` (from its source)."""
+    collector = _module("sglang.srt.observability.metrics_collector") or _module("sglang.srt.metrics.collector")
+    try:
+        return collector is not None and "mamba_used_tokens" in inspect.getsource(collector)
+    except (OSError, TypeError):
+        return False
+
+
 def _extra_buffer_gate() -> str | None:
     from conformance.sglang_plugins.cpu.device_gate import gate_location
 
     where = gate_location()
     return where if where in (None, "platform") else "server_args"
+
+
+def _extra_buffer_gate_method() -> str | None:
+    from conformance.sglang_plugins.cpu.device_gate import gate_location
+
+    where = gate_location()
+    return None if where in (None, "platform") else where.rsplit(".", 1)[-1]
 
 
 def _fault_hook_targets() -> tuple[str, ...]:
@@ -319,7 +338,9 @@ def _probe() -> Features:
         platform_extra_buffer_answer=hasattr(getattr(_module("sglang.srt.platforms.interface"), "SRTPlatform", None), "support_mamba_cache_extra_buffer"),
         hook_registry=hasattr(_module("sglang.srt.plugins.hook_registry"), "HookRegistry"),
         extra_buffer_gate=_extra_buffer_gate(),
+        extra_buffer_gate_method=_extra_buffer_gate_method(),
         tree_class=_tree_class(),
+        mamba_used_gauge=_mamba_used_gauge(),
         flags=flags,
         choices=choices,
         pd_transfer_refusal=_pd_transfer_refusal(),

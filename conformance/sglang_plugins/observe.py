@@ -44,6 +44,13 @@ LEGACY_TARGET = "sglang.srt.managers.scheduler_runtime_checker_mixin.SchedulerRu
 STEP_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 #: The radix cache's eviction walk (``evict`` and ``evict_for_alloc`` both run it).
 EVICT_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict"
+#: Before that walk existed (0.5.21 and older) every eviction goes through the public
+#: ``evict(EvictParams)`` of the tree in use: ``MambaRadixCache`` (the hybrid default up to
+#: 0.5.15) or ``UnifiedRadixCache``; both are hooked, only the tree in use is ever called.
+LEGACY_EVICT_TARGETS = (
+    "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache.evict",
+    "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.evict",
+)
 #: Cumulative evidence counters (conformance/programs/evidence.py reads them).
 EVIDENCE_GAUGES = ("evictions_total", "prefill_cuts_total")
 MIN_INTERVAL_S = 0.2
@@ -95,16 +102,20 @@ _PEAKS = ("track_slots_step_peak", "track_slots_req_peak", "decode_running_peak"
 
 def track_slots(req: Any) -> int:
     """Ping-pong track slots one SGLang request holds right now (0 without a buffer).
-    Before the request's cache state moved to ``req.kv`` (0.5.12 and older) it lives on the
-    request, and a buffered request holds its whole ping-pong buffer from admission (those
-    releases have no lazy strategy and no emptiness flags)."""
-    holder = getattr(req, "kv", None) or req
+    The buffer lives on ``req.kv`` once the request's cache state moved there (0.5.22+),
+    on the request before (0.5.12 and older, and 0.5.16, whose ``req.kv`` holds only the
+    KV lengths).  An entry is held unless its emptiness flag says so
+    (``mamba_ping_pong_empty``) or, where the release has no flags, it is -1 (the lazy
+    strategy's empty mark of 0.5.13-0.5.21); a release without lazy holds every entry."""
+    kv = getattr(req, "kv", None)
+    holder = kv if kv is not None and hasattr(kv, "mamba_ping_pong_track_buffer") else req
     buffer = getattr(holder, "mamba_ping_pong_track_buffer", None)
     if buffer is None:
         return 0
     empty = getattr(holder, "mamba_ping_pong_empty", None)
     if empty is None:
-        return len(buffer)
+        entries = buffer.tolist() if hasattr(buffer, "tolist") else list(buffer)
+        return sum(1 for e in entries if e != -1)
     return sum(1 for e in empty if not e)
 
 
@@ -243,11 +254,9 @@ def install(role: str) -> dict[str, Any]:
 
     owner, attr = STEP_TARGET.rsplit(".", 1)
     before = getattr(pkgutil.resolve_name(owner), attr)
-    evict_owner, evict_attr = EVICT_TARGET.rsplit(".", 1)
-    try:
-        evict_before = getattr(pkgutil.resolve_name(evict_owner), evict_attr)
-    except (ImportError, AttributeError):
-        evict_before = None
+    evict_before = {t: b for t in (EVICT_TARGET,) if (b := _resolve(pkgutil, t)) is not None}
+    if not evict_before:
+        evict_before = {t: b for t in LEGACY_EVICT_TARGETS if (b := _resolve(pkgutil, t)) is not None}
     idle_target = TARGET
     try:
         pkgutil.resolve_name(TARGET)
@@ -255,13 +264,23 @@ def install(role: str) -> dict[str, Any]:
         idle_target = LEGACY_TARGET
     HookRegistry.register(idle_target, idle_publish, HookType.AROUND)
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
-    if evict_before is not None:
-        HookRegistry.register(EVICT_TARGET, evict_counted, HookType.AROUND)
+    for target in evict_before:
+        HookRegistry.register(target, evict_counted, HookType.AROUND)
     HookRegistry.apply_hooks()
     if getattr(pkgutil.resolve_name(owner), attr) is before:  # SGLang logs a failed hook and carries on
         raise RuntimeError(f"hook on {STEP_TARGET} was not applied")
-    if evict_before is None or getattr(pkgutil.resolve_name(evict_owner), evict_attr) is evict_before:
-        # no eviction path seen: never publish a counter that would read "no eviction" (the kit refuses the oracle)
+    evict_hooked = [t for t, b in evict_before.items() if _resolve(pkgutil, t) is not b]
+    if not evict_hooked or len(evict_hooked) < len(evict_before):
+        # an eviction path not seen: never publish a counter that would read "no eviction" (the kit refuses the oracle)
         _EXPORTER.evidence.pop("evictions_total", None)
     gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES)) + [PREFIX + "idle_publish_seq"]
-    return {"around": [idle_target, EVICT_TARGET], "before": [STEP_TARGET], "gauges": gauges}
+    return {"around": [idle_target, *evict_hooked], "before": [STEP_TARGET], "gauges": gauges}
+
+
+def _resolve(pkgutil: Any, target: str) -> Any:
+    """The function at dotted ``target`` (class attribute), None when the release lacks it."""
+    owner, attr = target.rsplit(".", 1)
+    try:
+        return getattr(pkgutil.resolve_name(owner), attr)
+    except (ImportError, AttributeError):
+        return None

@@ -4,6 +4,10 @@ whose context crosses track boundaries; one turn is aborted mid-decode (the runn
 it and aborts once the stream has delivered decoded tokens, ``runners.record_sessions``),
 and the non-streaming session branches from an earlier turn by ``rid`` and replaces one
 (``replace`` is refused in streaming sessions, so that script only appends).
+:func:`first_turn_abort_script` is a streaming session whose FIRST turn is aborted
+mid-decode (no saved turn yet: SGLang builds a throwaway slot to release it), then a turn
+that re-prefills: 0.5.11 and 0.5.12 left that turn's mamba slots out of the throwaway slot
+and leaked them (PR 26941's abort path; the scheduler's idle check then kills the server).
 """
 
 from __future__ import annotations
@@ -68,4 +72,26 @@ def leak_session_scripts(
     return (
         SessionScript(f"streaming-s{seed}", True, streaming),
         SessionScript(f"non-streaming-s{seed}", False, tuple(plain)),
+    )
+
+
+def first_turn_abort_script(
+    *,
+    vocab_size: int,
+    track_interval: int = 256,
+    new_tokens: int = 16,
+    abort_new_tokens: int = 1024,
+    abort_after_s: float = 0.3,
+    seed: int = 0,
+) -> SessionScript:
+    """A streaming session: its first turn aborted mid-decode, then one complete turn."""
+    turn_len = max(8, track_interval // 2 + 7)
+
+    def toks(i: int) -> tuple[int, ...]:
+        return extension(turn_len, vocab_size=vocab_size, seed=f"{seed}:first-abort:{i}")
+
+    return SessionScript(
+        f"streaming-first-abort-s{seed}",
+        True,
+        (SessionTurn(toks(0), abort_new_tokens, abort_after_s=abort_after_s), SessionTurn(toks(1), new_tokens)),
     )

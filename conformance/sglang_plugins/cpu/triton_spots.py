@@ -45,6 +45,25 @@ def track_mamba_states_if_needed(
         states[dst] = states[src].clone()
 
 
+def track_mamba_states_all_layers(
+    conv_states_pool: torch.Tensor,
+    ssm_states_pool: torch.Tensor,
+    cache_indices: torch.Tensor,
+    mamba_track_mask: torch.Tensor,
+    mamba_track_indices: torch.Tensor,
+    batch_size: int,
+    check_freed_slots: bool = False,
+) -> None:
+    """The all-layer form of the same copy over ``[num_layers, pool_size, ...]`` pools
+    (0.5.22 launches its own Triton kernel for it; 0.5.23 routes it through
+    ``_launch_track_mamba_states``)."""
+    src, dst = _tracked_rows(cache_indices, mamba_track_mask, mamba_track_indices, batch_size, check_freed_slots)
+    if src.numel() == 0:
+        return
+    for pool in (conv_states_pool, ssm_states_pool):
+        pool[:, dst] = pool[:, src].clone()
+
+
 def _tracked_rows(cache_indices, mamba_track_mask, mamba_track_indices, batch_size: int, check_freed_slots: bool):  # noqa: ANN001
     """(source rows, track rows) of the requests whose track mask is set."""
     mask = mamba_track_mask[:batch_size].to(torch.bool)
@@ -174,14 +193,20 @@ BINDINGS = (
         "replace",
         "Triton copy of conv/SSM rows into track slots (extra_buffer tracking)",
         alternates=(("sglang.srt.layers.attention.hybrid_linear_attn_backend.track_mamba_states_if_needed",
-                     track_mamba_states_if_needed),),
+                     track_mamba_states_if_needed),
+                    # 0.5.22: the decode path's all-layer copy is a Triton kernel of its own (imported by name)
+                    ("sglang.kernels.ops.mamba.mamba_state_scatter_triton.track_mamba_states_all_layers",
+                     track_mamba_states_all_layers),
+                    ("sglang.srt.layers.attention.hybrid_linear_attn_backend.track_mamba_states_all_layers",
+                     track_mamba_states_all_layers)),
     ),
     Binding(
         "sglang.kernels.ops.elementwise.elementwise.fused_gate_sigmoid_mul_add",
         fused_gate_sigmoid_mul_add,
         "replace",
         "Triton shared-expert gate of the Qwen2-MoE block Qwen3-Next uses",
-        alternates=("sglang.kernels.ops.layernorm.elementwise.fused_gate_sigmoid_mul_add",),  # 0.5.16
+        alternates=("sglang.kernels.ops.layernorm.elementwise.fused_gate_sigmoid_mul_add",  # 0.5.16
+                    "sglang.srt.layers.elementwise.fused_gate_sigmoid_mul_add"),  # 0.5.14 - 0.5.15
         required=False,  # 0.5.13 and older gate the shared expert in torch (a miss crashes in Triton, visibly)
     ),
     Binding(
