@@ -33,6 +33,8 @@ from conformance.checks.hit_bounds import (
     key_limit,
     may_have_evicted,
     possible_finish_stores,
+    prefill_must_be_cut,
+    prefill_never_tracked,
     prefill_stores,
     trie_size,
 )
@@ -198,8 +200,17 @@ class HitBook:
             return set()  # refused: it never ran
         alts = set(self._fixed_alternatives(q, cut))
         for h in self._hits(q):
-            alts |= prefill_stores(q.input_ids, {h}, self._branches(q, h, keys), self.grid)
+            alts |= self._whole_prefill_stores(q, h, keys)
         return alts
+
+    def _whole_prefill_stores(self, q: Served, hit: int, keys: set[Key]) -> set[Key]:
+        """Where ``q``'s prefill checkpoint lands if SGLang ran it in one extend: nowhere
+        when it cannot have (more new tokens than the prefill budget, or a budget below the
+        checkpoint grid: ``hit_bounds.prefill_must_be_cut``, ``prefill_never_tracked``)."""
+        budget = self.limits.prefill_budget
+        if prefill_never_tracked(self.grid, budget) or prefill_must_be_cut(len(q.input_ids), hit, budget):
+            return set()
+        return prefill_stores(q.input_ids, {hit}, self._branches(q, hit, keys), self.grid)
 
     def _fixed_alternatives(self, q: Served, cut: bool = True) -> frozenset[Key]:
         """The keys of ``_alternatives`` that do not depend on what else was stored: the
@@ -243,6 +254,8 @@ class HitBook:
         budget = self.limits.prefill_budget
         if not budget:
             return False
+        if any(prefill_must_be_cut(len(q.input_ids), h, budget) for h in self._hits(q)):
+            return True  # alone past the budget: SGLang's PrefillAdder cuts it, whatever ran beside it
         end = q.done_seq or float("inf")
         tokens = len(q.input_ids) + sum(
             len(x.input_ids) for x in self.records if x is not q and x.sent_seq < end and (not x.done_seq or x.done_seq > q.sent_seq))
@@ -270,7 +283,7 @@ class HitBook:
         if q.regular:
             before = [x for x in self.records if x is not q and x.done_seq and x.sent_seq < q.done_seq]
             keys = self._keys(before)
-            prefill = prefill_stores(q.input_ids, {q.cached_tokens}, self._branches(q, q.cached_tokens, keys), self.grid)
+            prefill = self._whole_prefill_stores(q, q.cached_tokens, keys)
             if len(prefill) == 1 and not self._could_be_cut(q) and not lazy_checkpoint_may_drop(q, self.grid):
                 out.add(next(iter(prefill)), sure=True)
             out.add(finish_store(q.input_ids, q.output_ids, self.grid), sure=True)
