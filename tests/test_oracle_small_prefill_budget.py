@@ -13,7 +13,7 @@ least one grid, so no prefill stores a state (SGLang warns so at start).  No ser
 
 from __future__ import annotations
 
-from conformance.checks.hit_bounds import StrategyGrid, cut_prefill_stores, prefill_must_be_cut, prefill_never_tracked
+from conformance.checks.hit_bounds import StrategyGrid, chunked_prefill_stores, cut_prefill_stores, prefill_must_be_cut, prefill_never_tracked
 
 from conformance.programs.evidence import COUNTERS, Evidence
 from conformance.programs.oracle import HitBook, Limits, Served
@@ -84,3 +84,31 @@ def test_cut_and_never_tracked_rules() -> None:
 def test_a_window_past_the_last_scrape_is_stale() -> None:
     ev = _evidence((5, 1.0))
     assert not ev.stale(5) and not ev.stale(3) and ev.stale(6)
+
+
+def _alone_book(budget: int, follow_cached: int) -> tuple[HitBook, list[Served]]:
+    """A 300-token prompt prefilled alone on a server that cuts at ``budget``, then a
+    follow-up sharing 290 of its tokens."""
+    prompt = tuple(range(3, 303))
+    a = _served("a", prompt, (900,), 0, 2, 3)
+    b = _served("b", prompt[:290] + (7, 8, 9), (901,), follow_cached, 4, 5)
+    book = HitBook(BUFFERED, Limits(context_len=4096, kv_total=8192, mamba_total=48, prefill_budget=budget), _evidence((3, 3.0), (5, 3.0)))
+    for s in (a, b):
+        book.add(s)
+    book.ready([])
+    return book, [a, b]
+
+
+def test_a_prefill_cut_alone_stores_each_chunks_checkpoint_for_sure() -> None:
+    """Off the grid (96, grid 64) SGLang tracks 64, 160, 256 (each chunk from its own start):
+    the follow-up must hit 256 or more; below, a lost checkpoint is a finding, not a cut."""
+    assert chunked_prefill_stores(tuple(range(300)), 0, BUFFERED, 96) == {tuple(range(n)) for n in (64, 160, 256)}
+    assert chunked_prefill_stores(tuple(range(300)), 0, BUFFERED, 32) == set()
+    book, (a, b) = _alone_book(96, 256)
+    assert book.judge(a) is None and book.judge(b) is None
+    for lost in (0, 160):
+        book, (a, b) = _alone_book(96, lost)
+        assert book.judge(a) is None
+        assert f"cached_tokens {lost}, the prefix oracle allows [256, " in (book.judge(b) or "")  # and any later page a cut may hold
+    book, (a, b) = _alone_book(32, 0)  # below the grid nothing was stored
+    assert book.judge(a) is None and book.judge(b) is None

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from conformance.checks.prefix_oracle import decode_track_positions, floor_to, prefill_checkpoint_len
+from conformance.checks.prefix_oracle import chunk_ends, decode_track_positions, floor_to, prefill_checkpoint_len
 from conformance.grid import Grid
 from conformance.strategy import Strategy, strategy_named
 
@@ -151,6 +151,19 @@ def prefill_never_tracked(grid: StrategyGrid, budget: int | None) -> bool:
     "chunked_prefill_size ... smaller than mamba_cache_chunk_size ... skip Mamba state
     checkpoints")."""
     return grid.buffered and budget is not None and budget < grid.checkpoint_grid
+
+
+def chunked_prefill_stores(prompt: Key, hit: int, grid: StrategyGrid, budget: int) -> set[Key]:
+    """The checkpoints of a prefill SGLang cut at every ``budget`` new tokens with nothing
+    else in its batches (``PrefixOracle.prefill_plan``): each chunk tracks ``start +
+    floor(extend_len, grid)`` (buffered) or its end (no buffer), published at the hand-off."""
+    out, start = set(), hit
+    for end in chunk_ends(hit, len(prompt), budget, grid.page_size):
+        n = prefill_checkpoint_len(grid.strategy, start, end, checkpoint_grid=grid.checkpoint_grid, chunk=grid.chunk)
+        if n is not None and floor_to(n, grid.page_size) > 0:
+            out.add(_prefix(prompt, floor_to(n, grid.page_size)))
+        start = end
+    return out
 
 
 def cut_prefill_stores(prompt: Key, hit: int, grid: StrategyGrid, *, budget: int | None = None) -> set[Key]:
