@@ -250,6 +250,14 @@ def mixed_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     return hit_vs_cold(client, [warm], [p + tail(5, f"m{i}") for i, p in enumerate(warm)], beside_a_decode=True)
 
 
+def cut_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
+    """A 200-token prompt prefilled alone on a server that cuts prefills at 96 (the
+    ``off-grid`` chunked prefill cell, grid 64: checkpoints at 64 and 160, cuts at 96 and
+    192), then prompts sharing 100 and 195 of its tokens hit the cut-prefill checkpoints."""
+    (warm,) = prompts((200,), seed=8)
+    return hit_vs_cold(client, [[warm]], [warm[:100] + tail(5, "c0"), warm[:195] + tail(5, "c1")])
+
+
 def grid_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     warm = prompts(GRID_LENGTHS, seed=2)
     return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"g{i}") for i, p in enumerate(warm)])

@@ -113,10 +113,13 @@ def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
     assert all(plans[n].suites[: len(f.suites)] == f.suites for n, f in faults().items())  # its catching suite runs first
     # one clean run per cell vouches for its faults; stop_finish_key_short breaks no_buffer's
     # finish path only, hence a fifth cell; the perf fault's run adds the no_buffer sibling, a sixth;
-    # a fault that needs a server option runs on that option's standard-tier cell, a seventh
-    assert len({p.key for p in plans.values()}) <= 7
+    # a fault that needs a server option runs on that option's standard-tier cell: one cell per axis fault
+    assert len({p.key for p in plans.values()}) <= 8
     mixed = plans["mixed_chunk_track_dropped"]
     assert mixed.server_options == "mixed_chunk=on" and mixed.tier == "standard" and "--server-options=mixed_chunk=on" in runs._pytest_argv(mixed, Path("r"))
+    cut = plans["chunk_cut_key_past_checkpoint"]
+    assert cut.server_options == "chunked_prefill=off-grid" and cut.suites[0] == "prefix_branching"
+    assert "--server-options=chunked_prefill=off-grid" in runs._pytest_argv(cut, Path("r"))
     assert plans["stop_finish_key_short"].strategies == "no_buffer"
     assert plans["lazy_alloc_fail_still_inserts"].faults == "lazy_alloc_fail"
     assert plans["mamba2_track_index_global"].models == "nemotron-h"

@@ -25,6 +25,7 @@ from sglang_cpu_probes import (
     branch_point_hit,
     cell_for,
     cold_ttfts,
+    cut_prefill_hits,
     decode_across_boundary_then_idle,
     decode_hits,
     grid_prefill_hits,
@@ -86,6 +87,10 @@ PROBES: dict[str, Probe] = {
     "track_path_slowdown": Probe(EXTRA, cold_ttfts, lambda ttfts: min(ttfts) >= PREFILL_SLEEP_S),
     # server-option axes: checkpoints stored from mixed prefill+decode batches (--enable-mixed-chunk)
     "mixed_chunk_track_dropped": Probe(EXTRA, mixed_prefill_hits, lambda rows: bool(diverged(rows)), options=(("mixed_chunk", "on"),)),
+    # prefills cut by chunked prefill off the checkpoint grid (--chunked-prefill-size 96, grid 64):
+    # the hits land on the cuts (96, 192) instead of the checkpoints (64, 160) and diverge
+    "chunk_cut_key_past_checkpoint": Probe(EXTRA, cut_prefill_hits, lambda rows: [r.cached_tokens for r in rows] == [96, 192] and all(r.diverged for r in rows),
+                                           options=(("chunked_prefill", "off-grid"),)),
 }
 FAST = ("cow_skipped",)
 
@@ -148,3 +153,21 @@ def test_control_mixed_chunk_clean(tmp_path: Path) -> None:
     with probe_server(cell_for(*EXTRA, options=(("mixed_chunk", "on"),)), tmp_path, fault=None, strict=False) as s:
         rows = mixed_prefill_hits(s.client)
     assert all(r.cached_tokens > 0 for r in rows) and not diverged(rows), summary(rows)
+
+
+def test_control_cut_prefill_clean(tmp_path: Path) -> None:
+    """Prefills cut off the grid on a clean server: the hits land on the checkpoints (64, 160)
+    and equal cold."""
+    with probe_server(cell_for(*EXTRA, options=(("chunked_prefill", "off-grid"),)), tmp_path, fault=None, strict=False) as s:
+        rows = cut_prefill_hits(s.client)
+    assert [r.cached_tokens for r in rows] == [64, 160] and not diverged(rows), summary(rows)
+
+
+def test_cut_prefill_fault_is_missed_with_the_option_off(tmp_path: Path) -> None:
+    """The same scenario and fault on the plain cell (SGLang's default chunked prefill size):
+    nothing is cut, the hook never fires; the one extend stores one checkpoint (192), which the
+    longer prompt hits and the shorter cannot (measured: hits 0 and 192, equal to cold)."""
+    with probe_server(cell_for(*EXTRA), tmp_path, fault="chunk_cut_key_past_checkpoint", strict=False) as s:
+        rows = cut_prefill_hits(s.client)
+        fired = s.fired("chunk_cut_key_past_checkpoint")
+    assert fired == 0 and [r.cached_tokens for r in rows] == [0, 192] and not diverged(rows), (fired, summary(rows))

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from conformance.checks.prefix_oracle import decode_track_positions, floor_to, prefill_checkpoint_len
+from conformance.checks.prefix_oracle import chunk_ends, decode_track_positions, floor_to, prefill_checkpoint_len
 from conformance.grid import Grid
 from conformance.strategy import Strategy, strategy_named
 
@@ -136,6 +136,36 @@ def prefill_stores(prompt: Key, hits: Iterable[int], branches: Iterable[int | No
     return out
 
 
+def prefill_must_be_cut(prompt_len: int, hit: int, budget: int | None) -> bool:
+    """SGLang's PrefillAdder gives no request more than ``chunked_prefill_size`` new tokens
+    in one extend (``chunk_fit_tokens > chunk_tokens_limit``: truncated to the budget), so a
+    prompt with more new tokens than the budget past its hit is cut whatever else runs."""
+    return budget is not None and prompt_len - hit > budget
+
+
+def prefill_never_tracked(grid: StrategyGrid, budget: int | None) -> bool:
+    """A buffered strategy tracks a prefill checkpoint only in an extend of at least one
+    checkpoint grid (``_mamba_radix_cache_v2_req_prepare_for_extend``: ``mask =
+    extend_len >= checkpoint_grid``); no extend is longer than the prefill budget, so with
+    a budget below the grid no prefill ever stores a state (SGLang warns at start:
+    "chunked_prefill_size ... smaller than mamba_cache_chunk_size ... skip Mamba state
+    checkpoints")."""
+    return grid.buffered and budget is not None and budget < grid.checkpoint_grid
+
+
+def chunked_prefill_stores(prompt: Key, hit: int, grid: StrategyGrid, budget: int) -> set[Key]:
+    """The checkpoints of a prefill SGLang cut at every ``budget`` new tokens with nothing
+    else in its batches (``PrefixOracle.prefill_plan``): each chunk tracks ``start +
+    floor(extend_len, grid)`` (buffered) or its end (no buffer), published at the hand-off."""
+    out, start = set(), hit
+    for end in chunk_ends(hit, len(prompt), budget, grid.page_size):
+        n = prefill_checkpoint_len(grid.strategy, start, end, checkpoint_grid=grid.checkpoint_grid, chunk=grid.chunk)
+        if n is not None and floor_to(n, grid.page_size) > 0:
+            out.add(_prefix(prompt, floor_to(n, grid.page_size)))
+        start = end
+    return out
+
+
 def cut_prefill_stores(prompt: Key, hit: int, grid: StrategyGrid, *, budget: int | None = None) -> set[Key]:
     """Where the state of a prefill that SGLang cut at a page ``c`` of its own choosing may
     land.  Without a buffer the request's own state is cached where the cut fell: every
@@ -144,7 +174,10 @@ def cut_prefill_stores(prompt: Key, hit: int, grid: StrategyGrid, *, budget: int
     ``hit + k * grid``, the continuation's at ``c + floor(end - c, grid)``, which is any
     page of the last grid window before the end (seen on a clean SGLang: cut at 37, cached
     at 421 of 451).  A prompt longer than ``budget`` past the hit is cut again and each cut
-    is cached: every page."""
+    is cached: every page.  With a buffer and a budget below the grid: nothing
+    (:func:`prefill_never_tracked`)."""
+    if prefill_never_tracked(grid, budget):
+        return set()
     end, page = len(prompt), grid.page_size
     every_page = not grid.buffered or (budget is not None and end - hit > budget)
     ends = set(range(hit + page, end + 1, page)) if every_page else set(range(hit + grid.checkpoint_grid, end, grid.checkpoint_grid))

@@ -40,6 +40,11 @@ class Evidence:
     def note(self, seq: int, values: Mapping[str, float]) -> None:
         self.scrapes.append((seq, {name: values.get(metric) for name, metric in COUNTERS.items()}))
 
+    def stale(self, seq: int) -> bool:
+        """No scrape was taken at or after clock ``seq`` (a window ending there would be
+        read against an older scrape: scrape again before judging it)."""
+        return not any(s >= seq for s, _ in self.scrapes)
+
     def grew(self, name: str, lo: int, hi: int) -> bool | None:
         """Did counter ``name`` grow between clock ``lo`` and clock ``hi``?  Read at the last
         scrape at or before ``lo`` (else the baseline) and the first at or after ``hi``

@@ -28,11 +28,14 @@ from conformance.checks.hit_bounds import (
     StrategyGrid,
     allowed_hits,
     branch_point,
+    chunked_prefill_stores,
     cut_prefill_stores,
     finish_store,
     key_limit,
     may_have_evicted,
     possible_finish_stores,
+    prefill_must_be_cut,
+    prefill_never_tracked,
     prefill_stores,
     trie_size,
 )
@@ -198,8 +201,17 @@ class HitBook:
             return set()  # refused: it never ran
         alts = set(self._fixed_alternatives(q, cut))
         for h in self._hits(q):
-            alts |= prefill_stores(q.input_ids, {h}, self._branches(q, h, keys), self.grid)
+            alts |= self._whole_prefill_stores(q, h, keys)
         return alts
+
+    def _whole_prefill_stores(self, q: Served, hit: int, keys: set[Key]) -> set[Key]:
+        """Where ``q``'s prefill checkpoint lands if SGLang ran it in one extend: nowhere
+        when it cannot have (more new tokens than the prefill budget, or a budget below the
+        checkpoint grid: ``hit_bounds.prefill_must_be_cut``, ``prefill_never_tracked``)."""
+        budget = self.limits.prefill_budget
+        if prefill_never_tracked(self.grid, budget) or prefill_must_be_cut(len(q.input_ids), hit, budget):
+            return set()
+        return prefill_stores(q.input_ids, {hit}, self._branches(q, hit, keys), self.grid)
 
     def _fixed_alternatives(self, q: Served, cut: bool = True) -> frozenset[Key]:
         """The keys of ``_alternatives`` that do not depend on what else was stored: the
@@ -230,6 +242,17 @@ class HitBook:
                 memo[k] = branch_point(q.input_ids, k, self.grid, hit)
         return {None} | {memo[k] for k in keys}
 
+    def _overlap_tokens(self, q: Served) -> int:
+        """Input tokens of the other requests in flight at some moment while ``q`` was."""
+        end = q.done_seq or float("inf")
+        return sum(len(x.input_ids) for x in self.records if x is not q and x.sent_seq < end and (not x.done_seq or x.done_seq > q.sent_seq))
+
+    def _cut_alone(self, q: Served, keys: set[Key]) -> bool:
+        """``q``'s prefill was cut at every budget's worth of new tokens where the oracle
+        knows the cuts: nothing else was in flight, and it met no branch point."""
+        return (prefill_must_be_cut(len(q.input_ids), q.cached_tokens, self.limits.prefill_budget) and not self._overlap_tokens(q)
+                and self._branches(q, q.cached_tokens, keys) == {None})
+
     def _could_be_cut(self, q: Served) -> bool:
         """Could SGLang have cut ``q``'s prefill at a point of its own choosing?  It packs the
         waiting requests into one prefill batch up to ``chunked_prefill_size`` new tokens and
@@ -243,10 +266,9 @@ class HitBook:
         budget = self.limits.prefill_budget
         if not budget:
             return False
-        end = q.done_seq or float("inf")
-        tokens = len(q.input_ids) + sum(
-            len(x.input_ids) for x in self.records if x is not q and x.sent_seq < end and (not x.done_seq or x.done_seq > q.sent_seq))
-        if tokens <= budget:
+        if any(prefill_must_be_cut(len(q.input_ids), h, budget) for h in self._hits(q)):
+            return True  # alone past the budget: SGLang's PrefillAdder cuts it, whatever ran beside it
+        if len(q.input_ids) + self._overlap_tokens(q) <= budget:
             return False
         seen = self.evidence.grew("prefill_cuts", q.sent_seq, q.done_seq or 10**18) if self.evidence else None
         return seen is not False
@@ -270,9 +292,12 @@ class HitBook:
         if q.regular:
             before = [x for x in self.records if x is not q and x.done_seq and x.sent_seq < q.done_seq]
             keys = self._keys(before)
-            prefill = prefill_stores(q.input_ids, {q.cached_tokens}, self._branches(q, q.cached_tokens, keys), self.grid)
+            prefill = self._whole_prefill_stores(q, q.cached_tokens, keys)
             if len(prefill) == 1 and not self._could_be_cut(q) and not lazy_checkpoint_may_drop(q, self.grid):
                 out.add(next(iter(prefill)), sure=True)
+            elif self._cut_alone(q, keys) and not lazy_checkpoint_may_drop(q, self.grid):
+                for key in chunked_prefill_stores(q.input_ids, q.cached_tokens, self.grid, self.limits.prefill_budget or 0):
+                    out.add(key, sure=True)
             out.add(finish_store(q.input_ids, q.output_ids, self.grid), sure=True)
         self._certain[q.rid] = out
         return out

@@ -42,6 +42,7 @@ FAULT_MODULES = (
     "session_abort_continues",
     # one per server-option axis (conformance.axes): shows only with its option on
     "mixed_chunk_track_dropped",
+    "chunk_cut_key_past_checkpoint",
     # PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP): the disagg suite
     "pd_state_index_off",             # PR 15829
     "pd_last_layer_state_unsent",
