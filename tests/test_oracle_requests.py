@@ -7,6 +7,7 @@ one admitting the same hit when the record is there.  No server."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -150,3 +151,55 @@ def test_the_plugin_records_prefills_and_lazy_drops_and_changes_nothing(tmp_path
     assert log.cut("r1") and not log.cut("r2") and log.chunks("r1") == [Prefill(0, 236, True, 192)]
     assert log.dropped("r1") and not log.dropped("r2")  # r2 had nothing to drop
     assert observe.lazy_prealloc_observed(lambda b, i: 1, SimpleNamespace(reqs=None), 1) == 1  # unreadable batch: SGLang's result, no raise
+
+
+# ------------------------------------------------------------------ a dropped state where nothing was cut
+def _cut_batch_follow_up(evidence: Evidence) -> str | None:
+    """fixtures/programs/cut_batch_checkpoint_dropped.json on the book: twelve 400-token
+    requests in one prefill batch (one of them cut), then member 0's prompt + 5 hits 0."""
+    book = HitBook(StrategyGrid(64, 1, 256, strategy_named("extra_buffer")),
+                   Limits(context_len=100000, kv_total=1e6, mamba_total=1000, prefill_budget=4096), evidence, server_rid=lambda rid: f"tag-{rid}")
+    members = [_served(f"b.{i}", tuple(range(10, 18)) + tuple(range(1000 * (i + 1), 1000 * (i + 1) + 392)), (5,), 0, 1, 2 + i) for i in range(12)]
+    follow = _served("f0", members[0].input_ids + (7,) * 5, (3, 4), 0, 20, 21)
+    for s in (*members, follow):
+        book.add(s)
+    book.ready([])
+    assert not any(book.judge(m) for m in members)
+    return book.judge(follow)
+
+
+def test_a_dropped_checkpoint_of_an_uncut_request_is_a_finding(tmp_path) -> None:
+    assert _cut_batch_follow_up(_evidence(None, cuts=1)) is None  # the window: a cut while member 0 ran, so its checkpoint "may" be elsewhere
+    log = _log(tmp_path, *({"ev": "prefill", "rid": f"tag-b.{i}", "prefix": 0, "extend": 400, "cut": False, "track": 384} for i in range(10)),
+               {"ev": "prefill", "rid": "tag-b.10", "prefix": 0, "extend": 96, "cut": True, "track": 64})
+    problem = _cut_batch_follow_up(_evidence(log, cuts=1))
+    assert problem and "cached_tokens 0" in problem and "384" in problem
+
+
+REPLAY = Path(__file__).resolve().parents[1] / "fixtures" / "programs" / "cut_batch_checkpoint_dropped.json"
+
+
+@pytest.mark.fault_probe
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fault", [True, False], ids=["fault", "clean"])
+def test_real_sglang_a_state_dropped_where_nothing_was_cut_is_caught(fault: bool, tmp_path) -> None:
+    """The replay above on real SGLang (qwen3-next extra_buffer): with the seeded
+    ``cut_batch_checkpoint_dropped`` the follow-up's lost hit is a finding (the window
+    oracle admitted it); the same program on a clean server passes."""
+    import os
+    import subprocess
+
+    from conformance.sglang_api import pool as sglang_api
+
+    sglang_api.require()
+    argv = ["hybrid-conformance", "replay", str(REPLAY), "--target", "sglang-cpu", "--log-dir", str(tmp_path)]
+    out = subprocess.run(argv + ([] if fault else ["--no-recorded-env"]), capture_output=True, text=True, timeout=850, env={**os.environ, "COLUMNS": "300"})
+    text = out.stdout + out.stderr
+    if fault:
+        assert out.returncode == 1, text[-3000:]
+        assert "request f0: cached_tokens 0, the prefix oracle allows" in text and "384" in text, text[-3000:]
+        records = [json.loads(line) for p in tmp_path.glob("*.plugins.jsonl") for line in p.read_text().splitlines() if line.strip()]
+        assert any(r.get("status") == "fired" and r.get("fault") == "cut_batch_checkpoint_dropped" for r in records), "the fault never fired"
+    else:
+        assert out.returncode == 0, text[-3000:]
+        assert "PASS" in text
