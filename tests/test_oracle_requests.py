@@ -7,6 +7,7 @@ one admitting the same hit when the record is there.  No server."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -155,7 +156,7 @@ def test_the_plugin_records_prefills_and_lazy_drops_and_changes_nothing(tmp_path
 
 # ------------------------------------------------------------------ a dropped state where nothing was cut
 def _cut_batch_follow_up(evidence: Evidence) -> str | None:
-    """fixtures/programs/cut_batch_checkpoint_dropped.json on the book: twelve 400-token
+    """The scenario of fixtures/programs/cut_batch_checkpoint_dropped.json on the book: twelve 400-token
     requests in one prefill batch (one of them cut), then member 0's prompt + 5 hits 0."""
     book = HitBook(StrategyGrid(64, 1, 256, strategy_named("extra_buffer")),
                    Limits(context_len=100000, kv_total=1e6, mamba_total=1000, prefill_budget=4096), evidence, server_rid=lambda rid: f"tag-{rid}")
@@ -197,7 +198,7 @@ def test_real_sglang_a_state_dropped_where_nothing_was_cut_is_caught(fault: bool
     text = out.stdout + out.stderr
     if fault:
         assert out.returncode == 1, text[-3000:]
-        assert "request f0: cached_tokens 0, the prefix oracle allows" in text and "384" in text, text[-3000:]
+        assert re.search(r"request f\d: cached_tokens 0, the prefix oracle allows \[[^]]*448", text), text[-3000:]
         records = [json.loads(line) for p in tmp_path.glob("*.plugins.jsonl") for line in p.read_text().splitlines() if line.strip()]
         assert any(r.get("status") == "fired" and r.get("fault") == "cut_batch_checkpoint_dropped" for r in records), "the fault never fired"
     else:
