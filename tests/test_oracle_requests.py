@@ -18,6 +18,7 @@ from conformance.programs.evidence import COUNTERS, Evidence, Prefill, RequestLo
 from conformance.programs.oracle import HitBook, Limits, Served
 from conformance.sglang_plugins import observe
 from conformance.strategy import strategy_named
+from test_oracle_evidence import _cut_burst as shared_cut_burst
 
 LAZY = strategy_named("extra_buffer_lazy")
 CUTS, EVICTIONS = COUNTERS["prefill_cuts"], COUNTERS["evictions"]
@@ -45,31 +46,24 @@ def _evidence(log: RequestLog | None, cuts: float = 0.0) -> Evidence:
 
 # ------------------------------------------------------------------ cuts
 def _cut_burst(evidence: Evidence) -> list[str | None]:
-    """A burst of 20 members of a 386-token prompt sharing 321 tokens; member 12 hits 192."""
-    book = HitBook(StrategyGrid(64, 1, 256, LAZY), Limits(context_len=100000, kv_total=1e6, mamba_total=1000, prefill_budget=4096),
-                   evidence, server_rid=lambda rid: f"tag-{rid}")
-    prompt = tuple(range(10, 331))
-    members = [_served(f"b.{i}", prompt + (1000 + i,) * 65, (), 0, 1, 2 + i) for i in range(20)]
-    members[12].response["meta_info"]["cached_tokens"] = 192
-    for m in members:
-        book.add(m)
-    book.ready([])
-    return [book.judge(m) for m in members]
+    """test_oracle_evidence's burst of 20 members of a 386-token prompt sharing 321 tokens;
+    member 12 hits 192 (here the per-request log names members by their program rid)."""
+    return shared_cut_burst(evidence)[0].judge_problem
 
 
 def test_a_cut_is_granted_to_the_request_sglang_cut_at_the_place_it_tracked(tmp_path) -> None:
     window = _cut_burst(_evidence(None, cuts=1))  # the window counter: some prefill was cut, any member may be
     assert not any(window)
-    uncut = _cut_burst(_evidence(_log(tmp_path, {"ev": "prefill", "rid": "tag-b.3", "prefix": 0, "extend": 386, "cut": False, "track": 384}), cuts=1))
+    uncut = _cut_burst(_evidence(_log(tmp_path, {"ev": "prefill", "rid": "b.3", "prefix": 0, "extend": 386, "cut": False, "track": 384}), cuts=1))
     assert any(p and "cached_tokens 192" in p for p in uncut)  # the counter moved (another program's cut), no member was cut
     tmp = tmp_path / "other"
     tmp.mkdir()
-    wrong_place = _cut_burst(_evidence(_log(tmp, {"ev": "prefill", "rid": "tag-b.3", "prefix": 0, "extend": 236, "cut": True, "track": 128})))
+    wrong_place = _cut_burst(_evidence(_log(tmp, {"ev": "prefill", "rid": "b.3", "prefix": 0, "extend": 236, "cut": True, "track": 128})))
     assert any(p and "cached_tokens 192" in p for p in wrong_place)  # tracked at 128, not 192
     tmp = tmp_path / "seen"
     tmp.mkdir()
-    seen = _cut_burst(_evidence(_log(tmp, {"ev": "prefill", "rid": "tag-b.3", "prefix": 0, "extend": 236, "cut": True, "track": 192},
-                                     {"ev": "prefill", "rid": "tag-b.3", "prefix": 236, "extend": 150, "cut": False, "track": 320})))
+    seen = _cut_burst(_evidence(_log(tmp, {"ev": "prefill", "rid": "b.3", "prefix": 0, "extend": 236, "cut": True, "track": 192},
+                                     {"ev": "prefill", "rid": "b.3", "prefix": 236, "extend": 150, "cut": False, "track": 320})))
     assert not any(seen)
 
 
