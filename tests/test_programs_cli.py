@@ -28,7 +28,7 @@ REPLAY_CLEAN = f"hybrid-conformance replay {FILE} --target reference --no-record
 REPLAY_TWICE = f"hybrid-conformance replay {FILE} --target reference --repeat 2"
 MUTANTS = "hybrid-conformance mutants --programs 8 --programs-only --only cached_tokens_underreport"
 FUZZ_SGLANG_CPU = "hybrid-conformance fuzz --target sglang-cpu --models qwen3-next --strategies extra_buffer_lazy --tier premerge --budget 4 --seed 0"
-FUZZ_ROTATE = "hybrid-conformance fuzz --tier premerge --rotate 0ed07d0 --budget 2 --seed 0"
+FUZZ_ROTATE = "hybrid-conformance fuzz --tier premerge --rotate 0ed07d0 --budget 4 --seed 0"
 TESTED = {FUZZ_REF, PYTEST, REPLAY, REPLAY_CLEAN, REPLAY_TWICE, MUTANTS, FUZZ_SGLANG_CPU, FUZZ_ROTATE}
 
 
