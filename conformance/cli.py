@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(fuzz, (REPORT_DIR,), report_dir="reports/fuzz")
     fuzz.add_argument("-n", dest="workers", default=str(min(2, os.cpu_count() or 1)), help="pytest-xdist workers (default: %(default)s)")
     fuzz.add_argument("--timeout", type=int, default=3600, help="per-cell timeout in seconds (pytest-timeout)")
+    fuzz.add_argument("--rotate", metavar="KEY", help="fuzz one cell of the selection, chosen by KEY (a commit hash; 'date': today's UTC date)")
     fuzz.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest after --")
 
     from conformance.programs.replay import add_arguments as add_replay_arguments

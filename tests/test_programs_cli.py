@@ -28,7 +28,8 @@ REPLAY_CLEAN = f"hybrid-conformance replay {FILE} --target reference --no-record
 REPLAY_TWICE = f"hybrid-conformance replay {FILE} --target reference --repeat 2"
 MUTANTS = "hybrid-conformance mutants --programs 8 --programs-only --only cached_tokens_underreport"
 FUZZ_SGLANG_CPU = "hybrid-conformance fuzz --target sglang-cpu --models qwen3-next --strategies extra_buffer_lazy --tier premerge --budget 4 --seed 0"
-TESTED = {FUZZ_REF, PYTEST, REPLAY, REPLAY_CLEAN, REPLAY_TWICE, MUTANTS, FUZZ_SGLANG_CPU}
+FUZZ_ROTATE = "hybrid-conformance fuzz --tier premerge --rotate 0ed07d0 --budget 4 --seed 0"
+TESTED = {FUZZ_REF, PYTEST, REPLAY, REPLAY_CLEAN, REPLAY_TWICE, MUTANTS, FUZZ_SGLANG_CPU, FUZZ_ROTATE}
 
 
 def doc_commands() -> set[str]:
@@ -98,6 +99,15 @@ def test_mutants_programs_as_typed(tmp_path: Path) -> None:
     twins = [c["checks"]["programs"]["details"].get("cold_twin") for r in tmp_path.rglob("report.json")
              for c in json.loads(r.read_text())["cells"] if "programs" in c["checks"]]
     assert len(twins) >= 2 and len(set(twins)) == 1 and twins[0], twins
+
+
+def test_fuzz_rotate_as_typed(tmp_path: Path) -> None:
+    """``--rotate KEY`` fuzzes the one premerge cell the key picks (premerge: the PR's commit)."""
+    out = sh(FUZZ_ROTATE, tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "rotation: cell qwen3-next-80b-extra_buffer-p1-t256 (2 of 8, key '0ed07d0')" in out.stdout, out.stdout[:2000]
+    (cell,) = json.loads((tmp_path / "reports" / "fuzz" / "report.json").read_text())["cells"]
+    assert cell["id"] == "qwen3-next-80b-extra_buffer-p1-t256" and cell["checks"]["programs"]["status"] == "pass"
 
 
 def test_fuzz_sglang_cpu_as_typed(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pytest
 from sglang_cpu_probes import MAMBA_GAUGE, cell_for, fresh_idle_metrics, hit_vs_cold, probe_server, prompts, summary, tail
 
-from conformance.workloads.runners import generate_tokens, output_ids
+from conformance.workloads.runners import cached_tokens, generate_tokens, output_ids
 
 pytestmark = [pytest.mark.fault_probe, pytest.mark.timeout(1800)]
 
@@ -109,6 +109,18 @@ def turn_after_abort(client) -> tuple[int, int]:
     return int(third["meta_info"]["prompt_tokens"]), 150 + len(output_ids(first)) + 5
 
 
+def cut_batch_then_follow_ups(client) -> tuple[int, ...]:
+    """Twelve 500-token prompts in one batch request (the prefill batch that takes most of
+    them exceeds the 4096-token budget and is cut), then members 3, 5 and 7 again + 5:
+    cached_tokens of those follow-ups (their prefill checkpoints sit at 448)."""
+    client.flush_cache()
+    ps = prompts((500,) * 12, seed=27)
+    generate_tokens(client, ps, 1)
+    got = tuple(cached_tokens(r) for r in generate_tokens(client, [ps[i] + tail(5, f"cut{i}") for i in (3, 5, 7)], 1))
+    client.flush_cache()
+    return got
+
+
 @dataclass(frozen=True)
 class Probe:
     where: tuple[str, str]
@@ -123,6 +135,7 @@ PROGRAM_PROBES: dict[str, Probe] = {
     "lazy_finish_at_boundary_leak": Probe(LAZY, finishes_on_boundaries_then_idle, lambda n: n >= 1),
     "stop_finish_key_short": Probe(NO_BUFFER, stop_then_follow_up, lambda h: h.cached == h.committed - 1 and h.diverged),
     "session_abort_continues": Probe(EXTRA, turn_after_abort, lambda got: got[0] != got[1]),
+    "cut_batch_checkpoint_dropped": Probe(EXTRA, cut_batch_then_follow_ups, lambda hits: any(h < 448 for h in hits)),
 }
 LEAKS = ("dup_insert_leak", "lazy_finish_at_boundary_leak")
 

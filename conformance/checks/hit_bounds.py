@@ -20,7 +20,7 @@ allowed (the oracle does not model eviction order).  Pure: no I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from conformance.checks.prefix_oracle import chunk_ends, decode_track_positions, floor_to, prefill_checkpoint_len
 from conformance.grid import Grid
@@ -185,6 +185,17 @@ def cut_prefill_stores(prompt: Key, hit: int, grid: StrategyGrid, *, budget: int
         for c in range(floor_to(hit, page) + page, end - grid.checkpoint_grid + 1, page):
             ends.add(c + floor_to(end - c, grid.checkpoint_grid))
     return {_prefix(prompt, n) for n in (floor_to(e, page) for e in ends) if hit < n <= end}
+
+
+def observed_cut_stores(prompt: Key, chunks: Sequence[Any], grid: StrategyGrid) -> set[Key]:
+    """The states a prefill SGLang was seen cutting may have stored, at the observed places
+    only: each chunk's tracked checkpoint (buffered strategies, ``Prefill.track``) or,
+    without a buffer, the request's own state where each cut fell (``prefix + extend``).
+    Nothing for a request SGLang did not cut."""
+    if not any(c.cut for c in chunks):
+        return set()
+    ends = {c.track for c in chunks if c.track is not None} if grid.buffered else {c.prefix + c.extend for c in chunks if c.cut}
+    return {_prefix(prompt, n) for n in (floor_to(e, grid.page_size) for e in ends) if 0 < n <= len(prompt)}
 
 
 def finish_store(prompt: Key, output: Key, grid: StrategyGrid) -> Key | None:

@@ -11,6 +11,11 @@ from conformance.programs.explore import parse_budget
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     parse_budget(args.budget)  # one line before anything starts
+    if getattr(args, "rotate", None):
+        from conformance.commands.rotation import rotate
+
+        args, line = rotate(args)
+        print(line, flush=True)
     extra = forward(args, PROGRAM_OPTIONS)
     run_args = argparse.Namespace(**{**vars(args), "suite": "programs", "markexpr": None, "keyword": None, "gsm8k_dir": None,
                                      "with_pool": False, "pytest_args": [*extra, *args.pytest_args]})

@@ -70,12 +70,13 @@ def grid_for(ep: Endpoint) -> StrategyGrid:
 
 
 def target_for(ep: Endpoint, cold: Endpoint) -> Target:
-    from conformance.programs.evidence import refuse_missing
+    from conformance.programs.evidence import refuse_missing, request_log
     from conformance.programs.oracle import Limits
 
     info = ep.info or ep.client.server_info()
     metrics = ep.client.metrics()
     refuse_missing(metrics, target=ep.target, attempts=[_later(ep.client)] * 25)
+    requests = request_log(ep.log_path, target=ep.target)
     kv_total = metrics.get("hybrid_conformance:kv_total") or metrics.get("sglang:max_total_num_tokens") or info.get("max_total_num_tokens")
     context = info.get("context_length") or info.get("max_total_num_tokens") or kv_total or 4096
     limits = Limits(
@@ -90,7 +91,7 @@ def target_for(ep: Endpoint, cold: Endpoint) -> Target:
         client=ep.client, cold=cold.client, grid=grid_for(ep), limits=limits,
         tol=Tolerance.for_mode(exact, kl_cap=ep.cell.model.thresholds.kl_abs_cap), exact=exact,
         idle_deadline_s=idle_deadline(ep), log_text=ep.log_text if ep.process else None,
-        alive=ep.process.exit_reason if ep.process else None, info=info,
+        alive=ep.process.exit_reason if ep.process else None, info=info, requests=requests,
     )
 
 

@@ -7,11 +7,18 @@ observe plugin inside real SGLang, ``conformance/sglang_plugins/observe.py``, an
 reference server under the same names).  The runner scrapes them whenever answers
 arrive, stamped with the program clock (the sequence numbers of requests' send and
 answer), so a relaxation asks "did the counter grow between these two moments?".
-Pure bookkeeping: the runner does the I/O.
+Per request (real SGLang: the observe plugin's ``<log>.requests.jsonl``), the
+:class:`RequestLog` says where each prefill was cut and its mamba checkpoint tracked, and
+which requests' kept checkpoint a failed lazy allocation dropped: the oracle's cut and
+lazy-drop relaxations are then granted to those requests only, at those places.
+Pure bookkeeping apart from :meth:`RequestLog.refresh` (a file read).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 #: evidence name -> the counter on /metrics it is read from
@@ -26,11 +33,69 @@ def missing_counters(values: Mapping[str, float]) -> list[str]:
     return [metric for metric in COUNTERS.values() if metric not in values]
 
 
-class Evidence:
-    """Scrapes of the evidence counters since the last flush, in program-clock order."""
+@dataclass(frozen=True)
+class Prefill:
+    """One prefill (chunk) of a request as SGLang's scheduler ran it."""
 
-    def __init__(self) -> None:
+    prefix: int
+    extend: int
+    cut: bool  # SGLang cut the prefill at prefix + extend (more chunks follow)
+    track: int | None  # the length its mamba checkpoint is tracked at (None: none)
+
+
+@dataclass
+class RequestLog:
+    """The per-request evidence file the observe plugin appends to, read incrementally."""
+
+    path: Path
+    prefills: dict[str, list[Prefill]] = field(default_factory=dict)
+    drops: dict[str, list[int]] = field(default_factory=dict)  # rid -> lengths whose kept checkpoint was dropped
+    started: bool = False
+    _offset: int = 0
+
+    def refresh(self) -> None:
+        """Read what the server appended since the last read (whole lines only)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        end = data.rfind(b"\n") + 1
+        self._offset += end
+        for line in data[:end].splitlines():
+            if line.strip():
+                self.add(json.loads(line))
+
+    def add(self, rec: Mapping[str, Any]) -> None:
+        ev = rec.get("ev")
+        if ev == "start":
+            self.started = True
+        elif ev == "prefill":
+            self.prefills.setdefault(str(rec["rid"]), []).append(
+                Prefill(int(rec["prefix"]), int(rec["extend"]), bool(rec["cut"]), rec.get("track")))
+        elif ev == "lazy_drop":
+            self.drops.setdefault(str(rec["rid"]), []).append(int(rec["was"]))
+
+    def cut(self, rid: str) -> bool:
+        """Was this request's prefill cut by SGLang's scheduler?"""
+        return any(p.cut for p in self.prefills.get(rid, ()))
+
+    def chunks(self, rid: str) -> list[Prefill]:
+        return list(self.prefills.get(rid, ()))
+
+    def dropped(self, rid: str) -> bool:
+        """Did a failed lazy allocation drop this request's kept checkpoint?"""
+        return bool(self.drops.get(rid))
+
+
+class Evidence:
+    """Scrapes of the evidence counters since the last flush, in program-clock order, and
+    (where the server writes one) the per-request log."""
+
+    def __init__(self, requests: RequestLog | None = None) -> None:
         self.scrapes: list[tuple[int, dict[str, float | None]]] = []
+        self.requests = requests
 
     def reset(self, seq: int, values: Mapping[str, float]) -> None:
         """A flush (or the program's start): the baseline every window starts from."""
@@ -38,6 +103,8 @@ class Evidence:
         self.note(seq, values)
 
     def note(self, seq: int, values: Mapping[str, float]) -> None:
+        if self.requests is not None:
+            self.requests.refresh()
         self.scrapes.append((seq, {name: values.get(metric) for name, metric in COUNTERS.items()}))
 
     def stale(self, seq: int) -> bool:
@@ -61,6 +128,31 @@ class Evidence:
 
 #: The gauges the hit oracle sizes its eviction bound by (besides the evidence counters).
 ORACLE_GAUGES = ("hybrid_conformance:mamba_total",)
+
+
+#: ``<log>.log`` -> the observe plugin's per-request file (``observe.REQUESTS_SUFFIX``)
+REQUESTS_SUFFIX = ".requests.jsonl"
+
+
+def request_log(log_path: Path | None, *, target: str, attempts: int = 25, pause_s: float = 0.2) -> RequestLog | None:
+    """The per-request evidence of a server whose log is ``log_path`` on a target that loads
+    the kit's plugins (real SGLang), else None.  A file without the plugin's start line is a
+    KitError: the oracle would otherwise grant no cut and no lazy drop, or guess."""
+    import time
+
+    from conformance.errors import KitError
+    from conformance.targets.registry import target_for
+
+    if log_path is None or not target_for(target).kit_plugins:
+        return None
+    log = RequestLog(Path(log_path).with_suffix(REQUESTS_SUFFIX))
+    for _ in range(attempts):
+        log.refresh()
+        if log.started:
+            return log
+        time.sleep(pause_s)
+    raise KitError(f"no per-request evidence from the observe plugin in {log.path}: the programs' oracle depends on it "
+                   "(is the observe plugin loaded? see its <log>.plugins.jsonl)")
 
 
 def refuse_missing(values: Mapping[str, float], *, target: str, attempts: Any = None) -> None:

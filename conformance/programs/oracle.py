@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from conformance.checks.leaks import KIT, POOLS, idle_invariant
-from conformance.programs.evidence import Evidence
+from conformance.programs.evidence import Evidence, RequestLog
 from conformance.checks.hit_bounds import (
     Key,
     Stores,
@@ -33,6 +33,7 @@ from conformance.checks.hit_bounds import (
     finish_store,
     key_limit,
     may_have_evicted,
+    observed_cut_stores,
     possible_finish_stores,
     prefill_must_be_cut,
     prefill_never_tracked,
@@ -154,10 +155,13 @@ class HitBook:
     fixed point over the keys of those requests.
     """
 
-    def __init__(self, grid: StrategyGrid, limits: Limits, evidence: Evidence | None = None) -> None:
+    def __init__(self, grid: StrategyGrid, limits: Limits, evidence: Evidence | None = None,
+                 server_rid: Callable[[str], str] = str) -> None:
         self.grid, self.limits = grid, limits
         #: counters seen during the program (None: judge on the bounds alone, unit tests)
         self.evidence = evidence
+        #: the rid SGLang knew a program's request by (the per-request evidence is keyed by it)
+        self.server_rid = server_rid
         self.records: list[Served] = []
         self.max_in_flight = 0
         self.max_sessions = 0
@@ -220,7 +224,10 @@ class HitBook:
         if (q.rid, cut) in self._fixed:
             return self._fixed[(q.rid, cut)]
         alts: set[Key] = set()
-        if cut and self._could_be_cut(q):
+        log = self._requests()
+        if cut and log is not None:
+            alts |= observed_cut_stores(q.input_ids, log.chunks(self.server_rid(q.rid)), self.grid)
+        elif cut and self._could_be_cut(q):
             for h in self._hits(q):
                 alts |= cut_prefill_stores(q.input_ids, h, self.grid, budget=self.limits.prefill_budget)
         if q.regular:
@@ -253,6 +260,18 @@ class HitBook:
         return (prefill_must_be_cut(len(q.input_ids), q.cached_tokens, self.limits.prefill_budget) and not self._overlap_tokens(q)
                 and self._branches(q, q.cached_tokens, keys) == {None})
 
+    def _requests(self) -> RequestLog | None:
+        """The per-request evidence, when the server writes it (real SGLang)."""
+        return self.evidence.requests if self.evidence is not None else None
+
+    def _lazy_drop(self, q: Served) -> bool:
+        """May ``q``'s kept prefill checkpoint be gone at its finish?  With per-request
+        evidence only when SGLang was seen dropping it; else the bound."""
+        log = self._requests()
+        if log is not None:
+            return self.grid.lazy_alloc_fail and log.dropped(self.server_rid(q.rid))
+        return lazy_checkpoint_may_drop(q, self.grid)
+
     def _could_be_cut(self, q: Served) -> bool:
         """Could SGLang have cut ``q``'s prefill at a point of its own choosing?  It packs the
         waiting requests into one prefill batch up to ``chunked_prefill_size`` new tokens and
@@ -262,7 +281,11 @@ class HitBook:
         and the 13th cut and cached at 256).  That needs the requests that
         overlapped ``q`` to bring more new tokens than the budget, and -- evidence, not
         permission -- SGLang's scheduler to have cut a prefill while ``q`` was in flight
-        (its ``prefill_cuts`` counter grew; where it is not exported the bound alone)."""
+        (its ``prefill_cuts`` counter grew; where it is not exported the bound alone).  With
+        per-request evidence: SGLang cut exactly this request's prefill."""
+        log = self._requests()
+        if log is not None:
+            return log.cut(self.server_rid(q.rid))
         budget = self.limits.prefill_budget
         if not budget:
             return False
@@ -293,9 +316,9 @@ class HitBook:
             before = [x for x in self.records if x is not q and x.done_seq and x.sent_seq < q.done_seq]
             keys = self._keys(before)
             prefill = self._whole_prefill_stores(q, q.cached_tokens, keys)
-            if len(prefill) == 1 and not self._could_be_cut(q) and not lazy_checkpoint_may_drop(q, self.grid):
+            if len(prefill) == 1 and not self._could_be_cut(q) and not self._lazy_drop(q):
                 out.add(next(iter(prefill)), sure=True)
-            elif self._cut_alone(q, keys) and not lazy_checkpoint_may_drop(q, self.grid):
+            elif self._cut_alone(q, keys) and not self._lazy_drop(q):
                 for key in chunked_prefill_stores(q.input_ids, q.cached_tokens, self.grid, self.limits.prefill_budget or 0):
                     out.add(key, sure=True)
             out.add(finish_store(q.input_ids, q.output_ids, self.grid), sure=True)

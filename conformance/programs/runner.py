@@ -60,6 +60,7 @@ class Target:
     log_text: Any = None  # () -> the server log so far, or None
     alive: Any = None  # () -> None while the process lives, else why not
     info: dict[str, Any] = field(default_factory=dict)
+    requests: Any = None  # evidence.RequestLog: the server's per-request evidence (real SGLang), or None
 
 
 @dataclass
@@ -106,8 +107,8 @@ class ProgramRun:
         self.clock = Clock()
         self.deck = FlightDeck(target.client.base_url, self.clock)
         self.resolver = Resolver(program, target.grid, target.limits, exact=target.exact, tag=self.tag)
-        self.evidence = Evidence()
-        self.book = HitBook(target.grid, target.limits, self.evidence)
+        self.evidence = Evidence(target.requests)
+        self.book = HitBook(target.grid, target.limits, self.evidence, server_rid=self.resolver.server_rid)
         self.flights: dict[str, Flight] = {}  # rid -> its flight (bursts share one)
         self.served: dict[str, Served] = {}
         self.pending: list[Flight] = []

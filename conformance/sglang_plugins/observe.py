@@ -29,6 +29,14 @@ the radix cache's eviction walk, :data:`EVICT_TARGET`, counting walks that evict
 anything) and ``prefill_cuts_total`` (the BEFORE hook on ``run_batch``: an extend batch
 holding the scheduler's ``chunked_req``, i.e. a prefill SGLang cut at its budget).
 
+Per-request evidence (:data:`REQUESTS_SUFFIX`, a JSON-lines file next to the plugin report,
+read back by ``conformance/programs/evidence.py``): for each request of each extend batch,
+its rid, the prefix and extend lengths of that prefill, whether SGLang cut it there and
+where it tracks that chunk's mamba checkpoint (``mamba_last_track_seqlen``, set by the
+batch's preparation before ``run_batch``); and, under ``SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL``,
+every request whose kept checkpoint SGLang dropped at a track boundary (an AROUND hook
+on :data:`LAZY_TARGET`: ``mamba_last_track_seqlen`` went from a length to None).
+
 Nothing here changes what SGLang schedules, allocates, caches or checks.
 """
 
@@ -51,6 +59,10 @@ LEGACY_EVICT_TARGETS = (
     "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache.evict",
     "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.evict",
 )
+#: The lazy strategy's boundary pre-allocation (a failed one drops the kept checkpoint).
+LAZY_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.mamba_lazy_prealloc_at_boundary"
+#: ``<log>.plugins.jsonl`` -> ``<log>.requests.jsonl``: the per-request evidence file.
+REPORT_SUFFIX, REQUESTS_SUFFIX = ".plugins.jsonl", ".requests.jsonl"
 #: Cumulative evidence counters (conformance/programs/evidence.py reads them).
 EVIDENCE_GAUGES = ("evictions_total", "prefill_cuts_total")
 MIN_INTERVAL_S = 0.2
@@ -117,6 +129,74 @@ def track_slots(req: Any) -> int:
         entries = buffer.tolist() if hasattr(buffer, "tolist") else list(buffer)
         return sum(1 for e in entries if e != -1)
     return sum(1 for e in empty if not e)
+
+
+def requests_path() -> str | None:
+    """Where this server's per-request evidence goes (None: the kit gave no report path)."""
+    import os
+
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    report = os.environ.get(REPORT_ENV)
+    return report.removesuffix(REPORT_SUFFIX) + REQUESTS_SUFFIX if report else None
+
+
+def write_requests(records: list[dict[str, Any]]) -> None:
+    """Append per-request evidence records (one JSON line each), at once."""
+    path = requests_path()
+    if not records or not path:
+        return
+    import json
+
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _kv(req: Any) -> Any:
+    """Where a request's cache state lives (``req.kv``; the request itself on 0.5.12 and older)."""
+    return getattr(req, "kv", None) or req
+
+
+def prefill_records(scheduler: Any, batch: Any) -> list[dict[str, Any]]:
+    """One record per request of an extend batch about to run: prefix and extend lengths of
+    this prefill, whether SGLang cut it here (the scheduler's ``chunked_req``), and the
+    length its mamba checkpoint is tracked at (None: none this chunk)."""
+    mode = getattr(batch, "forward_mode", None)
+    if mode is None or mode.is_decode() or not getattr(mode, "is_extend", lambda: True)():
+        return []
+    chunked = getattr(scheduler, "chunked_req", None)
+    mixed = getattr(mode, "is_mixed", lambda: False)()
+    out = []
+    for r in batch.reqs:
+        if mixed and getattr(r, "output_ids", None):
+            continue  # a mixed batch's decoding requests: no prefill of theirs
+        prefix = getattr(r, "prefix_len", None)
+        if prefix is None:
+            prefix = len(getattr(r, "prefix_indices", ()) or ())
+        extend = getattr(r, "extend_len", None)
+        if extend is None:
+            extend = getattr(r, "extend_input_len", 0)
+        track = getattr(_kv(r), "mamba_last_track_seqlen", None)
+        out.append({"ev": "prefill", "rid": str(r.rid), "prefix": int(prefix), "extend": int(extend),
+                    "cut": r is chunked, "track": None if track is None else int(track)})
+    return out
+
+
+def lazy_prealloc_observed(original: Callable, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on the lazy boundary pre-allocation: a request whose kept checkpoint
+    (``mamba_last_track_seqlen``) it dropped is recorded with the length it was at (result unchanged)."""
+    try:
+        before = [(r, getattr(_kv(r), "mamba_last_track_seqlen", None)) for r in batch.reqs]
+    except Exception:  # an observer never breaks the server
+        before = []
+    result = original(batch, *args, **kwargs)
+    try:
+        seq_lens = batch.seq_lens_cpu.tolist()
+        write_requests([{"ev": "lazy_drop", "rid": str(r.rid), "was": int(old), "seq_len": int(seq_lens[i])}
+                        for i, (r, old) in enumerate(before) if old is not None and _kv(r).mamba_last_track_seqlen is None])
+    except Exception:  # an observer never breaks the server
+        pass
+    return result
 
 
 class _Exporter:
@@ -232,6 +312,10 @@ def before_run_batch(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> N
         _EXPORTER.cut(scheduler, batch)
     except Exception:  # an observer never breaks the server; a missing gauge is visible to the kit
         pass
+    try:
+        write_requests(prefill_records(scheduler, batch))
+    except Exception:  # an observer never breaks the server; a missing record is visible to the kit
+        pass
 
 
 def evict_counted(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
@@ -266,6 +350,10 @@ def install(role: str) -> dict[str, Any]:
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
     for target in evict_before:
         HookRegistry.register(target, evict_counted, HookType.AROUND)
+    lazy_owner, lazy_attr = LAZY_TARGET.rsplit(".", 1)
+    lazy_before = getattr(pkgutil.resolve_name(lazy_owner), lazy_attr, None)
+    if lazy_before is not None:  # releases with the lazy strategy
+        HookRegistry.register(LAZY_TARGET, lazy_prealloc_observed, HookType.AROUND)
     HookRegistry.apply_hooks()
     if getattr(pkgutil.resolve_name(owner), attr) is before:  # SGLang logs a failed hook and carries on
         raise RuntimeError(f"hook on {STEP_TARGET} was not applied")
@@ -274,7 +362,11 @@ def install(role: str) -> dict[str, Any]:
         # an eviction path not seen: never publish a counter that would read "no eviction" (the kit refuses the oracle)
         _EXPORTER.evidence.pop("evictions_total", None)
     gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES)) + [PREFIX + "idle_publish_seq"]
-    return {"around": [idle_target, *evict_hooked], "before": [STEP_TARGET], "gauges": gauges}
+    if lazy_before is not None and getattr(pkgutil.resolve_name(lazy_owner), lazy_attr) is lazy_before:
+        raise RuntimeError(f"hook on {LAZY_TARGET} was not applied")
+    write_requests([{"ev": "start"}])  # the kit refuses per-request evidence without this line
+    around = [idle_target, *evict_hooked] + ([LAZY_TARGET] if lazy_before is not None else [])
+    return {"around": around, "before": [STEP_TARGET], "gauges": gauges, "requests": requests_path()}
 
 
 def _resolve(pkgutil: Any, target: str) -> Any:

@@ -39,6 +39,7 @@ FAULT_MODULES = (
     "logprob_start_ignored",
     "lazy_finish_at_boundary_leak",
     "stop_finish_key_short",
+    "cut_batch_checkpoint_dropped",   # the oracle's per-request cut evidence (issue 26)
     "session_abort_continues",
     # one per server-option axis (conformance.axes): shows only with its option on
     "mixed_chunk_track_dropped",

@@ -1,0 +1,200 @@
+"""Issue 26, per-request evidence: the oracle's cut and lazy-drop relaxations are granted
+to the request SGLang was seen cutting (or dropping the checkpoint of), at the observed
+place only (``evidence.RequestLog``, written by the observe plugin).  Each test shows the
+window/bound behaviour admitting what the per-request one refuses, and the per-request
+one admitting the same hit when the record is there.  No server."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conformance.checks.hit_bounds import StrategyGrid, observed_cut_stores
+from conformance.errors import KitError
+from conformance.programs.evidence import COUNTERS, Evidence, Prefill, RequestLog, request_log
+from conformance.programs.oracle import HitBook, Limits, Served
+from conformance.sglang_plugins import observe
+from conformance.strategy import strategy_named
+from test_oracle_evidence import _cut_burst as shared_cut_burst
+
+LAZY = strategy_named("extra_buffer_lazy")
+CUTS, EVICTIONS = COUNTERS["prefill_cuts"], COUNTERS["evictions"]
+
+
+def _served(rid: str, prompt: tuple, out: tuple, cached: int, sent: int, done: int) -> Served:
+    resp = {"output_ids": list(out), "meta_info": {"cached_tokens": cached, "prompt_tokens": len(prompt), "finish_reason": {"type": "length"}}}
+    return Served(rid, 0, prompt, len(out), {}, sent, done, response=resp)
+
+
+def _log(tmp_path, *records: dict) -> RequestLog:
+    path = tmp_path / "cell.requests.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ({"ev": "start"}, *records)))
+    log = RequestLog(path)
+    log.refresh()
+    return log
+
+
+def _evidence(log: RequestLog | None, cuts: float = 0.0) -> Evidence:
+    ev = Evidence(log)
+    ev.reset(0, {EVICTIONS: 0.0, CUTS: 0.0})
+    ev.note(100, {EVICTIONS: 0.0, CUTS: cuts})
+    return ev
+
+
+# ------------------------------------------------------------------ cuts
+def _cut_burst(evidence: Evidence) -> list[str | None]:
+    """test_oracle_evidence's burst of 20 members of a 386-token prompt sharing 321 tokens;
+    member 12 hits 192 (here the per-request log names members by their program rid)."""
+    return shared_cut_burst(evidence)[0].judge_problem
+
+
+def test_a_cut_is_granted_to_the_request_sglang_cut_at_the_place_it_tracked(tmp_path) -> None:
+    window = _cut_burst(_evidence(None, cuts=1))  # the window counter: some prefill was cut, any member may be
+    assert not any(window)
+    uncut = _cut_burst(_evidence(_log(tmp_path, {"ev": "prefill", "rid": "b.3", "prefix": 0, "extend": 386, "cut": False, "track": 384}), cuts=1))
+    assert any(p and "cached_tokens 192" in p for p in uncut)  # the counter moved (another program's cut), no member was cut
+    tmp = tmp_path / "other"
+    tmp.mkdir()
+    wrong_place = _cut_burst(_evidence(_log(tmp, {"ev": "prefill", "rid": "b.3", "prefix": 0, "extend": 236, "cut": True, "track": 128})))
+    assert any(p and "cached_tokens 192" in p for p in wrong_place)  # tracked at 128, not 192
+    tmp = tmp_path / "seen"
+    tmp.mkdir()
+    seen = _cut_burst(_evidence(_log(tmp, {"ev": "prefill", "rid": "b.3", "prefix": 0, "extend": 236, "cut": True, "track": 192},
+                                     {"ev": "prefill", "rid": "b.3", "prefix": 236, "extend": 150, "cut": False, "track": 320})))
+    assert not any(seen)
+
+
+def test_observed_cut_stores_are_the_tracked_lengths_or_the_cut_points() -> None:
+    prompt = tuple(range(400))
+    chunks = [Prefill(0, 236, True, 192), Prefill(236, 150, False, 320)]
+    assert {len(k) for k in observed_cut_stores(prompt, chunks, StrategyGrid(64, 1, 256, LAZY))} == {192, 320}
+    assert {len(k) for k in observed_cut_stores(prompt, chunks, StrategyGrid(64, 1, 256, strategy_named("no_buffer")))} == {236}
+    assert observed_cut_stores(prompt, [Prefill(0, 400, False, 384)], StrategyGrid(64, 1, 256, LAZY)) == set()  # not cut: nothing
+
+
+# ------------------------------------------------------------------ lazy drops
+def _lazy_followup(evidence: Evidence | None) -> str | None:
+    """Under lazy_alloc_fail, a 200-token request decoding across the 256 boundary, then
+    the same prompt again hitting 0 (its prefill checkpoint at 192 gone)."""
+    grid = StrategyGrid(64, 1, 256, LAZY, lazy_alloc_fail=True)
+    book = HitBook(grid, Limits(context_len=100000, kv_total=1e6, mamba_total=1000), evidence, server_rid=lambda rid: f"tag-{rid}")
+    prompt = tuple(range(10, 210))
+    first, again = _served("a", prompt, tuple(range(70)), 0, 1, 2), _served("c", prompt + (7,), (3,), 0, 3, 4)
+    for s in (first, again):
+        book.add(s)
+    book.ready([])
+    assert book.judge(first) is None
+    return book.judge(again)
+
+
+def test_a_lazy_drop_is_granted_only_to_the_request_sglang_dropped(tmp_path) -> None:
+    assert _lazy_followup(None) is None  # the bound: any request crossing a track boundary may lose it
+    unseen = _lazy_followup(_evidence(_log(tmp_path)))
+    assert unseen and "cached_tokens 0" in unseen
+    tmp = tmp_path / "seen"
+    tmp.mkdir()
+    assert _lazy_followup(_evidence(_log(tmp, {"ev": "lazy_drop", "rid": "tag-a", "was": 192, "seq_len": 256}))) is None
+
+
+# ------------------------------------------------------------------ the file and the plugin
+def test_a_server_without_the_plugins_start_line_is_a_kit_error(tmp_path) -> None:
+    log = tmp_path / "cell.log"
+    with pytest.raises(KitError, match="no per-request evidence"):
+        request_log(log, target="sglang-cpu", attempts=2, pause_s=0.01)
+    assert request_log(log, target="reference") is None  # the reference engine writes none
+    (tmp_path / "cell.requests.jsonl").write_text('{"ev": "start"}\n{"ev": "prefill", "rid": "x", "prefix": 0, "ext')
+    got = request_log(log, target="sglang-cpu", attempts=1)
+    assert got is not None and got.started and not got.prefills  # a half-written line waits for its end
+
+
+class Mode:
+    def __init__(self, decode: bool):
+        self.decode = decode
+
+    def is_decode(self) -> bool:
+        return self.decode
+
+
+def test_the_plugin_records_prefills_and_lazy_drops_and_changes_nothing(tmp_path, monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
+    assert observe.REQUESTS_SUFFIX == ".requests.jsonl" and observe.requests_path() == str(tmp_path / "cell.requests.jsonl")
+    cut = SimpleNamespace(rid="r1", prefix_len=0, extend_len=236, kv=SimpleNamespace(mamba_last_track_seqlen=192))
+    plain = SimpleNamespace(rid="r2", prefix_len=64, extend_len=10, kv=SimpleNamespace(mamba_last_track_seqlen=None))
+    sched = SimpleNamespace(chunked_req=cut)
+    observe.write_requests(observe.prefill_records(sched, SimpleNamespace(forward_mode=Mode(False), reqs=[cut, plain])))
+    assert observe.prefill_records(sched, SimpleNamespace(forward_mode=Mode(True), reqs=[cut])) == []  # decode: no prefill
+
+    def prealloc(batch, interval):  # SGLang's failed allocation at the boundary
+        batch.reqs[0].kv.mamba_last_track_seqlen = None
+        return "result"
+
+    class Lens:
+        def tolist(self):
+            return [256, 74]
+
+    batch = SimpleNamespace(reqs=[cut, plain], seq_lens_cpu=Lens())
+    assert observe.lazy_prealloc_observed(prealloc, batch, 256) == "result"
+    log = RequestLog(tmp_path / "cell.requests.jsonl")
+    log.refresh()
+    assert log.cut("r1") and not log.cut("r2") and log.chunks("r1") == [Prefill(0, 236, True, 192)]
+    assert log.dropped("r1") and not log.dropped("r2")  # r2 had nothing to drop
+    assert observe.lazy_prealloc_observed(lambda b, i: 1, SimpleNamespace(reqs=None), 1) == 1  # unreadable batch: SGLang's result, no raise
+
+
+# ------------------------------------------------------------------ a dropped state where nothing was cut
+def _cut_batch_follow_up(evidence: Evidence) -> str | None:
+    """The scenario of fixtures/programs/cut_batch_checkpoint_dropped.json on the book: twelve 400-token
+    requests in one prefill batch (one of them cut), then member 0's prompt + 5 hits 0."""
+    book = HitBook(StrategyGrid(64, 1, 256, strategy_named("extra_buffer")),
+                   Limits(context_len=100000, kv_total=1e6, mamba_total=1000, prefill_budget=4096), evidence, server_rid=lambda rid: f"tag-{rid}")
+    members = [_served(f"b.{i}", tuple(range(10, 18)) + tuple(range(1000 * (i + 1), 1000 * (i + 1) + 392)), (5,), 0, 1, 2 + i) for i in range(12)]
+    follow = _served("f0", members[0].input_ids + (7,) * 5, (3, 4), 0, 20, 21)
+    for s in (*members, follow):
+        book.add(s)
+    book.ready([])
+    assert not any(book.judge(m) for m in members)
+    return book.judge(follow)
+
+
+def test_a_dropped_checkpoint_of_an_uncut_request_is_a_finding(tmp_path) -> None:
+    assert _cut_batch_follow_up(_evidence(None, cuts=1)) is None  # the window: a cut while member 0 ran, so its checkpoint "may" be elsewhere
+    log = _log(tmp_path, *({"ev": "prefill", "rid": f"tag-b.{i}", "prefix": 0, "extend": 400, "cut": False, "track": 384} for i in range(10)),
+               {"ev": "prefill", "rid": "tag-b.10", "prefix": 0, "extend": 96, "cut": True, "track": 64})
+    problem = _cut_batch_follow_up(_evidence(log, cuts=1))
+    assert problem and "cached_tokens 0" in problem and "384" in problem
+
+
+REPLAY = Path(__file__).resolve().parents[1] / "fixtures" / "programs" / "cut_batch_checkpoint_dropped.json"
+
+
+@pytest.mark.fault_probe
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("fault", [True, False], ids=["fault", "clean"])
+def test_real_sglang_a_state_dropped_where_nothing_was_cut_is_caught(fault: bool, tmp_path) -> None:
+    """The replay above on real SGLang (qwen3-next extra_buffer): with the seeded
+    ``cut_batch_checkpoint_dropped`` the follow-up's lost hit is a finding (the window
+    oracle admitted it); the same program on a clean server passes."""
+    import os
+    import subprocess
+
+    from conformance.sglang_api import pool as sglang_api
+
+    sglang_api.require()
+    argv = ["hybrid-conformance", "replay", str(REPLAY), "--target", "sglang-cpu", "--log-dir", str(tmp_path)]
+    out = subprocess.run(argv + ([] if fault else ["--no-recorded-env"]), capture_output=True, text=True, timeout=850, env={**os.environ, "COLUMNS": "300"})
+    text = out.stdout + out.stderr
+    if fault:
+        assert out.returncode == 1, text[-3000:]
+        assert re.search(r"request f\d: cached_tokens 0, the prefix oracle allows \[[^]]*448", text), text[-3000:]
+        records = [json.loads(line) for p in tmp_path.glob("*.plugins.jsonl") for line in p.read_text().splitlines() if line.strip()]
+        assert any(r.get("status") == "fired" and r.get("fault") == "cut_batch_checkpoint_dropped" for r in records), "the fault never fired"
+    else:
+        assert out.returncode == 0, text[-3000:]
+        assert "PASS" in text
