@@ -1,0 +1,54 @@
+"""The ``hicache`` check: prefixes reloaded from SGLang's host tier answer as cold.
+
+Fails when
+* no served request reports host-tier tokens (the pressure evicted nothing to reload, or
+  SGLang lost the host copies): the check refuses to pass on device hits alone;
+* a served request reuses fewer tokens than its warmed prompt stored: the host tier holds
+  more than the workload puts in it, so nothing evicted that prefix (a stored prefix lost);
+* the answers on those hits are not the cold answers (``checks.kl.kl_verdict``, exact on
+  float32 CPU twins).
+"""
+
+from __future__ import annotations
+
+from conformance.records import Verdict
+from conformance.workloads.host_tier import HostReloadRecording
+
+CHECK = "hicache"
+
+
+def host_reload_verdict(rec: HostReloadRecording, kl: Verdict) -> Verdict:
+    host_total, device_total = sum(rec.host), sum(rec.device)
+    lost = [(i, d + h, s) for i, (s, d, h) in enumerate(zip(rec.stored, rec.device, rec.host)) if d + h < s]
+    metrics = {
+        "requests": len(rec.stored),
+        "host_hit_requests": sum(1 for h in rec.host if h > 0),
+        "host_tokens": host_total,
+        "device_tokens": device_total,
+        "pressure_requests": rec.pressure[0],
+        "pressure_tokens_each": rec.pressure[1],
+        **{f"kl_{k}": v for k, v in kl.metrics.items() if isinstance(v, (int, float)) or v is None},
+    }
+    details = {
+        "per_request": [{"stored": s, "device": d, "host": h} for s, d, h in zip(rec.stored, rec.device, rec.host)],
+        "kl": {"status": kl.status, "reason": kl.reason},
+    }
+    problems = []
+    if host_total == 0:
+        problems.append(
+            f"no request was served from the host tier (cached_tokens_details.host = 0 for all {len(rec.stored)}; "
+            f"device {device_total} tokens): nothing reloaded was compared"
+        )
+    if lost:
+        i, got, stored = lost[0]
+        problems.append(
+            f"{len(lost)}/{len(rec.stored)} stored prefixes not reused although the host tier had room for them "
+            f"(request {i}: {got} of {stored} stored tokens)"
+        )
+    if kl.status == "fail":
+        problems.append(f"answers on host-tier hits differ from cold: {kl.reason}")
+    if problems:
+        return Verdict(CHECK, "fail", metrics, "; ".join(problems), details)
+    if kl.status == "skip":
+        return Verdict(CHECK, "skip", metrics, f"kl: {kl.reason}", details)
+    return Verdict(CHECK, "pass", metrics, "", details)
