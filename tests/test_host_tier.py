@@ -80,6 +80,7 @@ def test_device_hits_only_refuse_to_pass() -> None:
 def test_a_stored_prefix_not_reused_fails() -> None:
     v = host_reload_verdict(_rec((0, 0), (100, 64)), PASSED_KL)
     assert v.status == "fail" and "1/2 stored prefixes not reused" in v.reason and "64 of 130" in v.reason
+    assert host_reload_verdict(_rec((0, 0), (0, 0), stored=(0, 0)), PASSED_KL).reason.startswith("the warmed prompts store no prefix")
 
 
 def test_answers_differing_from_cold_fail_and_a_kl_skip_is_no_pass() -> None:

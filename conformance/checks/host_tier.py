@@ -3,8 +3,9 @@
 Fails when
 * no served request reports host-tier tokens (the pressure evicted nothing to reload, or
   SGLang lost the host copies): the check refuses to pass on device hits alone;
-* a served request reuses fewer tokens than its warmed prompt stored: the host tier holds
-  more than the workload puts in it, so nothing evicted that prefix (a stored prefix lost);
+* a served request reuses fewer tokens than its warmed prompt stored (the prefix oracle's
+  hit with nothing evicted): the host tier holds more than the workload puts in it, so
+  nothing evicted that prefix (a stored prefix lost);
 * the answers on those hits are not the cold answers (``checks.kl.kl_verdict``, exact on
   float32 CPU twins).
 """
@@ -20,6 +21,8 @@ CHECK = "hicache"
 def host_reload_verdict(rec: HostReloadRecording, kl: Verdict) -> Verdict:
     host_total, device_total = sum(rec.host), sum(rec.device)
     lost = [(i, d + h, s) for i, (s, d, h) in enumerate(zip(rec.stored, rec.device, rec.host)) if d + h < s]
+    if not any(rec.stored):
+        return Verdict(CHECK, "fail", {"requests": len(rec.stored)}, "the warmed prompts store no prefix (prefix oracle): nothing could be reloaded")
     metrics = {
         "requests": len(rec.stored),
         "host_hit_requests": sum(1 for h in rec.host if h > 0),

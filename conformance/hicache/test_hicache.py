@@ -13,7 +13,7 @@ import pytest
 from conformance.checks.host_tier import CHECK, host_reload_verdict
 from conformance.checks.kl import kl_verdict
 from conformance.records import Verdict
-from conformance.suites import exact_mode, grids, idle_deadline, note_idle_probe, settle, sizes_for, vocab_size
+from conformance.suites import exact_mode, grids, idle_deadline, note_idle_probe, oracle_for, settle, sizes_for, vocab_size
 from conformance.targets.sglang_cpu import HICACHE_FLAG
 from conformance.workloads.host_tier import HostTierSizes, record_host_reload
 from conformance.workloads.idle import idle_probe
@@ -31,8 +31,9 @@ def test_host_tier_reload(cell, request, record_verdict):
     chunk, grid = grids(cell)
     prompts = token_prompts(prefill_hit_lengths(chunk, grid, n=size.kl_prompts, max_len=size.kl_max_len), vocab_size=vocab_size(endpoint), seed=SEED)
     rec = record_host_reload(
-        endpoint.client, prompts, HostTierSizes.from_server_info(endpoint.info),
+        endpoint.client, prompts, HostTierSizes.from_server_info(endpoint.info), oracle_for(endpoint),
         vocab_size=vocab_size(endpoint), new_tokens=size.kl_new_tokens, top_k=size.top_k,
+        chunked_prefill_size=endpoint.info.get("chunked_prefill_size") or None,
     )
     note_idle_probe(endpoint, idle_probe(endpoint.client, "hicache: host-tier reload", requests=len(prompts), deadline_s=idle_deadline(endpoint)))
     th = cell.model.thresholds

@@ -1,7 +1,8 @@
 """The HiCache host-tier workload: prefixes stored, pushed out of the device tier by
 pressure, then served again so SGLang loads them back from host memory.
 
-1. flush; warm each prompt (``max_new_tokens=0``: its state is stored at its full length);
+1. flush; warm each prompt (``max_new_tokens=0``); what each stores is the prefix oracle's
+   (``checks.prefix_oracle``: on ``extra_buffer`` the prefill checkpoint on the chunk grid);
 2. pressure: distinct prompts, more requests than the mamba pool has slots and more tokens
    than the device KV pool holds, but (with the prompts) less than the host tier holds, so
    the device tier evicts the warmed prefixes and the host tier (SGLang backs up on insert,
@@ -19,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.recordings import KLRecording
@@ -61,7 +63,7 @@ class HostTierSizes:
 class HostReloadRecording:
     """What the served requests hit, per tier, and their KL recording against cold."""
 
-    stored: tuple[int, ...]  # tokens of each warmed prompt (its stored prefix)
+    stored: tuple[int, ...]  # the hit each served request has with nothing evicted (the prefix oracle's)
     device: tuple[int, ...]  # cached tokens SGLang reports from the device tier, per request
     host: tuple[int, ...]  # ... and from the host tier
     kl: KLRecording
@@ -80,8 +82,10 @@ def record_host_reload(
     client: SGLangClient,
     prompts: Sequence[Sequence[int]],
     sizes: HostTierSizes,
+    oracle: PrefixOracle,
     *,
     vocab_size: int,
+    chunked_prefill_size: int | None = None,
     new_tokens: int = 8,
     top_k: int = 5,
     ext_len: int = 8,
@@ -90,17 +94,19 @@ def record_host_reload(
 ) -> HostReloadRecording:
     enabled = cache_enabled(client)
     client.flush_cache()
-    generate_tokens(client, prompts, 0, timeout=timeout)
+    oracle.flush()
+    for p in prompts:  # one by one: each prefill stores its own checkpoint
+        generate_tokens(client, [p], 0, timeout=timeout)
+        oracle.record_request(p, (), chunked_prefill_size=chunked_prefill_size)
     count, length = sizes.pressure(sum(len(p) for p in prompts))
     pressure = token_prompts([length] * count, vocab_size=vocab_size, seed=seed)
     for i in range(0, count, PRESSURE_BATCH):
         generate_tokens(client, pressure[i:i + PRESSURE_BATCH], 1, timeout=timeout)
     inputs = [tuple(p) + extension(ext_len, vocab_size=vocab_size, seed=f"hicache:{i}") for i, p in enumerate(prompts)]
+    stored = tuple(oracle.expected_hit(inp) for inp in inputs)
     served = []
     for inp in inputs:  # one by one: each hit is loaded on its own
         served += generate_tokens(client, [inp], new_tokens, top_k=top_k, timeout=timeout)
     tiers = [tier_tokens(r) for r in served]
     kl = judge_against_cold(served, inputs, client, scenario="prefill_hit", enabled=enabled, new_tokens=new_tokens, top_k=top_k, timeout=timeout)
-    return HostReloadRecording(
-        tuple(len(p) for p in prompts), tuple(d for d, _ in tiers), tuple(h for _, h in tiers), kl, (count, length)
-    )
+    return HostReloadRecording(stored, tuple(d for d, _ in tiers), tuple(h for _, h in tiers), kl, (count, length))
