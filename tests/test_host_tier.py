@@ -64,29 +64,31 @@ def _rec(device, host, stored=(100, 130)) -> HostReloadRecording:
 
 
 PASSED_KL = Verdict("kl", "pass", {"max_kl": 0.0})
+IDLE = {"hybrid_conformance:host_kv_used": 900.0, "hybrid_conformance:host_mamba_used": 60.0}
+EMPTY = {"hybrid_conformance:host_kv_used": 0.0, "hybrid_conformance:host_mamba_used": 0.0}
 
 
 def test_host_hits_covering_every_stored_prefix_with_cold_answers_pass() -> None:
-    v = host_reload_verdict(_rec((0, 30), (100, 100)), PASSED_KL)
+    v = host_reload_verdict(_rec((0, 30), (100, 100)), PASSED_KL, IDLE, EMPTY)
     assert v.status == "pass" and v.metrics["host_tokens"] == 200 and v.metrics["host_hit_requests"] == 2
     assert v.metrics["kl_max_kl"] == 0.0 and v.details["per_request"][1] == {"stored": 130, "device": 30, "host": 100}
 
 
 def test_device_hits_only_refuse_to_pass() -> None:
-    v = host_reload_verdict(_rec((100, 130), (0, 0)), PASSED_KL)
+    v = host_reload_verdict(_rec((100, 130), (0, 0)), PASSED_KL, IDLE, EMPTY)
     assert v.status == "fail" and "no request was served from the host tier" in v.reason
 
 
 def test_a_stored_prefix_not_reused_fails() -> None:
-    v = host_reload_verdict(_rec((0, 0), (100, 64)), PASSED_KL)
+    v = host_reload_verdict(_rec((0, 0), (100, 64)), PASSED_KL, IDLE, EMPTY)
     assert v.status == "fail" and "1/2 stored prefixes not reused" in v.reason and "64 of 130" in v.reason
-    assert host_reload_verdict(_rec((0, 0), (0, 0), stored=(0, 0)), PASSED_KL).reason.startswith("the warmed prompts store no prefix")
+    assert host_reload_verdict(_rec((0, 0), (0, 0), stored=(0, 0)), PASSED_KL, IDLE, EMPTY).reason.startswith("the warmed prompts store no prefix")
 
 
 def test_answers_differing_from_cold_fail_and_a_kl_skip_is_no_pass() -> None:
-    v = host_reload_verdict(_rec((0, 0), (100, 130)), Verdict("kl", "fail", {}, "top-k KL 1.3 > limit 1e-9"))
+    v = host_reload_verdict(_rec((0, 0), (100, 130)), Verdict("kl", "fail", {}, "top-k KL 1.3 > limit 1e-9"), IDLE, EMPTY)
     assert v.status == "fail" and "differ from cold: top-k KL 1.3" in v.reason
-    v = host_reload_verdict(_rec((0, 0), (100, 130)), Verdict("kl", "skip", {}, "radix cache disabled"))
+    v = host_reload_verdict(_rec((0, 0), (100, 130)), Verdict("kl", "skip", {}, "radix cache disabled"), IDLE, EMPTY)
     assert v.status == "skip" and "radix cache disabled" in v.reason
 
 
@@ -103,3 +105,11 @@ def test_pressure_overflows_the_device_tier_inside_the_host_tier() -> None:
 def test_tier_tokens_read_sglangs_breakdown() -> None:
     assert tier_tokens({"meta_info": {"cached_tokens_details": {"device": 3, "host": 64}}}) == (3, 64)
     assert tier_tokens({"meta_info": {"cached_tokens": 5}}) == (0, 0)
+
+
+def test_a_host_pool_holding_slots_after_a_flush_fails_and_missing_gauges_refuse() -> None:
+    v = host_reload_verdict(_rec((0, 0), (100, 130)), PASSED_KL, IDLE, {**EMPTY, "hybrid_conformance:host_mamba_used": 2.0})
+    assert v.status == "fail" and "host pool not empty after /flush_cache at idle: hybrid_conformance:host_mamba_used = 2" in v.reason
+    assert v.metrics["idle_host_kv_used"] == 900.0 and v.metrics["after_flush_host_mamba_used"] == 2.0
+    v = host_reload_verdict(_rec((0, 0), (100, 130)), PASSED_KL, IDLE, {})
+    assert v.status == "fail" and "no host-tier gauge after /flush_cache" in v.reason

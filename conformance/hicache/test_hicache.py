@@ -1,9 +1,9 @@
 """HiCache suite (cells of the ``hicache`` cache variant): prefixes stored, pushed out of the
 device tier, then served again from SGLang's host tier (``workloads.host_tier``), judged by
 ``checks.host_tier``: host-tier hits reported and covering every stored prefix, answers
-equal to cold (exact on float32 CPU twins), and the idle invariant before any flush after
-the workload (the idle probe every suite leaves; the leaks suite and the cell's teardown
-judge it).  A cell without a host tier is a stated skip, never a pass, and starts nothing.
+equal to cold (exact on float32 CPU twins), both host pools empty after the idle probe's
+flush, and the idle invariant before any flush after the workload (the idle probe every
+suite leaves; the leaks suite and the cell's teardown judge it).  A cell without a host tier is a stated skip, never a pass, and starts nothing.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ def test_host_tier_reload(cell, request, record_verdict):
         vocab_size=vocab_size(endpoint), new_tokens=size.kl_new_tokens, top_k=size.top_k,
         chunked_prefill_size=endpoint.info.get("chunked_prefill_size") or None,
     )
-    note_idle_probe(endpoint, idle_probe(endpoint.client, "hicache: host-tier reload", requests=len(prompts), deadline_s=idle_deadline(endpoint)))
+    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, "hicache: host-tier reload", requests=len(prompts), deadline_s=idle_deadline(endpoint)))
     th = cell.model.thresholds
     kl = kl_verdict(
         rec.kl, chunk=chunk, track_interval=grid, k3_max=th.kl_k3_max, floor_factor=th.kl_floor_factor,
         abs_cap=th.kl_abs_cap, hit_fraction_min=th.hit_fraction_min, exact=exact_mode(endpoint),
     )
-    settle(record_verdict(host_reload_verdict(rec, kl)))
+    settle(record_verdict(host_reload_verdict(rec, kl, probe.values, probe.after_flush)))
