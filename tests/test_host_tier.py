@@ -8,10 +8,10 @@ import torch
 
 from conformance.checks.host_tier import host_reload_verdict
 from conformance.errors import KitError
-from conformance.recordings import KLRecording
+from conformance.recordings import HostReloadRecording, KLRecording
 from conformance.records import Verdict
 from conformance.sglang_plugins.cpu import hicache_ops
-from conformance.workloads.host_tier import HostReloadRecording, HostTierSizes, tier_tokens
+from conformance.workloads.host_tier import HostTierSizes, tier_tokens
 
 
 def test_mamba_state_round_trip_through_a_page_first_host_pool() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from conformance.records import Verdict
-from conformance.workloads.host_tier import HostReloadRecording
+from conformance.recordings import HostReloadRecording
 
 CHECK = "hicache"
 #: The observe plugin's host-tier gauges (conformance.sglang_plugins.observe).

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.client import SGLangClient
 from conformance.errors import KitError
-from conformance.recordings import KLRecording
+from conformance.recordings import HostReloadRecording
 from conformance.workloads.prompts import extension, token_prompts
 from conformance.workloads.runners import cache_enabled, generate_tokens, judge_against_cold
 
@@ -57,17 +57,6 @@ class HostTierSizes:
                 f"hold the pressure ({count} x {length} tokens) needed to overflow the device tier ({self.device_tokens} tokens, {self.device_states} states)"
             )
         return count, length
-
-
-@dataclass(frozen=True)
-class HostReloadRecording:
-    """What the served requests hit, per tier, and their KL recording against cold."""
-
-    stored: tuple[int, ...]  # the hit each served request has with nothing evicted (the prefix oracle's)
-    device: tuple[int, ...]  # cached tokens SGLang reports from the device tier, per request
-    host: tuple[int, ...]  # ... and from the host tier
-    kl: KLRecording
-    pressure: tuple[int, int]  # (requests, tokens each)
 
 
 def tier_tokens(resp: dict[str, Any]) -> tuple[int, int]:
