@@ -113,8 +113,12 @@ def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
     assert all(plans[n].suites[: len(f.suites)] == f.suites for n, f in faults().items())  # its catching suite runs first
     # one clean run per cell vouches for its faults; stop_finish_key_short breaks no_buffer's
     # finish path only, hence a fifth cell; the perf fault's run adds the no_buffer sibling, a sixth;
-    # a fault that needs a server option runs on that option's standard-tier cell, a seventh
-    assert len({p.key for p in plans.values()}) <= 7
+    # a fault that needs a server option runs on that option's standard-tier cell, a seventh;
+    # the PD faults on the PD cell; the HiCache faults on the hicache variant's nightly cell
+    assert len({p.key for p in plans.values()}) <= 8
+    hicache = plans["hicache_mamba_state_not_loaded"]
+    assert hicache.tier == "nightly" and hicache.suites == ("hicache",) and hicache.keyword == "p1-t256-hicache" and hicache.page_sizes == "1"
+    assert plans["hicache_mamba_backup_slot_off"].key == hicache.key
     mixed = plans["mixed_chunk_track_dropped"]
     assert mixed.server_options == "mixed_chunk=on" and mixed.tier == "standard" and "--server-options=mixed_chunk=on" in runs._pytest_argv(mixed, Path("r"))
     assert plans["stop_finish_key_short"].strategies == "no_buffer"
