@@ -119,6 +119,8 @@ def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
     hicache = plans["hicache_mamba_state_not_loaded"]
     assert hicache.tier == "nightly" and hicache.suites == ("hicache",) and hicache.keyword == "p1-t256-hicache" and hicache.page_sizes == "1"
     assert plans["hicache_mamba_backup_slot_off"].key == hicache.key
+    argv = runs._pytest_argv(hicache, Path("r"))
+    assert argv[argv.index("-k") + 1] == "p1-t256-hicache" and "--tier=nightly" in argv
     mixed = plans["mixed_chunk_track_dropped"]
     assert mixed.server_options == "mixed_chunk=on" and mixed.tier == "standard" and "--server-options=mixed_chunk=on" in runs._pytest_argv(mixed, Path("r"))
     assert plans["stop_finish_key_short"].strategies == "no_buffer"
