@@ -85,6 +85,8 @@ class Fault:
     cell_fault: str = "none"
     #: Server-option axis values (``axis=value``) the fault only shows under; its cell sets them.
     options: tuple[str, ...] = ()
+    #: The matrix cache variant its cell needs (``hicache``: a host tier); "radix" is the default cell.
+    cache_variant: str = "radix"
     hooks: tuple[Any, ...] = ()
     patch: Callable[[Any, Callable], None] | None = None
 

@@ -23,7 +23,7 @@ from conformance.matrix import DEFAULT_TARGET, STRATEGIES, TARGETS, TIERS
 from conformance.targets.registry import target_for, target_help
 
 DEFAULT_LAUNCHER = "python -m sglang.launch_server"
-SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg", "agreement", "perf", "programs")
+SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg", "agreement", "perf", "programs", "hicache")
 DEFAULT_SUITES = ("kl", "prefix_branching", "gsm8k", "leaks")  # leaks last: it judges every scenario's idle probe
 #: ``hybrid-conformance mutants --target``: whose faults (the first is the default).
 MUTANT_TARGETS = ("reference", "pool", "sglang-cpu")

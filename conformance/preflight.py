@@ -96,7 +96,7 @@ def run_preflight(req: Request, *, on_line: Callable[[Line], None] | None = None
     Checks after the first failure still run when they are cheap, so one run names every
     missing need; the SGLang import probe is skipped once something else already failed."""
     lines: list[Line] = []
-    for check in (selection_line, gpu_line, sglang_line, plugins_line, launch_line, gsm8k_line, twins_line, ports_line):
+    for check in (selection_line, gpu_line, sglang_line, plugins_line, launch_line, pd_transport_line, gsm8k_line, twins_line, ports_line):
         if check is sglang_line and lines and not all(x.ok for x in lines):
             req = _replace(req, probe_sglang=False)
         line = check(req)
@@ -295,6 +295,35 @@ def launch_line(req: Request) -> Line | None:
            "preimported": "forked from a process that imported SGLang's server stack once",
            "preimported-fork": "forked from a pre-imported process, SGLang's children forked too"}[mode]
     return Line("launch", True, f"{preimport.LAUNCH_ENV}={mode}: servers start {how}")
+
+
+def _dist_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return f"{name} {metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def pd_transport_line(req: Request) -> Line | None:
+    """The disagg suite on a target whose PD transfer SGLang itself may refuse (sglang-cpu):
+    which transport the PD cells will use, or SGLang's own refusal (then they are n/a, the
+    rest of the run goes on).  Read from the same child-interpreter probe as the sglang line."""
+    target = target_for(req)
+    if "disagg" not in req.suites or not target.pd_probe_refusal or not any(c.strategy.pd for c in req.cells):
+        return None
+    from conformance.sglang_api.probes import MOONCAKE_DISTS
+    from conformance.targets.disagg import CPU_TRANSFER_BACKEND, CPU_TRANSFER_ENV, CPU_TRANSFER_PROTOCOL
+
+    engine = _dist_version(*reversed(MOONCAKE_DISTS)) or "no mooncake distribution installed"
+    router = _dist_version("sglang-router") or "sglang-router not installed"
+    env = " ".join(f"{k}={v}" for k, v in CPU_TRANSFER_ENV.items())
+    refusal = probe_sglang().get("pd_transfer_refusal") if req.probe_sglang else None
+    if refusal:
+        return Line("pd", True, f"PD cells n/a: SGLang's {CPU_TRANSFER_BACKEND} transfer engine refuses this machine: {refusal} ({engine})",
+                    "bash ci/setup-cpu.sh installs the CPU Mooncake wheel and its Debian libraries")
+    return Line("pd", True, f"transport {CPU_TRANSFER_BACKEND} over {CPU_TRANSFER_PROTOCOL} ({env}; {engine}); router {router}")
 
 
 # ------------------------------------------------------------------ twins and ports

@@ -54,6 +54,18 @@ class KLRecording:
     top_k: int = 0
 
 
+# ------------------------------------------------------------------ hicache
+@dataclass(frozen=True)
+class HostReloadRecording:
+    """What the served requests hit, per tier, and their KL recording against cold."""
+
+    stored: tuple[int, ...]  # the hit each served request has with nothing evicted (the prefix oracle's)
+    device: tuple[int, ...]  # cached tokens SGLang reports from the device tier, per request
+    host: tuple[int, ...]  # ... and from the host tier
+    kl: KLRecording
+    pressure: tuple[int, int]  # (requests, tokens each)
+
+
 # ------------------------------------------------------------------ agreement
 @dataclass(frozen=True)
 class ServedStep:

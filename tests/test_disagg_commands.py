@@ -213,3 +213,29 @@ def test_the_pd_bridge_targets_sglangs_cuda_branch_and_turns_it_off(sglang_parse
     sender = SimpleNamespace(supports_host_tensor_indices=True)
     pd_bridge.sender_on_host(None, sender)
     assert sender.supports_host_tensor_indices is False
+
+
+def test_the_early_send_bridge_targets_sglangs_cuda_event_and_restores_overlap(sglang_parser):
+    """SGLang's early send of a cached prefix still records a torch.cuda.Event under the
+    overlap scheduler (else the bridge is stale); the hook runs it with overlap off for that
+    call only, whatever the call does."""
+    import inspect
+
+    from sglang.srt.disaggregation import prefill
+
+    from conformance.sglang_plugins.cpu import pd_bridge
+
+    source = inspect.getsource(prefill.SchedulerDisaggregationPrefillMixin.maybe_send_cached_prefix_chunk)
+    assert "if self.enable_overlap:" in source and "torch.cuda.Event()" in source and "forward_stream" in source
+    scheduler = SimpleNamespace(enable_overlap=True)
+    seen = []
+    assert pd_bridge.early_send_without_event(lambda s, req, allow_send=True: seen.append((s.enable_overlap, req, allow_send)) or "sent", scheduler, "r", allow_send=False) == "sent"
+    assert seen == [(False, "r", False)] and scheduler.enable_overlap is True
+
+    def boom(s, req):
+        raise RuntimeError("x")
+
+    with pytest.raises(RuntimeError):
+        pd_bridge.early_send_without_event(boom, scheduler, "r")
+    assert scheduler.enable_overlap is True
+    assert [t for t, _ in pd_bridge.BRIDGES] == [pd_bridge.SENDER_INIT, pd_bridge.EARLY_SEND]

@@ -191,3 +191,19 @@ def test_pytest_path_fails_tests_at_setup_in_one_line_without_launching(pytester
     result.assert_outcomes(errors=len(cells))
     result.stdout.fnmatch_lines(["*preflight: target sglang serves on CUDA GPUs*--target sglang-cpu*"])
     assert "must not run" not in result.stdout.str() and "Traceback" not in result.stdout.str()
+
+
+def test_pd_line_names_the_transport_or_sglangs_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conformance.preflight import pd_transport_line
+
+    cpu = tuple(MATRIX.select(target="sglang-cpu", models=["qwen3-next"], tier="premerge"))
+    monkeypatch.setattr(preflight, "probe_sglang", lambda: {"pd_transfer_refusal": None})
+    line = pd_transport_line(Request(target="sglang-cpu", cells=cpu, suites=("disagg",)))
+    assert line.ok and line.name == "pd" and line.text.startswith("transport mooncake over tcp (MC_FORCE_TCP=1;") and "router" in line.text
+    monkeypatch.setattr(preflight, "probe_sglang", lambda: {"pd_transfer_refusal": "Please install mooncake by following the instructions"})
+    line = pd_transport_line(Request(target="sglang-cpu", cells=cpu, suites=("disagg",)))
+    assert line.ok and "PD cells n/a: SGLang's mooncake transfer engine refuses this machine: Please install mooncake" in line.text
+    assert pd_transport_line(Request(target="sglang-cpu", cells=cpu, suites=("kl",))) is None
+    assert pd_transport_line(Request(target="reference", cells=tuple(QWEN), suites=("disagg",))) is None
+    lazy = tuple(c for c in cpu if not c.strategy.pd)
+    assert pd_transport_line(Request(target="sglang-cpu", cells=lazy, suites=("disagg",))) is None

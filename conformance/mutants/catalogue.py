@@ -108,24 +108,28 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
         strategy = f.strategies[0]
         if "perf" in f.suites and not strategy_named(strategy).is_baseline:  # the perf ratios are taken against the baseline sibling
             strategy = f"{BASELINE},{strategy}"
-        return f.families[0], strategy, f.cell_fault, ",".join(f.options)
+        return f.families[0], strategy, f.cell_fault, ",".join(f.options), f.cache_variant
 
-    needed: dict[tuple[str, str, str, str], set[str]] = {}
+    needed: dict[tuple[str, str, str, str, str], set[str]] = {}
     for f in selected.values():
         needed.setdefault(cell_of(f), set()).update(f.suites)
     plans = {}
     for name, f in selected.items():
-        model, strategy, cell_fault, options = cell_of(f)
-        union = needed[(model, strategy, cell_fault, options)]
+        model, strategy, cell_fault, options, variant = cell_of(f)
+        union = needed[(model, strategy, cell_fault, options, variant)]
         suites = tuple(f.suites) + tuple(s for s in ("kl", "prefix_branching", "leaks", "gsm8k", "perf") if s in union and s not in f.suites)
         fault_part = "" if cell_fault == "none" else f"+{cell_fault}"
         options_part = f"[{options}]" if options else ""
-        key = f"sglang-cpu/{model}/{strategy}{fault_part}{options_part}:{'+'.join(sorted(union))}"
+        variant_part = "" if variant == "radix" else f"-{variant}"
+        key = f"sglang-cpu/{model}/{strategy}{fault_part}{options_part}{variant_part}:{'+'.join(sorted(union))}"
         plans[name] = MutantPlan(
             key, target="sglang-cpu", suites=suites, models=model, strategies=strategy, faults=cell_fault,
             server_options=options or None,
-            # a fault that needs a server option runs on its standard-tier axis cell
-            tier="standard" if options else "premerge", stop_at_first=True, timeout_s=SGLANG_CPU_TIMEOUT_S, fault_env=SGLANG_FAULT_ENV,
+            # a fault that needs a server option runs on its standard-tier axis cell; one that
+            # needs a cache variant (a host tier) on that variant's nightly cell, picked by its id
+            tier="nightly" if variant != "radix" else "standard" if options else "premerge",
+            page_sizes="1" if variant != "radix" else None, keyword=f"p1-t256-{variant}" if variant != "radix" else None,
+            stop_at_first=True, timeout_s=SGLANG_CPU_TIMEOUT_S, fault_env=SGLANG_FAULT_ENV,
         )
     return plans
 

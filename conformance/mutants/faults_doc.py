@@ -35,7 +35,8 @@ def paragraph(f: Fault) -> list[str]:
     where = " / ".join(", ".join(axis) for axis in (f.families, f.strategies) if axis)
     if where:
         options = "".join(f" + server option {o}" for o in f.options)
-        out += [f"*Exercised on:* {where}{'' if f.cell_fault == 'none' else ' + ' + f.cell_fault}{options}", ""]
+        variant = "" if f.cache_variant == "radix" else f" + cache variant {f.cache_variant}"
+        out += [f"*Exercised on:* {where}{'' if f.cell_fault == 'none' else ' + ' + f.cell_fault}{options}{variant}", ""]
     if f.suites:
         out += [f"*Expected to be caught by:* suite{'s' if len(f.suites) > 1 else ''} {', '.join(f.suites)}", ""]
     return out

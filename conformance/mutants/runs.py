@@ -54,11 +54,11 @@ def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
     argv = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *(["-x"] if plan.stop_at_first else [])]
     if target_for(plan).pool_only:
         argv += [str(PKG / "leaks"), "--target", plan.target, "-m", "pool", "-p", "conformance.mutants.pool_faults"]
-        if plan.keyword:
-            argv += ["-k", plan.keyword]
     else:
         argv += [str(PKG / s) for s in plan.suites]
         argv += ["--target", plan.target, "-m", "not pool", f"--report-dir={report_dir}"]
+    if plan.keyword:  # e.g. the one cell of a cache variant
+        argv += ["-k", plan.keyword]
     for flag, value in (("--models", plan.models), ("--strategies", plan.strategies), ("--page-sizes", plan.page_sizes), ("--server-options", plan.server_options), ("--tier", plan.tier), ("--faults", plan.faults)):
         if value:
             argv.append(f"{flag}={value}")

@@ -8,7 +8,8 @@ hook registry) so that, at most every :data:`MIN_INTERVAL_S`, an idle scheduler
 publishes, and then exports, next to SGLang's own ``sglang:*`` gauges, the terms of the
 invariant SGLang checks at idle but does not export:
 
-``hybrid_conformance:{mamba,kv}_{total,protected,session_held}`` and
+``hybrid_conformance:{mamba,kv}_{total,protected,session_held}``, with a HiCache host tier
+``hybrid_conformance:host_{kv,mamba}_{total,used}``, and
 ``hybrid_conformance:idle_publish_seq`` (incremented after each idle publish, so a scrape
 that shows a newer sequence number holds gauges refreshed while idle).
 
@@ -81,6 +82,24 @@ def _first(*readers: Callable[[Any], float]) -> Callable[[Any], float]:
     return read
 
 
+def _host_kv_pool(s: Any) -> Any:
+    """The HiCache host KV pool (SGLang's own lookup for its ``hicache_host_*`` stats)."""
+    pool = getattr(s.tree_cache, "token_to_kv_pool_host", None) or getattr(s.tree_cache, "full_kv_pool_host", None)
+    if pool is None:
+        raise AttributeError("no HiCache host pool")
+    return pool
+
+
+def _host_mamba_pool(s: Any) -> Any:
+    """The HiCache host Mamba state pool of a hybrid model (``host_pool_group``'s mamba entry)."""
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    entry = s.tree_cache.host_pool_group.entry_map.get(PoolName.MAMBA)
+    if entry is None:
+        raise AttributeError("no HiCache host mamba pool")
+    return entry.host_pool
+
+
 #: name -> reader of the scheduler; a reader that fails (a release without that
 #: attribute) leaves the gauge unpublished rather than guessing.  Where the term moved, the
 #: older release's own accessor (0.5.12's scheduler mixin methods) follows the newest.
@@ -92,6 +111,12 @@ READERS: dict[str, Callable[[Any], float]] = {
                        lambda s: s.token_to_kv_pool_allocator.size),
     "kv_protected": lambda s: s.tree_cache.full_protected_size(),
     "kv_session_held": _first(lambda s: s.pool_stats_observer.session_held_tokens(), lambda s: s._session_held_tokens()),
+    # HiCache host tier (servers with --enable-hierarchical-cache only; SGLang publishes its
+    # own hicache_host_* gauges at its log intervals): used = logical size - available
+    "host_kv_total": lambda s: _host_kv_pool(s).logical_size,
+    "host_kv_used": lambda s: _host_kv_pool(s).logical_size - _host_kv_pool(s).available_size(),
+    "host_mamba_total": lambda s: _host_mamba_pool(s).logical_size,
+    "host_mamba_used": lambda s: _host_mamba_pool(s).logical_size - _host_mamba_pool(s).available_size(),
     "running_reqs": lambda s: len(s.running_batch.reqs),
     "waiting_reqs": lambda s: len(s.waiting_queue),
 }

@@ -41,6 +41,13 @@ MAX_MAMBA_CACHE_SIZE = axes.CPU_MAX_MAMBA_CACHE_SIZE
 #: SGLang up to 0.5.13 derives ``grpc_port = port + 10000`` unless SGLANG_GRPC_PORT is set
 #: and refuses to start when that exceeds 65535 (a free port is often above 55535).
 GRPC_OFFSET = 10000
+#: A HiCache cell (``--enable-hierarchical-cache``) on CPU: SGLang's ``direct`` io backend
+#: (torch copies; SGLang then takes its ``page_first_direct`` layout), whose copies the CPU
+#: plugin binds (``conformance.sglang_plugins.cpu.hicache_ops``), and the host pool sized
+#: against the device pool: SGLang's default sizing keeps 10 GiB of host memory free and
+#: refuses on a shared machine ("No host memory is left for HiCache ...").
+HICACHE_FLAG = "--enable-hierarchical-cache"
+HICACHE_CPU_ARGS = ("--hicache-io-backend", "direct", "--hicache-ratio", "2")
 
 
 def _platform_answers_extra_buffer() -> bool:
@@ -83,6 +90,8 @@ class SGLangCpuTarget:
             # servers would halve the speed of everything else
             "--sleep-on-idle",
         ]
+        if HICACHE_FLAG in cell.cache_variant.args:
+            args += list(HICACHE_CPU_ARGS)
         # the pools' defaults here, unless the cell's pool axis sets them (conformance.axes)
         for flag, value in (("--max-total-tokens", MAX_TOTAL_TOKENS), ("--max-mamba-cache-size", self.max_mamba_cache_size)):
             if not axes.sets_flag(cell, flag):

@@ -16,6 +16,7 @@ OPS_MODULES = (
     "conformance.sglang_plugins.cpu.gdn_ops",       # Qwen3-Next gated delta net
     "conformance.sglang_plugins.cpu.mamba2_ops",    # Nemotron-H, Granite-4.0-H, FalconH1
     "conformance.sglang_plugins.cpu.triton_spots",  # Triton-only helpers on the shared paths
+    "conformance.sglang_plugins.cpu.hicache_ops",   # HiCache host tier: host register, direct copies
 )
 
 

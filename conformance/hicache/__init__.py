@@ -1,0 +1,1 @@
+"""HiCache suite: prefixes reloaded from SGLang's host tier (``--enable-hierarchical-cache``)."""

@@ -1,0 +1,143 @@
+"""What SGLang's HiCache host tier (``--enable-hierarchical-cache``) needs from a GPU, on CPU.
+
+SGLang 0.5.23's host pools (``mem_cache/pool_host``) are plain host tensors; two steps of
+them are GPU-only:
+
+* ``pool_host.common._cuda_host_register``: every host pool (KV and Mamba) registers its
+  buffer with ``cudaHostRegister`` through ``torch.cuda.cudart()`` ("Found no NVIDIA driver"
+  on this CPU).  Registration pins pages for faster DMA; without a device there is nothing to
+  pin for, so the stand-in leaves the buffer as allocated (the same bytes, unregistered).
+* the copies of the ``direct`` io backend (``sgl_kernel.kvcacheio``): ``transfer_kv_direct``
+  (``layer_first``), ``transfer_kv_all_layer_direct_lf_pf`` (device layer-first -> host
+  page-first, the write-back) and ``transfer_kv_per_layer_direct_pf_lf`` (host page-first ->
+  device layer-first, the load), used by the KV pool (``pool_host.mha``) and the Mamba pool
+  (``pool_host.mamba``, which accepts only the page-first layouts); both modules import them
+  only on CUDA/HIP/XPU (a NameError on CPU).  The stand-ins are indexed torch copies with
+  sgl-kernel's argument conventions: a host page-first buffer is ``[pages, layers,
+  page_size, ...]``, one host buffer means one component (Mamba, MLA), two mean K and V.
+
+The ``sglang-cpu`` HiCache cells run with ``--hicache-io-backend direct`` (SGLang's own
+option; SGLang itself then takes the ``page_first_direct`` layout) so no other transfer
+kernel is reached; what is written back, when, and what is loaded on a host hit stays
+SGLang's (``HiCacheController``, the hybrid radix tree).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from conformance.sglang_plugins.cpu.spec import Binding
+
+
+def cuda_host_register(buffer: torch.Tensor, registration_granularity_bytes: int | None = None) -> None:
+    """``_cuda_host_register`` on CPU: host memory needs no registration without a device."""
+    return None
+
+
+def transfer_kv_direct(
+    src_layers: Sequence[torch.Tensor],
+    dst_layers: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """sgl-kernel's ``transfer_kv_direct``: ``dst[l][dst_indices] = src[l][src_indices]`` per layer."""
+    if len(src_layers) != len(dst_layers):
+        raise ValueError(f"transfer_kv_direct: {len(src_layers)} source layers, {len(dst_layers)} destination layers")
+    if src_indices.numel() != dst_indices.numel():
+        raise ValueError(f"transfer_kv_direct: {src_indices.numel()} source indices, {dst_indices.numel()} destination indices")
+    if src_indices.numel() == 0:
+        return
+    for src, dst in zip(src_layers, dst_layers):
+        rows = src.index_select(0, src_indices.to(src.device, torch.long))
+        dst.index_copy_(0, dst_indices.to(dst.device, torch.long), rows.to(dst.device, dst.dtype))
+
+
+def _page_starts(indices: torch.Tensor, page_size: int) -> torch.Tensor:
+    return indices[::page_size].to(torch.long)
+
+
+def _tokens(indices: torch.Tensor, page_size: int) -> torch.Tensor:
+    """Every token of the pages whose first token ``indices`` names (a page is contiguous)."""
+    starts = _page_starts(indices, page_size)
+    return (starts[:, None] + torch.arange(page_size, device=starts.device)).reshape(-1)
+
+
+def _check(src_indices: torch.Tensor, dst_indices: torch.Tensor, page_size: int, what: str) -> None:
+    if src_indices.numel() != dst_indices.numel() or src_indices.numel() % page_size:
+        raise ValueError(f"{what}: {src_indices.numel()} source and {dst_indices.numel()} destination indices, page size {page_size}")
+
+
+def transfer_kv_all_layer_direct_lf_pf(
+    src_ptrs: Sequence[torch.Tensor],
+    dst_ptrs: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    page_size: int,
+) -> None:
+    """Device layer-first (one tensor per layer, K layers then V layers) -> host page-first."""
+    _check(src_indices, dst_indices, page_size, "transfer_kv_all_layer_direct_lf_pf")
+    if src_indices.numel() == 0:
+        return
+    num_layers = len(src_ptrs) // len(dst_ptrs)
+    tokens = _tokens(src_indices, page_size)
+    pages = _page_starts(dst_indices, page_size) // page_size
+    for part, host in enumerate(dst_ptrs):
+        for layer in range(num_layers):
+            src = src_ptrs[part * num_layers + layer]
+            rows = src.index_select(0, tokens.to(src.device)).reshape(pages.numel(), page_size, *src.shape[1:])
+            host[:, layer].index_copy_(0, pages.to(host.device), rows.to(host.device, host.dtype))
+
+
+def transfer_kv_per_layer_direct_pf_lf(
+    src_ptrs: Sequence[torch.Tensor],
+    dst_ptrs: Sequence[torch.Tensor],
+    src_indices: torch.Tensor,
+    dst_indices: torch.Tensor,
+    layer_id: int,
+    page_size: int,
+) -> None:
+    """Host page-first (layer ``layer_id``) -> the device layer tensor(s) of that layer."""
+    _check(src_indices, dst_indices, page_size, "transfer_kv_per_layer_direct_pf_lf")
+    if src_indices.numel() == 0:
+        return
+    num_layers = len(dst_ptrs) // len(src_ptrs)
+    pages = _page_starts(src_indices, page_size) // page_size
+    tokens = _tokens(dst_indices, page_size)
+    for part, host in enumerate(src_ptrs):
+        for j in range(num_layers):
+            dst = dst_ptrs[part * num_layers + j]
+            rows = host[:, layer_id + j].index_select(0, pages.to(host.device)).reshape(-1, *host.shape[3:])
+            dst.index_copy_(0, tokens.to(dst.device), rows.to(dst.device, dst.dtype))
+
+
+TORCH_OPS: tuple = ()
+
+_DIRECT_COPIES = (
+    ("transfer_kv_direct", transfer_kv_direct, "layer_first copy"),
+    ("transfer_kv_all_layer_direct_lf_pf", transfer_kv_all_layer_direct_lf_pf, "write-back, device -> host page-first"),
+    ("transfer_kv_per_layer_direct_pf_lf", transfer_kv_per_layer_direct_pf_lf, "load, host page-first -> device"),
+)
+
+BINDINGS = (
+    Binding(
+        "sglang.srt.mem_cache.pool_host.common._cuda_host_register",
+        cuda_host_register,
+        "replace",
+        "cudaHostRegister of every HiCache host pool buffer (torch.cuda.cudart())",
+        required=False,  # releases without a host-register step allocate the pools in torch
+    ),
+    *(
+        Binding(
+            f"sglang.srt.mem_cache.pool_host.{pool}.{name}",
+            impl,
+            "bind",
+            f"HiCache {what} of the direct io backend ({pool} host pool), imported only on CUDA/HIP/XPU",
+            required=False,  # older releases keep the host pools in other modules
+        )
+        for pool in ("mha", "mamba")
+        for name, impl, what in _DIRECT_COPIES
+    ),
+)
