@@ -200,8 +200,33 @@ def _strategy_flag() -> tuple[str | None, tuple[str, ...], tuple[str, ...], tupl
 MOONCAKE_DISTS = ("mooncake-transfer-engine", "mooncake-transfer-engine-non-cuda")
 
 
+_ENGINE_CHILD = """
+import sys
+from conformance.sglang_api.probes import _engine_refusal_here
+print("REFUSAL:" + (_engine_refusal_here() or ""))
+"""
+
+
 def _pd_transfer_refusal() -> str | None:
-    """SGLang's own answer when asked for its default PD transfer engine (Mooncake) here."""
+    """SGLang's own answer when asked for its default PD transfer engine (Mooncake) here.
+    Asked in a child interpreter: building the engine binds ports and writes Mooncake's C++
+    log lines to the process's stderr, which ``plan`` and ``preflight`` must not show."""
+    import subprocess
+    import sys
+
+    try:
+        out = subprocess.run([sys.executable, "-c", _ENGINE_CHILD], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "the Mooncake transfer engine did not build within 120s"
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("REFUSAL:")), None)
+    if line is None:
+        tail = [ln for ln in out.stderr.splitlines() if ln.strip()][-1:] or [f"exit {out.returncode}"]
+        return f"the transfer-engine probe failed: {tail[0][:200]}"
+    return line[len("REFUSAL:"):] or None
+
+
+def _engine_refusal_here() -> str | None:
+    """In the probe's child: build SGLang's Mooncake transfer engine; why not, or None."""
     mod = _module("sglang.srt.distributed.device_communicators.mooncake_transfer_engine")
     engine = getattr(mod, "MooncakeTransferEngine", None)
     if engine is None:
