@@ -51,6 +51,11 @@ class CellServers:
         """Run ``fn`` when the cell closes, before its server stops (teardown checks)."""
         self._open[cell_id].closers.append(fn)
 
+    def peek(self, cell_id: str) -> Any:
+        """The cell's open server, or None (not started, or its start failed)."""
+        entry = self._open.get(cell_id)
+        return entry.value if entry is not None and entry.failure is None else None
+
     def is_open(self, cell_id: str) -> bool:
         return cell_id in self._open
 

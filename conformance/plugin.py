@@ -327,8 +327,9 @@ def _scenario_idle_probe(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "endpoint" not in request.fixturenames or request.node.get_closest_marker("leaks"):
         return
-    ep = request.getfixturevalue("endpoint")
-    if _dead_reason(ep):
+    cell = cell_of_item(request.node)
+    ep = _CELL_SERVERS.peek(cell.id) if cell is not None else None  # still open: it closes after this teardown
+    if ep is None or _dead_reason(ep):
         return
     from conformance.workloads.idle import idle_probe
 
