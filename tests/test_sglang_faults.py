@@ -49,9 +49,10 @@ def test_every_fault_is_first_shown_harmful_by_a_direct_probe() -> None:
     from test_sglang_fault_probes import PROBES
     from test_sglang_leak_agreement import FAULT as LEAK_AGREEMENT_FAULT
     from test_sglang_pd_fault_probes import PD_PROBES
+    from test_sglang_hicache_fault_probes import HICACHE_FAULTS  # probed one by one there (parametrized)
     from test_sglang_program_fault_probes import PROGRAM_PROBES
 
-    assert set(PROBES) | set(PROGRAM_PROBES) | set(PD_PROBES) | {LEAK_AGREEMENT_FAULT} == set(catalogue.faults())
+    assert set(PROBES) | set(PROGRAM_PROBES) | set(PD_PROBES) | set(HICACHE_FAULTS) | {LEAK_AGREEMENT_FAULT} == set(catalogue.faults())
 
 
 def test_unknown_fault_is_one_line() -> None:
