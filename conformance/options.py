@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from conformance.errors import KitError
 from conformance.matrix import DEFAULT_TARGET, STRATEGIES, TARGETS, TIERS
-from conformance.targets.registry import target_for, target_help
+from conformance.targets.registry import TARGETS as TARGET_RECORDS, target_for, target_help
 
 DEFAULT_LAUNCHER = "python -m sglang.launch_server"
 SUITES = ("leaks", "kl", "prefix_branching", "gsm8k", "disagg", "agreement", "perf", "programs", "hicache")
@@ -64,7 +64,7 @@ MATRIX = Option("--matrix", "matrix file (default: fixtures/matrix.toml)")
 LAUNCHER = Option("--sglang-launcher", f"the command that starts SGLang (default: {DEFAULT_LAUNCHER})", default=DEFAULT_LAUNCHER, forward="target")
 GPUS = Option("--gpus-per-worker", "GPUs each xdist worker owns; a cell needs tp_size <= this (default 1)", type=int, default=1, forward="target")
 TWINS = Option("--twins", "with --target sglang: serve the tiny twin folders instead of the HF models", flag_only=True, forward="target")
-DTYPE = Option("--dtype", "with --target sglang-cpu: SGLang's --dtype (default float32)", choices=("float32", "bfloat16"))
+DTYPE = Option("--dtype", "with --target sglang-cpu: SGLang's --dtype (default float32)", choices=("float32", "bfloat16"), forward="target")
 SUITE = Option("--suite", f"comma list of suites ({', '.join(SUITES)}; default: {', '.join(DEFAULT_SUITES)})", pytest=False, forward=None)
 GSM8K_DIR = Option("--gsm8k-dir", "local GSM8K folder (test.jsonl, train_first8.jsonl); else env HYBRID_CONFORMANCE_GSM8K_DIR")
 REPORT_DIR = Option("--report-dir", "write report.json, junit.xml, report.md/html here (default: {default})", forward=None)
@@ -130,12 +130,18 @@ def forward(args: argparse.Namespace, options: Sequence[Option] = SELECTION + (G
     target = target_for(args.target)
     out: list[str] = []
     for opt in options:
-        if opt.forward is None or (opt.forward == "target" and opt.dest not in target.forwards):
+        if opt.forward == "target" and opt.dest not in target.forwards:
+            given = getattr(args, opt.dest, None)
+            if given not in (None, False, "", opt.default):
+                users = ", ".join(t.name for t in TARGET_RECORDS.values() if opt.dest in t.forwards)
+                raise KitError(f"{opt.flag} applies to --target {users}; the {target.name} target does not use it")
+            continue
+        if opt.forward is None:
             continue
         value = getattr(args, opt.dest, None)
         if opt.flag_only:
             out += [opt.flag] if value else []
-        elif opt.forward == "target" or value not in (None, ""):
+        elif value not in (None, ""):
             out.append(f"{opt.flag}={value}")
     return out
 

@@ -48,7 +48,7 @@ class FakeTwins:
             self.starts.append(cold_cell(cell).id)
             n = len(self.starts)
         state = {"alive": True}
-        ep = SimpleNamespace(base_url=f"http://127.0.0.1:{40000 + n}", process=SimpleNamespace(pid=os.getpid()),
+        ep = SimpleNamespace(base_url=f"http://127.0.0.1:{40000 + n}", pid=os.getpid(),
                              alive=lambda: state["alive"], kill=lambda: state.update(alive=False))
         self.endpoints.append(ep)
         yield ep

@@ -75,6 +75,18 @@ def test_run_forwards_the_targets_own_options_only_to_it() -> None:
     assert cpu == ["--dtype=bfloat16"]
 
 
+@pytest.mark.parametrize("argv, refusal", [
+    (["--target", "sglang-cpu", "--sglang-launcher", "sglang serve"], "--sglang-launcher applies to --target sglang; the sglang-cpu target"),
+    (["--target", "reference", "--dtype", "bfloat16"], "--dtype applies to --target sglang-cpu; the reference target"),
+    (["--target", "sglang-cpu", "--twins"], "--twins applies to --target sglang;"),
+])
+def test_an_option_the_target_does_not_use_is_refused_not_dropped(argv, refusal) -> None:
+    from conformance.cli import build_parser
+
+    with pytest.raises(KitError, match=re.escape(refusal)):
+        options.forward(build_parser().parse_args(["run", *argv]))
+
+
 #: A target name compared (==, !=, in, not in) with something called ``target``, or a
 #: dispatch table keyed by target names (two or more).
 COMPARISON = re.compile(r"""target\)?\s*(==|!=|\bnot in\b|\bin\b)\s*[(\[{]?\s*["'](reference|sglang-cpu|sglang|pool)["']"""

@@ -136,7 +136,7 @@ class TwinBroker:
                     return
                 try:
                     ep = self._twins_for(options).start(cell).result(timeout=READY_S)
-                    answer: tuple = ("ok", ep.base_url, ep.process.pid if ep.process else None)
+                    answer: tuple = ("ok", ep.base_url, ep.pid)
                 except BaseException as e:  # noqa: BLE001 - the asker reports it
                     answer = ("error", str(e) if isinstance(e, KitError) else f"{type(e).__name__}: {e}")
                 try:

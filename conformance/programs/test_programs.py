@@ -78,8 +78,7 @@ def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: 
     except KitError as e:
         pytest.fail(f"cell {cell.id}: the cache-off twin did not start: {e}", pytrace=False)
     target = target_for(endpoint, cold)
-    cold_pid = cold.process.pid if getattr(cold, "process", None) else getattr(cold, "pid", None)
-    twin = f"{cold.base_url} pid {cold_pid}"  # the run's one twin for this cold cell (the report shows it is shared)
+    twin = f"{cold.base_url} pid {cold.pid}"  # the run's one twin for this cold cell (the report shows it is shared)
     db = opts.db_root / endpoint.target / cell.id if opts.db_root else None
     ex = explore(lambda p: run_program(p, target), gen_spec(endpoint, target), budget, seed=cell_seed(opts.seed, cell.id), db_dir=db,
                  ensure_alive=lambda: restart_if_dead(endpoint))

@@ -53,6 +53,11 @@ class Endpoint:
     def log_text(self) -> str:
         return self.process.log_text() if self.process else ""
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id (None for a server the kit did not start)."""
+        return self.process.pid if self.process else None
+
     def alive(self) -> bool:
         return self.process.alive() if self.process else True
 

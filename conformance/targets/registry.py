@@ -137,7 +137,7 @@ _ALL = (
            pd_sglang_flags=("--disaggregation-mode",), suites=("perf",), perf=True, validates_commands=True, forwards=GPU_LAUNCH_OPTIONS),
     Target("sglang-cpu", "real SGLang on CPU serving the twins", server=_sglang_cpu, exact="float32", needs_sglang=True, probes_sglang=True,
            kit_plugins=True, sglang_flags=("--device",), pd_sglang_flags=("--disaggregation-mode",), pd_probe_refusal=True, suites=("agreement", "perf"), perf=True,
-           takes_dtype=True, agrees_with="reference"),
+           takes_dtype=True, forwards=("dtype",), agrees_with="reference"),
     Target("pool", "only the in-process pool tier", twins="never", pool_only=True, needs_sglang=True),
 )
 
