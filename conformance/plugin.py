@@ -292,10 +292,9 @@ def _dead_reason(ep: Any) -> str | None:
         return ep.process.exit_reason() if ep.process else "server gone"
     if ep.client.health():
         return None
-    from conformance.checks.leaks import scan_log
+    from conformance.checks.leaks import death_cause
 
-    bad = scan_log(ep.log_text())
-    return f"/health is failing; {bad[-1][:300] if bad else 'no error in its log'}"
+    return f"/health is failing; {death_cause(ep.log_text())}"
 
 
 def _teardown_idle_check(ep: Any) -> None:

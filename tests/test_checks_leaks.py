@@ -211,3 +211,15 @@ def test_the_observe_plugins_mamba_peak_is_load_evidence_and_zero_is_not():
     flat = [OccupancySample(0.0, {**IDLE, MAMBA_PEAK_GAUGE: 0.0})]
     v = leak_verdict([probe()], timeline=flat)
     assert v.status == "fail" and "never rose above 0" in v.reason
+
+
+def test_a_death_without_an_error_names_sglangs_last_word_about_it() -> None:
+    from conformance.checks.leaks import death_cause
+
+    quiet = "[t] Prefill batch, #new-seq: 1\n[t] INFO: POST /generate 200 OK\n"
+    assert death_cause(quiet) == "no error in its log"
+    killed = quiet + "[t] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n"
+    assert "SGLang's last word: SIGQUIT received" in death_cause(killed) and "killed from outside" in death_cause(killed)
+    # an error line of the server's own wins over the shutdown lines that follow it
+    crashed = quiet + "ValueError: pool memory leak detected! [full] total=8192\n" + killed
+    assert death_cause(crashed).startswith("ValueError: pool memory leak detected")

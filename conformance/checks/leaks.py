@@ -106,6 +106,24 @@ def scan_log(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if any(p.search(line) for p in LOG_PATTERNS)]
 
 
+#: SGLang's own lines when a process of the server went away without an error of its own
+#: (a signal from outside: the OOM killer, a kill): what a death with no error names.
+_SHUTDOWN_SIGNS = re.compile(r"Subprocess \w+ \(pid=\d+\) crashed with exit code -?\d+|SIGQUIT received.*|SIGTERM received.*")
+
+
+def death_cause(text: str) -> str:
+    """Why a server's log says it stopped serving: its last error line; else SGLang's last
+    line about a process that went away (no error of its own: killed from outside); else
+    that the log names nothing."""
+    bad = scan_log(text)
+    if bad:
+        return bad[-1][:300]
+    signs = _SHUTDOWN_SIGNS.findall(text)
+    if signs:
+        return f"no error in its log; SGLang's last word: {signs[-1][:200]} (no error of its own: likely killed from outside, e.g. by the OOM killer)"
+    return "no error in its log"
+
+
 def timeline_rows(samples: Sequence[OccupancySample]) -> list[list[float]]:
     """``[[t_s, mamba_used, kv_used, running], ...]`` for the report (NaN-free: 0 if absent)."""
     return [[s.t_s, s.values.get(MAMBA_GAUGE, 0.0), s.values.get(KV_GAUGE, 0.0), s.values.get(RUNNING_GAUGE, 0.0)] for s in samples]

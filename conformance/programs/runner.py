@@ -19,7 +19,7 @@ from typing import Any
 
 from conformance.checks.differential import Tolerance, cold_from_meta, differential_problems, logprob_gap, served_logprobs
 from conformance.checks.hit_bounds import StrategyGrid
-from conformance.checks.leaks import scan_log
+from conformance.checks.leaks import death_cause
 from conformance.client import SGLangClient
 from conformance.errors import KitError, ServerDiedError
 from conformance.programs.evidence import Evidence
@@ -448,8 +448,7 @@ def not_serving(client: SGLangClient, alive: Any = None, log_text: Any = None) -
             return None
         status = f"{path} answers {resp.status_code}"
         break
-    bad = scan_log(log_text()) if log_text else []
-    return f"{status}; {bad[-1][:300] if bad else 'no error in its log'}"
+    return f"{status}; {death_cause(log_text()) if log_text else 'no error in its log'}"
 
 
 def run_program(program: Program, target: Target) -> RunStats:
