@@ -135,16 +135,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     state = run_state(metafunc.config)
     pool = _is_pool_test(metafunc.definition)
     target = POOL if pool else target_for(state.options)
+    selected = select_cells(state, target.name)
     suite = _suite_of(metafunc.module.__name__)
-    cells = [c for c in select_cells(state, target.name) if c.fault.binds_suite(suite)]
+    cells = [c for c in selected if c.fault.binds_suite(suite)]
     params = []
     for cell in cells:
         marks = [getattr(pytest.mark, m) for m in cell.markers]
         marks.append(getattr(pytest.mark, target.marker))
         marks.append(pytest.mark.xdist_group(cell.id))
         params.append(pytest.param(cell, id=cell.id, marks=marks))
-    if not params:  # an empty selection is a failure of the run, never a silent skip
+    if not selected:  # an empty selection is a failure of the run, never a silent skip
         params = [pytest.param(None, id="no-cell")]
+    elif not params:  # every selected cell is for other suites (its matrix fault's ``suites``): a stated skip
+        why = "; ".join(sorted({f"fault {c.fault.name} binds only {', '.join(c.fault.suites)}" for c in selected}))
+        params = [pytest.param(None, id="no-cell-of-this-suite", marks=pytest.mark.skip(reason=f"not applicable: {why}"))]
     metafunc.parametrize("cell", params, indirect=True, scope="session")
 
 
