@@ -142,3 +142,31 @@ def test_the_decode_fault_runs_on_its_transfer_fail_cell() -> None:
     plan = sglang_cpu_plans((name,))[name]
     assert (plan.faults, plan.tier, plan.suites, plan.strategies) == ("disagg_transfer_fail", "standard", ("disagg",), "no_buffer")
     json.dumps(plan.__dict__)
+
+
+def test_the_decode_fault_loses_the_frees_of_failed_transfers_only() -> None:
+    pytest.importorskip("sglang")
+    import torch
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH
+
+    from conformance.sglang_plugins.faults import pd_decode_failed_transfer_slot_kept as fault
+
+    class Allocator:
+        def __init__(self) -> None:
+            self.freed: list[int] = []
+
+        def free(self, index) -> None:
+            self.freed.append(int(index.numel()))
+
+    allocator = Allocator()
+    queue = SimpleNamespace(scheduler=SimpleNamespace(req_to_token_pool=SimpleNamespace(mamba_allocator=allocator)))
+
+    def release(q, decode_req):  # SGLang's release: the request's mamba slot goes back to the pool
+        q.scheduler.req_to_token_pool.mamba_allocator.free(torch.tensor([3]))
+
+    served = SimpleNamespace(req=SimpleNamespace(finished_reason=FINISH_LENGTH(length=4)))
+    failed = SimpleNamespace(req=SimpleNamespace(finished_reason=FINISH_ABORT(FAILED)))
+    fault.lose_frees_on_failure(release, queue, served)
+    fault.lose_frees_on_failure(release, queue, decode_req=failed)
+    assert allocator.freed == [1]  # the served request's slot came back, the failed one's did not
+    assert "free" not in vars(allocator)  # the allocator's own free is back after the call
