@@ -78,7 +78,7 @@ def _client(answers) -> SGLangClient:
 def test_the_workload_keeps_each_end_as_sglang_gave_it() -> None:
     ok = {"output_ids": [1] * 12, "meta_info": {"finish_reason": {"type": "length", "length": 12}}}
     abort = {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": FAILED}}}
-    one = {"output_ids": [3], "meta_info": {"finish_reason": {"type": "length", "length": 1}}}
+    one = {"text": "x", "meta_info": {"finish_reason": {"type": "length", "length": 1}, "completion_tokens": 1}}  # no output_ids
     client = _client([(200, ok), (200, abort), (500, {"error": {"message": FAILED}}), (200, abort), (200, one)])
     rec = record_transfer_failures(client, [[1, 2], [3, 4], [5, 6]], new_tokens=12, failure_prob=0.1, follow_up_prompt=[7], follow_up_tries=5)
     assert sorted(o.finish for o in rec.outcomes) == ["abort", "http", "length"]

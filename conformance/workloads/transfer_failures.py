@@ -37,7 +37,8 @@ def _outcome(client: SGLangClient, prompt: Sequence[int], new_tokens: int, timeo
         return TransferOutcome(resp.status_code, "http", text.strip().replace("\n", " ")[:300])
     reason = body.get("meta_info", {}).get("finish_reason") or {}
     reason = reason if isinstance(reason, dict) else {"type": str(reason)}
-    tokens = len(body.get("output_ids") or [])
+    ids = body.get("output_ids")
+    tokens = len(ids) if isinstance(ids, list) else int(body.get("meta_info", {}).get("completion_tokens") or 0)
     return TransferOutcome(200, str(reason.get("type", "")), str(reason.get("message", "") or "")[:300], tokens)
 
 
