@@ -20,8 +20,28 @@ from conformance.errors import KitError, ServerDiedError
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
 
 
+#: SGLang gauge -> the kit's observe-plugin gauge of the same SGLang term, read where SGLang
+#: does not publish its own: 0.5.11 computes ``PoolStats.mamba_{num_used,available_size,
+#: evictable_size}`` but exports only ``sglang:mamba_usage`` (a fraction); 0.5.12 exports
+#: them as these gauges (``mamba_used_tokens = PoolStats.mamba_num_used``).
+GAUGE_STANDINS = {
+    "sglang:mamba_used_tokens": "hybrid_conformance:mamba_used",
+    "sglang:mamba_available_tokens": "hybrid_conformance:mamba_available",
+    "sglang:mamba_evictable_tokens": "hybrid_conformance:mamba_evictable",
+}
+
+
 def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {metric name: value}, summing a metric's label sets."""
+    """Prometheus text -> {metric name: value}, summing a metric's label sets; an SGLang
+    gauge the release does not publish takes its :data:`GAUGE_STANDINS` value."""
+    out = _parse(text)
+    for name, standin in GAUGE_STANDINS.items():
+        if name not in out and standin in out:
+            out[name] = out[standin]
+    return out
+
+
+def _parse(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):

@@ -223,3 +223,22 @@ def test_a_death_without_an_error_names_sglangs_last_word_about_it() -> None:
     # an error line of the server's own wins over the shutdown lines that follow it
     crashed = quiet + "ValueError: pool memory leak detected! [full] total=8192\n" + killed
     assert death_cause(crashed).startswith("ValueError: pool memory leak detected")
+
+
+def test_a_release_without_sglangs_mamba_gauges_is_judged_on_the_observe_plugins_terms():
+    """0.5.11 exports only sglang:mamba_usage; the client stands the observe plugin's reading
+    of the same PoolStats terms in for the missing gauges, so a leak there still fails, and
+    SGLang's own gauge wins wherever it is published."""
+    from conformance.client import parse_metrics
+
+    def text(used: int, avail: int, *, sglang_used: int | None = None) -> str:
+        lines = ["sglang:mamba_usage 0.0", "sglang:kv_used_tokens 0", "sglang:kv_available_tokens 8192",
+                 "sglang:kv_evictable_tokens 0", "hybrid_conformance:mamba_total 48", "hybrid_conformance:kv_total 8192",
+                 f"hybrid_conformance:mamba_used {used}", f"hybrid_conformance:mamba_available {avail}",
+                 "hybrid_conformance:mamba_evictable 0"]
+        return "\n".join(lines + ([] if sglang_used is None else [f"sglang:mamba_used_tokens {sglang_used}"]))
+
+    assert idle_invariant(parse_metrics(text(0, 48))) == []
+    assert any("3 used at idle" in p and "leaked" in p for p in idle_invariant(parse_metrics(text(3, 45))))
+    assert parse_metrics(text(0, 48, sglang_used=2))[MAMBA_GAUGE] == 2.0
+    assert any("missing" in p for p in idle_invariant(parse_metrics("sglang:mamba_usage 0.0\nsglang:kv_used_tokens 0")))

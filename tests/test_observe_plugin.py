@@ -104,3 +104,15 @@ def test_evidence_counters_count_cuts_and_evictions_and_change_nothing(monkeypat
     assert g["evictions_total"].value == 1
     ex.publish(SimpleNamespace())  # an idle publish exports both, so /metrics has them from the first idle moment
     assert g["evictions_total"].value == 1 and g["prefill_cuts_total"].value == 1
+
+
+def test_idle_publish_carries_sglangs_pool_stats_mamba_terms_on_a_legacy_scheduler(monkeypatch):
+    """0.5.11 computes PoolStats.mamba_* but exports only sglang:mamba_usage: the plugin
+    publishes the terms from the scheduler mixin's get_pool_stats (no pool_stats_observer)."""
+    ex, g = exporter(monkeypatch)
+    stats = SimpleNamespace(mamba_num_used=3, mamba_available_size=40, mamba_evictable_size=5, full_num_used=0)
+    ex.publish(SimpleNamespace(get_pool_stats=lambda: stats))
+    assert (g["mamba_used"].value, g["mamba_available"].value, g["mamba_evictable"].value) == (3, 40, 5)
+    ex2, g2 = exporter(monkeypatch)
+    ex2.publish(pool_scheduler(None, 10))  # a pool without a mamba term publishes none
+    assert "mamba_used" not in g2

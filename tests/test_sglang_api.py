@@ -51,7 +51,7 @@ def test_summary_is_one_line_naming_each_probe_and_its_consequence():
     split = dataclasses.replace(OLD, extra_buffer_gate_method="_validate_mamba_extra_buffer").summary()
     assert "extra_buffer device gate in ServerArgs._validate_mamba_extra_buffer (answered" in split  # 0.5.14 onwards
     no_gauge = dataclasses.replace(OLD, mamba_used_gauge=False).summary()  # 0.5.11: sglang:mamba_usage only
-    assert "no sglang:mamba_used_tokens gauge -> the idle invariant (leaks, programs) cannot be judged" in no_gauge
+    assert "no sglang:mamba_used_tokens gauge -> the observe plugin publishes SGLang's PoolStats mamba terms in its place" in no_gauge
     assert "mamba_used_tokens" not in OLD.summary()
     assert "lazy strategy present" in NEW.summary() and "pool driver kv" in NEW.summary()
     assert "answered by the kit's out-of-tree platform" in NEW.summary()

@@ -142,7 +142,7 @@ class Features:
             f"_gather_mamba_track_indices {'present' if self.gather_track_indices else 'absent (kit indexes the ping-pong mapping)'}",
             f"granite layer names {'linear_attention/full_attention' if self.granite_new_layer_names else 'mamba/attention only -> granite configs rewritten'}",
             f"tree {self.tree_class or 'unknown'}",
-            *(() if self.mamba_used_gauge else ("no sglang:mamba_used_tokens gauge -> the idle invariant (leaks, programs) cannot be judged",)),
+            *(() if self.mamba_used_gauge else ("no sglang:mamba_used_tokens gauge -> the observe plugin publishes SGLang's PoolStats mamba terms in its place (conformance.client.GAUGE_STANDINS)",)),
             f"sglang-cpu {'runs through general plugins + hook registry' if self.sglang_cpu_capable else 'not applicable (' + str(self.sglang_cpu_gap) + ')'}"
             f", extra_buffer device gate {self._gate_text()}",
             f"seeded-fault hook targets {'all resolve' if not self.missing_hook_targets else f'{len(self.missing_hook_targets)} missing -> their faults not applicable'}",

@@ -100,6 +100,23 @@ def _host_mamba_pool(s: Any) -> Any:
     return entry.host_pool
 
 
+def _pool_stats(s: Any) -> Any:
+    """SGLang's own ``PoolStats`` (what its gauges publish), from the scheduler's observer
+    (0.5.13+) or the scheduler mixin (0.5.12 and older)."""
+    observer = getattr(s, "pool_stats_observer", None)
+    return observer.get_pool_stats() if observer is not None else s.get_pool_stats()
+
+
+def _mamba_stat(field: str) -> Callable[[Any], float]:
+    def read(s: Any) -> float:
+        value = getattr(_pool_stats(s), field)
+        if value is None:
+            raise AttributeError(f"PoolStats.{field} is None (not a hybrid SSM pool)")
+        return value
+
+    return read
+
+
 #: name -> reader of the scheduler; a reader that fails (a release without that
 #: attribute) leaves the gauge unpublished rather than guessing.  Where the term moved, the
 #: older release's own accessor (0.5.12's scheduler mixin methods) follows the newest.
@@ -117,6 +134,12 @@ READERS: dict[str, Callable[[Any], float]] = {
     "host_kv_used": lambda s: _host_kv_pool(s).logical_size - _host_kv_pool(s).available_size(),
     "host_mamba_total": lambda s: _host_mamba_pool(s).logical_size,
     "host_mamba_used": lambda s: _host_mamba_pool(s).logical_size - _host_mamba_pool(s).available_size(),
+    # SGLang's PoolStats mamba terms, which 0.5.11 computes but publishes only as the
+    # fraction ``sglang:mamba_usage`` (the client stands them in for the missing
+    # ``sglang:mamba_{used,available,evictable}_tokens``: conformance.client.GAUGE_STANDINS)
+    "mamba_used": _mamba_stat("mamba_num_used"),
+    "mamba_available": _mamba_stat("mamba_available_size"),
+    "mamba_evictable": _mamba_stat("mamba_evictable_size"),
     "running_reqs": lambda s: len(s.running_batch.reqs),
     "waiting_reqs": lambda s: len(s.waiting_queue),
 }
@@ -297,8 +320,7 @@ class _Exporter:
 
     def pools(self, scheduler: Any) -> None:
         """Account the pools' used terms before one batch (any mode) runs."""
-        observer = getattr(scheduler, "pool_stats_observer", None)
-        stats = observer.get_pool_stats() if observer is not None else scheduler.get_pool_stats()
+        stats = _pool_stats(scheduler)
         self._open_window()
         self.gauge("busy_periods").set(self.track["busy_periods"])
         for name, used in (("mamba_used_peak", stats.mamba_num_used), ("kv_used_peak", stats.full_num_used)):

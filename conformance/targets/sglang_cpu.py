@@ -37,6 +37,8 @@ DTYPES = ("float32", "bfloat16")
 #: refused admissions, and a context long enough for the suites' prompts.
 MAX_TOTAL_TOKENS = axes.CPU_MAX_TOTAL_TOKENS
 CONTEXT_LENGTH = 4096
+#: A budget, not a size (the caps above size the pools): see ``SGLangCpuTarget.server_args``.
+MEM_FRACTION_STATIC = "0.9"
 MAX_MAMBA_CACHE_SIZE = axes.CPU_MAX_MAMBA_CACHE_SIZE
 #: SGLang up to 0.5.13 derives ``grpc_port = port + 10000`` unless SGLANG_GRPC_PORT is set
 #: and refuses to start when that exceeds 65535 (a free port is often above 55535).
@@ -83,9 +85,13 @@ class SGLangCpuTarget:
             "--dtype", self.dtype,
             "--mamba-ssm-dtype", "float32",
             "--context-length", str(CONTEXT_LENGTH),
-            # a cap only (the pools are sized by the two flags above); SGLang profiles host
-            # memory at start, which moves with whatever else runs on the machine
-            "--mem-fraction-static", "0.3",
+            # SGLang's KV budget, every release 0.5.11-0.5.23 (``_profile_available_bytes``):
+            # free host RAM after the weights load minus ``(1 - fraction)`` x free RAM before
+            # it. On a shared machine other processes take RAM between the two readings, and
+            # at 0.3 a drop of 30% refused the start ("Loaded weights leave no GPU memory for
+            # the KV cache", 0.5.16+) or shrank the pools below the caps that size them
+            # (--max-total-tokens, --max-mamba-cache-size): the budget only has to hold those
+            "--mem-fraction-static", MEM_FRACTION_STATIC,
             # an idle scheduler otherwise polls at 100% of a core: on 2 cores, two idle
             # servers would halve the speed of everything else
             "--sleep-on-idle",
