@@ -310,5 +310,22 @@ def test_option_faults_name_their_axis_value() -> None:
         assert SHIPPED.select(tier="standard", target="sglang-cpu", models=list(f.families), strategies=[f.strategies[0]], server_options=list(f.options))
 
 
+
+def test_a_fault_needing_only_default_options_runs_on_the_plain_premerge_cell() -> None:
+    """overlap=on is extra_buffer's default: its mutants plan takes the premerge cell, not
+    every standard axis cell that leaves overlap on; a non-default option keeps its axis cell."""
+    from conformance.mutants.catalogue import sglang_cpu_plans
+    from conformance.strategy import strategy_named
+
+    eb = strategy_named("extra_buffer")
+    assert axes.all_default(("overlap=on",), eb) and not axes.all_default(("overlap=off",), eb)
+    assert not axes.all_default(("overlap=on", "mamba_pool=small"), eb)
+    plans = sglang_cpu_plans(("overlap_track_slot_reused", "pressure_evict_slot_still_cached"))
+    assert plans["overlap_track_slot_reused"].tier == "premerge"
+    assert plans["pressure_evict_slot_still_cached"].tier == "standard"
+    cells = SHIPPED.select(tier="premerge", target="sglang-cpu", models=["qwen3-next"], strategies=["extra_buffer"], server_options=["overlap=on"])
+    assert [c.options for c in cells] == [()]
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
