@@ -266,8 +266,8 @@ def overlap_edge_hits(client: SGLangClient) -> list[HitVsCold]:
     """Prompts one token short of the track interval, prefilled one at a time: the first decode
     step tracks a state (at 256 / 512) while, under the overlap scheduler, the prefill's
     checkpoint (192 / 448) still waits for its result to donate it; then ``p + 5`` hits it."""
-    warm = prompts(TRACK_EDGE_LENGTHS, seed=9)
-    return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"o{i}") for i, p in enumerate(warm)])
+    warm = prompts(TRACK_EDGE_LENGTHS, seed=9)  # four new tokens each: the first decode steps run
+    return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"o{i}") for i, p in enumerate(warm)], warm_new=4)
 
 
 #: Five prompts stored one at a time, then a burst of four new ones: each running extra_buffer
