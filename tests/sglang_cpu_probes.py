@@ -258,6 +258,13 @@ def cut_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     return hit_vs_cold(client, [[warm]], [warm[:100] + tail(5, "c0"), warm[:195] + tail(5, "c1")])
 
 
+def sub_chunk_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
+    """The 200-token prompt of :func:`cut_prefill_hits` on a server that cuts prefills at 32
+    (the ``sub-chunk`` cell, grid 64: no chunk tracks a state, nothing is stored), then
+    prompts sharing 100 and 195 of its tokens."""
+    return cut_prefill_hits(client)
+
+
 #: Prompts one token short of the decode track interval (256): the first decode step tracks.
 TRACK_EDGE_LENGTHS = (255, 511)
 

@@ -114,9 +114,9 @@ def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
     # one clean run per cell vouches for its faults; stop_finish_key_short breaks no_buffer's
     # finish path only, hence a fifth cell; the perf fault's run adds the no_buffer sibling, a sixth;
     # a fault that needs a server option runs on that option's standard-tier cell (one cell per axis fault,
-    # three: mixed chunk, off-grid chunked prefill, small mamba pool; overlap=on is the plain cell's own);
+    # four: mixed chunk, off-grid and sub-chunk chunked prefill, small mamba pool; overlap=on is the plain cell's own);
     # the PD faults on the PD cell; the HiCache faults on the hicache variant's nightly cell
-    assert len({p.key for p in plans.values()}) <= 10
+    assert len({p.key for p in plans.values()}) <= 11
     hicache = plans["hicache_mamba_state_not_loaded"]
     assert hicache.tier == "nightly" and hicache.suites == ("hicache",) and hicache.keyword == "p1-t256-hicache" and hicache.page_sizes == "1"
     assert plans["hicache_mamba_backup_slot_off"].key == hicache.key
