@@ -327,5 +327,27 @@ def test_a_fault_needing_only_default_options_runs_on_the_plain_premerge_cell() 
     assert [c.options for c in cells] == [()]
 
 
+
+def test_kl_prefill_hit_is_skipped_where_no_prefill_stores_a_state() -> None:
+    """The sub-chunk cell (--chunked-prefill-size 32 < grid 64): SGLang stores no prefill state,
+    the prefill_hit scenario would have nothing to hit (a clean run failed its non-vacuity
+    rule, 0/4 hits); it is skipped with the cause.  Not where a chunk reaches the grid, nor
+    without a buffer (no_buffer caches each cut's own state)."""
+    from types import SimpleNamespace
+
+    from conformance.kl.test_kl import no_prefill_stores
+
+    def ep(options, budget, strategy="extra_buffer"):
+        cell = next(c for c in SHIPPED.select(target="sglang-cpu", models=["qwen3-next"], strategies=[strategy], page_sizes=[1])
+                    if tuple(c.options) == options and c.fault.name == "none")
+        return SimpleNamespace(cell=cell, info={"chunked_prefill_size": budget})
+
+    why = no_prefill_stores(ep((("chunked_prefill", "sub-chunk"),), 32))
+    assert why and "--chunked-prefill-size 32 is below the checkpoint grid 64" in why
+    assert no_prefill_stores(ep((("chunked_prefill", "off-grid"),), 96)) is None
+    assert no_prefill_stores(ep((), 4096)) is None and no_prefill_stores(ep((), -1)) is None
+    assert no_prefill_stores(ep((), 32, "no_buffer")) is None
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
