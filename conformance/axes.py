@@ -205,6 +205,12 @@ def value_of(cell: _CellLike, axis: str) -> AxisValue:
     return a.value(chosen if chosen is not None else a.default(cell.strategy))
 
 
+def all_default(options, strategy: Strategy) -> bool:
+    """Every ``axis=value`` of ``options`` is that axis' default for ``strategy`` (a fault that
+    needs only defaults shows on the plain cell, e.g. ``overlap=on`` for extra_buffer)."""
+    return all(AXES[axis].default(strategy) == value for axis, value in parse_selection(options))
+
+
 def values_of(cell: _CellLike) -> tuple[AxisValue, ...]:
     """Every axis' value in ``cell``, in :data:`AXES` order."""
     return tuple(value_of(cell, a) for a in AXES)

@@ -258,6 +258,37 @@ def cut_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     return hit_vs_cold(client, [[warm]], [warm[:100] + tail(5, "c0"), warm[:195] + tail(5, "c1")])
 
 
+def sub_chunk_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
+    """The 200-token prompt of :func:`cut_prefill_hits` on a server that cuts prefills at 32
+    (the ``sub-chunk`` cell, grid 64: no chunk tracks a state, nothing is stored), then
+    prompts sharing 100 and 195 of its tokens."""
+    return cut_prefill_hits(client)
+
+
+#: Prompts one token short of the decode track interval (256): the first decode step tracks.
+TRACK_EDGE_LENGTHS = (255, 511)
+
+
+def overlap_edge_hits(client: SGLangClient) -> list[HitVsCold]:
+    """Prompts one token short of the track interval, prefilled one at a time: the first decode
+    step tracks a state (at 256 / 512) while, under the overlap scheduler, the prefill's
+    checkpoint (192 / 448) still waits for its result to donate it; then ``p + 5`` hits it."""
+    warm = prompts(TRACK_EDGE_LENGTHS, seed=9)  # four new tokens each: the first decode steps run
+    return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"o{i}") for i, p in enumerate(warm)], warm_new=4)
+
+
+#: Five prompts stored one at a time, then a burst of four new ones: each running extra_buffer
+#: request holds three Mamba slots, so the burst runs the ``mamba_pool = small`` pool (16) short.
+PRESSURE_SOLO, PRESSURE_BURST = (300,) * 5, (300,) * 4
+
+
+def pressure_hits(client: SGLangClient) -> list[HitVsCold]:
+    """The stored prompts and the burst, then hits on all nine (``p + 5``)."""
+    solo, burst = prompts(PRESSURE_SOLO, seed=10), prompts(PRESSURE_BURST, seed=11)
+    every = list(solo) + list(burst)
+    return hit_vs_cold(client, [[p] for p in solo] + [burst], [p + tail(5, f"q{i}") for i, p in enumerate(every)], warm_new=4)
+
+
 def grid_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     warm = prompts(GRID_LENGTHS, seed=2)
     return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"g{i}") for i, p in enumerate(warm)])

@@ -310,5 +310,44 @@ def test_option_faults_name_their_axis_value() -> None:
         assert SHIPPED.select(tier="standard", target="sglang-cpu", models=list(f.families), strategies=[f.strategies[0]], server_options=list(f.options))
 
 
+
+def test_a_fault_needing_only_default_options_runs_on_the_plain_premerge_cell() -> None:
+    """overlap=on is extra_buffer's default: its mutants plan takes the premerge cell, not
+    every standard axis cell that leaves overlap on; a non-default option keeps its axis cell."""
+    from conformance.mutants.catalogue import sglang_cpu_plans
+    from conformance.strategy import strategy_named
+
+    eb = strategy_named("extra_buffer")
+    assert axes.all_default(("overlap=on",), eb) and not axes.all_default(("overlap=off",), eb)
+    assert not axes.all_default(("overlap=on", "mamba_pool=small"), eb)
+    plans = sglang_cpu_plans(("overlap_track_slot_reused", "pressure_evict_slot_still_cached"))
+    assert plans["overlap_track_slot_reused"].tier == "premerge"
+    assert plans["pressure_evict_slot_still_cached"].tier == "standard"
+    cells = SHIPPED.select(tier="premerge", target="sglang-cpu", models=["qwen3-next"], strategies=["extra_buffer"], server_options=["overlap=on"])
+    assert [c.options for c in cells] == [()]
+
+
+
+def test_kl_prefill_hit_is_skipped_where_no_prefill_stores_a_state() -> None:
+    """The sub-chunk cell (--chunked-prefill-size 32 < grid 64): SGLang stores no prefill state,
+    the prefill_hit scenario would have nothing to hit (a clean run failed its non-vacuity
+    rule, 0/4 hits); it is skipped with the cause.  Not where a chunk reaches the grid, nor
+    without a buffer (no_buffer caches each cut's own state)."""
+    from types import SimpleNamespace
+
+    from conformance.kl.test_kl import no_prefill_stores
+
+    def ep(options, budget, strategy="extra_buffer"):
+        cell = next(c for c in SHIPPED.select(target="sglang-cpu", models=["qwen3-next"], strategies=[strategy], page_sizes=[1])
+                    if tuple(c.options) == options and c.fault.name == "none")
+        return SimpleNamespace(cell=cell, info={"chunked_prefill_size": budget})
+
+    why = no_prefill_stores(ep((("chunked_prefill", "sub-chunk"),), 32))
+    assert why and "--chunked-prefill-size 32 is below the checkpoint grid 64" in why
+    assert no_prefill_stores(ep((("chunked_prefill", "off-grid"),), 96)) is None
+    assert no_prefill_stores(ep((), 4096)) is None and no_prefill_stores(ep((), -1)) is None
+    assert no_prefill_stores(ep((), 32, "no_buffer")) is None
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))

@@ -31,6 +31,9 @@ from sglang_cpu_probes import (
     grid_prefill_hits,
     hits_then_idle,
     mixed_prefill_hits,
+    overlap_edge_hits,
+    pressure_hits,
+    sub_chunk_prefill_hits,
     probe_server,
     streaming_session_then_idle,
     summary,
@@ -91,6 +94,15 @@ PROBES: dict[str, Probe] = {
     # the hits land on the cuts (96, 192) instead of the checkpoints (64, 160) and diverge
     "chunk_cut_key_past_checkpoint": Probe(EXTRA, cut_prefill_hits, lambda rows: [r.cached_tokens for r in rows] == [96, 192] and all(r.diverged for r in rows),
                                            options=(("chunked_prefill", "off-grid"),)),
+    # the overlap scheduler (on by default for extra_buffer): a prefill checkpoint donated after the
+    # overlapped first decode step ran -- which tracks when the prompt is one short of the interval
+    "overlap_track_slot_reused": Probe(EXTRA, overlap_edge_hits, lambda rows: bool(diverged(rows))),
+    # a small Mamba pool (16 slots): a burst runs it short, evictions under pressure
+    # chunks below the mamba chunk (--chunked-prefill-size 32, grid 64): nothing tracked, nothing stored;
+    # the fault stores the untracked slot at the cuts (hits at 96 and 192 instead of none)
+    "sub_chunk_handoff_donates_untracked": Probe(EXTRA, sub_chunk_prefill_hits, lambda rows: [r.cached_tokens for r in rows] == [96, 192] and all(r.diverged for r in rows),
+                                                 options=(("chunked_prefill", "sub-chunk"),)),
+    "pressure_evict_slot_still_cached": Probe(EXTRA, pressure_hits, lambda rows: bool(diverged(rows)), options=(("mamba_pool", "small"),)),
 }
 FAST = ("cow_skipped",)
 
@@ -171,3 +183,53 @@ def test_cut_prefill_fault_is_missed_with_the_option_off(tmp_path: Path) -> None
         rows = cut_prefill_hits(s.client)
         fired = s.fired("chunk_cut_key_past_checkpoint")
     assert fired == 0 and [r.cached_tokens for r in rows] == [0, 192] and not diverged(rows), (fired, summary(rows))
+
+
+def test_control_overlap_edge_clean(tmp_path: Path) -> None:
+    """Prompts one short of the track interval on a clean (overlap) server: the hits land on the
+    prefill checkpoints (192, 448) and equal cold."""
+    with _clean(EXTRA, tmp_path) as s:
+        rows = overlap_edge_hits(s.client)
+    assert [r.cached_tokens for r in rows] == [192, 448] and not diverged(rows), summary(rows)
+
+
+def test_overlap_fault_is_missed_with_overlap_off(tmp_path: Path) -> None:
+    """The same scenario and fault with ``--disable-overlap-schedule``: one track slot, results
+    processed before the next step is built -- the hook never changes anything."""
+    with probe_server(cell_for(*EXTRA, options=(("overlap", "off"),)), tmp_path, fault="overlap_track_slot_reused", strict=False) as s:
+        rows = overlap_edge_hits(s.client)
+        fired = s.fired("overlap_track_slot_reused")
+    assert fired == 0 and [r.cached_tokens for r in rows] == [192, 448] and not diverged(rows), (fired, summary(rows))
+
+
+def test_control_pressure_clean(tmp_path: Path) -> None:
+    """The burst on a clean small-pool server: some hits survive the evictions and equal cold."""
+    with probe_server(cell_for(*EXTRA, options=(("mamba_pool", "small"),)), tmp_path, fault=None, strict=False) as s:
+        rows = pressure_hits(s.client)
+    assert any(r.cached_tokens > 0 for r in rows) and not diverged(rows), summary(rows)
+
+
+def test_pressure_fault_is_missed_with_the_default_pool(tmp_path: Path) -> None:
+    """The same scenario and fault with the kit's default pool (48 slots): this scenario never
+    runs it short, the hook never fires, the hits equal cold.  (The suites' bursts do run the
+    default pool short: the fault's note in docs/faults.md says so.)"""
+    with probe_server(cell_for(*EXTRA), tmp_path, fault="pressure_evict_slot_still_cached", strict=False) as s:
+        rows = pressure_hits(s.client)
+        fired = s.fired("pressure_evict_slot_still_cached")
+    assert fired == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (fired, summary(rows))
+
+
+def test_control_sub_chunk_prefill_clean(tmp_path: Path) -> None:
+    """Chunks below the mamba chunk on a clean server: nothing is stored, both prompts run cold."""
+    with probe_server(cell_for(*EXTRA, options=(("chunked_prefill", "sub-chunk"),)), tmp_path, fault=None, strict=False) as s:
+        rows = sub_chunk_prefill_hits(s.client)
+    assert [r.cached_tokens for r in rows] == [0, 0] and not diverged(rows), summary(rows)
+
+
+def test_sub_chunk_fault_is_missed_with_grid_sized_chunks(tmp_path: Path) -> None:
+    """The same scenario and fault with chunks of 1.5 grids (``off-grid``, 96): every chunk
+    tracks, the hook never fires, the hits land on the checkpoints (64, 160) and equal cold."""
+    with probe_server(cell_for(*EXTRA, options=(("chunked_prefill", "off-grid"),)), tmp_path, fault="sub_chunk_handoff_donates_untracked", strict=False) as s:
+        rows = sub_chunk_prefill_hits(s.client)
+        fired = s.fired("sub_chunk_handoff_donates_untracked")
+    assert fired == 0 and [r.cached_tokens for r in rows] == [64, 160] and not diverged(rows), (fired, summary(rows))

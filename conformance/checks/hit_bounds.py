@@ -112,17 +112,20 @@ def _common(a: Key, b: Key) -> int:
     return lo
 
 
-def branch_point(prompt: Key, key: Key, grid: StrategyGrid, hit: int) -> int | None:
+def branch_point(prompt: Key, key: Key, grid: StrategyGrid, hit: int, logprob_start: int | None = None) -> int | None:
     """SGLang's ``mamba_branching_seqlen`` for a request that met the tree holding ``key``:
-    the full-KV match floored to the checkpoint grid, when that exceeds the hit."""
-    full = floor_to(min(_common(key, prompt), key_limit(len(prompt), grid.page_size)), grid.page_size)
+    the full-KV match floored to the checkpoint grid, when that exceeds the hit.  The match
+    is the one SGLang made: capped at the request's ``logprob_start_len`` like its hit (a
+    request asking for logprobs from token 225 matches at most 225 tokens and tracks its
+    branch point at 192, even where a longer state is stored)."""
+    full = floor_to(min(_common(key, prompt), key_limit(len(prompt), grid.page_size, logprob_start)), grid.page_size)
     b = floor_to(full, grid.checkpoint_grid)
     return b if b > hit else None
 
 
-def branch_candidates(prompt: Key, keys: Iterable[Key], grid: StrategyGrid, hit: int) -> set[int | None]:
+def branch_candidates(prompt: Key, keys: Iterable[Key], grid: StrategyGrid, hit: int, logprob_start: int | None = None) -> set[int | None]:
     """:func:`branch_point` for each tree the request may have met, and None (none met)."""
-    return {None} | {branch_point(prompt, k, grid, hit) for k in keys}
+    return {None} | {branch_point(prompt, k, grid, hit, logprob_start) for k in keys}
 
 
 def prefill_stores(prompt: Key, hits: Iterable[int], branches: Iterable[int | None], grid: StrategyGrid) -> set[Key]:

@@ -108,7 +108,8 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
         strategy = f.strategies[0]
         if "perf" in f.suites and not strategy_named(strategy).is_baseline:  # the perf ratios are taken against the baseline sibling
             strategy = f"{BASELINE},{strategy}"
-        return f.families[0], strategy, f.cell_fault, ",".join(f.options), f.cache_variant
+        # an option at its strategy's default (overlap=on for extra_buffer) is the plain cell's own
+        return f.families[0], strategy, f.cell_fault, "" if at_defaults(f) else ",".join(f.options), f.cache_variant
 
     needed: dict[tuple[str, str, str, str, str], set[str]] = {}
     for f in selected.values():
@@ -141,6 +142,13 @@ def _fault_tier(cell_fault: str) -> str:
 
     tiers = {c.tier for c in load_matrix().cells if c.fault.name == cell_fault}
     return next((t for t in TIERS if t in tiers), TIERS[0])
+
+
+def at_defaults(f: Fault) -> bool:
+    """The fault's server options are all its strategy's defaults (its cell is a plain one)."""
+    from conformance import axes
+
+    return axes.all_default(f.options, strategy_named(f.strategies[0]))
 
 
 @dataclass(frozen=True)

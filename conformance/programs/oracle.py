@@ -246,7 +246,7 @@ class HitBook:
         memo = self._branch_memo.setdefault((q.rid, hit), {})
         for k in keys:
             if k not in memo:
-                memo[k] = branch_point(q.input_ids, k, self.grid, hit)
+                memo[k] = branch_point(q.input_ids, k, self.grid, hit, q.logprob_start)
         return {None} | {memo[k] for k in keys}
 
     def _overlap_tokens(self, q: Served) -> int:

@@ -44,6 +44,9 @@ FAULT_MODULES = (
     # one per server-option axis (conformance.axes): shows only with its option on
     "mixed_chunk_track_dropped",
     "chunk_cut_key_past_checkpoint",
+    "overlap_track_slot_reused",
+    "pressure_evict_slot_still_cached",
+    "sub_chunk_handoff_donates_untracked",
     # PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP): the disagg suite
     "pd_state_index_off",             # PR 15829
     "pd_last_layer_state_unsent",
