@@ -1,0 +1,89 @@
+"""Detection rates of the paired A/B perf test on real SGLang on CPU (docs/perf.md).
+
+    python bench/bench_perf_ab.py [--cell qwen3-next-80b-extra_buffer-p1-t256] [--repeats 10]
+                                  [--grades 0,0.05,0.1,0.2] [--pairs 30] [--json out.json]
+
+Each repeat starts a fresh pair of servers of the cell (both with the seeded fault
+``step_slowdown`` at grade 0, ``conformance/perf/ab.py``), then, for each grade in a random
+order, slows a randomly drawn side by that fraction of each step's work and runs one paired
+A/B (``--pairs`` prompts, each sent to both servers back to back in a random order), judged
+by ``conformance.checks.perf_ab.ab_verdict`` at the stated false-flag rate.  Grade 0 is the
+clean pair.  Prints each run's verdict line, then per grade: runs flagged, median B/A of
+TTFT and of decode time per token.  Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from conformance.checks.perf_ab import ALPHA, ab_verdict
+from conformance.matrix import load_matrix
+from conformance.options import resolve
+from conformance.perf.ab import SIDES, AbPlan, graded_pair, measure_pairs, oriented
+from conformance.sglang_plugins.activation import read_report
+from conformance.suites import vocab_size
+from conformance.targets import preimport
+
+
+def fired(report: Path) -> int:
+    return max((int(r.get("count", 0)) for r in read_report(report) if r.get("status") == "fired"), default=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cell", default="qwen3-next-80b-extra_buffer-p1-t256")
+    ap.add_argument("--target", default="sglang-cpu")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--grades", default="0,0.05,0.1,0.2")
+    ap.add_argument("--pairs", type=int, default=AbPlan.pairs)
+    ap.add_argument("--prompt-len", type=int, default=AbPlan.prompt_len)
+    ap.add_argument("--new-tokens", type=int, default=AbPlan.new_tokens)
+    ap.add_argument("--alpha", type=float, default=ALPHA)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    grades = [float(g) for g in args.grades.split(",")]
+    plan = AbPlan(pairs=args.pairs, prompt_len=args.prompt_len, new_tokens=args.new_tokens)
+    opts = resolve(lambda flag: {"--target": args.target}.get(flag))
+    cell = next(c for c in load_matrix().cells if c.id == args.cell)
+    rng = random.Random(args.seed)
+    root = Path(tempfile.mkdtemp(prefix="bench-perf-ab-"))
+    rows: list[dict] = []
+    t_start = time.time()
+    try:
+        for r in range(args.repeats):
+            t0 = time.time()
+            with graded_pair(cell, opts, work_dir=root / f"r{r}") as pair:
+                started = time.time() - t0
+                vocab = vocab_size(pair.endpoints["a"])
+                for g in rng.sample(grades, len(grades)):
+                    slowed = rng.choice(SIDES)
+                    pair.grade(slowed, g)
+                    t1 = time.time()
+                    pairs = measure_pairs(*pair.clients, plan, vocab_size=vocab, seed=f"{args.seed}:{r}:{g}")
+                    v = ab_verdict(oriented(pairs, slowed), alpha=args.alpha)
+                    rows.append({"repeat": r, "grade": g, "slowed": slowed, "flagged": v.flagged, "seconds": round(time.time() - t1, 1),
+                                 **{f"{t.metric}_ratio": t.median_ratio for t in v.tests}, **{f"{t.metric}_p": t.p_value for t in v.tests}})
+                    print(f"repeat {r + 1} grade +{g:.0%} (side {slowed}) {time.time() - t1:.1f}s: {v.line()}", flush=True)
+                reports = {s: fired(ep.process.log_path.with_suffix(".plugins.jsonl")) for s, ep in pair.endpoints.items() if ep.process}
+            print(f"repeat {r + 1}: pair started in {started:.1f}s, step_slowdown fired (sparse count) {reports}, {time.time() - t0:.1f}s", flush=True)
+    finally:
+        preimport.stop_all()
+    print(f"\n{args.repeats} repeats x {len(grades)} grades, {plan.pairs} pairs each, {time.time() - t_start:.0f}s; cell {cell.id}; false-flag rate {args.alpha:g}")
+    print(f"{'grade':>7} {'flagged':>9} {'TTFT B/A':>9} {'decode B/A':>11}")
+    for g in grades:
+        mine = [x for x in rows if x["grade"] == g]
+        print(f"{'+' + format(g, '.0%'):>7} {sum(x['flagged'] for x in mine):>4} / {len(mine):<3} "
+              f"{statistics.median(x['ttft_ratio'] for x in mine):9.3f} {statistics.median(x['decode_per_token_ratio'] for x in mine):11.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"cell": cell.id, "plan": vars(plan), "alpha": args.alpha, "runs": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
