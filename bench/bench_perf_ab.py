@@ -16,23 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from conformance.checks.perf_ab import ALPHA, ab_verdict
+from conformance.checks.perf_ab import ALPHA
 from conformance.matrix import load_matrix
 from conformance.options import resolve
-from conformance.perf.ab import SIDES, AbPlan, graded_pair, measure_pairs, oriented
-from conformance.sglang_plugins.activation import read_report
-from conformance.suites import vocab_size
+from conformance.perf.ab import AbPlan, graded_runs
 from conformance.targets import preimport
-
-
-def fired(report: Path) -> int:
-    return max((int(r.get("count", 0)) for r in read_report(report) if r.get("status") == "fired"), default=0)
 
 
 def main() -> None:
@@ -52,35 +45,23 @@ def main() -> None:
     plan = AbPlan(pairs=args.pairs, prompt_len=args.prompt_len, new_tokens=args.new_tokens)
     opts = resolve(lambda flag: {"--target": args.target}.get(flag))
     cell = next(c for c in load_matrix().cells if c.id == args.cell)
-    rng = random.Random(args.seed)
-    root = Path(tempfile.mkdtemp(prefix="bench-perf-ab-"))
     rows: list[dict] = []
     t_start = time.time()
     try:
-        for r in range(args.repeats):
-            t0 = time.time()
-            with graded_pair(cell, opts, work_dir=root / f"r{r}") as pair:
-                started = time.time() - t0
-                vocab = vocab_size(pair.endpoints["a"])
-                for g in rng.sample(grades, len(grades)):
-                    slowed = rng.choice(SIDES)
-                    pair.grade(slowed, g)
-                    t1 = time.time()
-                    pairs = measure_pairs(*pair.clients, plan, vocab_size=vocab, seed=f"{args.seed}:{r}:{g}")
-                    v = ab_verdict(oriented(pairs, slowed), alpha=args.alpha)
-                    rows.append({"repeat": r, "grade": g, "slowed": slowed, "flagged": v.flagged, "seconds": round(time.time() - t1, 1),
-                                 **{f"{t.metric}_ratio": t.median_ratio for t in v.tests}, **{f"{t.metric}_p": t.p_value for t in v.tests}})
-                    print(f"repeat {r + 1} grade +{g:.0%} (side {slowed}) {time.time() - t1:.1f}s: {v.line()}", flush=True)
-                reports = {s: fired(ep.process.log_path.with_suffix(".plugins.jsonl")) for s, ep in pair.endpoints.items() if ep.process}
-            print(f"repeat {r + 1}: pair started in {started:.1f}s, step_slowdown fired (sparse count) {reports}, {time.time() - t0:.1f}s", flush=True)
+        for run in graded_runs(cell, opts, grades=grades, repeats=args.repeats, plan=plan, alpha=args.alpha, seed=args.seed,
+                               work_dir=Path(tempfile.mkdtemp(prefix="bench-perf-ab-"))):
+            rows.append(run.row())
+            print(f"repeat {run.repeat + 1} grade +{run.grade:.0%} (side {run.slowed}) {run.seconds:.1f}s: {run.verdict.line()}"
+                  f" [{time.time() - t_start:.0f}s]", flush=True)
     finally:
         preimport.stop_all()
     print(f"\n{args.repeats} repeats x {len(grades)} grades, {plan.pairs} pairs each, {time.time() - t_start:.0f}s; cell {cell.id}; false-flag rate {args.alpha:g}")
     print(f"{'grade':>7} {'flagged':>9} {'TTFT B/A':>9} {'decode B/A':>11}")
     for g in grades:
         mine = [x for x in rows if x["grade"] == g]
-        print(f"{'+' + format(g, '.0%'):>7} {sum(x['flagged'] for x in mine):>4} / {len(mine):<3} "
-              f"{statistics.median(x['ttft_ratio'] for x in mine):9.3f} {statistics.median(x['decode_per_token_ratio'] for x in mine):11.3f}")
+        if mine:
+            print(f"{'+' + format(g, '.0%'):>7} {sum(x['flagged'] for x in mine):>4} / {len(mine):<3} "
+                  f"{statistics.median(x['ttft_ratio'] for x in mine):9.3f} {statistics.median(x['decode_per_token_ratio'] for x in mine):11.3f}")
     if args.json:
         args.json.write_text(json.dumps({"cell": cell.id, "plan": vars(plan), "alpha": args.alpha, "runs": rows}, indent=1))
 

@@ -127,3 +127,44 @@ def graded_pair(cell: Cell, options: Any, *, work_dir: Path) -> Iterator[GradedP
             with _environ({SGLANG_FAULT_ENV: FAULT, STEP_SLOWDOWN_ENV: f"@{files[side]}"}):
                 endpoints[side] = stack.enter_context(serve_cell(cell, options, log_dir=work_dir / side))
         yield GradedPair(endpoints, files)
+
+
+@dataclass(frozen=True)
+class GradedRun:
+    """One paired run of a started pair: the grade, the side it slowed, the verdict."""
+
+    repeat: int
+    grade: float
+    slowed: str
+    verdict: Any  # checks.perf_ab.AbVerdict
+    seconds: float
+
+    @property
+    def right(self) -> bool:
+        """The verdict says what was done: flagged exactly when a side was slowed."""
+        return self.verdict.flagged == (self.grade > 0)
+
+    def row(self) -> dict[str, Any]:
+        return {"repeat": self.repeat, "grade": self.grade, "slowed": self.slowed, "flagged": self.verdict.flagged, "seconds": round(self.seconds, 1),
+                **{f"{t.metric}_ratio": t.median_ratio for t in self.verdict.tests}, **{f"{t.metric}_p": t.p_value for t in self.verdict.tests}}
+
+
+def graded_runs(cell: Cell, options: Any, *, grades: list[float], repeats: int, plan: AbPlan, alpha: float, seed: int,
+                work_dir: Path) -> Iterator[GradedRun]:
+    """Per repeat a fresh pair of servers, then one paired run per grade in a random order,
+    each slowing a randomly drawn side (grade 0: the clean pair)."""
+    import time
+
+    from conformance.checks.perf_ab import ab_verdict
+    from conformance.suites import vocab_size
+
+    rng = random.Random(seed)
+    for r in range(repeats):
+        with graded_pair(cell, options, work_dir=work_dir / f"r{r}") as pair:
+            vocab = vocab_size(pair.endpoints["a"])
+            for g in rng.sample(grades, len(grades)):
+                slowed = rng.choice(SIDES)
+                pair.grade(slowed, g)
+                t0 = time.monotonic()
+                pairs = measure_pairs(*pair.clients, plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}")
+                yield GradedRun(r, g, slowed, ab_verdict(oriented(pairs, slowed), alpha=alpha), time.monotonic() - t0)
