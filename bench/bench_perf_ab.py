@@ -51,6 +51,8 @@ def main() -> None:
         for run in graded_runs(cell, opts, grades=grades, repeats=args.repeats, plan=plan, alpha=args.alpha, seed=args.seed,
                                work_dir=Path(tempfile.mkdtemp(prefix="bench-perf-ab-"))):
             rows.append(run.row())
+            if args.json:  # after every run: a run cut short by its timeout keeps what it measured
+                args.json.write_text(json.dumps({"cell": cell.id, "plan": vars(plan), "alpha": args.alpha, "runs": rows}, indent=1))
             print(f"repeat {run.repeat + 1} grade +{run.grade:.0%} (side {run.slowed}) {run.seconds:.1f}s: {run.verdict.line()}"
                   f" [{time.time() - t_start:.0f}s]", flush=True)
     finally:
@@ -62,8 +64,6 @@ def main() -> None:
         if mine:
             print(f"{'+' + format(g, '.0%'):>7} {sum(x['flagged'] for x in mine):>4} / {len(mine):<3} "
                   f"{statistics.median(x['ttft_ratio'] for x in mine):9.3f} {statistics.median(x['decode_per_token_ratio'] for x in mine):11.3f}")
-    if args.json:
-        args.json.write_text(json.dumps({"cell": cell.id, "plan": vars(plan), "alpha": args.alpha, "runs": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from conformance.checks.kl import MIN_LIMIT, topk_kl
+from conformance.checks.kl import MIN_LIMIT, NOISE_FACTOR, topk_kl
 from conformance.errors import KitError
 
 Entry = tuple[float | None, int]  # (logprob, token id)
@@ -47,10 +47,9 @@ class Tolerance:
         return cls(True) if exact else cls(False, tie_eps=0.05, logprob_atol=float("inf"), kl_cap=kl_cap)
 
 
-#: Non-exact limits are this many times the largest noise seen between healthy cold paths.
-#: The calibration sees ~100 tokens, a run thousands: on sglang-cpu in bfloat16 a clean
-#: token's top-k KL reached 4x the cell's mean noise (7.2e-3 against 1.8e-3, docs/kl-noise.md).
-NOISE_FACTOR = 4.0
+# Non-exact limits are NOISE_FACTOR (checks.kl) times the largest noise seen between healthy
+# cold paths.  The calibration sees ~100 tokens, a run thousands: on sglang-cpu in bfloat16 a
+# clean token's top-k KL reached 4x the cell's mean noise (7.2e-3 against 1.8e-3, docs/kl-noise.md).
 #: Fewer noise tokens than this measure no limit.
 MIN_NOISE_TOKENS = 32
 #: The greedy tie never goes below this (a bf16 logit step).

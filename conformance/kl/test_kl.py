@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from conformance import axes
-from conformance.checks.kl import kl_verdict
+from conformance.checks.kl import NOISE_FACTOR, kl_verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
 from conformance.workloads.prompts import decode_cross_lengths, prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import record_kl
@@ -50,5 +50,6 @@ def test_kl(endpoint, scenario, record_verdict):
         abs_cap=th.kl_abs_cap,
         hit_fraction_min=th.hit_fraction_min,
         exact=exact_mode(endpoint),
+        noise_factor=NOISE_FACTOR,
     )
     settle(record_verdict(verdict))
