@@ -177,3 +177,25 @@ def test_step_slowdown_slows_the_graded_side_of_a_real_sglang_pair(tmp_path: Pat
     ratios = {t.metric: t.median_ratio for t in slowed.tests}
     assert slowed.flagged and ratios["ttft"] > 1.3 and ratios["decode_per_token"] > 1.3, slowed.line()
     assert not clean.flagged, clean.line()
+
+
+def test_the_perf_ab_verb_exits_1_when_a_verdict_is_wrong(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from conformance import cli
+
+    def fake_runs(cell, opts, *, grades, repeats, plan, alpha, seed, work_dir):
+        for g in grades:
+            factor = 1.10 if g > 0 else 1.0
+            yield ab.GradedRun(0, g, "b", ab_verdict(noisy_pairs(30, factor, seed=3), alpha=alpha), 1.0)
+
+    monkeypatch.setattr(ab, "graded_runs", fake_runs)
+    assert cli.main(["perf-ab", "--grades", "0,0.1", "--log-dir", "/tmp/unused-perf-ab"]) == 0
+    out = capsys.readouterr().out
+    assert "+10% on side b: SLOWER" in out and "flagged: +0% 0/1, +10% 1/1" in out
+
+    def blind_runs(cell, opts, *, grades, repeats, plan, alpha, seed, work_dir):
+        for g in grades:  # a test that sees nothing: the slowed run is "no change"
+            yield ab.GradedRun(0, g, "a", ab_verdict(noisy_pairs(30, 1.0, seed=4), alpha=alpha), 1.0)
+
+    monkeypatch.setattr(ab, "graded_runs", blind_runs)
+    assert cli.main(["perf-ab", "--grades", "0,0.1", "--log-dir", "/tmp/unused-perf-ab"]) == 1
+    assert "<- WRONG" in capsys.readouterr().out
