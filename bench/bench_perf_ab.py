@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=ALPHA)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--max-seconds", type=float, default=None, help="start no paired run after this many seconds (a shared slot's end)")
     args = ap.parse_args()
     grades = [float(g) for g in args.grades.split(",")]
     plan = AbPlan(pairs=args.pairs, prompt_len=args.prompt_len, new_tokens=args.new_tokens)
@@ -51,13 +52,16 @@ def main() -> None:
         for run in graded_runs(cell, opts, grades=grades, repeats=args.repeats, plan=plan, alpha=args.alpha, seed=args.seed,
                                work_dir=Path(tempfile.mkdtemp(prefix="bench-perf-ab-"))):
             rows.append(run.row())
+            if args.max_seconds and time.time() - t_start > args.max_seconds:
+                print(f"stopped after {len(rows)} runs: --max-seconds {args.max_seconds:g} reached", flush=True)
+                break
             if args.json:  # after every run: a run cut short by its timeout keeps what it measured
                 args.json.write_text(json.dumps({"cell": cell.id, "plan": vars(plan), "alpha": args.alpha, "runs": rows}, indent=1))
             print(f"repeat {run.repeat + 1} grade +{run.grade:.0%} (side {run.slowed}) {run.seconds:.1f}s: {run.verdict.line()}"
                   f" [{time.time() - t_start:.0f}s]", flush=True)
     finally:
         preimport.stop_all()
-    print(f"\n{args.repeats} repeats x {len(grades)} grades, {plan.pairs} pairs each, {time.time() - t_start:.0f}s; cell {cell.id}; false-flag rate {args.alpha:g}")
+    print(f"\n{len(rows)} runs ({args.repeats} repeats x {len(grades)} grades planned), {plan.pairs} pairs each, {time.time() - t_start:.0f}s; cell {cell.id}; false-flag rate {args.alpha:g}")
     print(f"{'grade':>7} {'flagged':>9} {'TTFT B/A':>9} {'decode B/A':>11}")
     for g in grades:
         mine = [x for x in rows if x["grade"] == g]
