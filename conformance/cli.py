@@ -1,4 +1,4 @@
-"""The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare | history | fuzz | replay | known-bugs.
+"""The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare | history | fuzz | replay | known-bugs | perf-ab.
 
 This module is the parser wiring and ``main``; the options are declared once in
 ``conformance.options`` and the verbs' bodies live in ``conformance.commands``.
@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_known_bugs_arguments(sub.add_parser("known-bugs", help="replay every known SGLang bug in range (fixtures/known_bugs.toml); red when one no longer reproduces"))
 
+    from conformance.commands.perf_ab import add_arguments as add_perf_ab_arguments
+
+    add_perf_ab_arguments(sub.add_parser("perf-ab", help="paired A/B perf: two servers of a cell, one slowed by a graded seeded fault; a paired test per run"))
     from conformance.history import add_parser as add_history_parser
 
     add_history_parser(sub)
@@ -163,7 +166,7 @@ COMMANDS: dict[str, str | Callable[[argparse.Namespace], int]] = {
     "run": "conformance.commands.run:cmd_run", "preflight": "conformance.commands.preflight:cmd_preflight",
     "plan": "conformance.commands.plan:cmd_plan", "fuzz": "conformance.commands.fuzz:cmd_fuzz",
     "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants, "history": cmd_history, "replay": cmd_replay,
-    "known-bugs": "conformance.commands.known_bugs:cmd_known_bugs",
+    "known-bugs": "conformance.commands.known_bugs:cmd_known_bugs", "perf-ab": "conformance.commands.perf_ab:cmd_perf_ab",
 }
 
 

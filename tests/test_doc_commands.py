@@ -125,7 +125,7 @@ def test_doc_command_runs_as_typed(where: str, command: str, tmp_path: Path) -> 
             (tmp_path / arg).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(REPORTS / "clean" / "report.json", tmp_path / arg)
     # fuzz is a run of the programs suite (tests/test_programs_cli.py runs the docs' fuzz lines in full)
-    long_run = words[0] == "pytest" or words[1:2] in (["run"], ["mutants"], ["fuzz"])
+    long_run = words[0] == "pytest" or words[1:2] in (["run"], ["mutants"], ["fuzz"], ["perf-ab"])
     cwd = ROOT if words[0] == "pytest" or words[1:2] == ["replay"] else tmp_path  # replay names a file of the repository
     out = subprocess.run(["bash", "-c", line], cwd=cwd, env=_env(tmp_path, long_run), capture_output=True, text=True, timeout=900)
     text = f"{where}: {command}\nexit {out.returncode}\nstdout: {out.stdout[-3000:]}\nstderr: {out.stderr[-3000:]}"

@@ -14,6 +14,10 @@ Per served output token ``t`` at position ``p``:
   (exact mode), or the top-k KL under ``kl_cap`` (otherwise);
 * served input logprobs (``logprob_start_len >= 0``) against cold at the same positions.
 
+Outside exact mode the KL cap and the greedy tie are not constants: :func:`tolerance_from_noise`
+sets them from the noise measured in the same run between healthy cold paths (a served
+miss against the cold computation: :func:`noise_samples`), times :data:`NOISE_FACTOR`.
+
 Pure: records in, problem strings out (empty: the request matches cold).
 """
 
@@ -22,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from conformance.checks.kl import topk_kl
+from conformance.checks.kl import MIN_LIMIT, NOISE_FACTOR, topk_kl
+from conformance.errors import KitError
 
 Entry = tuple[float | None, int]  # (logprob, token id)
 
@@ -40,6 +45,40 @@ class Tolerance:
     @classmethod
     def for_mode(cls, exact: bool, kl_cap: float = 0.005) -> "Tolerance":
         return cls(True) if exact else cls(False, tie_eps=0.05, logprob_atol=float("inf"), kl_cap=kl_cap)
+
+
+# Non-exact limits are NOISE_FACTOR (checks.kl) times the largest noise seen between healthy
+# cold paths.  The calibration sees ~100 tokens, a run thousands: on sglang-cpu in bfloat16 a
+# clean token's top-k KL reached 4x the cell's mean noise (7.2e-3 against 1.8e-3, docs/kl-noise.md).
+#: Fewer noise tokens than this measure no limit.
+MIN_NOISE_TOKENS = 32
+#: The greedy tie never goes below this (a bf16 logit step).
+MIN_TIE = 0.05
+
+
+def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold) -> tuple[list[float], list[float]]:
+    """Per output token of a served request: the top-k KL (cold || served) and the greedy
+    gap (cold best logprob - cold logprob of the served token; 0 when it is the argmax)."""
+    kls, gaps = [], []
+    base = len(input_ids)
+    for k, tok in enumerate(output_ids):
+        got = _at(cold, base + k)
+        if got is None or got[0][0] is None or got[0][1] != tok:
+            break
+        (cold_lp, _), top = got
+        gaps.append(max((top[0][0] if top else cold_lp) - cold_lp, 0.0))
+        if k < len(served.output_top) and served.output_top[k] and top:
+            kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
+    return kls, gaps
+
+
+def tolerance_from_noise(kls: Sequence[float], gaps: Sequence[float], *, factor: float = NOISE_FACTOR) -> Tolerance:
+    """The non-exact tolerance from measured noise: KL cap and greedy tie at ``factor`` x the
+    largest noise seen (never below :data:`~conformance.checks.kl.MIN_LIMIT` / :data:`MIN_TIE`)."""
+    if len(kls) < MIN_NOISE_TOKENS:
+        raise KitError(f"noise calibration: {len(kls)} tokens with top-k logprobs (need {MIN_NOISE_TOKENS}): no limit can be measured")
+    return Tolerance(False, tie_eps=max(MIN_TIE, factor * max(gaps, default=0.0)), logprob_atol=float("inf"),
+                     kl_cap=max(MIN_LIMIT, factor * max(kls)))
 
 
 @dataclass(frozen=True)

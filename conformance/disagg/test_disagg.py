@@ -28,7 +28,7 @@ import pytest
 
 from conformance.checks.disagg import CHECK, disagg_verdict, threshold_history
 from conformance.checks.gsm8k import gsm8k_verdict, is_correct
-from conformance.checks.kl import kl_verdict
+from conformance.checks.kl import NOISE_FACTOR, kl_verdict
 from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, MAMBA_PEAK_GAUGE, leak_verdict
 from conformance.checks.transfer_failures import transfer_failure_verdict
 from conformance.disagg.record import probe_both, record_pd_logprobs
@@ -104,7 +104,7 @@ def test_pd_logprobs(cell, request, record_verdict):
     probe_both(pd, "after pd_logprobs", requests=len(prompts), gauges=_gauges(pd))
     th = cell.model.thresholds
     kl = kl_verdict(rec, chunk=chunk, track_interval=grid, k3_max=th.kl_k3_max, floor_factor=th.kl_floor_factor, abs_cap=th.kl_abs_cap,
-                    hit_fraction_min=th.hit_fraction_min, exact=exact_mode(pd))
+                    hit_fraction_min=th.hit_fraction_min, exact=exact_mode(pd), noise_factor=NOISE_FACTOR)
     settle(record_verdict(disagg_verdict([kl], transfer=transport(pd.spec))))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.checks.host_tier import CHECK, host_reload_verdict
-from conformance.checks.kl import kl_verdict
+from conformance.checks.kl import NOISE_FACTOR, kl_verdict
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, idle_deadline, note_idle_probe, oracle_for, settle, sizes_for, vocab_size
 from conformance.targets.sglang_cpu import HICACHE_FLAG
@@ -39,6 +39,6 @@ def test_host_tier_reload(cell, request, record_verdict):
     th = cell.model.thresholds
     kl = kl_verdict(
         rec.kl, chunk=chunk, track_interval=grid, k3_max=th.kl_k3_max, floor_factor=th.kl_floor_factor,
-        abs_cap=th.kl_abs_cap, hit_fraction_min=th.hit_fraction_min, exact=exact_mode(endpoint),
+        abs_cap=th.kl_abs_cap, hit_fraction_min=th.hit_fraction_min, exact=exact_mode(endpoint), noise_factor=NOISE_FACTOR,
     )
     settle(record_verdict(host_reload_verdict(rec, kl, probe.values, probe.after_flush)))

@@ -11,7 +11,7 @@ import pytest
 
 from conformance import axes
 from conformance.checks.hit_bounds import StrategyGrid, prefill_never_tracked
-from conformance.checks.kl import kl_verdict
+from conformance.checks.kl import NOISE_FACTOR, kl_verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
 from conformance.workloads.prompts import decode_cross_lengths, prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import record_kl
@@ -67,5 +67,6 @@ def test_kl(endpoint, scenario, record_verdict):
         abs_cap=th.kl_abs_cap,
         hit_fraction_min=th.hit_fraction_min,
         exact=exact_mode(endpoint),
+        noise_factor=NOISE_FACTOR,
     )
     settle(record_verdict(verdict))

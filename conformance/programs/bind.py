@@ -71,6 +71,7 @@ def grid_for(ep: Endpoint) -> StrategyGrid:
 
 def target_for(ep: Endpoint, cold: Endpoint) -> Target:
     from conformance.programs.evidence import refuse_missing, request_log
+    from conformance.programs.noise import calibrate
     from conformance.programs.oracle import Limits
 
     info = ep.info or ep.client.server_info()
@@ -87,9 +88,9 @@ def target_for(ep: Endpoint, cold: Endpoint) -> Target:
         prefill_budget=int(info["chunked_prefill_size"]) if (info.get("chunked_prefill_size") or 0) > 0 else None,
     )
     exact = exact_mode(ep)
+    tol, noise = (Tolerance.for_mode(True), {}) if exact else calibrate(ep.client, cold.client, vocab_size=vocab_size(ep))
     return Target(
-        client=ep.client, cold=cold.client, grid=grid_for(ep), limits=limits,
-        tol=Tolerance.for_mode(exact, kl_cap=ep.cell.model.thresholds.kl_abs_cap), exact=exact,
+        client=ep.client, cold=cold.client, grid=grid_for(ep), limits=limits, tol=tol, noise=noise, exact=exact,
         idle_deadline_s=idle_deadline(ep), log_text=ep.log_text if ep.process else None,
         alive=ep.process.exit_reason if ep.process else None, info=info, requests=requests,
     )

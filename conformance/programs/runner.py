@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.checks.differential import Tolerance, cold_from_meta, differential_problems, logprob_gap, served_logprobs
+from conformance.checks.differential import Tolerance, cold_from_meta, differential_problems, logprob_gap, noise_samples, served_logprobs
 from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.leaks import death_cause
 from conformance.client import SGLangClient
@@ -61,6 +61,7 @@ class Target:
     alive: Any = None  # () -> None while the process lives, else why not
     info: dict[str, Any] = field(default_factory=dict)
     requests: Any = None  # evidence.RequestLog: the server's per-request evidence (real SGLang), or None
+    noise: dict[str, Any] = field(default_factory=dict)  # non-exact mode: the measured noise ``tol`` comes from (programs.noise)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class RunStats:
     permissions: dict[str, int] = field(default_factory=dict)
     cold_s: float = 0.0  # seconds waiting for the cache-off twin's batched cold computations
     idle_s: float = 0.0  # seconds in idle checks (waiting for fresh idle gauges)
+    max_topk_kl: float = 0.0  # largest per-token top-k KL (cold || served) of a request that passed
 
     @classmethod
     def total(cls, runs: "list[RunStats]") -> "RunStats":
@@ -88,6 +90,7 @@ class RunStats:
             sum(r.requests for r in runs), sum(r.hits for r in runs), sum(r.compared_tokens for r in runs),
             sum(r.idle_checks for r in runs), sum(r.steps for r in runs), sum(r.seconds for r in runs),
             max((r.max_logprob_gap for r in runs), default=0.0), permissions, sum(r.cold_s for r in runs), sum(r.idle_s for r in runs),
+            max((r.max_topk_kl for r in runs), default=0.0),
         )
 
 
@@ -362,6 +365,7 @@ class ProgramRun:
                                              expect_logprobs=bool(s.options.get("return_logprob")) and s.finish_type != "abort")
             if not problems:
                 self.stats.max_logprob_gap = max(self.stats.max_logprob_gap, logprob_gap(s.input_ids, s.output_ids, served, cold))
+                self.stats.max_topk_kl = max([self.stats.max_topk_kl, *noise_samples(s.input_ids, s.output_ids, served, cold)[0]])
             self.stats.compared_tokens += len(s.output_ids)
             if problems:
                 hit = f"cached_tokens {s.cached_tokens}"

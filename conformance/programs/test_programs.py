@@ -45,12 +45,14 @@ def cold_start(cell: Any, cold_twins: Any) -> Future:
     return cold_twins.start(cell)
 
 
-def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = "", replay: str = "", file: str = "", cold_twin: str = "") -> Verdict:
+def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = "", replay: str = "", file: str = "", cold_twin: str = "",
+                     noise: dict[str, Any] | None = None) -> Verdict:
     total = ex.total
     metrics: dict[str, Any] = {
         "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": total.requests, "hits": total.hits,
         "compared_tokens": total.compared_tokens, "idle_checks": total.idle_checks, "restarts": ex.restarts, "seed": seed,
-        "max_logprob_gap": total.max_logprob_gap,
+        "max_logprob_gap": total.max_logprob_gap, "max_topk_kl": total.max_topk_kl,
+        **{f"noise_{k}": v for k, v in (noise or {}).items()},  # non-exact mode: what the tolerance was measured from
         "cold_s": round(total.cold_s, 1), "idle_s": round(total.idle_s, 1),
         **{f"permitted_{k}": n for k, n in sorted(total.permissions.items())},
     }
@@ -90,5 +92,5 @@ def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: 
         path, failure = str(file), ex.finding.failure.what
         replay = replay_command(file, endpoint.target, getattr(conformance_options, "dtype", None))
         restart_if_dead(endpoint)  # leave a serving server to the cell's other tests and its teardown check
-    settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path, cold_twin=twin)))
+    settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path, cold_twin=twin, noise=target.noise)))
 

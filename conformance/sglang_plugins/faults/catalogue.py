@@ -33,6 +33,7 @@ FAULT_MODULES = (
     "cached_tokens_overreport",
     "state_drift",
     "track_path_slowdown",            # performance: caught by compare on the perf ratios
+    "step_slowdown",                  # performance, graded (+5/10/20% of a step): the paired A/B test
     # written for the request programs (conformance/programs): classes the scripted workloads rarely reach
     "dup_insert_leak",
     "older_pingpong_inserted",

@@ -1,0 +1,89 @@
+"""Paired A/B perf verdict: is server B slower than server A, beyond chance?
+
+Input: paired timings -- the same fresh prompt sent to A and to B back to back, in a random
+order per pair (``conformance/perf/ab.py``) -- each side's TTFT and decode time per output
+token.  For each metric the pair's log ratio ``log(B / A)`` is taken, and a one-sided
+Wilcoxon signed-rank test (``scipy.stats.wilcoxon``, ``alternative="greater"``) asks whether
+those ratios lean above 1.  Under "no change" the two sides of a pair are exchangeable (same
+prompt, same server build, order randomized), so each test's ratios are symmetric about 0
+and its p-value is exact; a run is flagged when either metric's p is below ``alpha / 2``
+(Bonferroni over the two), so a clean pair is flagged with probability at most ``alpha``:
+the **stated false-flag rate** (``ALPHA`` = 0.05 by default).
+
+Only ratios inside one pair enter: the machine's load moves both sides of a pair alike and
+drops out, which is why a +5 to +20% slowdown is visible here and not to ``compare``'s
+thresholds on medians of separate runs (docs/perf.md).  Too few pairs is an error, not a pass.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from scipy import stats
+
+from conformance.errors import KitError
+
+#: The false-flag rate a clean pair is held to (both metrics together).
+ALPHA = 0.05
+#: The metrics tested, each "higher is worse" (seconds).
+METRICS = ("ttft", "decode_per_token")
+#: Fewer pairs than this cannot reach p < ALPHA / 2 with the signed-rank test.
+MIN_PAIRS = 8
+
+
+@dataclass(frozen=True)
+class PairTiming:
+    """One pair: the same prompt on A and on B (seconds)."""
+
+    ttft_a: float
+    ttft_b: float
+    decode_per_token_a: float
+    decode_per_token_b: float
+
+
+@dataclass(frozen=True)
+class MetricTest:
+    """One metric's paired test: the median of B/A, the one-sided p-value, whether it flags."""
+
+    metric: str
+    pairs: int
+    median_ratio: float
+    p_value: float
+    flagged: bool
+
+
+@dataclass(frozen=True)
+class AbVerdict:
+    alpha: float
+    tests: tuple[MetricTest, ...]
+
+    @property
+    def flagged(self) -> bool:
+        return any(t.flagged for t in self.tests)
+
+    def line(self) -> str:
+        parts = ", ".join(f"{t.metric} B/A {t.median_ratio:.3f} (p {t.p_value:.2g})" for t in self.tests)
+        return f"{'SLOWER' if self.flagged else 'no change'}: {parts}; false-flag rate {self.alpha:g}"
+
+
+def metric_test(metric: str, a: Sequence[float], b: Sequence[float], *, level: float) -> MetricTest:
+    """The one-sided signed-rank test that B's values exceed A's, pair by pair."""
+    logs = [math.log(y / x) for x, y in zip(a, b) if x > 0 and y > 0]
+    if len(logs) < MIN_PAIRS:
+        raise KitError(f"perf A/B {metric}: {len(logs)} usable pairs of {len(a)} (need {MIN_PAIRS}: a timing was missing or zero)")
+    p = float(stats.wilcoxon(logs, alternative="greater").pvalue) if any(logs) else 1.0
+    return MetricTest(metric, len(logs), math.exp(statistics.median(logs)), p, p < level)
+
+
+def ab_verdict(pairs: Sequence[PairTiming], *, alpha: float = ALPHA) -> AbVerdict:
+    """Both metrics' tests, each at ``alpha / len(METRICS)``."""
+    if not 0.0 < alpha < 1.0:
+        raise KitError(f"perf A/B: alpha {alpha:g} is not between 0 and 1")
+    level = alpha / len(METRICS)
+    tests = tuple(
+        metric_test(m, [getattr(p, f"{m}_a") for p in pairs], [getattr(p, f"{m}_b") for p in pairs], level=level) for m in METRICS
+    )
+    return AbVerdict(alpha, tests)

@@ -1,0 +1,81 @@
+"""``hybrid-conformance perf-ab --target sglang-cpu``: the paired A/B perf mode.
+
+Two servers of one cell in one run, both with the seeded fault ``step_slowdown`` at grade 0
+(``conformance/perf/ab.py``); per repeat a fresh pair, then per grade one paired run that
+slows a randomly drawn side by that fraction of each model step and asks the paired test
+(``conformance/checks/perf_ab.py``) whether that side got slower.  Grade 0 is the clean pair.
+Prints one verdict line per run and the flagged count per grade; exit 0 when every verdict
+says what was done (a slowed side flagged, a clean pair not), 1 otherwise.  Detection rates
+measured with it: docs/perf.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+from pathlib import Path
+
+from conformance.errors import KitError
+
+#: The targets whose servers load the kit's SGLang plugins (the graded fault lives there).
+AB_TARGETS = ("sglang-cpu",)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from conformance.checks.perf_ab import ALPHA
+    from conformance.options import DTYPE, LAUNCHER, MATRIX, TARGET, add_arguments as add_options
+    from conformance.perf.ab import AbPlan
+    from conformance.targets.registry import target_help
+
+    target = dataclasses.replace(TARGET, choices=AB_TARGETS, help=f"{target_help(AB_TARGETS)} (default: {{default}})")
+    add_options(p, (target, DTYPE, MATRIX, LAUNCHER), target=AB_TARGETS[0])
+    p.add_argument("--cell", default="qwen3-next-80b-extra_buffer-p1-t256", help="the matrix cell both servers serve (default: %(default)s)")
+    p.add_argument("--grades", default="0,0.1", help="comma list of slowdowns, fractions of a model step's work; 0 = the clean pair (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=1, help="fresh server pairs (default: %(default)s)")
+    p.add_argument("--pairs", type=int, default=AbPlan.pairs, help="prompts per paired run, each sent to both servers (default: %(default)s)")
+    p.add_argument("--alpha", type=float, default=ALPHA, help="the stated false-flag rate of a clean pair (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
+
+
+def cmd_perf_ab(args: argparse.Namespace) -> int:
+    from conformance.checks.perf_ab import MIN_PAIRS
+    from conformance.matrix import load_matrix
+    from conformance.options import resolve
+    from conformance.perf.ab import AbPlan, graded_runs
+    from conformance.preflight import preflight_only
+    from conformance.sglang_plugins.faults.step_slowdown import parse_grade
+    from conformance.sglang_plugins.faults.spec import FaultInstallError
+    from conformance.targets import preimport
+
+    try:
+        grades = [parse_grade(g, "--grades") for g in args.grades.split(",")]
+    except FaultInstallError as e:
+        raise KitError(str(e)) from None
+    if args.pairs < MIN_PAIRS or args.repeats < 1 or not 0 < args.alpha < 1:
+        raise KitError(f"--pairs must be >= {MIN_PAIRS}, --repeats >= 1 and --alpha between 0 and 1 (got {args.pairs}, {args.repeats}, {args.alpha:g})")
+    cells = {c.id: c for c in load_matrix(args.matrix).cells}
+    if args.cell not in cells:
+        near = [c for c in cells if c.startswith(args.cell.split("-")[0])][:5]
+        raise KitError(f"--cell: no cell {args.cell!r} in the matrix (e.g. {', '.join(near) or next(iter(cells))})")
+    cell = cells[args.cell]
+    runs = args.repeats * len(grades)
+    if preflight_only():
+        print(f"preflight only: perf-ab would time {runs} paired runs of {args.pairs} pairs on {cell.id} (grades {args.grades})")
+        return 0
+    opts = resolve(lambda flag: {"--target": args.target, "--dtype": args.dtype, "--matrix": args.matrix, "--sglang-launcher": args.sglang_launcher}.get(flag))
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="perf-ab-"))
+    print(f"perf-ab: {runs} paired runs of {args.pairs} pairs on {cell.id}; server logs {log_dir}", flush=True)
+    wrong = 0
+    flagged: dict[float, int] = {g: 0 for g in grades}
+    try:
+        for run in graded_runs(cell, opts, grades=grades, repeats=args.repeats, plan=AbPlan(pairs=args.pairs), alpha=args.alpha,
+                               seed=args.seed, work_dir=log_dir):
+            wrong += not run.right
+            flagged[run.grade] += run.verdict.flagged
+            print(f"pair {run.repeat + 1}, +{run.grade:.0%} on side {run.slowed}: {run.verdict.line()}" + ("" if run.right else "  <- WRONG"), flush=True)
+    finally:
+        preimport.stop_all()
+    print("flagged: " + ", ".join(f"+{g:.0%} {n}/{args.repeats}" for g, n in flagged.items()) + f"; false-flag rate {args.alpha:g}")
+    return 1 if wrong else 0
