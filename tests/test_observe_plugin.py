@@ -116,3 +116,25 @@ def test_idle_publish_carries_sglangs_pool_stats_mamba_terms_on_a_legacy_schedul
     ex2, g2 = exporter(monkeypatch)
     ex2.publish(pool_scheduler(None, 10))  # a pool without a mamba term publishes none
     assert "mamba_used" not in g2
+
+
+def test_an_eviction_walk_is_recorded_in_the_per_request_file(tmp_path, monkeypatch):
+    """Each counted walk is also a line among the prefill records, so the oracle can order it
+    after a burst member's store (conformance/programs/evidence.py: RequestLog.evicted_between)."""
+    from conformance.programs.evidence import RequestLog
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    ex, g = exporter(monkeypatch)
+    monkeypatch.setattr(observe, "_EXPORTER", ex)
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
+    observe.write_requests([{"ev": "start"}, {"ev": "prefill", "rid": "a", "prefix": 0, "extend": 130, "cut": False, "track": 128}])
+    walk = SimpleNamespace(num_tokens_evicted=127, swa_num_tokens_evicted=0, mamba_num_evicted=1)
+    assert observe.evict_counted(lambda cache, params: walk, object(), "params") is walk
+    observe.evict_counted(lambda cache, params: SimpleNamespace(num_tokens_evicted=0, swa_num_tokens_evicted=0, mamba_num_evicted=0), object(), "p")
+    observe.write_requests([{"ev": "prefill", "rid": "b", "prefix": 0, "extend": 131, "cut": False, "track": 128}])
+    lines = (tmp_path / "cell.requests.jsonl").read_text().splitlines()
+    assert [l for l in lines if '"evict"' in l] == ['{"ev": "evict", "num_tokens_evicted": 127, "swa_num_tokens_evicted": 0, "mamba_num_evicted": 1}']
+    log = RequestLog(tmp_path / "cell.requests.jsonl")
+    log.refresh()
+    assert log.evicted_between(["a"], "b") and not log.evicted_between(["b"], "a")
+    assert g["evictions_total"].value == 1

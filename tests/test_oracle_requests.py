@@ -198,3 +198,49 @@ def test_real_sglang_a_state_dropped_where_nothing_was_cut_is_caught(fault: bool
     else:
         assert out.returncode == 0, text[-3000:]
         assert "PASS" in text
+
+
+# ------------------------------------------------------------------ evictions inside a burst
+def _burst_then_again(tmp_path, *between: dict) -> str | None:
+    """A burst of 12 roots of 130 tokens on a 3-state pool, answered together (done 30),
+    then member 9's first 128 tokens + 3 hitting 0.  The counter was scraped mid-burst (an
+    unrelated answer at 20) after SGLang's walks evicted member 9's checkpoint, and never
+    moved after the burst answered: the client's clock places the store too late.  ``between``:
+    records written after member 9's prefill and before the follow-up's (None: no log)."""
+    members = [_served(f"b.{i}", tuple(range(1000 + 200 * i, 1130 + 200 * i)), (5,) * 16, 0, 1, 30) for i in range(12)]
+    again = _served("c", members[9].input_ids[:128] + (7, 8, 9), (3,), 0, 31, 32)
+    log = None
+    if between != (None,):
+        prefill = [{"ev": "prefill", "rid": m.rid, "prefix": 0, "extend": 130, "cut": False, "track": 128} for m in members]
+        log = _log(tmp_path, *prefill[:10], *between, *prefill[10:], {"ev": "prefill", "rid": "c", "prefix": 0, "extend": 131, "cut": False, "track": 128})
+    ev = Evidence(log)
+    ev.reset(0, {EVICTIONS: 0.0, CUTS: 0.0})
+    ev.note(20, {EVICTIONS: 5.0, CUTS: 0.0})
+    ev.note(33, {EVICTIONS: 5.0, CUTS: 0.0})
+    book = HitBook(StrategyGrid(64, 1, 256, strategy_named("extra_buffer")), Limits(context_len=100000, kv_total=1e6, mamba_total=3), ev)
+    for s in (*members, again):
+        book.add(s)
+    book.note_load(12, 0)
+    book.ready([])
+    assert all(book.judge(m) is None for m in members)
+    problem = book.judge(again)
+    assert problem is not None or again.permission == "eviction"
+    return problem
+
+
+def test_an_eviction_inside_a_burst_is_placed_by_the_per_request_log(tmp_path) -> None:
+    """Seen on SGLang 0.5.23 (fixtures: cand-nemo-eb, a burst of 40 on 48 mamba slots): the
+    burst member's checkpoint was evicted by SGLang's counted walk before the burst answered."""
+    blind = _burst_then_again(tmp_path, None)  # the scrape window alone: stored at 30, no growth after
+    assert blind and "eviction counter did not move" in blind
+    walk = {"ev": "evict", "num_tokens_evicted": 127, "swa_num_tokens_evicted": 0, "mamba_num_evicted": 1}
+    (tmp_path / "seen").mkdir()
+    assert _burst_then_again(tmp_path / "seen", walk) is None  # a walk after member 9's prefill, before the follow-up's
+    (tmp_path / "early").mkdir()
+    log = _log(tmp_path / "early", walk, {"ev": "prefill", "rid": "x", "prefix": 0, "extend": 1, "cut": False, "track": None},
+               {"ev": "prefill", "rid": "y", "prefix": 0, "extend": 1, "cut": False, "track": None})
+    assert not log.evicted_between(["y"], "x") and log.evicted_between(["x"], "y") is False  # walks before both: no evidence
+    assert not log.evicted_between(["unknown"], "y") and not log.evicted_between([], "y")
+    (tmp_path / "none").mkdir()
+    unseen = _burst_then_again(tmp_path / "none")  # the log shows no walk in between
+    assert unseen and "eviction counter did not move" in unseen

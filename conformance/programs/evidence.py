@@ -10,7 +10,9 @@ answer), so a relaxation asks "did the counter grow between these two moments?".
 Per request (real SGLang: the observe plugin's ``<log>.requests.jsonl``), the
 :class:`RequestLog` says where each prefill was cut and its mamba checkpoint tracked, and
 which requests' kept checkpoint a failed lazy allocation dropped: the oracle's cut and
-lazy-drop relaxations are then granted to those requests only, at those places.
+lazy-drop relaxations are then granted to those requests only, at those places.  It also
+places each eviction walk among the prefills, which orders an eviction after a store the
+client's clock cannot place (a burst member's).
 Pure bookkeeping apart from :meth:`RequestLog.refresh` (a file read).
 """
 
@@ -50,8 +52,12 @@ class RequestLog:
     path: Path
     prefills: dict[str, list[Prefill]] = field(default_factory=dict)
     drops: dict[str, list[int]] = field(default_factory=dict)  # rid -> lengths whose kept checkpoint was dropped
+    #: where in the file (record number) each request's first prefill and each eviction walk are
+    first_prefill_at: dict[str, int] = field(default_factory=dict)
+    evictions_at: list[int] = field(default_factory=list)
     started: bool = False
     _offset: int = 0
+    _records: int = 0
 
     def refresh(self) -> None:
         """Read what the server appended since the last read (whole lines only)."""
@@ -69,11 +75,15 @@ class RequestLog:
 
     def add(self, rec: Mapping[str, Any]) -> None:
         ev = rec.get("ev")
+        self._records += 1
         if ev == "start":
             self.started = True
         elif ev == "prefill":
             self.prefills.setdefault(str(rec["rid"]), []).append(
                 Prefill(int(rec["prefix"]), int(rec["extend"]), bool(rec["cut"]), rec.get("track")))
+            self.first_prefill_at.setdefault(str(rec["rid"]), self._records)
+        elif ev == "evict":
+            self.evictions_at.append(self._records)
         elif ev == "lazy_drop":
             self.drops.setdefault(str(rec["rid"]), []).append(int(rec["was"]))
 
@@ -83,6 +93,19 @@ class RequestLog:
 
     def chunks(self, rid: str) -> list[Prefill]:
         return list(self.prefills.get(rid, ()))
+
+    def evicted_between(self, storers: list[str], rid: str) -> bool:
+        """Did SGLang's eviction walk run after the first prefill of every one of ``storers``
+        (none of them can have stored before it) and before the first prefill of ``rid``
+        (its admission, where its hit was matched)?  False when any of them has no prefill
+        record.  The client's clock cannot say this for a burst: its members answer together,
+        when the last finishes, long after SGLang stored and maybe evicted the first ones."""
+        starts = [self.first_prefill_at.get(s) for s in storers]
+        end = self.first_prefill_at.get(rid)
+        if not starts or end is None or any(a is None for a in starts):
+            return False
+        start = max(starts)
+        return any(start < e < end for e in self.evictions_at)
 
     def dropped(self, rid: str) -> bool:
         """Did a failed lazy allocation drop this request's kept checkpoint?"""

@@ -392,18 +392,23 @@ class HitBook:
         """May a certain store longer than ``hit`` be gone at ``r``'s admission?  Only when
         the pools could have had to evict (the bound) and -- evidence, not permission --
         SGLang's eviction counter grew after the last request that stored such a prefix
-        and before ``r`` answered.  (bool, what was seen, for the finding)."""
+        and before ``r`` answered, or (per-request evidence: a burst member answers only when
+        the whole burst has) SGLang's eviction walk ran after the storers' prefills and
+        before ``r``'s.  (bool, what was seen, for the finding)."""
         if not self.evicted:
             return False, "the pools never had to evict"
         if self.evidence is None:
             return True, "after possible evictions"
         t = tuple(r.input_ids)
-        lost = [q.done_seq for q, keys in stored_by if any(hit < len(k) <= limit and t[: len(k)] == k for k in keys)]
-        seen = self.evidence.grew("evictions", max(lost, default=0), r.done_seq)
+        storers = [q for q, keys in stored_by if any(hit < len(k) <= limit and t[: len(k)] == k for k in keys)]
+        seen = self.evidence.grew("evictions", max((q.done_seq for q in storers), default=0), r.done_seq)
         if seen is None:
             return True, "after possible evictions (no eviction counter)"
         if seen:
             return True, "after evictions SGLang counted"
+        log = self._requests()
+        if storers and log is not None and log.evicted_between([self.server_rid(q.rid) for q in storers], self.server_rid(r.rid)):
+            return True, "after evictions SGLang ran between the storing prefill and this one's"
         return False, "SGLang's eviction counter did not move since the prefix was stored"
 
 

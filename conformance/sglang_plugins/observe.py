@@ -64,6 +64,8 @@ LEGACY_EVICT_TARGETS = (
 LAZY_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.mamba_lazy_prealloc_at_boundary"
 #: ``<log>.plugins.jsonl`` -> ``<log>.requests.jsonl``: the per-request evidence file.
 REPORT_SUFFIX, REQUESTS_SUFFIX = ".plugins.jsonl", ".requests.jsonl"
+#: An eviction walk's result fields (what it evicted: full tokens, SWA tokens, mamba states).
+EVICT_FIELDS = ("num_tokens_evicted", "swa_num_tokens_evicted", "mamba_num_evicted")
 #: Cumulative evidence counters (conformance/programs/evidence.py reads them).
 EVIDENCE_GAUGES = ("evictions_total", "prefill_cuts_total")
 MIN_INTERVAL_S = 0.2
@@ -366,11 +368,15 @@ def before_run_batch(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> N
 
 
 def evict_counted(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND hook on the eviction walk: count walks that evicted anything (result unchanged)."""
+    """AROUND hook on the eviction walk: count walks that evicted anything, and record each
+    in the per-request file, so its place among the prefill records says which requests'
+    stores it came after (result unchanged)."""
     result = original(cache, *args, **kwargs)
     try:
-        if any(getattr(result, f, 0) for f in ("num_tokens_evicted", "swa_num_tokens_evicted", "mamba_num_evicted")):
+        counts = {f: int(getattr(result, f, 0) or 0) for f in EVICT_FIELDS}
+        if any(counts.values()):
             _EXPORTER.count("evictions_total")
+            write_requests([{"ev": "evict", **counts}])
     except Exception:  # an observer never breaks the server
         pass
     return result
