@@ -452,7 +452,7 @@ def not_serving(client: SGLangClient, alive: Any = None, log_text: Any = None) -
             return None
         status = f"{path} answers {resp.status_code}"
         break
-    return f"{status}; {death_cause(log_text()) if log_text else 'no error in its log'}"
+    return f"{status}; {death_cause(log_text() if log_text else '')}"
 
 
 def run_program(program: Program, target: Target) -> RunStats:
