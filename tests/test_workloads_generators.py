@@ -7,7 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.errors import KitError
-from conformance.workloads.prompts import boundary_lengths, decode_cross_lengths, prefill_hit_lengths, text_prompts, token_prompts
+from conformance.workloads.prompts import (
+    boundary_lengths,
+    decode_cross_lengths,
+    multi_boundary_decode,
+    prefill_hit_lengths,
+    text_prompts,
+    token_prompts,
+)
 from conformance.workloads.sessions import first_turn_abort_script, leak_session_scripts
 from conformance.workloads.trees import branch_points, branching_tree
 
@@ -23,6 +30,19 @@ def test_prefill_lengths_straddle_chunk_and_track_boundaries():
 def test_decode_lengths_cross_a_track_boundary_while_decoding():
     for n in decode_cross_lengths(256, 16, n=4, min_len=100, max_len=600):
         assert (n // 256) < ((n + 15) // 256)
+
+
+@given(st.sampled_from((16, 32, 64, 128, 256, 512)), st.integers(1, 300), st.integers(300, 2048))
+def test_the_multi_boundary_decode_crosses_two_track_boundaries_from_a_prompt_in_range(grid, min_len, max_len):
+    """The ping-pong slots alternate only when one decode crosses two boundaries."""
+    found = multi_boundary_decode(grid, min_len=min_len, max_len=max_len)
+    if found is None:  # no prompt in range ends just before a boundary
+        assert not any(min_len <= k * grid - 3 <= max_len for k in range(1, max_len // grid + 2))
+        return
+    length, new = found
+    assert min_len <= length <= max_len
+    assert (length + new) // grid - length // grid == 2  # two boundaries, not one, not three
+    assert length % grid != 0 and (length + new) % grid != 0  # neither end sits on a boundary
 
 
 @given(st.lists(st.integers(1, 300), min_size=1, max_size=6), st.integers(0, 5))

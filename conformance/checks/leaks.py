@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 
 from conformance.recordings import IdleProbe, OccupancySample, SessionRecording
 from conformance.records import Verdict
+from conformance.server_log import last_crash
 from conformance.strategy import Strategy, strategy_named
 
 CHECK = "leaks"
@@ -112,12 +113,16 @@ _SHUTDOWN_SIGNS = re.compile(r"Subprocess \w+ \(pid=\d+\) crashed with exit code
 
 
 def death_cause(text: str) -> str:
-    """Why a server's log says it stopped serving: its last error line; else SGLang's last
+    """Why a server's log says it stopped serving: its last traceback; else its last error line; else SGLang's last
     line about a process that went away (no error of its own: killed from outside); else
-    that the log names nothing."""
-    bad = scan_log(text)
-    if bad:
-        return bad[-1][:300]
+    that the log names nothing.  A traceback's exception is named with the frame that raised
+    it (``conformance.server_log``), not by its first line."""
+    crash = last_crash(text)
+    later = scan_log("\n".join(text.splitlines()[crash.at_line + 1:])) if crash else scan_log(text)
+    if later:  # an error line of the server's own after its last traceback (or with none)
+        return later[-1][:300]
+    if crash:
+        return crash.describe()
     signs = _SHUTDOWN_SIGNS.findall(text)
     if signs:
         return f"no error in its log; SGLang's last word: {signs[-1][:200]} (no error of its own: likely killed from outside, e.g. by the OOM killer)"

@@ -13,7 +13,7 @@ from conformance import axes
 from conformance.checks.hit_bounds import StrategyGrid, prefill_never_tracked
 from conformance.checks.kl import NOISE_FACTOR, kl_verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
-from conformance.workloads.prompts import decode_cross_lengths, prefill_hit_lengths, token_prompts
+from conformance.workloads.prompts import decode_cross_lengths, multi_boundary_decode, prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import record_kl
 
 pytestmark = pytest.mark.kl
@@ -43,8 +43,13 @@ def test_kl(endpoint, scenario, record_verdict):
         pytest.skip(why)
     if scenario == "prefill_hit":
         lengths = prefill_hit_lengths(chunk, grid, n=size.kl_prompts, max_len=size.kl_max_len)
+        turn1: list[int] = []
     else:
         lengths = decode_cross_lengths(grid, size.kl_turn1_tokens, n=max(2, size.kl_prompts // 2), max_len=size.kl_max_len)
+        turn1 = [size.kl_turn1_tokens] * len(lengths)
+        if multi := multi_boundary_decode(grid, max_len=size.kl_max_len):  # the ping-pong slots alternate
+            lengths.append(multi[0])
+            turn1.append(multi[1])
     prompts = token_prompts(lengths, vocab_size=vocab_size(endpoint), seed=SEEDS[scenario])
     recording = record_kl(
         endpoint.client,
@@ -52,7 +57,7 @@ def test_kl(endpoint, scenario, record_verdict):
         scenario=scenario,
         new_tokens=size.kl_new_tokens,
         top_k=size.top_k,
-        turn1_tokens=size.kl_turn1_tokens,
+        turn1_tokens=turn1 or size.kl_turn1_tokens,
         vocab_size=vocab_size(endpoint),
         # a mixed-chunk cell stores its prefill checkpoints from mixed batches (conformance.axes)
         mixed=axes.enabled(cell, axes.MIXED_BATCHES),

@@ -70,7 +70,7 @@ class Power:
         """SGLang's own invariant (its strict idle check, named in the log) killed the
         server on its warmup request, and no re-run with that check off missed the fault.
         A start-up death the log does not explain is not a catch."""
-        return bool(self.died_at_start) and SGLANG_IDLE_CHECK in self.died_at_start and not self.strict_off
+        return bool(self.died_at_start) and catcher(self.died_at_start) is not None and not self.strict_off
 
 
 def programs_reach(plans: dict[str, MutantPlan], console: Console) -> dict[str, MutantPlan]:

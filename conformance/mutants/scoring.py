@@ -3,7 +3,8 @@
 A seeded fault is caught only when a **named check** reports it (a failing check of
 report.json, the cell teardown's idle check, the pool tier's invariants, ``compare``'s
 perf rows), or SGLang's own invariant does, named as such (its strict idle check:
-"memory leak detected", found in the log of the server it killed).  Everything else a
+"memory leak detected", found in the log of the server it killed; one of its own ``assert``
+statements, the death's last traceback raised in SGLang's code: ``conformance.server_log``).  Everything else a
 fault run can end in is its own category, reported and never scored as caught:
 
 * ``start-up death`` -- the server died before serving, and its log names no invariant;
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from conformance.server_log import SGLANG_ASSERTION
+
 #: SGLang's own invariant, as the score names it.
 SGLANG_IDLE_CHECK = "SGLang's idle check"
 CAUGHT = "caught"
@@ -33,6 +36,8 @@ def catcher(line: str) -> str | None:
     head, _, rest = line.partition(": ")
     if "memory leak detected" in line or SGLANG_IDLE_CHECK in line:
         return f"{SGLANG_IDLE_CHECK} (strict, in the server)" if head.startswith("server died") else f"{head} ({SGLANG_IDLE_CHECK})"
+    if SGLANG_ASSERTION in line:  # the death's traceback ends in an assert of SGLang's own code
+        return f"{SGLANG_ASSERTION.removesuffix(' failed')} (in the server)"
     if head in ("error", "pytest exit") or head.startswith(("pytest exit", "timed out", "never reached", "no test selected")) or head.endswith(" error"):
         return None
     if any(d in line for d in _DEATH):

@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from conformance.errors import PortTakenError, ServerStartError
+from conformance.server_log import last_crash
 from conformance.targets import preimport
 from conformance.targets.reaper_client import Reaper as _Reaper
 
@@ -183,14 +184,17 @@ class ServerProcess:
         return self.proc.pid if self.proc is not None else None
 
     def exit_reason(self) -> str | None:
-        """None while running; otherwise a short phrase with the exit code and log tail."""
+        """None while running; otherwise a short phrase with the exit code, the log's last
+        traceback (``conformance.server_log``: which exception, raised where) and its tail."""
         if self.proc is None:
             return "never started"
         code = self.proc.poll()
         if code is None:
             return None
         self.returncode = code
-        return f"server process exited with code {code}; log tail: {self.log_tail(3, joiner=' | ')}"
+        crash = last_crash(self.log_text())
+        cause = f"{crash.describe()}; " if crash else ""
+        return f"server process exited with code {code}; {cause}log tail: {self.log_tail(3, joiner=' | ')}"
 
     def stop(self) -> int | None:
         """SIGTERM the process group, wait, then SIGKILL it. Idempotent."""
@@ -223,17 +227,15 @@ class ServerProcess:
 
     def _port_taken(self) -> str:
         """The log line of this start saying the port is in use ('' if none)."""
+        return next((ln.strip()[:300] for ln in self.log_text().splitlines() if _PORT_TAKEN.search(ln)), "")
+
+    def log_text(self) -> str:
+        """What this start of the server wrote (a restarted server appends to the same file:
+        an earlier start's crash is not this one's)."""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(self._log_start)
-                tail = f.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
-        return next((ln.strip()[:300] for ln in tail.splitlines() if _PORT_TAKEN.search(ln)), "")
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
+                return f.read().decode(errors="replace")
         except FileNotFoundError:
             return ""
 

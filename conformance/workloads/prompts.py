@@ -69,6 +69,25 @@ def decode_cross_lengths(track_interval: int, new_tokens: int, *, n: int = 4, mi
     return spread(cands, n)
 
 
+#: How far before a track boundary the multi-boundary decode's prompt ends, and past the
+#: next-but-one boundary its decode ends.
+_MULTI_MARGIN = 3
+
+
+def multi_boundary_decode(track_interval: int, *, min_len: int = 100, max_len: int = 600) -> tuple[int, int] | None:
+    """(prompt length, new tokens) of a decode that crosses TWO track boundaries, or None when
+    no prompt in ``[min_len, max_len]`` ends just before one.
+
+    A decode that crosses one boundary uses one of the two ping-pong tracking slots an
+    ``extra_buffer`` request holds; only a decode across two alternates them, so which slot
+    holds the newest state at finish is exercised only here."""
+    k = max(1, -(-(min_len + _MULTI_MARGIN) // track_interval))
+    length = k * track_interval - _MULTI_MARGIN
+    if length > max_len or length < 1:
+        return None
+    return length, track_interval + 2 * _MULTI_MARGIN
+
+
 def token_prompts(lengths: Sequence[int], *, vocab_size: int, seed: int = 0, low: int = 3) -> list[tuple[int, ...]]:
     """One seeded random token sequence per length, ids in ``[low, vocab_size)``.
 

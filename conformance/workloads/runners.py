@@ -134,7 +134,7 @@ def record_kl(
     scenario: str = "prefill_hit",
     new_tokens: int = 16,
     top_k: int = 5,
-    turn1_tokens: int = 16,
+    turn1_tokens: int | Sequence[int] = 16,
     ext_len: int = 8,
     timeout: float | None = None,
     mixed: bool = False,
@@ -144,7 +144,7 @@ def record_kl(
     ``prefill_hit``: warm with ``max_new_tokens=0``, then generate prompt + ``ext_len``
     new tokens (with ``ext_len=0`` the identical prompt, SGLang's variant, which can never
     hit under ``no_buffer``: its only state sits at the full prompt, past the key limit).
-    ``decode_hit``: turn one generates ``turn1_tokens``; turn two (prompt + output +
+    ``decode_hit``: turn one generates ``turn1_tokens`` (one count, or one per prompt); turn two (prompt + output +
     ``ext_len`` new tokens) is served, hitting what turn one's decode cached.  The cold
     half (reference, noise floor, cold generate) is :func:`judge_against_cold`'s.
     ``mixed`` (a server with ``--enable-mixed-chunk``): the prefill-hit warm-up prefills run
