@@ -166,7 +166,8 @@ def render(target: str, budget: str, seed: int, clean: list[tuple[str, Outcome]]
     for r in rows:
         scripted = "-" if r.scripted is None else ("[green]caught[/]" if r.scripted.caught else "[red]missed[/]")
         if r.programs_caught:
-            programs = "[green]caught[/]" + (" (SGLang's strict idle check off)" if r.strict_off else "")
+            via = catcher(f"programs: {r.programs_reason}") or ""  # the oracle's finding, or SGLang's own invariant
+            programs = "[green]caught[/]" + (" (SGLang's strict idle check off)" if r.strict_off else "") + (f" by {escape(via)}" if "SGLang" in via else "")
         elif r.died_at_start and r.strict_off:
             programs = f"[red]missed with SGLang's strict idle check off[/]: {escape(r.programs_reason[:60])}"
         elif r.died_at_start:
