@@ -34,6 +34,7 @@ STRATEGIES = NAMES
 FAMILIES = ("qwen3-next", "nemotron-h", "granite-h", "falcon-h1")
 TARGETS = ("reference", "sglang", "sglang-cpu", "pool")
 TIERS = ("premerge", "standard", "nightly")  # each tier includes the ones before it
+PD_ROLES = ("prefill", "decode")  # the servers of a PD unit that run the model
 DEFAULT_TIER = "standard"
 #: Real SGLang on CPU is the kit's main CPU target; the reference engine is opt-in.
 DEFAULT_TARGET = "sglang-cpu"
@@ -74,10 +75,18 @@ class Fault:
     env: tuple[tuple[str, str], ...] = ()
     strategies: tuple[str, ...] = STRATEGIES
     effects: tuple[str, ...] = ()
+    #: PD cells: the servers of the PD unit its ``env`` goes to (the non-PD server always gets it).
+    pd_roles: tuple[str, ...] = PD_ROLES
+    #: The suites whose tests bind its cells (empty: every suite); the others leave them out.
+    suites: tuple[str, ...] = ()
 
     @property
     def injected(self) -> bool:
         return self.name != "none"
+
+    def binds_suite(self, suite: str | None) -> bool:
+        """Whether a test of ``suite`` (None: a test outside the suites) binds this fault's cells."""
+        return not self.suites or suite is None or suite in self.suites
 
 
 @dataclass(frozen=True)
@@ -256,7 +265,7 @@ def _check_choices(option: str, values: Iterable[str], allowed: Iterable[str]) -
 _TOP_KEYS = {"schema", "defaults", "strategies", "faults", "cache_variants", "axes", "models", "cells"}
 _MODEL_KEYS = {"id", "family", "hf_path", "twin", "tp_size", "mamba_chunk_size", "thresholds"}
 _STRATEGY_KEYS = {"description", "overlap", "max_page_size", "ping_pong_slots", "pd"}
-_FAULT_KEYS = {"description", "env", "strategies", "effects"}
+_FAULT_KEYS = {"description", "env", "strategies", "effects", "pd_roles", "suites"}
 _VARIANT_KEYS = {"description", "args", "strategies", "targets"}
 _BLOCK_KEYS = {"name", "tier", "models", "strategies", "page_sizes", "track_intervals", "faults", "cache_variants", "targets",
                "options", "generate"}
@@ -337,7 +346,14 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
         for s in fs:
             if s not in strategies:
                 raise ctx.fail(where, f"unknown strategy {s!r}")
-        faults[name] = Fault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())))
+        roles = tuple(t.get("pd_roles", PD_ROLES))
+        if not roles or set(roles) - set(PD_ROLES):
+            raise ctx.fail(where, f"pd_roles {list(roles)}: each must be one of {', '.join(PD_ROLES)}")
+        suites = tuple(t.get("suites", ()))
+        unknown = [x for x in suites if not (Path(__file__).parent / str(x) / "__init__.py").is_file()]
+        if unknown:
+            raise ctx.fail(where, f"unknown suite(s) {', '.join(map(str, unknown))} (a suite is a test package under conformance/)")
+        faults[name] = Fault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())), roles, suites)
     if "none" not in faults:
         raise ctx.fail("[faults]", "a fault named 'none' (no injection) is required")
 

@@ -52,6 +52,15 @@ def not_applicable(cell: Cell) -> str | None:
     return None if cell.strategy.pd else LAZY_REFUSAL
 
 
+def env_for_role(cell: Cell, role: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for the PD server ``role`` of ``cell``: without the cell fault's variables when
+    the fault is for the other role only (``pd_roles`` in the matrix)."""
+    if role in cell.fault.pd_roles:
+        return dict(env)
+    theirs = dict(cell.fault.env)
+    return {k: v for k, v in env.items() if k not in theirs}
+
+
 def target_refusal(target: str) -> str | None:
     """Why PD cannot run on ``target`` on this machine (one line), or None."""
     if target_for(target).pd_probe_refusal:
@@ -139,7 +148,7 @@ def sglang_pd_spec(
     def server(role: str, port: int, base_gpu: int) -> LaunchSpec:
         args = target.server_args(cell, model_path=model_path, port=port)
         args += ["--disaggregation-mode", role, *shared, "--base-gpu-id", str(base_gpu)]
-        return LaunchSpec(argv=[*launcher, *args], env=env, port=port, health_path="/health", start_timeout_s=1200.0)
+        return LaunchSpec(argv=[*launcher, *args], env=env_for_role(cell, role, env), port=port, health_path="/health", start_timeout_s=1200.0)
 
     return PDSpec(server("prefill", ports.prefill, 0), server("decode", ports.decode, tp), _router_spec(ports, router_launcher), ports.bootstrap,
                   transfer_backend, {"server": target.launcher, "router": router_launcher})
@@ -179,7 +188,7 @@ def sglang_cpu_pd_spec(cell: Cell, options: Any, *, ports: PDPorts) -> PDSpec:
 
     def server(role: str, port: int) -> LaunchSpec:
         base = target.launch_spec(cell, port=port)
-        env = {**base.env, **CPU_TRANSFER_ENV, activation.PD_ENV: "1"}
+        env = env_for_role(cell, role, {**base.env, **CPU_TRANSFER_ENV, activation.PD_ENV: "1"})
         return LaunchSpec(argv=[*base.argv, "--disaggregation-mode", role, *shared], env=env, port=port, health_path="/health",
                           start_timeout_s=base.start_timeout_s, plugins=base.plugins)
 
@@ -250,7 +259,7 @@ def reference_pd_spec(
 
     def role(name: str, port: int, extra: list[str]) -> LaunchSpec:
         argv = [python, "-m", "conformance.reference.pd", "--disaggregation-mode", name, *common, "--port", str(port), *extra]
-        return LaunchSpec(argv=argv, env={**env, **(role_env or {}).get(name, {})}, port=port, start_timeout_s=180.0)
+        return LaunchSpec(argv=argv, env=env_for_role(cell, name, {**env, **(role_env or {}).get(name, {})}), port=port, start_timeout_s=180.0)
 
     router_argv = [python, "-m", "conformance.reference.router", "--prefill", f"http://127.0.0.1:{ports.prefill}",
                    "--decode", decode_url, "--host", "127.0.0.1", "--port", str(ports.router)]
