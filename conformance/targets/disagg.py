@@ -154,13 +154,24 @@ def sglang_pd_spec(
                   transfer_backend, {"server": target.launcher, "router": router_launcher})
 
 
+#: ``sglang_router``'s own resilience switched off: the kit judges each answer SGLang gave.  With
+#: its defaults the router re-sends a request SGLang failed (up to 5 tries: a failed transfer is
+#: hidden, or answered by a second run of the request) and, after 10 failures in 120 s, opens its
+#: circuit breaker on the worker (every later request: 503 "No available servers: No prefill
+#: workers available", while both SGLang servers are healthy).  That is the router's policy, not
+#: SGLang's Mamba code; a cell whose transfers fail on purpose (``SGLANG_TEST_DISAGG_FAILURE_PROB``)
+#: trips it within one load.
+ROUTER_AS_IS_FLAGS = ("--disable-retries", "--disable-circuit-breaker")
+
+
 def _router_spec(ports: PDPorts, router_launcher: str) -> LaunchSpec:
-    """``sglang_router``'s PD router in front of the cell's prefill (with its bootstrap port) and decode."""
+    """``sglang_router``'s PD router in front of the cell's prefill (with its bootstrap port) and
+    decode, passing each SGLang answer on as it came (``ROUTER_AS_IS_FLAGS``)."""
     argv = [
         *shlex.split(router_launcher), "--pd-disaggregation",
         "--prefill", f"http://127.0.0.1:{ports.prefill}", str(ports.bootstrap),
         "--decode", f"http://127.0.0.1:{ports.decode}",
-        "--host", "127.0.0.1", "--port", str(ports.router),
+        "--host", "127.0.0.1", "--port", str(ports.router), *ROUTER_AS_IS_FLAGS,
     ]
     if ports.router_metrics is not None:
         argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports.router_metrics)]
