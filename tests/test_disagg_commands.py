@@ -15,6 +15,7 @@ from conformance.matrix import load_matrix
 from conformance.targets.disagg import (
     LAZY_REFUSAL,
     ROUTER_AS_IS_FLAGS,
+    ROUTER_READY_PATH,
     ROUTER_LAUNCHER,
     PDPorts,
     not_applicable,
@@ -56,7 +57,7 @@ def test_sglang_pd_commands_share_the_bootstrap_port_and_split_the_gpus():
     assert "--prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001" in router
     assert spec.prefill.health_path == spec.decode.health_path == "/health"
     plan = spec.describe()
-    assert plan["prefill"]["command"] == pre and plan["router"]["health"] == "http://127.0.0.1:30100/health"
+    assert plan["prefill"]["command"] == pre and plan["router"]["health"] == "http://127.0.0.1:30100/readiness"
     assert plan["bootstrap_port"] == 8998 and plan["transfer_backend"] == "nixl"
 
 
@@ -136,6 +137,8 @@ def test_router_passes_sglang_answers_on_as_they_came():
     spec = sglang_pd_spec(_cells("no_buffer", "qwen3-next")[0], target=SGLangTarget(), ports=PORTS)
     assert set(ROUTER_AS_IS_FLAGS) == {"--disable-retries", "--disable-circuit-breaker"}
     assert all(flag in spec.router.argv for flag in ROUTER_AS_IS_FLAGS)
+    # started = its workers registered (its /health is liveness only: 200 before any worker is known)
+    assert spec.router.health_path == ROUTER_READY_PATH == "/readiness"
     router_args = pytest.importorskip("sglang_router.router_args", reason="sglang_router not installed: its parser cannot be asked")
     parser = argparse.ArgumentParser()
     router_args.RouterArgs.add_cli_args(parser, use_router_prefix=False)

@@ -162,6 +162,8 @@ def sglang_pd_spec(
 #: SGLang's Mamba code; a cell whose transfers fail on purpose (``SGLANG_TEST_DISAGG_FAILURE_PROB``)
 #: trips it within one load.
 ROUTER_AS_IS_FLAGS = ("--disable-retries", "--disable-circuit-breaker")
+#: The router's own readiness route: it is up only once its prefill and decode workers are registered.
+ROUTER_READY_PATH = "/readiness"
 
 
 def _router_spec(ports: PDPorts, router_launcher: str) -> LaunchSpec:
@@ -175,7 +177,10 @@ def _router_spec(ports: PDPorts, router_launcher: str) -> LaunchSpec:
     ]
     if ports.router_metrics is not None:
         argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports.router_metrics)]
-    return LaunchSpec(argv=argv, env={}, port=ports.router, health_path="/health", start_timeout_s=300.0)
+    # ``/health`` is the router's liveness (200 at once); its workers are registered in the
+    # background a second or more later, and a request before that gets 503 "No available
+    # servers: No prefill workers available".  ``/readiness`` answers 200 once it has healthy workers.
+    return LaunchSpec(argv=argv, env={}, port=ports.router, health_path=ROUTER_READY_PATH, start_timeout_s=300.0)
 
 
 # ------------------------------------------------------------------ SGLang on CPU
