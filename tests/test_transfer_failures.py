@@ -86,6 +86,23 @@ def test_the_workload_keeps_each_end_as_sglang_gave_it() -> None:
     assert transfer_failure_verdict(rec).status == "pass"
 
 
+def test_the_load_is_sent_again_only_while_no_request_failed() -> None:
+    ok = {"output_ids": [1] * 12, "meta_info": {"finish_reason": {"type": "length", "length": 12}}}
+    one = {"output_ids": [1], "meta_info": {"finish_reason": {"type": "length", "length": 1}}}
+    failed = (500, {"error": {"message": FAILED}})
+    # round 1: both served; round 2: one failed -> no round 3; then the follow-up
+    rec = record_transfer_failures(_client([(200, ok), (200, ok), (200, ok), failed, (200, one)]), [[1], [2]], new_tokens=12,
+                                   failure_prob=0.01, follow_up_prompt=[3], follow_up_tries=3, rounds=3)
+    assert len(rec.outcomes) == 4 and [o.finish for o in rec.follow_up] == ["length"]
+    assert transfer_failure_verdict(rec).status == "pass"
+    # never a failure: exactly `rounds` rounds, then the check refuses to pass on nothing
+    rec = record_transfer_failures(_client([(200, ok)] * 6 + [(200, one)]), [[1], [2]], new_tokens=12,
+                                   failure_prob=0.01, follow_up_prompt=[3], follow_up_tries=3, rounds=3)
+    assert len(rec.outcomes) == 6
+    v = transfer_failure_verdict(rec)
+    assert v.status == "fail" and "never exercised" in v.reason
+
+
 def test_a_request_without_an_answer_is_kept_as_an_error() -> None:
     def handler(request: httpx.Request) -> httpx.Response:
         raise httpx.ReadTimeout("timed out", request=request)
