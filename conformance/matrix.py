@@ -79,6 +79,9 @@ class Fault:
     pd_roles: tuple[str, ...] = PD_ROLES
     #: The suites whose tests bind its cells (empty: every suite); the others leave them out.
     suites: tuple[str, ...] = ()
+    #: PD cells: SGLang settings every server of the PD unit gets (whatever ``pd_roles`` says),
+    #: e.g. a timeout its failures need to end within a run.
+    pd_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def injected(self) -> bool:
@@ -265,7 +268,7 @@ def _check_choices(option: str, values: Iterable[str], allowed: Iterable[str]) -
 _TOP_KEYS = {"schema", "defaults", "strategies", "faults", "cache_variants", "axes", "models", "cells"}
 _MODEL_KEYS = {"id", "family", "hf_path", "twin", "tp_size", "mamba_chunk_size", "thresholds"}
 _STRATEGY_KEYS = {"description", "overlap", "max_page_size", "ping_pong_slots", "pd"}
-_FAULT_KEYS = {"description", "env", "strategies", "effects", "pd_roles", "suites"}
+_FAULT_KEYS = {"description", "env", "strategies", "effects", "pd_roles", "suites", "pd_env"}
 _VARIANT_KEYS = {"description", "args", "strategies", "targets"}
 _BLOCK_KEYS = {"name", "tier", "models", "strategies", "page_sizes", "track_intervals", "faults", "cache_variants", "targets",
                "options", "generate"}
@@ -339,9 +342,9 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
     for name, t in raw["faults"].items():
         where = f"[faults.{name}]"
         ctx.keys(where, t, _FAULT_KEYS)
-        env = t.get("env", {})
-        if not all(isinstance(v, str) for v in env.values()):
-            raise ctx.fail(where, "env values must be strings")
+        env, pd_env = t.get("env", {}), t.get("pd_env", {})
+        if not all(isinstance(v, str) for v in (*env.values(), *pd_env.values())):
+            raise ctx.fail(where, "env and pd_env values must be strings")
         fs = tuple(t.get("strategies", STRATEGIES))
         for s in fs:
             if s not in strategies:
@@ -353,7 +356,8 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
         unknown = [x for x in suites if not (Path(__file__).parent / str(x) / "__init__.py").is_file()]
         if unknown:
             raise ctx.fail(where, f"unknown suite(s) {', '.join(map(str, unknown))} (a suite is a test package under conformance/)")
-        faults[name] = Fault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())), roles, suites)
+        faults[name] = Fault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())), roles, suites,
+                             tuple(sorted(pd_env.items())))
     if "none" not in faults:
         raise ctx.fail("[faults]", "a fault named 'none' (no injection) is required")
 

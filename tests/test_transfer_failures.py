@@ -40,6 +40,14 @@ def test_served_and_failed_requests_with_a_served_follow_up_pass() -> None:
     assert v.metrics["served"] == 1 and v.metrics["transfer_failed"] == 2 and v.metrics["unexpected"] == 0
 
 
+def test_the_prefill_side_line_of_a_failed_handshake_counts_as_sglangs_failure() -> None:
+    prefill = ("Prefill bootstrap failed for request rank=0 req.rid='r2' req.bootstrap_room=9 with exception "
+               "KVTransferError(bootstrap_room=9): Request 9 timed out after 20.0s in KVPoll.Bootstrapping")
+    v = transfer_failure_verdict(_rec([SERVED, TransferOutcome(500, "http", prefill)]))
+    assert v.status == "pass" and v.metrics["transfer_failed"] == 1, v.reason
+    assert v.details["failure_messages"] == ["Prefill bootstrap failed for request"]
+
+
 def test_no_failed_transfer_refuses_to_pass() -> None:
     v = transfer_failure_verdict(_rec([SERVED, SERVED]))
     assert v.status == "fail" and "never exercised" in v.reason
@@ -128,6 +136,19 @@ def test_the_switch_reaches_the_decode_server_only() -> None:
     assert spec.decode.env[DISAGG_FAILURE_ENV] == cell.env[DISAGG_FAILURE_ENV]
     assert DISAGG_FAILURE_ENV not in spec.prefill.env
     assert cell.fault.pd_roles == ("decode",) and float(cell.env[DISAGG_FAILURE_ENV]) > 0
+    # the fault's pd_env goes to both PD servers: SGLang's bootstrap timeout ends a prefill
+    # request whose decode side failed its handshake within the run
+    timeout = "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"
+    assert dict(cell.fault.pd_env) == {timeout: "20"}
+    assert spec.prefill.env[timeout] == spec.decode.env[timeout] == "20" and timeout not in cell.env
+
+
+def test_pd_env_values_must_be_strings(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text((ROOT / "fixtures" / "matrix.toml").read_text().replace(
+        'SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT = "20"', "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT = 20", 1))
+    with pytest.raises(KitError, match=r"faults\.disagg_transfer_fail.*pd_env values must be strings"):
+        load_matrix(path)
 
 
 def test_a_bad_pd_role_or_suite_in_the_matrix_is_one_line(tmp_path: Path) -> None:

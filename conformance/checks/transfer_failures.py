@@ -17,8 +17,10 @@ from conformance.records import Verdict
 
 CHECK = "transfer_failures"
 #: SGLang 0.5.23's own lines for a failed PD transfer (``disaggregation/decode.py``): the
-#: transfer queue's and the handshake's (both polls carry the failure injection).
-SGLANG_FAILURE = re.compile(r"Decode (?:transfer|handshake) failed for request")
+#: transfer queue's and the handshake's (both polls carry the failure injection); and the
+#: prefill side's (``disaggregation/prefill.py``) for a request whose decode side failed its
+#: handshake before telling the prefill server (it ends at SGLang's bootstrap timeout).
+SGLANG_FAILURE = re.compile(r"Decode (?:transfer|handshake) failed for request|Prefill bootstrap failed for request")
 
 
 def is_served(o: TransferOutcome, new_tokens: int) -> bool:

@@ -50,6 +50,9 @@ pytestmark = [pytest.mark.disagg, pytest.mark.timeout(1800)]
 SEEDS = {"logprobs": 21, "load": 22, "transfer_failures": 23}
 #: Requests of the transfer-failure load (each fails with SGLang's per-poll probability).
 TRANSFER_FAILURE_REQUESTS = 16
+#: The transfer-failure load's bound: its rounds and follow-ups, each failed handshake held
+#: until SGLang's bootstrap timeout (the cell's ``pd_env``).
+TRANSFER_FAILURE_LOAD_S = 900.0
 
 
 def _gauges(pd) -> tuple[str, ...]:
@@ -158,7 +161,8 @@ def test_pd_transfer_failures(cell, request, record_verdict):
     prompts = token_prompts([chunk + 1 + 7 * i for i in range(TRANSFER_FAILURE_REQUESTS + 1)], vocab_size=vocab_size(pd), seed=SEEDS["transfer_failures"])
     gauges = (*OCCUPANCY_GAUGES, MAMBA_PEAK_GAUGE)
     timeline, rec = sample_occupancy(pd.decode, lambda: record_transfer_failures(
-        pd.router, prompts[:-1], new_tokens=size.load_new_tokens, failure_prob=float(prob), follow_up_prompt=prompts[-1]), gauges=gauges)
+        pd.router, prompts[:-1], new_tokens=size.load_new_tokens, failure_prob=float(prob), follow_up_prompt=prompts[-1]),
+        gauges=gauges, max_s=TRANSFER_FAILURE_LOAD_S)
     probes = probe_both(pd, "after transfer failures", requests=len(rec.outcomes) + len(rec.follow_up), gauges=_gauges(pd))
     logs = "\n".join(pd.log_texts().values())
     leaks = leak_verdict(probes, log_text=logs, alive=pd.alive(), timeline=timeline, gauges=_gauges(pd))

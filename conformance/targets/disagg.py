@@ -54,11 +54,13 @@ def not_applicable(cell: Cell) -> str | None:
 
 def env_for_role(cell: Cell, role: str, env: dict[str, str]) -> dict[str, str]:
     """``env`` for the PD server ``role`` of ``cell``: without the cell fault's variables when
-    the fault is for the other role only (``pd_roles`` in the matrix)."""
+    the fault is for the other role only (``pd_roles`` in the matrix); plus the fault's
+    ``pd_env`` (every PD server)."""
+    both = dict(cell.fault.pd_env)
     if role in cell.fault.pd_roles:
-        return dict(env)
+        return {**env, **both}
     theirs = dict(cell.fault.env)
-    return {k: v for k, v in env.items() if k not in theirs}
+    return {**{k: v for k, v in env.items() if k not in theirs}, **both}
 
 
 def target_refusal(target: str) -> str | None:

@@ -10,6 +10,7 @@ answer is kept as ``error`` (the check says so), never retried.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -26,6 +27,9 @@ ANSWERED = (200, 400, 500, 503)
 FOLLOW_UP_TRIES = 40
 #: Rounds of the load at most, sent again only while none of its requests failed.
 LOAD_ROUNDS = 3
+#: No further follow-up try after this many seconds of them (a failed handshake holds its
+#: request until SGLang's bootstrap timeout).
+FOLLOW_UP_BUDGET_S = 300.0
 
 
 def _outcome(client: SGLangClient, prompt: Sequence[int], new_tokens: int, timeout: float | None) -> TransferOutcome:
@@ -57,11 +61,12 @@ def record_transfer_failures(
     follow_up_prompt: Sequence[int],
     follow_up_tries: int = FOLLOW_UP_TRIES,
     rounds: int = LOAD_ROUNDS,
+    follow_up_budget_s: float = FOLLOW_UP_BUDGET_S,
     timeout: float | None = None,
 ) -> TransferFailureRecording:
     """Send ``prompts`` through ``router`` concurrently, one request each, again while none
     failed (at most ``rounds`` times); then the follow-up prompt until it is served (at most
-    ``follow_up_tries`` times)."""
+    ``follow_up_tries`` times, none started after ``follow_up_budget_s``)."""
     outcomes: tuple[TransferOutcome, ...] = ()
     with ThreadPoolExecutor(max_workers=max(1, min(len(prompts), 16))) as pool:
         for _ in range(max(1, rounds)):
@@ -69,7 +74,10 @@ def record_transfer_failures(
             if any(o.status != 200 or o.finish in ("abort", "error", "http") for o in outcomes):
                 break
     follow: list[TransferOutcome] = []
+    deadline = time.monotonic() + follow_up_budget_s
     for _ in range(max(1, follow_up_tries)):
+        if follow and time.monotonic() > deadline:
+            break
         follow.append(_outcome(router, follow_up_prompt, 1, timeout))
         if follow[-1].status == 200 and follow[-1].finish not in ("abort", "error", "http"):
             break
