@@ -32,11 +32,13 @@ PD_FAULT_ENV = "HYBRID_CONFORMANCE_PD_FAULT"
 SGLANG_FAULT_ENV = "HYBRID_CONFORMANCE_SGLANG_FAULT"
 #: SGLang's own test switch that makes the lazy ping-pong slot allocation fail.
 LAZY_ALLOC_FAIL_ENV = "SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL"
+#: SGLang's own test switch that makes a PD transfer poll fail with this probability.
+DISAGG_FAILURE_ENV = "SGLANG_TEST_DISAGG_FAILURE_PROB"
 #: The grade of the real-SGLang fault ``step_slowdown`` (a fraction of a step's work, or ``@file``).
 STEP_SLOWDOWN_ENV = "HYBRID_CONFORMANCE_STEP_SLOWDOWN"
 #: Every seeded-fault switch the kit knows (its own three, the slowdown's grade and SGLang's
-#: lazy alloc-fail switch).
-FAULT_SWITCHES = (FAULT_ENV, PD_FAULT_ENV, SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV, LAZY_ALLOC_FAIL_ENV)
+#: two test switches).
+FAULT_SWITCHES = (FAULT_ENV, PD_FAULT_ENV, SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV, LAZY_ALLOC_FAIL_ENV, DISAGG_FAILURE_ENV)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ STRATEGIES = NAMES
 FAMILIES = ("qwen3-next", "nemotron-h", "granite-h", "falcon-h1")
 TARGETS = ("reference", "sglang", "sglang-cpu", "pool")
 TIERS = ("premerge", "standard", "nightly")  # each tier includes the ones before it
+PD_ROLES = ("prefill", "decode")  # the servers of a PD unit that run the model
 DEFAULT_TIER = "standard"
 #: Real SGLang on CPU is the kit's main CPU target; the reference engine is opt-in.
 DEFAULT_TARGET = "sglang-cpu"
@@ -74,10 +75,21 @@ class Fault:
     env: tuple[tuple[str, str], ...] = ()
     strategies: tuple[str, ...] = STRATEGIES
     effects: tuple[str, ...] = ()
+    #: PD cells: the servers of the PD unit its ``env`` goes to (the non-PD server always gets it).
+    pd_roles: tuple[str, ...] = PD_ROLES
+    #: The suites whose tests bind its cells (empty: every suite); the others leave them out.
+    suites: tuple[str, ...] = ()
+    #: PD cells: SGLang settings every server of the PD unit gets (whatever ``pd_roles`` says),
+    #: e.g. a timeout its failures need to end within a run.
+    pd_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def injected(self) -> bool:
         return self.name != "none"
+
+    def binds_suite(self, suite: str | None) -> bool:
+        """Whether a test of ``suite`` (None: a test outside the suites) binds this fault's cells."""
+        return not self.suites or suite is None or suite in self.suites
 
 
 @dataclass(frozen=True)
@@ -256,7 +268,7 @@ def _check_choices(option: str, values: Iterable[str], allowed: Iterable[str]) -
 _TOP_KEYS = {"schema", "defaults", "strategies", "faults", "cache_variants", "axes", "models", "cells"}
 _MODEL_KEYS = {"id", "family", "hf_path", "twin", "tp_size", "mamba_chunk_size", "thresholds"}
 _STRATEGY_KEYS = {"description", "overlap", "max_page_size", "ping_pong_slots", "pd"}
-_FAULT_KEYS = {"description", "env", "strategies", "effects"}
+_FAULT_KEYS = {"description", "env", "strategies", "effects", "pd_roles", "suites", "pd_env"}
 _VARIANT_KEYS = {"description", "args", "strategies", "targets"}
 _BLOCK_KEYS = {"name", "tier", "models", "strategies", "page_sizes", "track_intervals", "faults", "cache_variants", "targets",
                "options", "generate"}
@@ -330,14 +342,22 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
     for name, t in raw["faults"].items():
         where = f"[faults.{name}]"
         ctx.keys(where, t, _FAULT_KEYS)
-        env = t.get("env", {})
-        if not all(isinstance(v, str) for v in env.values()):
-            raise ctx.fail(where, "env values must be strings")
+        env, pd_env = t.get("env", {}), t.get("pd_env", {})
+        if not all(isinstance(v, str) for v in (*env.values(), *pd_env.values())):
+            raise ctx.fail(where, "env and pd_env values must be strings")
         fs = tuple(t.get("strategies", STRATEGIES))
         for s in fs:
             if s not in strategies:
                 raise ctx.fail(where, f"unknown strategy {s!r}")
-        faults[name] = Fault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())))
+        roles = tuple(t.get("pd_roles", PD_ROLES))
+        if not roles or set(roles) - set(PD_ROLES):
+            raise ctx.fail(where, f"pd_roles {list(roles)}: each must be one of {', '.join(PD_ROLES)}")
+        suites = tuple(t.get("suites", ()))
+        unknown = [x for x in suites if not (Path(__file__).parent / str(x) / "__init__.py").is_file()]
+        if unknown:
+            raise ctx.fail(where, f"unknown suite(s) {', '.join(map(str, unknown))} (a suite is a test package under conformance/)")
+        faults[name] = Fault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())), roles, suites,
+                             tuple(sorted(pd_env.items())))
     if "none" not in faults:
         raise ctx.fail("[faults]", "a fault named 'none' (no injection) is required")
 

@@ -68,6 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cpu: runs on CPU (reference target, pool tier)")
     config.addinivalue_line("markers", "pool: the in-process pool tier over SGLang's real memory classes")
     config.addinivalue_line("markers", "hicache: cells with --enable-hierarchical-cache")
+    config.addinivalue_line("markers", "disagg_transfer_fail: PD cells with SGLANG_TEST_DISAGG_FAILURE_PROB on the decode server")
     config.addinivalue_line("markers", "release_range: runs hybrid-conformance history over SGLang releases in their own venvs (tests/test_release_range.py)")
     if target_for(config.getoption("target", None) or DEFAULT_TARGET).pool_only:  # a pool run that ran nothing is not green
         from conformance.targets.pool.gate import PoolGate
@@ -122,21 +123,32 @@ def _parametrizes_cell_itself(metafunc: pytest.Metafunc) -> bool:
     return False
 
 
+def _suite_of(module: str) -> str | None:
+    """The suite a test module belongs to (``conformance.<suite>.test_*``), or None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) == 3 and parts[0] == "conformance" else None
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "cell" not in metafunc.fixturenames or _parametrizes_cell_itself(metafunc):
         return
     state = run_state(metafunc.config)
     pool = _is_pool_test(metafunc.definition)
     target = POOL if pool else target_for(state.options)
-    cells = select_cells(state, target.name)
+    selected = select_cells(state, target.name)
+    suite = _suite_of(metafunc.module.__name__)
+    cells = [c for c in selected if c.fault.binds_suite(suite)]
     params = []
     for cell in cells:
         marks = [getattr(pytest.mark, m) for m in cell.markers]
         marks.append(getattr(pytest.mark, target.marker))
         marks.append(pytest.mark.xdist_group(cell.id))
         params.append(pytest.param(cell, id=cell.id, marks=marks))
-    if not params:  # an empty selection is a failure of the run, never a silent skip
+    if not selected:  # an empty selection is a failure of the run, never a silent skip
         params = [pytest.param(None, id="no-cell")]
+    elif not params:  # every selected cell is for other suites (its matrix fault's ``suites``): a stated skip
+        why = "; ".join(sorted({f"fault {c.fault.name} binds only {', '.join(c.fault.suites)}" for c in selected}))
+        params = [pytest.param(None, id="no-cell-of-this-suite", marks=pytest.mark.skip(reason=f"not applicable: {why}"))]
     metafunc.parametrize("cell", params, indirect=True, scope="session")
 
 

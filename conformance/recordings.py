@@ -66,6 +66,31 @@ class HostReloadRecording:
     pressure: tuple[int, int]  # (requests, tokens each)
 
 
+# ------------------------------------------------------------------ PD transfer failures
+@dataclass(frozen=True)
+class TransferOutcome:
+    """How one request through a PD router ended: ``finish`` is SGLang's finish reason type
+    (``length``, ``abort``, ...), ``http`` for a non-200 answer, ``error`` for no answer;
+    ``message`` SGLang's error text (or the kit's one line), ``tokens`` the tokens served."""
+
+    status: int
+    finish: str
+    message: str = ""
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class TransferFailureRecording:
+    """A load sent through a PD unit whose transfers SGLang makes fail at random
+    (``SGLANG_TEST_DISAGG_FAILURE_PROB`` = ``failure_prob`` on the decode server), then
+    follow-up requests until one is served (``follow_up``: the last one's outcome)."""
+
+    outcomes: tuple[TransferOutcome, ...]
+    follow_up: tuple[TransferOutcome, ...]
+    failure_prob: float
+    new_tokens: int
+
+
 # ------------------------------------------------------------------ agreement
 @dataclass(frozen=True)
 class ServedStep:

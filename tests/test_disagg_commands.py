@@ -4,6 +4,7 @@ shape (and ``sglang_router``'s parser when installed), and the reference PD comm
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from types import SimpleNamespace
 
@@ -13,6 +14,8 @@ from conformance.errors import KitError
 from conformance.matrix import load_matrix
 from conformance.targets.disagg import (
     LAZY_REFUSAL,
+    ROUTER_AS_IS_FLAGS,
+    ROUTER_READY_PATH,
     ROUTER_LAUNCHER,
     PDPorts,
     not_applicable,
@@ -54,7 +57,7 @@ def test_sglang_pd_commands_share_the_bootstrap_port_and_split_the_gpus():
     assert "--prefill http://127.0.0.1:30000 8998 --decode http://127.0.0.1:30001" in router
     assert spec.prefill.health_path == spec.decode.health_path == "/health"
     plan = spec.describe()
-    assert plan["prefill"]["command"] == pre and plan["router"]["health"] == "http://127.0.0.1:30100/health"
+    assert plan["prefill"]["command"] == pre and plan["router"]["health"] == "http://127.0.0.1:30100/readiness"
     assert plan["bootstrap_port"] == 8998 and plan["transfer_backend"] == "nixl"
 
 
@@ -126,6 +129,24 @@ def test_router_command_shape_and_parser():
     two = validate_router_argv([*base, "--pd-disaggregation", "--prefill", "http://a:1", "--prefill", "http://c:3", "--decode", "http://b:2"])
     assert not two.ok and "exactly one --prefill" in two.message
     assert "takes a URL" in validate_router_argv([*base, "--pd-disaggregation", "--prefill", "a:1", "--decode", "http://b:2"]).message
+
+
+def test_router_passes_sglang_answers_on_as_they_came():
+    """No router retry (it would hide a failed SGLang request or run it twice) and no circuit
+    breaker (it would answer 503 'No prefill workers available' after SGLang's failures)."""
+    spec = sglang_pd_spec(_cells("no_buffer", "qwen3-next")[0], target=SGLangTarget(), ports=PORTS)
+    assert set(ROUTER_AS_IS_FLAGS) == {"--disable-retries", "--disable-circuit-breaker"}
+    assert all(flag in spec.router.argv for flag in ROUTER_AS_IS_FLAGS)
+    # started = its workers registered (its /health is liveness only: 200 before any worker is known)
+    assert spec.router.health_path == ROUTER_READY_PATH == "/readiness"
+    router_args = pytest.importorskip("sglang_router.router_args", reason="sglang_router not installed: its parser cannot be asked")
+    parser = argparse.ArgumentParser()
+    router_args.RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    args = spec.router.argv[len(shlex.split(ROUTER_LAUNCHER)):]
+    parsed = router_args.RouterArgs.from_cli_args(parser.parse_args(args), use_router_prefix=False)
+    assert parsed.disable_retries and parsed.disable_circuit_breaker
+    default = router_args.RouterArgs.from_cli_args(parser.parse_args([a for a in args if a not in ROUTER_AS_IS_FLAGS]), use_router_prefix=False)
+    assert not default.disable_retries and not default.disable_circuit_breaker  # the flags are what turns them off
 
 
 def test_router_parser_rejects_an_unknown_flag():

@@ -38,7 +38,7 @@ def test_a_fault_of_an_unknown_layer_or_named_twice_is_refused() -> None:
 
 
 def test_each_fault_env_name_is_spelled_once() -> None:
-    names = {record.FAULT_ENV, record.PD_FAULT_ENV, record.SGLANG_FAULT_ENV, record.LAZY_ALLOC_FAIL_ENV}
+    names = {record.FAULT_ENV, record.PD_FAULT_ENV, record.SGLANG_FAULT_ENV, record.LAZY_ALLOC_FAIL_ENV, record.DISAGG_FAILURE_ENV}
     spelled = []
     for path in [*(ROOT / "conformance").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):

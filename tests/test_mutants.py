@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from conformance.errors import KitError
-from conformance.mutants import catalogue, command, runs
+from conformance.mutants import catalogue, command, runs, scoring
 from conformance.mutants.catalogue import MutantPlan
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
@@ -115,8 +115,11 @@ def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
     # finish path only, hence a fifth cell; the perf fault's run adds the no_buffer sibling, a sixth;
     # a fault that needs a server option runs on that option's standard-tier cell (one cell per axis fault,
     # four: mixed chunk, off-grid and sub-chunk chunked prefill, small mamba pool; overlap=on is the plain cell's own);
-    # the PD faults on the PD cell; the HiCache faults on the hicache variant's nightly cell
-    assert len({p.key for p in plans.values()}) <= 11
+    # the PD faults on the PD cell, the decode-side one on its transfer-fail cell (SGLang's
+    # SGLANG_TEST_DISAGG_FAILURE_PROB, standard tier); the HiCache faults on the hicache variant's nightly cell
+    assert len({p.key for p in plans.values()}) <= 12
+    decode = plans["pd_decode_failed_transfer_slot_kept"]
+    assert decode.faults == "disagg_transfer_fail" and decode.tier == "standard" and "--tier=standard" in runs._pytest_argv(decode, Path("r"))
     hicache = plans["hicache_mamba_state_not_loaded"]
     assert hicache.tier == "nightly" and hicache.suites == ("hicache",) and hicache.keyword == "p1-t256-hicache" and hicache.page_sizes == "1"
     assert plans["hicache_mamba_backup_slot_off"].key == hicache.key
@@ -209,6 +212,27 @@ def test_timeouts_and_faults_never_reached_are_their_own_categories() -> None:
 
     assert category(["timed out after 3s: not caught"], timed_out=True) == ("timeout", [])
     assert category(["never reached: x did not fire", "leaks: failed"], fired=0) == ("not reached", [])
+
+
+def test_a_check_error_from_a_server_its_leak_check_killed_is_scored_by_that_check(tmp_path: Path) -> None:
+    """A server killed mid-test (the check's own request hit a dead server: ServerDiedError)
+    is judged by its log, as a death reported by pytest is: SGLang's idle check is a catch,
+    a death the log does not explain is not."""
+    reason = ("test test_pd_transfer_failures: conformance.errors.ServerDiedError: GET http://127.0.0.1:1/metrics: "
+              "ReadError: [Errno 104] Connection reset by peer")
+    (tmp_path / "report.json").write_text(json.dumps({"cells": [{"checks": {"disagg": {"status": "error", "reason": reason}}}]}))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "cell-pd-decode.log").write_text("ok\n")
+    unexplained = runs._caught_by(tmp_path, "", 1)
+    assert unexplained[0].startswith("server died: ") and scoring.category(unexplained) == ("server death", [])
+    (logs / "cell-pd-decode.log").write_text(
+        "ValueError: pool memory leak detected! [full] total=8192, available=8192, evictable=0, protected=0, session_held=0, uncached=0\n"
+        "[mamba] total=48, available=32, evictable=0, protected=0, session_held=0, uncached=0, leaked_full_pages=None, leaked_mamba_pages={4, 5}\n")
+    found = runs._caught_by(tmp_path, "", 1)
+    assert found == ["server died: SGLang's idle check: memory leak detected: [mamba] total=48, available=32, evictable=0, protected=0, "
+                     "session_held=0, uncached=0, leaked_full_pages=None, leaked_mamba_pages={4, 5}"]
+    assert scoring.category(found) == (scoring.CAUGHT, ["SGLang's idle check (strict, in the server)"])
 
 
 def test_a_start_up_death_is_reported_not_scored_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -30,16 +30,20 @@ from conformance.workloads.runners import generate_tokens, output_ids
 
 pytestmark = [pytest.mark.fault_probe, pytest.mark.timeout(2400)]
 WHERE = ("qwen3-next", "no_buffer")
-#: fault -> what it damages: ``tokens`` (PD answers differ from non-PD) or ``prefill_idle`` (idle invariant broken)
+#: fault -> what it damages: ``tokens`` (PD answers differ from non-PD), ``prefill_idle``
+#: (idle invariant broken) or ``decode_idle`` (the decode server's, after failed transfers)
 PD_PROBES: dict[str, str] = {
     "pd_state_index_off": "tokens",
     "pd_last_layer_state_unsent": "tokens",
     "pd_prefill_slot_kept": "prefill_idle",
+    "pd_decode_failed_transfer_slot_kept": "decode_idle",
 }
+#: The cell of the decode-side fault: SGLang's own transfer-failure switch on its decode server.
+TRANSFER_FAIL = "disagg_transfer_fail"
 
 
 @contextlib.contextmanager
-def pd_cell(tmp_path: Path, fault: str | None) -> Iterator[object]:
+def pd_cell(tmp_path: Path, fault: str | None, cell_fault: str = "none") -> Iterator[object]:
     """The cell's PD unit with ``fault`` (or none) in both PD servers."""
     from conformance.targets.disagg import serve_pd
 
@@ -49,7 +53,7 @@ def pd_cell(tmp_path: Path, fault: str | None) -> Iterator[object]:
         os.environ[FAULT_ENV] = fault
     try:
         options = SimpleNamespace(target="sglang-cpu", dtype="float32", twins=False)
-        with serve_pd(cell_for(*WHERE), options, log_dir=tmp_path / "pd") as pd:
+        with serve_pd(cell_for(*WHERE, cell_fault), options, log_dir=tmp_path / "pd") as pd:
             yield pd
     finally:
         os.environ.pop(FAULT_ENV, None)
@@ -67,8 +71,33 @@ def _damage(tmp_path: Path, fault: str | None) -> dict[str, object]:
     return {"differ": sum(a != b for a, b in zip(served, cold)), "prefill_idle": prefill_idle}
 
 
+def _decode_damage(tmp_path: Path, fault: str | None) -> dict[str, object]:
+    """Requests through a PD unit whose decode server fails transfers at random (SGLang's
+    switch), then the decode server's idle invariant before any flush (or SGLang's own leak
+    report: its strict idle check stops a leaking server)."""
+    from conformance.checks.transfer_failures import is_transfer_failure
+    from conformance.errors import KitError
+    from conformance.faults import DISAGG_FAILURE_ENV
+    from conformance.workloads.transfer_failures import record_transfer_failures
+
+    prompts = token_prompts([40 + 9 * i for i in range(12)], vocab_size=1000, seed=28)
+    with pd_cell(tmp_path, fault, TRANSFER_FAIL) as pd:
+        prob = float(pd.spec.decode.env[DISAGG_FAILURE_ENV])
+        rec = record_transfer_failures(pd.router, prompts, new_tokens=8, failure_prob=prob, follow_up_prompt=prompts[0], follow_up_tries=1)
+        try:
+            broken = idle_invariant(fresh_idle_metrics(pd.decode))
+        except (AssertionError, KitError) as e:  # no idle sample: the server stopped
+            broken = [str(e)[:200]]
+        leak_report = "memory leak detected" in pd.log_texts()["decode"]
+    return {"failed": sum(map(is_transfer_failure, rec.outcomes)), "decode_idle": broken, "leak_report": leak_report}
+
+
 @pytest.mark.parametrize("fault", list(PD_PROBES))
 def test_pd_fault_does_damage_on_real_sglang(fault: str, tmp_path: Path) -> None:
+    if PD_PROBES[fault] == "decode_idle":
+        seen = _decode_damage(tmp_path, fault)
+        assert seen["failed"] and (seen["decode_idle"] or seen["leak_report"]), f"{fault}: the decode server returned to idle: {seen}"
+        return
     seen = _damage(tmp_path, fault)
     if PD_PROBES[fault] == "tokens":
         assert seen["differ"], f"{fault}: the PD cell served the non-PD tokens for every prompt: {seen}"
@@ -79,3 +108,8 @@ def test_pd_fault_does_damage_on_real_sglang(fault: str, tmp_path: Path) -> None
 def test_control_pd_clean(tmp_path: Path) -> None:
     seen = _damage(tmp_path, None)
     assert seen["differ"] == 0 and not seen["prefill_idle"], seen
+
+
+def test_control_pd_transfer_failures_clean(tmp_path: Path) -> None:
+    seen = _decode_damage(tmp_path, None)
+    assert seen["failed"] and not seen["decode_idle"] and not seen["leak_report"], seen

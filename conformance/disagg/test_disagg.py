@@ -8,7 +8,13 @@ cell's NON-PD server (the plugin's ``endpoint``, started for the cell if no othe
   CPU twins; on GPU accuracy with a Wilson interval, a paired McNemar test and SGLang's PD
   threshold history);
 * leaks: idle gauges on BOTH servers after every scenario, a load timeline, and a scan of all
-  three logs.
+  three logs;
+* transfer failures (cells with SGLang's own ``SGLANG_TEST_DISAGG_FAILURE_PROB`` on the decode
+  server, matrix fault ``disagg_transfer_fail``): a load through the router must end each
+  request served or with SGLang's transfer-failure error, some failed, a follow-up served,
+  then the idle invariant on both servers before any flush (``checks.transfer_failures`` +
+  ``checks.leaks``).  On those cells the three comparisons above are a stated skip (their
+  requests fail on purpose), elsewhere this one is.
 
 Each test files a ``disagg`` verdict; the report merges them per cell.  ``extra_buffer_lazy``
 cells are refused under PD by SGLang 0.5.23: recorded as a stated skip, never a pass.
@@ -24,8 +30,10 @@ from conformance.checks.disagg import CHECK, disagg_verdict, threshold_history
 from conformance.checks.gsm8k import gsm8k_verdict, is_correct
 from conformance.checks.kl import NOISE_FACTOR, kl_verdict
 from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, MAMBA_PEAK_GAUGE, leak_verdict
+from conformance.checks.transfer_failures import transfer_failure_verdict
 from conformance.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError
+from conformance.faults import DISAGG_FAILURE_ENV
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
 from conformance.targets.disagg import not_applicable, serve_pd, target_refusal, transport
@@ -34,11 +42,17 @@ from conformance.workloads.gsm8k import pick_items
 from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import OCCUPANCY_GAUGES, generate_tokens, sample_occupancy
+from conformance.workloads.transfer_failures import record_transfer_failures
 
 #: A PD test may start the unit and the non-PD server: four real SGLang processes on sglang-cpu
 #: (over ten minutes on a loaded 2-core machine), more than the runs' per-test timeout.
 pytestmark = [pytest.mark.disagg, pytest.mark.timeout(1800)]
-SEEDS = {"logprobs": 21, "load": 22}
+SEEDS = {"logprobs": 21, "load": 22, "transfer_failures": 23}
+#: Requests of the transfer-failure load (each fails with SGLang's per-poll probability).
+TRANSFER_FAILURE_REQUESTS = 16
+#: The transfer-failure load's bound: its rounds and follow-ups, each failed handshake held
+#: until SGLang's bootstrap timeout (the cell's ``pd_env``).
+TRANSFER_FAILURE_LOAD_S = 900.0
 
 
 def _gauges(pd) -> tuple[str, ...]:
@@ -67,9 +81,16 @@ def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
     pytest.fail(problem, pytrace=False)
 
 
+def _pd_refusal(cell, request) -> str | None:
+    return not_applicable(cell) or target_refusal(request.getfixturevalue("conformance_options").target)
+
+
 def _bind(cell, request, record_verdict):
-    """(PD unit, non-PD endpoint) for the cell; a cell without a PD variant is a stated skip."""
-    reason = not_applicable(cell) or target_refusal(request.getfixturevalue("conformance_options").target)
+    """(PD unit, non-PD endpoint) for the cell; a cell without a PD variant, or whose
+    transfers fail on purpose, is a stated skip."""
+    reason = _pd_refusal(cell, request)
+    if DISAGG_FAILURE_ENV in cell.env:
+        reason = f"not applicable: this cell fails transfers on purpose ({DISAGG_FAILURE_ENV}={cell.env[DISAGG_FAILURE_ENV]}); test_pd_transfer_failures judges it"
     if reason:
         settle(record_verdict(Verdict(CHECK, "skip", reason=reason)))
     pd = request.getfixturevalue("pd_endpoint")
@@ -127,3 +148,22 @@ def test_pd_leaks(cell, request, record_verdict):
     logs = "\n".join(pd.log_texts().values())
     verdict = leak_verdict(probes, log_text=logs, alive=pd.alive(), timeline=timeline, gauges=_gauges(pd))
     settle(record_verdict(disagg_verdict([verdict], transfer=transport(pd.spec))))
+
+
+def test_pd_transfer_failures(cell, request, record_verdict):
+    prob = cell.env.get(DISAGG_FAILURE_ENV)
+    reason = _pd_refusal(cell, request) or (None if prob else f"not applicable: the cell injects no transfer failure ({DISAGG_FAILURE_ENV})")
+    if reason:
+        settle(record_verdict(Verdict(CHECK, "skip", reason=reason)))
+    pd = request.getfixturevalue("pd_endpoint")  # the non-PD server is not needed: nothing is compared with it
+    size = sizes_for(pd)
+    chunk, _grid = grids(cell)
+    prompts = token_prompts([chunk + 1 + 7 * i for i in range(TRANSFER_FAILURE_REQUESTS + 1)], vocab_size=vocab_size(pd), seed=SEEDS["transfer_failures"])
+    gauges = (*OCCUPANCY_GAUGES, MAMBA_PEAK_GAUGE)
+    timeline, rec = sample_occupancy(pd.decode, lambda: record_transfer_failures(
+        pd.router, prompts[:-1], new_tokens=size.load_new_tokens, failure_prob=float(prob), follow_up_prompt=prompts[-1]),
+        gauges=gauges, max_s=TRANSFER_FAILURE_LOAD_S)
+    probes = probe_both(pd, "after transfer failures", requests=len(rec.outcomes) + len(rec.follow_up), gauges=_gauges(pd))
+    logs = "\n".join(pd.log_texts().values())
+    leaks = leak_verdict(probes, log_text=logs, alive=pd.alive(), timeline=timeline, gauges=_gauges(pd))
+    settle(record_verdict(disagg_verdict([transfer_failure_verdict(rec), leaks], transfer=transport(pd.spec))))

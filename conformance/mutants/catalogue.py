@@ -127,12 +127,21 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
             key, target="sglang-cpu", suites=suites, models=model, strategies=strategy, faults=cell_fault,
             server_options=options or None,
             # a fault that needs a server option runs on its standard-tier axis cell; one that
-            # needs a cache variant (a host tier) on that variant's nightly cell, picked by its id
-            tier="nightly" if variant != "radix" else "standard" if options else "premerge",
+            # needs a cache variant (a host tier) on that variant's nightly cell, picked by its id;
+            # one that needs a matrix fault on the smallest tier that has that fault's cells
+            tier="nightly" if variant != "radix" else "standard" if options else _fault_tier(cell_fault),
             page_sizes="1" if variant != "radix" else None, keyword=f"p1-t256-{variant}" if variant != "radix" else None,
             stop_at_first=True, timeout_s=SGLANG_CPU_TIMEOUT_S, fault_env=SGLANG_FAULT_ENV,
         )
     return plans
+
+
+def _fault_tier(cell_fault: str) -> str:
+    """The smallest tier of the matrix with a cell of the matrix fault ``cell_fault``."""
+    from conformance.matrix import TIERS, load_matrix
+
+    tiers = {c.tier for c in load_matrix().cells if c.fault.name == cell_fault}
+    return next((t for t in TIERS if t in tiers), TIERS[0])
 
 
 def at_defaults(f: Fault) -> bool:

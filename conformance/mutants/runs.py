@@ -76,6 +76,10 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
             for check, v in cell.get("checks", {}).items():
                 if v.get("status") == "fail":
                     found.append(f"{check}: {(v.get('reason') or '')[:110]}")
+                elif v.get("status") == "error" and "ServerDiedError" in (v.get("reason") or ""):
+                    # a server died under the check's requests: what its log says killed it
+                    # (SGLang's strict idle check is a catch; an unexplained death is not)
+                    found.append(_died_line(v.get("reason") or "", report_dir))
                 elif v.get("status") == "error":
                     found.append(f"{check} error: {(v.get('reason') or '')[:110]}")
     for line in output.splitlines():

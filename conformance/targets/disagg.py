@@ -52,6 +52,17 @@ def not_applicable(cell: Cell) -> str | None:
     return None if cell.strategy.pd else LAZY_REFUSAL
 
 
+def env_for_role(cell: Cell, role: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for the PD server ``role`` of ``cell``: without the cell fault's variables when
+    the fault is for the other role only (``pd_roles`` in the matrix); plus the fault's
+    ``pd_env`` (every PD server)."""
+    both = dict(cell.fault.pd_env)
+    if role in cell.fault.pd_roles:
+        return {**env, **both}
+    theirs = dict(cell.fault.env)
+    return {**{k: v for k, v in env.items() if k not in theirs}, **both}
+
+
 def target_refusal(target: str) -> str | None:
     """Why PD cannot run on ``target`` on this machine (one line), or None."""
     if target_for(target).pd_probe_refusal:
@@ -139,23 +150,39 @@ def sglang_pd_spec(
     def server(role: str, port: int, base_gpu: int) -> LaunchSpec:
         args = target.server_args(cell, model_path=model_path, port=port)
         args += ["--disaggregation-mode", role, *shared, "--base-gpu-id", str(base_gpu)]
-        return LaunchSpec(argv=[*launcher, *args], env=env, port=port, health_path="/health", start_timeout_s=1200.0)
+        return LaunchSpec(argv=[*launcher, *args], env=env_for_role(cell, role, env), port=port, health_path="/health", start_timeout_s=1200.0)
 
     return PDSpec(server("prefill", ports.prefill, 0), server("decode", ports.decode, tp), _router_spec(ports, router_launcher), ports.bootstrap,
                   transfer_backend, {"server": target.launcher, "router": router_launcher})
 
 
+#: ``sglang_router``'s own resilience switched off: the kit judges each answer SGLang gave.  With
+#: its defaults the router re-sends a request SGLang failed (up to 5 tries: a failed transfer is
+#: hidden, or answered by a second run of the request) and, after 10 failures in 120 s, opens its
+#: circuit breaker on the worker (every later request: 503 "No available servers: No prefill
+#: workers available", while both SGLang servers are healthy).  That is the router's policy, not
+#: SGLang's Mamba code; a cell whose transfers fail on purpose (``SGLANG_TEST_DISAGG_FAILURE_PROB``)
+#: trips it within one load.
+ROUTER_AS_IS_FLAGS = ("--disable-retries", "--disable-circuit-breaker")
+#: The router's own readiness route: it is up only once its prefill and decode workers are registered.
+ROUTER_READY_PATH = "/readiness"
+
+
 def _router_spec(ports: PDPorts, router_launcher: str) -> LaunchSpec:
-    """``sglang_router``'s PD router in front of the cell's prefill (with its bootstrap port) and decode."""
+    """``sglang_router``'s PD router in front of the cell's prefill (with its bootstrap port) and
+    decode, passing each SGLang answer on as it came (``ROUTER_AS_IS_FLAGS``)."""
     argv = [
         *shlex.split(router_launcher), "--pd-disaggregation",
         "--prefill", f"http://127.0.0.1:{ports.prefill}", str(ports.bootstrap),
         "--decode", f"http://127.0.0.1:{ports.decode}",
-        "--host", "127.0.0.1", "--port", str(ports.router),
+        "--host", "127.0.0.1", "--port", str(ports.router), *ROUTER_AS_IS_FLAGS,
     ]
     if ports.router_metrics is not None:
         argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports.router_metrics)]
-    return LaunchSpec(argv=argv, env={}, port=ports.router, health_path="/health", start_timeout_s=300.0)
+    # ``/health`` is the router's liveness (200 at once); its workers are registered in the
+    # background a second or more later, and a request before that gets 503 "No available
+    # servers: No prefill workers available".  ``/readiness`` answers 200 once it has healthy workers.
+    return LaunchSpec(argv=argv, env={}, port=ports.router, health_path=ROUTER_READY_PATH, start_timeout_s=300.0)
 
 
 # ------------------------------------------------------------------ SGLang on CPU
@@ -179,7 +206,7 @@ def sglang_cpu_pd_spec(cell: Cell, options: Any, *, ports: PDPorts) -> PDSpec:
 
     def server(role: str, port: int) -> LaunchSpec:
         base = target.launch_spec(cell, port=port)
-        env = {**base.env, **CPU_TRANSFER_ENV, activation.PD_ENV: "1"}
+        env = env_for_role(cell, role, {**base.env, **CPU_TRANSFER_ENV, activation.PD_ENV: "1"})
         return LaunchSpec(argv=[*base.argv, "--disaggregation-mode", role, *shared], env=env, port=port, health_path="/health",
                           start_timeout_s=base.start_timeout_s, plugins=base.plugins)
 
@@ -250,7 +277,7 @@ def reference_pd_spec(
 
     def role(name: str, port: int, extra: list[str]) -> LaunchSpec:
         argv = [python, "-m", "conformance.reference.pd", "--disaggregation-mode", name, *common, "--port", str(port), *extra]
-        return LaunchSpec(argv=argv, env={**env, **(role_env or {}).get(name, {})}, port=port, start_timeout_s=180.0)
+        return LaunchSpec(argv=argv, env=env_for_role(cell, name, {**env, **(role_env or {}).get(name, {})}), port=port, start_timeout_s=180.0)
 
     router_argv = [python, "-m", "conformance.reference.router", "--prefill", f"http://127.0.0.1:{ports.prefill}",
                    "--decode", decode_url, "--host", "127.0.0.1", "--port", str(ports.router)]

@@ -52,6 +52,7 @@ FAULT_MODULES = (
     "pd_state_index_off",             # PR 15829
     "pd_last_layer_state_unsent",
     "pd_prefill_slot_kept",
+    "pd_decode_failed_transfer_slot_kept",  # needs SGLang's transfer-failure switch (disagg_transfer_fail)
     # HiCache (SGLang's host tier on CPU, the hicache cache variant): the hicache suite
     "hicache_mamba_state_not_loaded",  # PR 27256 class
     "hicache_mamba_backup_slot_off",
@@ -65,7 +66,7 @@ PROGRAMS_FAULTS = FAULT_MODULES[FAULT_MODULES.index("dup_insert_leak"):FAULT_MOD
 #: with its option on (``Fault.options``), so its cell is a standard-tier axis cell.
 OPTION_FAULTS = FAULT_MODULES[FAULT_MODULES.index("session_abort_continues") + 1:FAULT_MODULES.index("pd_state_index_off")]
 #: PD disaggregation faults (hooks in SGLang's disaggregation code; fire only in PD roles).
-PD_FAULTS = FAULT_MODULES[FAULT_MODULES.index("pd_state_index_off"):FAULT_MODULES.index("pd_prefill_slot_kept") + 1]
+PD_FAULTS = FAULT_MODULES[FAULT_MODULES.index("pd_state_index_off"):FAULT_MODULES.index("pd_decode_failed_transfer_slot_kept") + 1]
 #: HiCache faults (hooks in SGLang's host pools; their cell is a ``hicache`` variant cell).
 HICACHE_FAULTS = FAULT_MODULES[FAULT_MODULES.index("hicache_mamba_state_not_loaded"):]
 
