@@ -289,6 +289,17 @@ def pressure_hits(client: SGLangClient) -> list[HitVsCold]:
     return hit_vs_cold(client, [[p] for p in solo] + [burst], [p + tail(5, f"q{i}") for i, p in enumerate(every)], warm_new=4)
 
 
+GATE_SOLO, GATE_BURST = (300,) * 5, (300,) * 8
+
+
+def gate_hits(client: SGLangClient) -> list[HitVsCold]:
+    """Stored prompts, then a burst of 8 decoding together (more working slots than a
+    16-slot Mamba pool holds: admission's Mamba gate closes), then hits on all thirteen."""
+    solo, burst = prompts(GATE_SOLO, seed=12), prompts(GATE_BURST, seed=13)
+    every = list(solo) + list(burst)
+    return hit_vs_cold(client, [[p] for p in solo] + [burst], [p + tail(5, f"m{i}") for i, p in enumerate(every)], warm_new=16)
+
+
 def grid_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     warm = prompts(GRID_LENGTHS, seed=2)
     return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"g{i}") for i, p in enumerate(warm)])
