@@ -289,13 +289,13 @@ def pressure_hits(client: SGLangClient) -> list[HitVsCold]:
     return hit_vs_cold(client, [[p] for p in solo] + [burst], [p + tail(5, f"q{i}") for i, p in enumerate(every)], warm_new=4)
 
 
-GATE_SOLO, GATE_BURST = (300,) * 5, (300,) * 8
+CAP_SOLO, CAP_BURST = (300,) * 2, (300,) * 5
 
 
-def gate_hits(client: SGLangClient) -> list[HitVsCold]:
-    """Stored prompts, then a burst of 8 decoding together (more working slots than a
-    16-slot Mamba pool holds: admission's Mamba gate closes), then hits on all thirteen."""
-    solo, burst = prompts(GATE_SOLO, seed=12), prompts(GATE_BURST, seed=13)
+def cap_hits(client: SGLangClient) -> list[HitVsCold]:
+    """Two stored prompts, a burst of 5 decoding (past a 16-slot pool's request cap of 3,
+    within the default pool's 9), then hits on all seven (within 9 too)."""
+    solo, burst = prompts(CAP_SOLO, seed=12), prompts(CAP_BURST, seed=13)
     every = list(solo) + list(burst)
     return hit_vs_cold(client, [[p] for p in solo] + [burst], [p + tail(5, f"m{i}") for i, p in enumerate(every)], warm_new=16)
 
