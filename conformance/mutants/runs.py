@@ -13,6 +13,7 @@ scores) and :mod:`conformance.mutants.power` (scripted suites vs request program
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -204,6 +205,10 @@ def stop_group(proc: subprocess.Popen) -> str:
             break
         except subprocess.TimeoutExpired:
             output = ""
+        except (ValueError, OSError):  # an interrupted communicate can leave its pipes closed: wait instead
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait)
+                break
     return output or ""
 
 
