@@ -82,6 +82,9 @@ class Fault:
     #: PD cells: SGLang settings every server of the PD unit gets (whatever ``pd_roles`` says),
     #: e.g. a timeout its failures need to end within a run.
     pd_env: tuple[tuple[str, str], ...] = ()
+    #: Laid over any clean cell of its strategies when ``--faults`` names it (besides its own
+    #: cells): a switch of the server's checking (SGLang's strict idle check), not a bug.
+    overlay: bool = False
 
     @property
     def injected(self) -> bool:
@@ -189,6 +192,8 @@ class Matrix:
         """Cells matching every given filter (None = no filter), in file order.
 
         ``tier`` selects that tier and the smaller ones: premerge ⊂ standard ⊂ nightly.
+        An overlay fault named in ``faults`` is also laid over every selected clean cell of
+        its strategies (the same cell, that fault's env; one cell per id).
         """
         if tier is not None:
             _check_choices("--tier", [tier], TIERS)
@@ -199,7 +204,8 @@ class Matrix:
         if faults:
             _check_choices("--faults", faults, self.faults)
         wanted = option_axes.parse_selection(server_options or ())
-        out = []
+        overlays = [self.faults[f] for f in faults or () if self.faults[f].overlay]
+        out: dict[str, Cell] = {}
         for cell in self.cells:
             if target and target not in cell.targets:
                 continue
@@ -207,16 +213,15 @@ class Matrix:
                 continue
             if strategies and cell.strategy.name not in strategies:
                 continue
-            if faults and cell.fault.name not in faults:
-                continue
             if page_sizes and cell.page_size not in page_sizes:
                 continue
             if tier and TIERS.index(cell.tier) > TIERS.index(tier):
                 continue
             if any(option_axes.value_of(cell, axis).name != value for axis, value in wanted):
                 continue
-            out.append(cell)
-        return out
+            for c in [cell] * (not faults or cell.fault.name in faults) + _overlaid(cell, overlays):
+                out.setdefault(c.id, c)
+        return list(out.values())
 
     def baseline_for(self, cell: Cell) -> Cell | None:
         """The cell's paired baseline (GSM8K's paired test): see :func:`baseline_spec`;
@@ -225,6 +230,13 @@ class Matrix:
         if spec is None:
             return None
         return next((c for c in self.cells if _baseline_match(c, cell.model.id, *spec)), None)
+
+
+def _overlaid(cell: Cell, overlays: Sequence[Fault]) -> list[Cell]:
+    """``cell`` under each overlay fault that takes it (a clean cell of its strategies)."""
+    if cell.fault.injected:
+        return []
+    return [dataclasses.replace(cell, fault=f) for f in overlays if cell.strategy.name in f.strategies]
 
 
 def baseline_spec(cell: Cell, no_buffer: Strategy | None) -> tuple[int, int] | None:
@@ -268,7 +280,7 @@ def _check_choices(option: str, values: Iterable[str], allowed: Iterable[str]) -
 _TOP_KEYS = {"schema", "defaults", "strategies", "faults", "cache_variants", "axes", "models", "cells"}
 _MODEL_KEYS = {"id", "family", "hf_path", "twin", "tp_size", "mamba_chunk_size", "thresholds"}
 _STRATEGY_KEYS = {"description", "overlap", "max_page_size", "ping_pong_slots", "pd"}
-_FAULT_KEYS = {"description", "env", "strategies", "effects", "pd_roles", "suites", "pd_env"}
+_FAULT_KEYS = {"description", "env", "strategies", "effects", "pd_roles", "suites", "pd_env", "overlay"}
 _VARIANT_KEYS = {"description", "args", "strategies", "targets"}
 _BLOCK_KEYS = {"name", "tier", "models", "strategies", "page_sizes", "track_intervals", "faults", "cache_variants", "targets",
                "options", "generate"}
@@ -356,8 +368,10 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
         unknown = [x for x in suites if not (Path(__file__).parent / str(x) / "__init__.py").is_file()]
         if unknown:
             raise ctx.fail(where, f"unknown suite(s) {', '.join(map(str, unknown))} (a suite is a test package under conformance/)")
+        if not isinstance(t.get("overlay", False), bool):
+            raise ctx.fail(where, "overlay must be true or false")
         faults[name] = Fault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())), roles, suites,
-                             tuple(sorted(pd_env.items())))
+                             tuple(sorted(pd_env.items())), t.get("overlay", False))
     if "none" not in faults:
         raise ctx.fail("[faults]", "a fault named 'none' (no injection) is required")
 

@@ -289,6 +289,17 @@ def pressure_hits(client: SGLangClient) -> list[HitVsCold]:
     return hit_vs_cold(client, [[p] for p in solo] + [burst], [p + tail(5, f"q{i}") for i, p in enumerate(every)], warm_new=4)
 
 
+CAP_SOLO, CAP_BURST = (300,) * 2, (300,) * 5
+
+
+def cap_hits(client: SGLangClient) -> list[HitVsCold]:
+    """Two stored prompts, a burst of 5 decoding (past a 16-slot pool's request cap of 3,
+    within the default pool's 9), then hits on all seven (within 9 too)."""
+    solo, burst = prompts(CAP_SOLO, seed=12), prompts(CAP_BURST, seed=13)
+    every = list(solo) + list(burst)
+    return hit_vs_cold(client, [[p] for p in solo] + [burst], [p + tail(5, f"m{i}") for i, p in enumerate(every)], warm_new=16)
+
+
 def grid_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     warm = prompts(GRID_LENGTHS, seed=2)
     return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"g{i}") for i, p in enumerate(warm)])

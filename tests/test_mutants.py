@@ -289,3 +289,33 @@ def test_programs_power_scores_no_death_and_no_start_up_a_re_run_missed(tmp_path
     assert power.Power("f", None, dummy, died_at_start=idle).startup_caught
     assert not power.Power("f", None, dummy, died_at_start=idle, strict_off=True).startup_caught  # its re-run missed
     assert not power.Power("f", None, dummy, died_at_start="server died at start-up (exit 1): boom").startup_caught
+
+
+def test_an_interrupted_mutants_run_stops_its_pytest_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM to ``mutants`` (unwinding as KeyboardInterrupt) while a selection runs kills
+    that child's process group: the run's pytest once outlived a killed ``mutants``; a
+    finished child is not touched (not vacuous: the sleeper is alive until then)."""
+    import subprocess
+    import sys
+
+    from conformance.mutants import runs
+
+    started: list[subprocess.Popen] = []
+
+    class Interrupted(subprocess.Popen):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            started.append(self)
+
+        def communicate(self, input=None, timeout=None):  # noqa: A002 - Popen's own signature
+            if timeout and timeout > 100:  # the run's own wait: interrupted as a SIGTERM would
+                assert self.poll() is None  # the child is alive when the interrupt comes
+                raise KeyboardInterrupt("SIGTERM")
+            return super().communicate(input, timeout)
+
+    monkeypatch.setattr(runs.subprocess, "Popen", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        runs.run_bounded([sys.executable, "-c", "import time; time.sleep(60)"], env=dict(os.environ), timeout_s=600)
+    assert started and started[0].poll() is not None
+    code, out, timed_out = runs.run_bounded([sys.executable, "-c", "print('ok')"], env=dict(os.environ), timeout_s=30)
+    assert (code, out.strip(), timed_out) == (0, "ok", False)

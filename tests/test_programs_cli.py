@@ -184,6 +184,34 @@ def test_power_tells_a_start_up_death_from_a_programs_finding(tmp_path: Path) ->
     assert missed.caught_by == "neither" and power.render("sglang-cpu", "90s", 0, [], [missed], Console(file=StringIO())) == 1
 
 
+def _plan_cells(matrix, plan) -> list:
+    """The cells a mutants plan's pytest selection picks (its flags, as ``runs._pytest_argv`` passes them)."""
+    split = lambda v: v.split(",") if v else None  # noqa: E731
+    pages = [int(p) for p in plan.page_sizes.split(",")] if plan.page_sizes else None
+    return matrix.select(target=plan.target, models=split(plan.models), strategies=split(plan.strategies), page_sizes=pages,
+                         server_options=split(plan.server_options), tier=plan.tier, faults=split(plan.faults))
+
+
+def test_the_strict_off_rerun_of_an_option_fault_selects_its_own_cell() -> None:
+    """An option fault (small Mamba pool) re-run with SGLang's strict idle check off selects
+    its own axis cell with the check off (it matched no cell before: "no matrix cell
+    matches"); without the matrix's overlay the same selection is empty (not vacuous)."""
+    import dataclasses
+
+    from conformance.matrix import load_matrix
+    from conformance.mutants import catalogue, power
+
+    plan = catalogue.sglang_cpu_plans(("pressure_evict_slot_still_cached",))["pressure_evict_slot_still_cached"]
+    lenient = power.strict_off_plan(plan)
+    matrix = load_matrix(Path("fixtures/matrix.toml"))
+    cells = _plan_cells(matrix, lenient)
+    assert [c.id for c in cells] == [c.id.replace("-mamba_pool-small", f"-{power.NO_STRICT}-mamba_pool-small") for c in _plan_cells(matrix, plan)]
+    assert [(c.options, dict(c.env)["SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE"]) for c in cells] == [((("mamba_pool", "small"),), "0")]
+    plain = dataclasses.replace(matrix, faults={**matrix.faults, power.NO_STRICT: dataclasses.replace(matrix.faults[power.NO_STRICT], overlay=False)})
+    assert _plan_cells(plain, lenient) == []
+    assert not _plan_cells(matrix, dataclasses.replace(lenient, faults="lazy_alloc_fail"))  # only an overlay fault is laid over
+
+
 def test_a_start_up_death_is_measured_again_with_sglangs_strict_check_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A leak SGLang's own strict idle check kills the server for is re-run on the same
     cell with that check off (matrix fault no_strict_idle_check), so the programs' idle
@@ -198,11 +226,13 @@ def test_a_start_up_death_is_measured_again_with_sglangs_strict_check_off(tmp_pa
 
     plans = catalogue.sglang_cpu_plans(("pingpong_leak_on_finish", "lazy_alloc_fail_still_inserts"))
     lenient = power.strict_off_plan(plans["pingpong_leak_on_finish"])
-    assert lenient.faults == power.NO_STRICT and lenient.tier == "nightly" and "+no_strict_idle_check:" in lenient.key
+    assert lenient.faults == power.NO_STRICT and lenient.tier == plans["pingpong_leak_on_finish"].tier
+    assert "+no_strict_idle_check:" in lenient.key
     assert power.strict_off_plan(plans["lazy_alloc_fail_still_inserts"]) is None  # one matrix fault per cell
-    cells = load_matrix(Path("fixtures/matrix.toml")).select(tier="nightly", target="sglang-cpu", models=["qwen3-next"],
-                                                            strategies=["extra_buffer"], faults=[power.NO_STRICT])
-    assert [dict(c.env).get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE") for c in cells] == ["0"]
+    matrix = load_matrix(Path("fixtures/matrix.toml"))
+    cells, clean = _plan_cells(matrix, lenient), _plan_cells(matrix, plans["pingpong_leak_on_finish"])
+    assert cells and [c.id.replace(f"-{power.NO_STRICT}", "") for c in cells] == [c.id for c in clean]  # the same cells
+    assert {dict(c.env).get("SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE") for c in cells} == {"0"}
 
     died = "server died (exit -9): SGLang's idle check: memory leak detected"
     ran: list[str] = []

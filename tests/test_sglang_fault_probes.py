@@ -23,6 +23,7 @@ from sglang_cpu_probes import (
     batched_prefill_hits,
     branch_cached_tokens,
     branch_point_hit,
+    cap_hits,
     cell_for,
     cold_ttfts,
     cut_prefill_hits,
@@ -103,6 +104,8 @@ PROBES: dict[str, Probe] = {
     "sub_chunk_handoff_donates_untracked": Probe(EXTRA, sub_chunk_prefill_hits, lambda rows: [r.cached_tokens for r in rows] == [96, 192] and all(r.diverged for r in rows),
                                                  options=(("chunked_prefill", "sub-chunk"),)),
     "pressure_evict_slot_still_cached": Probe(EXTRA, pressure_hits, lambda rows: bool(diverged(rows)), options=(("mamba_pool", "small"),)),
+    # the same pool's request cap (3) holding a burst back
+    "mamba_cap_reclaims_cached_slot": Probe(EXTRA, cap_hits, lambda rows: bool(diverged(rows)), options=(("mamba_pool", "small"),)),
 }
 FAST = ("cow_skipped",)
 
@@ -216,6 +219,15 @@ def test_pressure_fault_is_missed_with_the_default_pool(tmp_path: Path) -> None:
     with probe_server(cell_for(*EXTRA), tmp_path, fault="pressure_evict_slot_still_cached", strict=False) as s:
         rows = pressure_hits(s.client)
         fired = s.fired("pressure_evict_slot_still_cached")
+    assert fired == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (fired, summary(rows))
+
+
+def test_cap_fault_is_missed_with_the_default_pool(tmp_path: Path) -> None:
+    """The cap scenario and fault with the kit's default pool (48 slots, cap 9): the burst and
+    the hits fit under the cap, the hook never fires, the hits equal cold."""
+    with probe_server(cell_for(*EXTRA), tmp_path, fault="mamba_cap_reclaims_cached_slot", strict=False) as s:
+        rows = cap_hits(s.client)
+        fired = s.fired("mamba_cap_reclaims_cached_slot")
     assert fired == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (fired, summary(rows))
 
 

@@ -99,6 +99,9 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
         console.print(f"preflight only: {len(plans)} faults planned, nothing started")
         return 0
     report_dir.mkdir(parents=True, exist_ok=True)
+    from conformance.targets.launcher import install_signal_handlers
+
+    install_signal_handlers()  # a SIGTERM unwinds: the running pytest's group and the cold twins are stopped
     with contextlib.ExitStack() as stack:
         if not target_for(target).pool_only:  # one cache-off twin per cold cell for every run of this command
             broker = stack.enter_context(contextlib.closing(TwinBroker(report_dir / "twins")))

@@ -119,12 +119,13 @@ def programs_finding(report_dir: Path) -> tuple[int | None, float | None, str]:
 
 
 def strict_off_plan(plan: MutantPlan) -> MutantPlan | None:
-    """``plan`` on the same cell with SGLang's strict idle check off; None when the cell
-    already carries a matrix fault (one per cell) or is not a real-SGLang cell."""
+    """``plan`` on the same cells with SGLang's strict idle check off (the matrix lays that
+    fault over any clean cell: same tier, options and pages); None when the cell already
+    carries a matrix fault (one per cell) or is not a real-SGLang cell."""
     if not target_for(plan).kit_plugins or plan.faults not in (None, "none"):
         return None
     model_strategy, _, suites = plan.key.partition(":")
-    return dataclasses.replace(plan, key=f"{model_strategy}+{NO_STRICT}:{suites}", faults=NO_STRICT, tier="nightly")
+    return dataclasses.replace(plan, key=f"{model_strategy}+{NO_STRICT}:{suites}", faults=NO_STRICT)
 
 
 def measure(plans: dict[str, MutantPlan], *, budget: str, seed: int, report_dir: Path, programs_only: bool = False,

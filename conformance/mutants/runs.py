@@ -13,6 +13,7 @@ scores) and :mod:`conformance.mutants.power` (scripted suites vs request program
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -181,23 +182,38 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
 
 def run_bounded(argv: list[str], *, env: dict[str, str], timeout_s: float) -> tuple[int, str, bool]:
     """(exit code, output, timed out): the child runs in its own process group, which is
-    SIGTERMed then SIGKILLed on timeout so no server it started outlives it."""
+    SIGTERMed then SIGKILLed on timeout -- or when this process is interrupted (Ctrl-C, or a
+    SIGTERM unwinding through ``launcher.install_signal_handlers``) -- so no server it started
+    outlives it."""
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout_s)
         return proc.returncode, output or "", False
     except subprocess.TimeoutExpired:
-        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-            try:
-                output, _ = proc.communicate(timeout=wait)
+        return -1, stop_group(proc) + f"\ntimed out after {timeout_s:.0f}s", True
+    except BaseException:
+        stop_group(proc)
+        raise
+
+
+def stop_group(proc: subprocess.Popen) -> str:
+    """SIGTERM, then SIGKILL, the child's process group; what it printed meanwhile."""
+    output = ""
+    for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            output, _ = proc.communicate(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            output = ""
+        except (ValueError, OSError):  # an interrupted communicate can leave its pipes closed: wait instead
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait)
                 break
-            except subprocess.TimeoutExpired:
-                output = ""
-        return -1, (output or "") + f"\ntimed out after {timeout_s:.0f}s", True
+    return output or ""
 
 
 def _judge_sglang(plan: MutantPlan, fault: str | None, by: list[str], code: int, report_dir: Path, seconds: float) -> Outcome:

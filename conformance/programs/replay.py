@@ -28,7 +28,8 @@ def find_cell(program: Program, matrix_path: str | None) -> Cell:
     cell_id = program.cell.get("id")
     if not cell_id:
         raise KitError("program file names no cell (its 'cell' has no 'id'); write it with the suite or add the cell id")
-    cells = {c.id: c for c in load_matrix(matrix_path).select(tier="nightly")}
+    matrix = load_matrix(matrix_path)
+    cells = {c.id: c for c in matrix.select(tier="nightly", faults=list(matrix.faults))}  # with overlaid faults' cells
     if cell_id not in cells:
         raise KitError(f"program file's cell {cell_id!r} is not in the matrix; known: {', '.join(sorted(cells)[:6])} ...")
     return cells[cell_id]

@@ -47,6 +47,7 @@ FAULT_MODULES = (
     "chunk_cut_key_past_checkpoint",
     "overlap_track_slot_reused",
     "pressure_evict_slot_still_cached",
+    "mamba_cap_reclaims_cached_slot",
     "sub_chunk_handoff_donates_untracked",
     # PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP): the disagg suite
     "pd_state_index_off",             # PR 15829

@@ -35,17 +35,25 @@ def remember_stored(result, component, req, insert_params, *args, **kwargs):
     return result
 
 
+def free_newest_stored(cache) -> int | None:
+    """Free the slot of the checkpoint stored most recently that is still allocated, leaving
+    its radix node naming it; the slot, or None when there is none."""
+    allocator = cache.req_to_token_pool.mamba_allocator
+    in_use = getattr(allocator, "is_slot_allocated", lambda slot: True)
+    slot = next((s for s in reversed(_STORED) if s not in _FREED and in_use(s)), None)
+    if slot is not None:
+        import torch
+
+        _FREED.add(slot)
+        allocator.free(torch.tensor([slot], dtype=torch.int64))
+    return slot
+
+
 def free_a_cached_slot_first(original, cache, *args, **kwargs):
     params = plan_arg(args, kwargs, 0, "params")
     if getattr(params, "mamba_num", 0) and cache.supports_mamba():
-        allocator = cache.req_to_token_pool.mamba_allocator
-        in_use = getattr(allocator, "is_slot_allocated", lambda slot: True)
-        slot = next((s for s in reversed(_STORED) if s not in _FREED and in_use(s)), None)
+        slot = free_newest_stored(cache)
         if slot is not None:
-            import torch
-
-            _FREED.add(slot)
-            allocator.free(torch.tensor([slot], dtype=torch.int64))
             fired(NAME, slot=slot, shortfall=int(params.mamba_num))
     return original(cache, *args, **kwargs)
 
