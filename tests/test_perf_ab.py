@@ -70,9 +70,9 @@ def test_identical_sides_are_no_change() -> None:
     assert not v.flagged and all(t.p_value == 1.0 and t.median_ratio == 1.0 for t in v.tests)
 
 
-def test_the_graded_fault_waits_its_grade_of_the_step_and_returns_the_result(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_graded_fault_works_its_grade_of_the_step_and_returns_the_result(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(slowdown.time, "sleep", slept.append)
+    monkeypatch.setattr(slowdown, "busy", slept.append)
     monkeypatch.setattr(slowdown, "fired", lambda *a, **k: None)
     ticks = iter([1.0, 1.5, 2.0, 2.5, 3.0, 3.5])
     monkeypatch.setattr(slowdown.time, "perf_counter", lambda: next(ticks))
@@ -82,12 +82,23 @@ def test_the_graded_fault_waits_its_grade_of_the_step_and_returns_the_result(mon
     assert slowdown.slow_step(lambda x, y=0: x + y, 1, y=2) == 3
     assert slept == [pytest.approx(0.1)]  # 0.2 x a 0.5 s step
     grade_file.write_text("0\n")
-    assert slowdown.slow_step(lambda: "out") == "out" and slept == [pytest.approx(0.1)]  # grade 0: no wait
+    assert slowdown.slow_step(lambda: "out") == "out" and slept == [pytest.approx(0.1)]  # grade 0: no extra work
     monkeypatch.setenv(slowdown.GRADE_ENV, "0.05")
     slowdown.slow_step(lambda: None)
     assert slept[-1] == pytest.approx(0.025)
     monkeypatch.delenv(slowdown.GRADE_ENV)
     assert slowdown.grade() == slowdown.DEFAULT_GRADE
+
+
+def test_the_extra_work_is_busy_not_a_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sleep would give the core away (and come back late on a loaded machine): busy() never sleeps
+    and keeps the thread on the CPU for about the time asked."""
+    import time
+
+    monkeypatch.setattr(slowdown.time, "sleep", lambda s: pytest.fail(f"slept {s}"))
+    cpu0, wall0 = time.thread_time(), time.perf_counter()
+    slowdown.busy(0.05)
+    assert time.perf_counter() - wall0 >= 0.05 and time.thread_time() - cpu0 >= 0.03
 
 
 def test_a_bad_grade_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
