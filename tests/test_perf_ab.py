@@ -15,6 +15,7 @@ import pytest
 
 from conformance.checks.perf_ab import ALPHA, MIN_PAIRS, PairTiming, ab_verdict
 from conformance.errors import KitError
+from conformance.faults import PAIRED_AB, SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV
 from conformance.perf import ab
 from conformance.report.perf import DEFAULT_THRESHOLDS
 from conformance.sglang_plugins.faults import catalogue
@@ -112,7 +113,7 @@ def test_a_bad_grade_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_graded_fault_is_catalogued_around_the_model_step() -> None:
     fault = catalogue.get_fault("step_slowdown")
-    assert fault is slowdown.FAULT and fault.suites == ("perf",)
+    assert fault is slowdown.FAULT and fault.suites == () and fault.seen_by == (PAIRED_AB,)  # no suite's check sees +10%
     assert [(h.target, h.how) for h in fault.hooks] == [(slowdown.TARGET, "around")]
 
 
@@ -210,3 +211,67 @@ def test_the_perf_ab_verb_exits_1_when_a_verdict_is_wrong(monkeypatch: pytest.Mo
     monkeypatch.setattr(ab, "graded_runs", blind_runs)
     assert cli.main(["perf-ab", "--grades", "0,0.1", "--log-dir", "/tmp/unused-perf-ab"]) == 1
     assert "<- WRONG" in capsys.readouterr().out
+
+
+def test_a_fault_run_puts_the_fault_on_the_drawn_side_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``fault_runs``: the drawn side starts with the seeded fault at its defaults (no grade
+    file), the other with no fault switch at all, whatever the caller's environment holds."""
+    import contextlib
+    import os
+
+    seen: list[dict[str, dict]] = []
+
+    @contextlib.contextmanager
+    def fake_pair(cell, options, envs, *, work_dir):
+        with ab._environ(envs["a"]):
+            got_a = {k: os.environ.get(k) for k in (SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV)}
+        with ab._environ(envs["b"]):
+            got_b = {k: os.environ.get(k) for k in (SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV)}
+        seen.append({"a": got_a, "b": got_b})
+        yield {"a": type("E", (), {"client": "a"})(), "b": type("E", (), {"client": "b"})()}
+
+    monkeypatch.setenv(SGLANG_FAULT_ENV, "cow_skipped")  # a stray switch in the caller's environment
+    monkeypatch.setenv(STEP_SLOWDOWN_ENV, "0.5")
+    monkeypatch.setattr(ab, "started_pair", fake_pair)
+    monkeypatch.setattr("conformance.suites.vocab_size", lambda endpoint: 100)
+
+    def fake_measure(a, b, plan, *, vocab_size, seed):
+        slow = {"a": 1.0, "b": 1.0, **{side: 1.3 for side, env in seen[-1].items() if env[SGLANG_FAULT_ENV]}}
+        return [PairTiming(0.1 * slow["a"], 0.1 * slow["b"], 0.01 * slow["a"], 0.01 * slow["b"]) for _ in range(12)]
+
+    monkeypatch.setattr(ab, "measure_pairs", fake_measure)
+    runs = list(ab.fault_runs(None, None, fault="step_slowdown", repeats=4, plan=ab.AbPlan(), alpha=ALPHA, seed=1, work_dir=tmp_path))
+    for run, envs in zip(runs, seen):
+        other = "a" if run.slowed == "b" else "b"
+        assert envs[run.slowed] == {SGLANG_FAULT_ENV: "step_slowdown", STEP_SLOWDOWN_ENV: None}
+        assert envs[other] == {SGLANG_FAULT_ENV: None, STEP_SLOWDOWN_ENV: None}
+        assert run.fault == "step_slowdown" and run.verdict.flagged and run.right and run.what == f"step_slowdown on side {run.slowed}"
+    assert {r.slowed for r in runs} == {"a", "b"}  # the side is drawn
+    clean = list(ab.fault_runs(None, None, fault=None, repeats=2, plan=ab.AbPlan(), alpha=ALPHA, seed=1, work_dir=tmp_path))
+    assert all(e == {SGLANG_FAULT_ENV: None, STEP_SLOWDOWN_ENV: None} for envs in seen[-2:] for e in envs.values())
+    assert all(not r.changed and not r.verdict.flagged and r.right for r in clean)
+
+
+def test_the_perf_ab_verb_runs_a_seeded_fault_on_one_side(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    import json
+
+    from conformance import cli
+
+    def fake_runs(cell, opts, *, fault, repeats, plan, alpha, seed, work_dir):
+        factor = 1.10 if fault else 1.0
+        yield ab.GradedRun(0, 0.0, "a", ab_verdict(noisy_pairs(30, factor, seed=3), alpha=alpha), 1.0, fault or "")
+
+    monkeypatch.setattr(ab, "fault_runs", fake_runs)
+    out_json = tmp_path / "ab.json"
+    assert cli.main(["perf-ab", "--fault", "step_slowdown", "--json", str(out_json), "--log-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "step_slowdown on side a: SLOWER" in out and "flagged: 1/1 (fault step_slowdown)" in out
+    row = json.loads(out_json.read_text())["runs"][0]
+    assert row["fault"] == "step_slowdown" and row["flagged"] and row["line"].startswith("SLOWER")
+    assert cli.main(["perf-ab", "--fault", "none", "--json", str(out_json), "--log-dir", str(tmp_path)]) == 0
+    assert "+0% on side a: no change" in capsys.readouterr().out and not json.loads(out_json.read_text())["runs"][0]["flagged"]
+    assert cli.main(["perf-ab", "--fault", "no_such_fault"]) != 0
+    err = capsys.readouterr().err
+    assert "--fault: unknown seeded SGLang fault 'no_such_fault'" in err and "Traceback" not in err
+    assert cli.main(["perf-ab", "--fault", "step_slowdown", "--grades", "0.1"]) != 0
+    assert "--fault and --grades: give one" in capsys.readouterr().err

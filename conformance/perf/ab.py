@@ -12,6 +12,10 @@ order per pair, and keeps each side's TTFT and decode time per token (SGLang's o
 ``first_token_latency`` / ``e2e_latency`` when it reports them, else the client's stream
 times); :func:`conformance.checks.perf_ab.ab_verdict` judges them.  Every request has a
 timeout; both servers are stopped when the ``with`` block ends, however it ends.
+
+:func:`fault_runs` is the same paired run with any seeded SGLang fault on one drawn side
+(its own switches, at its defaults) and none on the other: how ``mutants`` scores a fault
+whose record names the paired A/B among the checks that can see it.
 """
 
 from __future__ import annotations
@@ -81,18 +85,23 @@ def oriented(pairs: list[PairTiming], slowed: str) -> list[PairTiming]:
     return [PairTiming(p.ttft_b, p.ttft_a, p.decode_per_token_b, p.decode_per_token_a) for p in pairs]
 
 
+def _set(values: dict[str, str | None]) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
+def _environ(values: dict[str, str | None]) -> Iterator[None]:
+    """``values`` in the environment (None: unset) for the block."""
     saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    _set(values)
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _set(saved)
 
 
 @dataclass
@@ -115,18 +124,27 @@ class GradedPair:
 @contextlib.contextmanager
 def graded_pair(cell: Cell, options: Any, *, work_dir: Path) -> Iterator[GradedPair]:
     """Start A then B (both with ``step_slowdown`` at grade 0); stop both on exit."""
-    from conformance.targets.serving import serve_cell
-
     work_dir.mkdir(parents=True, exist_ok=True)
     files = {side: work_dir / f"{side}.grade" for side in SIDES}
     for path in files.values():
         path.write_text("0.0\n")
+    with started_pair(cell, options, {side: {SGLANG_FAULT_ENV: FAULT, STEP_SLOWDOWN_ENV: f"@{files[side]}"} for side in SIDES},
+                      work_dir=work_dir) as endpoints:
+        yield GradedPair(endpoints, files)
+
+
+@contextlib.contextmanager
+def started_pair(cell: Cell, options: Any, envs: dict[str, dict[str, str | None]], *, work_dir: Path) -> Iterator[dict[str, Any]]:
+    """Start A then B, each with its own fault switches (``envs[side]``; None: unset), logs
+    under ``work_dir/<side>``; stop both on exit."""
+    from conformance.targets.serving import serve_cell
+
     with contextlib.ExitStack() as stack:
         endpoints = {}
         for side in SIDES:
-            with _environ({SGLANG_FAULT_ENV: FAULT, STEP_SLOWDOWN_ENV: f"@{files[side]}"}):
+            with _environ(envs[side]):
                 endpoints[side] = stack.enter_context(serve_cell(cell, options, log_dir=work_dir / side))
-        yield GradedPair(endpoints, files)
+        yield endpoints
 
 
 @dataclass(frozen=True)
@@ -138,14 +156,26 @@ class GradedRun:
     slowed: str
     verdict: Any  # checks.perf_ab.AbVerdict
     seconds: float
+    fault: str = ""  # a run of :func:`fault_runs`: the seeded fault on side ``slowed`` ("": a clean pair)
+
+    @property
+    def changed(self) -> bool:
+        """A side was slowed (a grade above 0, or a seeded fault on it)."""
+        return self.grade > 0 or bool(self.fault)
 
     @property
     def right(self) -> bool:
         """The verdict says what was done: flagged exactly when a side was slowed."""
-        return self.verdict.flagged == (self.grade > 0)
+        return self.verdict.flagged == self.changed
+
+    @property
+    def what(self) -> str:
+        """What was done to side ``slowed``, in words."""
+        return f"{self.fault} on side {self.slowed}" if self.fault else f"+{self.grade:.0%} on side {self.slowed}"
 
     def row(self) -> dict[str, Any]:
-        return {"repeat": self.repeat, "grade": self.grade, "slowed": self.slowed, "flagged": self.verdict.flagged, "seconds": round(self.seconds, 1),
+        return {"repeat": self.repeat, "grade": self.grade, "fault": self.fault, "slowed": self.slowed, "flagged": self.verdict.flagged,
+                "line": self.verdict.line(), "seconds": round(self.seconds, 1),
                 **{f"{t.metric}_ratio": t.median_ratio for t in self.verdict.tests}, **{f"{t.metric}_p": t.p_value for t in self.verdict.tests}}
 
 
@@ -168,3 +198,25 @@ def graded_runs(cell: Cell, options: Any, *, grades: list[float], repeats: int, 
                 t0 = time.monotonic()
                 pairs = measure_pairs(*pair.clients, plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}")
                 yield GradedRun(r, g, slowed, ab_verdict(oriented(pairs, slowed), alpha=alpha), time.monotonic() - t0)
+
+
+def fault_runs(cell: Cell, options: Any, *, fault: str | None, repeats: int, plan: AbPlan, alpha: float, seed: int,
+               work_dir: Path) -> Iterator[GradedRun]:
+    """Per repeat a fresh pair of servers, a randomly drawn side with the seeded SGLang fault
+    ``fault`` at its defaults (its own switches only; the other side has no fault), one paired
+    run.  ``fault`` None: both sides clean (the run must not be flagged).  How ``mutants``
+    scores a fault whose record names the paired A/B among the checks that see it."""
+    import time
+
+    from conformance.checks.perf_ab import ab_verdict
+    from conformance.suites import vocab_size
+
+    rng = random.Random(seed)
+    clean: dict[str, str | None] = {SGLANG_FAULT_ENV: None, STEP_SLOWDOWN_ENV: None}
+    for r in range(repeats):
+        slowed = rng.choice(SIDES)
+        envs = {side: {**clean, SGLANG_FAULT_ENV: fault} if fault and side == slowed else clean for side in SIDES}
+        with started_pair(cell, options, envs, work_dir=work_dir / f"r{r}") as endpoints:
+            t0 = time.monotonic()
+            pairs = measure_pairs(endpoints["a"].client, endpoints["b"].client, plan, vocab_size=vocab_size(endpoints["a"]), seed=f"{seed}:{r}:{fault}")
+            yield GradedRun(r, 0.0, slowed, ab_verdict(oriented(pairs, slowed), alpha=alpha), time.monotonic() - t0, fault or "")

@@ -14,7 +14,9 @@ step's work", so +5%, +10% and +20% are the sizes a paired A/B run must see
 
 The grade comes from ``HYBRID_CONFORMANCE_STEP_SLOWDOWN`` in the server's environment: a
 fraction (``0.1`` = +10%), or ``@<file>`` holding one, read again whenever the file changes
-(the A/B bench grades one pair of servers in turn without restarting them).  Unset: +10%.
+(the A/B bench grades one pair of servers in turn without restarting them).  Unset: +10%,
+which ``hybrid-conformance mutants --target sglang-cpu`` scores through the paired A/B
+(``seen_by``): a pair with the fault on one drawn side must be flagged, a clean pair not.
 
 Hook (AROUND, arguments and result unchanged): ``ModelRunner.forward`` (one call per
 prefill or decode batch).
@@ -26,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from conformance.faults import STEP_SLOWDOWN_ENV as GRADE_ENV
+from conformance.faults import PAIRED_AB, STEP_SLOWDOWN_ENV as GRADE_ENV
 from conformance.sglang_plugins.faults.spec import FaultInstallError, Hook, fired, sglang_fault
 
 NAME = "step_slowdown"
@@ -92,5 +94,6 @@ FAULT = sglang_fault(
     "TTFT and decode time of the slowed server against a clean one in the same run; the paired A/B "
     "test (conformance/perf/ab.py) flags them, compare's thresholds do not",
     (Hook(TARGET, "around", slow_step),),
-    suites=("perf",),
+    suites=(),
+    seen_by=(PAIRED_AB,),
 )
