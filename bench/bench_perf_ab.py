@@ -6,7 +6,8 @@
 Each repeat starts a fresh pair of servers of the cell (both with the seeded fault
 ``step_slowdown`` at grade 0, ``conformance/perf/ab.py``), then, for each grade in a random
 order, slows a randomly drawn side by that fraction of each step's work and runs one paired
-A/B (``--pairs`` prompts, each sent to both servers back to back in a random order), judged
+A/B (``--pairs`` prompts, each sent to both servers at the same moment, or with
+``--sequential`` back to back in a random order), judged
 by ``conformance.checks.perf_ab.ab_verdict`` at the stated false-flag rate.  Grade 0 is the
 clean pair.  Prints each run's verdict line, then per grade: runs flagged, median B/A of
 TTFT and of decode time per token.  Asserts nothing.
@@ -37,13 +38,15 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=AbPlan.pairs)
     ap.add_argument("--prompt-len", type=int, default=AbPlan.prompt_len)
     ap.add_argument("--new-tokens", type=int, default=AbPlan.new_tokens)
+    ap.add_argument("--warmup", type=int, default=AbPlan.warmup)
+    ap.add_argument("--sequential", action="store_true", help="the two sides of a pair back to back in a random order (default: at the same moment)")
     ap.add_argument("--alpha", type=float, default=ALPHA)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--max-seconds", type=float, default=None, help="start no paired run after this many seconds (a shared slot's end)")
     args = ap.parse_args()
     grades = [float(g) for g in args.grades.split(",")]
-    plan = AbPlan(pairs=args.pairs, prompt_len=args.prompt_len, new_tokens=args.new_tokens)
+    plan = AbPlan(pairs=args.pairs, prompt_len=args.prompt_len, new_tokens=args.new_tokens, warmup=args.warmup, together=not args.sequential)
     opts = resolve(lambda flag: {"--target": args.target}.get(flag))
     cell = next(c for c in load_matrix().cells if c.id == args.cell)
     rows: list[dict] = []

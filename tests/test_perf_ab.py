@@ -131,7 +131,7 @@ def test_pairs_are_interleaved_in_a_random_order_and_timed_by_sglang(monkeypatch
         return FakeStream({"first_token_latency": ttft, "e2e_latency": ttft + 0.15}, new_tokens)
 
     monkeypatch.setattr(ab, "stream_one", fake_stream)
-    plan = ab.AbPlan(pairs=20, warmup=2, new_tokens=16)
+    plan = ab.AbPlan(pairs=20, warmup=2, new_tokens=16, together=False)
     pairs = ab.measure_pairs("a", "b", plan, vocab_size=100, seed=0)
     assert len(pairs) == 20 and len(calls) == 2 * (20 + 2)
     measured = [tuple(calls[i:i + 2]) for i in range(4, len(calls), 2)]
@@ -139,6 +139,27 @@ def test_pairs_are_interleaved_in_a_random_order_and_timed_by_sglang(monkeypatch
     assert all(p.ttft_a == 0.1 and p.ttft_b == 0.2 and p.decode_per_token_a == pytest.approx(0.01) for p in pairs)
     swapped = ab.oriented(pairs, "a")
     assert swapped[0].ttft_b == 0.1 and ab.oriented(pairs, "b") == pairs
+
+
+def test_both_sides_of_a_pair_are_in_flight_at_the_same_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default pair: A and B answer the same prompt at once (each waits for the other to
+    have started), so a burst of the machine's load falls on both; each keeps its own timing."""
+    import threading
+
+    both = threading.Barrier(2, timeout=10)
+    prompts: list[tuple[str, tuple]] = []
+
+    def fake_stream(client, prompt, new_tokens, *, timeout):
+        prompts.append((client, tuple(prompt)))
+        both.wait()  # a BrokenBarrierError after 10 s if the other side is not in flight
+        ttft = 0.1 if client == "a" else 0.3
+        return FakeStream({"first_token_latency": ttft, "e2e_latency": ttft + 0.15}, new_tokens)
+
+    monkeypatch.setattr(ab, "stream_one", fake_stream)
+    pairs = ab.measure_pairs("a", "b", ab.AbPlan(pairs=10, warmup=1), vocab_size=100, seed=0)
+    assert len(pairs) == 10 and all(p.ttft_a == 0.1 and p.ttft_b == 0.3 for p in pairs)
+    by_client = {c: [pr for cc, pr in prompts if cc == c] for c in ("a", "b")}
+    assert by_client["a"] == by_client["b"] and len(set(by_client["a"])) == 11  # the same fresh prompt on both, per pair
 
 
 def test_an_answer_without_timings_is_one_line() -> None:

@@ -7,8 +7,8 @@ hook only times the step), grade g on one side slows every forward step of that 
 g x the step's own time.  Which side is slowed is drawn at random per graded run, so a
 difference between the two processes themselves cannot pass for a slowdown.
 
-:func:`measure_pairs` sends the same fresh prompt to both servers, back to back, in a random
-order per pair, and keeps each side's TTFT and decode time per token (SGLang's own
+:func:`measure_pairs` sends the same fresh prompt to both servers at the same moment (or,
+``AbPlan.together`` off, back to back in a random order per pair), and keeps each side's TTFT and decode time per token (SGLang's own
 ``first_token_latency`` / ``e2e_latency`` when it reports them, else the client's stream
 times); :func:`conformance.checks.perf_ab.ab_verdict` judges them.  Every request has a
 timeout; both servers are stopped when the ``with`` block ends, however it ends.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -48,6 +49,10 @@ class AbPlan:
     new_tokens: int = 16
     warmup: int = 3
     request_timeout_s: float = 60.0
+    #: Both sides of a pair sent at the same moment, so a burst of the machine's load falls on
+    #: both alike (False: back to back in a random order, which the load moves between; measured
+    #: on sglang-cpu at load 8-10, docs/perf.md).
+    together: bool = True
 
 
 def side_timing(s: _Streamed) -> tuple[float, float]:
@@ -64,17 +69,25 @@ def side_timing(s: _Streamed) -> tuple[float, float]:
 
 
 def measure_pairs(a: SGLangClient, b: SGLangClient, plan: AbPlan, *, vocab_size: int, seed: int | str) -> list[PairTiming]:
-    """``plan.pairs`` pairs: each a fresh prompt sent to A and B, in a random order."""
+    """``plan.pairs`` pairs: each a fresh prompt sent to A and B -- at the same moment
+    (``plan.together``, submitted in a random order) or back to back in a random order."""
     rng = random.Random(f"ab-order:{seed}")
-    for i, p in enumerate(token_prompts([plan.prompt_len] * plan.warmup, vocab_size=vocab_size, seed=f"ab-warm:{seed}")):
-        for client in (a, b):
-            stream_one(client, p, plan.new_tokens, timeout=plan.request_timeout_s)
-    out = []
-    for p in token_prompts([plan.prompt_len] * plan.pairs, vocab_size=vocab_size, seed=f"ab:{seed}"):
-        order = [("a", a), ("b", b)]
-        rng.shuffle(order)
-        got = {side: side_timing(stream_one(client, p, plan.new_tokens, timeout=plan.request_timeout_s)) for side, client in order}
-        out.append(PairTiming(got["a"][0], got["b"][0], got["a"][1], got["b"][1]))
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="perf-ab") as pool:
+
+        def pair(p: list[int]) -> dict[str, _Streamed]:
+            order = [("a", a), ("b", b)]
+            rng.shuffle(order)
+            if not plan.together:
+                return {side: stream_one(client, p, plan.new_tokens, timeout=plan.request_timeout_s) for side, client in order}
+            futures = {side: pool.submit(stream_one, client, p, plan.new_tokens, timeout=plan.request_timeout_s) for side, client in order}
+            return {side: f.result(timeout=2 * plan.request_timeout_s) for side, f in futures.items()}
+
+        for p in token_prompts([plan.prompt_len] * plan.warmup, vocab_size=vocab_size, seed=f"ab-warm:{seed}"):
+            pair(p)
+        out = []
+        for p in token_prompts([plan.prompt_len] * plan.pairs, vocab_size=vocab_size, seed=f"ab:{seed}"):
+            got = {side: side_timing(s) for side, s in pair(p).items()}
+            out.append(PairTiming(got["a"][0], got["b"][0], got["a"][1], got["b"][1]))
     return out
 
 
@@ -157,6 +170,7 @@ class GradedRun:
     verdict: Any  # checks.perf_ab.AbVerdict
     seconds: float
     fault: str = ""  # a run of :func:`fault_runs`: the seeded fault on side ``slowed`` ("": a clean pair)
+    pairs: tuple[PairTiming, ...] = ()  # the timings judged (slowed side as B)
 
     @property
     def changed(self) -> bool:
@@ -176,7 +190,8 @@ class GradedRun:
     def row(self) -> dict[str, Any]:
         return {"repeat": self.repeat, "grade": self.grade, "fault": self.fault, "slowed": self.slowed, "flagged": self.verdict.flagged,
                 "line": self.verdict.line(), "seconds": round(self.seconds, 1),
-                **{f"{t.metric}_ratio": t.median_ratio for t in self.verdict.tests}, **{f"{t.metric}_p": t.p_value for t in self.verdict.tests}}
+                **{f"{t.metric}_ratio": t.median_ratio for t in self.verdict.tests}, **{f"{t.metric}_p": t.p_value for t in self.verdict.tests},
+                "pairs": [[float(f"{x:.5g}") for x in (p.ttft_a, p.ttft_b, p.decode_per_token_a, p.decode_per_token_b)] for p in self.pairs]}
 
 
 def graded_runs(cell: Cell, options: Any, *, grades: list[float], repeats: int, plan: AbPlan, alpha: float, seed: int,
@@ -196,8 +211,8 @@ def graded_runs(cell: Cell, options: Any, *, grades: list[float], repeats: int, 
                 slowed = rng.choice(SIDES)
                 pair.grade(slowed, g)
                 t0 = time.monotonic()
-                pairs = measure_pairs(*pair.clients, plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}")
-                yield GradedRun(r, g, slowed, ab_verdict(oriented(pairs, slowed), alpha=alpha), time.monotonic() - t0)
+                pairs = oriented(measure_pairs(*pair.clients, plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}"), slowed)
+                yield GradedRun(r, g, slowed, ab_verdict(pairs, alpha=alpha), time.monotonic() - t0, pairs=tuple(pairs))
 
 
 def fault_runs(cell: Cell, options: Any, *, fault: str | None, repeats: int, plan: AbPlan, alpha: float, seed: int,
@@ -218,5 +233,6 @@ def fault_runs(cell: Cell, options: Any, *, fault: str | None, repeats: int, pla
         envs = {side: {**clean, SGLANG_FAULT_ENV: fault} if fault and side == slowed else clean for side in SIDES}
         with started_pair(cell, options, envs, work_dir=work_dir / f"r{r}") as endpoints:
             t0 = time.monotonic()
-            pairs = measure_pairs(endpoints["a"].client, endpoints["b"].client, plan, vocab_size=vocab_size(endpoints["a"]), seed=f"{seed}:{r}:{fault}")
-            yield GradedRun(r, 0.0, slowed, ab_verdict(oriented(pairs, slowed), alpha=alpha), time.monotonic() - t0, fault or "")
+            pairs = oriented(measure_pairs(endpoints["a"].client, endpoints["b"].client, plan, vocab_size=vocab_size(endpoints["a"]),
+                                           seed=f"{seed}:{r}:{fault}"), slowed)
+            yield GradedRun(r, 0.0, slowed, ab_verdict(pairs, alpha=alpha), time.monotonic() - t0, fault or "", tuple(pairs))
