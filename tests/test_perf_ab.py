@@ -296,3 +296,72 @@ def test_the_perf_ab_verb_runs_a_seeded_fault_on_one_side(monkeypatch: pytest.Mo
     assert "--fault: unknown seeded SGLang fault 'no_such_fault'" in err and "Traceback" not in err
     assert cli.main(["perf-ab", "--fault", "step_slowdown", "--grades", "0.1"]) != 0
     assert "--fault and --grades: give one" in capsys.readouterr().err
+
+
+def asymmetric_pairs(sides: list[str], grade: float, *, seed: int, asym: float = 1.6, cv: float = 0.1) -> list[PairTiming]:
+    """Raw (unoriented) pairs of two servers where B's process is ``asym`` x slower than A's
+    (as measured on sglang-cpu under load), the side ``sides[i]`` slowed by ``grade``."""
+    rng = random.Random(seed)
+    out = []
+    for s in sides:
+        load = rng.uniform(1.0, 3.0)
+        t = {side: load * (asym if side == "b" else 1.0) * (1 + grade if side == s else 1.0) * rng.lognormvariate(0, cv) for side in ab.SIDES}
+        out.append(PairTiming(0.05 * t["a"], 0.05 * t["b"], 0.01 * t["a"], 0.01 * t["b"]))
+    return out
+
+
+def test_a_crossover_cancels_a_difference_between_the_two_servers() -> None:
+    """Before: one drawn side slowed for the whole run, so a server process 1.6x slower than its
+    twin is flagged on a clean pair (side B drawn) and hides +10% (side A drawn). A crossover
+    (each block of two pairs slows each side once) judged block by block sees +10% either way
+    and leaves the clean pair alone."""
+    rng = random.Random(5)
+    fixed_b, fixed_a = ["b"] * 40, ["a"] * 40
+    assert ab_verdict(ab.oriented(asymmetric_pairs(fixed_b, 0.0, seed=1), "b")).flagged  # old: a false flag
+    assert not ab_verdict(ab.oriented(asymmetric_pairs(fixed_a, 0.10, seed=2), "a")).flagged  # old: +10% missed
+    flagged_clean = flagged_slow = 0
+    for trial in range(40):
+        sides = ab.crossover_sides(20, rng)
+        assert all(sorted(sides[i:i + 2]) == ["a", "b"] for i in range(0, 40, 2))
+        clean = ab_verdict(ab.oriented(asymmetric_pairs(sides, 0.0, seed=100 + trial), sides), block=2)
+        slow = ab_verdict(ab.oriented(asymmetric_pairs(sides, 0.10, seed=200 + trial), sides), block=2)
+        flagged_clean += clean.flagged
+        flagged_slow += slow.flagged
+        assert slow.tests[0].pairs == 20  # blocks
+    assert flagged_clean <= 4 and flagged_slow >= 38, (flagged_clean, flagged_slow)
+    assert all(0.9 < t.median_ratio < 1.3 for t in slow.tests)  # the per-pair slowdown, not the servers' 1.6
+
+
+def test_a_crossover_moves_the_grade_before_each_measured_pair(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """graded_runs: per pair the grade files name that pair's slowed side (never during warm-up),
+    and the verdict is taken on blocks."""
+    import contextlib
+
+    pair = ab.GradedPair({"a": type("E", (), {"client": "a"})(), "b": type("E", (), {"client": "b"})()},
+                         {s: tmp_path / f"{s}.grade" for s in ab.SIDES})
+    for path in pair.grade_files.values():
+        path.write_text("0.0\n")
+
+    @contextlib.contextmanager
+    def fake_pair(cell, options, *, work_dir):
+        yield pair
+
+    seen: list[dict[str, float]] = []
+
+    def fake_stream(client, prompt, new_tokens, *, timeout):
+        grade = float((tmp_path / f"{client}.grade").read_text())
+        seen.append({"client": client, "grade": grade})
+        return FakeStream({"first_token_latency": 0.1 * (1 + grade), "e2e_latency": 0.1 * (1 + grade) + 0.15 * (1 + grade)}, new_tokens)
+
+    monkeypatch.setattr(ab, "graded_pair", fake_pair)
+    monkeypatch.setattr(ab, "stream_one", fake_stream)
+    monkeypatch.setattr("conformance.suites.vocab_size", lambda endpoint: 100)
+    plan = ab.AbPlan(pairs=20, warmup=2)
+    runs = list(ab.graded_runs(None, None, grades=[0.2], repeats=1, plan=plan, alpha=ALPHA, seed=3, work_dir=tmp_path))
+    assert len(runs) == 1 and runs[0].slowed == ab.CROSSOVER and runs[0].verdict.flagged and runs[0].right
+    assert all(t.pairs == 10 for t in runs[0].verdict.tests) and len(runs[0].pairs) == 20
+    warm, measured = seen[:4], seen[4:]
+    assert all(s["grade"] == 0.0 for s in warm)
+    slowed = [s["client"] for s in measured if s["grade"] > 0]
+    assert len(slowed) == 20 and slowed.count("a") == slowed.count("b") == 10  # one side per pair, each side half the time
+    assert runs[0].what == "+20% on each side in turn (crossover)"

@@ -13,6 +13,12 @@ the **stated false-flag rate** (``ALPHA`` = 0.05 by default).
 Only ratios inside one pair enter: the machine's load moves both sides of a pair alike and
 drops out, which is why a +5 to +20% slowdown is visible here and not to ``compare``'s
 thresholds on medians of separate runs (docs/perf.md).  Too few pairs is an error, not a pass.
+
+Crossover (``block=2``): when the slowdown can be moved between the servers (the graded
+seeded fault), each block of two pairs slows each server once, in a random order; the test
+then runs on the blocks' summed log ratios (slowed over clean), in which a difference between
+the two server processes -- measured on sglang-cpu under load at up to 2x for a whole run --
+cancels, and under "no change" each block's sum is still symmetric about 0.
 """
 
 from __future__ import annotations
@@ -69,21 +75,30 @@ class AbVerdict:
         return f"{'SLOWER' if self.flagged else 'no change'}: {parts}; false-flag rate {self.alpha:g}"
 
 
-def metric_test(metric: str, a: Sequence[float], b: Sequence[float], *, level: float) -> MetricTest:
-    """The one-sided signed-rank test that B's values exceed A's, pair by pair."""
-    logs = [math.log(y / x) for x, y in zip(a, b) if x > 0 and y > 0]
+def metric_test(metric: str, a: Sequence[float], b: Sequence[float], *, level: float, block: int = 1) -> MetricTest:
+    """The one-sided signed-rank test that B's values exceed A's, pair by pair -- or, with
+    ``block`` = 2 (a crossover: each block of two pairs slowed each server once), block by
+    block on the sum of its pairs' log ratios, in which any difference between the two server
+    processes themselves cancels; the ratio reported is then per pair (the block's half)."""
+    if any(x <= 0 or y <= 0 for x, y in zip(a, b)):
+        usable = sum(x > 0 and y > 0 for x, y in zip(a, b))
+        raise KitError(f"perf A/B {metric}: {usable} usable pairs of {len(a)} (need {MIN_PAIRS}: a timing was missing or zero)")
+    pair_logs = [math.log(y / x) for x, y in zip(a, b)]
+    logs = [sum(pair_logs[i:i + block]) / block for i in range(0, len(pair_logs) - block + 1, block)]
     if len(logs) < MIN_PAIRS:
-        raise KitError(f"perf A/B {metric}: {len(logs)} usable pairs of {len(a)} (need {MIN_PAIRS}: a timing was missing or zero)")
+        unit = "pairs" if block == 1 else f"blocks of {block} pairs"
+        raise KitError(f"perf A/B {metric}: {len(logs)} usable {unit} of {len(a)} pairs (need {MIN_PAIRS})")
     p = float(stats.wilcoxon(logs, alternative="greater").pvalue) if any(logs) else 1.0
     return MetricTest(metric, len(logs), math.exp(statistics.median(logs)), p, p < level)
 
 
-def ab_verdict(pairs: Sequence[PairTiming], *, alpha: float = ALPHA) -> AbVerdict:
-    """Both metrics' tests, each at ``alpha / len(METRICS)``."""
+def ab_verdict(pairs: Sequence[PairTiming], *, alpha: float = ALPHA, block: int = 1) -> AbVerdict:
+    """Both metrics' tests, each at ``alpha / len(METRICS)`` (``block``: see :func:`metric_test`)."""
     if not 0.0 < alpha < 1.0:
         raise KitError(f"perf A/B: alpha {alpha:g} is not between 0 and 1")
     level = alpha / len(METRICS)
     tests = tuple(
-        metric_test(m, [getattr(p, f"{m}_a") for p in pairs], [getattr(p, f"{m}_b") for p in pairs], level=level) for m in METRICS
+        metric_test(m, [getattr(p, f"{m}_a") for p in pairs], [getattr(p, f"{m}_b") for p in pairs], level=level, block=block)
+        for m in METRICS
     )
     return AbVerdict(alpha, tests)

@@ -21,12 +21,13 @@ whose record names the paired A/B among the checks that can see it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from conformance.checks.perf_ab import PairTiming
 from conformance.client import SGLangClient
@@ -38,6 +39,8 @@ from conformance.workloads.prompts import token_prompts
 
 FAULT = "step_slowdown"
 SIDES = ("a", "b")
+#: ``GradedRun.slowed`` of a crossover run: each side in turn.
+CROSSOVER = "a,b in turn"
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,10 @@ class AbPlan:
     #: both alike (False: back to back in a random order, which the load moves between; measured
     #: on sglang-cpu at load 8-10, docs/perf.md).
     together: bool = True
+    #: Graded runs: each block of two pairs slows each server once, in a random order, and the
+    #: test runs on the blocks (``checks.perf_ab``, ``block=2``), so a difference between the two
+    #: server processes cancels (False: one drawn side slowed for the whole run).
+    crossover: bool = True
 
 
 def side_timing(s: _Streamed) -> tuple[float, float]:
@@ -68,9 +75,11 @@ def side_timing(s: _Streamed) -> tuple[float, float]:
     return s.client_ttft_s, (s.client_total_s - s.client_ttft_s) / (out - 1)
 
 
-def measure_pairs(a: SGLangClient, b: SGLangClient, plan: AbPlan, *, vocab_size: int, seed: int | str) -> list[PairTiming]:
+def measure_pairs(a: SGLangClient, b: SGLangClient, plan: AbPlan, *, vocab_size: int, seed: int | str,
+                  before: Callable[[int], None] | None = None) -> list[PairTiming]:
     """``plan.pairs`` pairs: each a fresh prompt sent to A and B -- at the same moment
-    (``plan.together``, submitted in a random order) or back to back in a random order."""
+    (``plan.together``, submitted in a random order) or back to back in a random order.
+    ``before(i)`` runs before measured pair i (a crossover moves the slowdown there)."""
     rng = random.Random(f"ab-order:{seed}")
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="perf-ab") as pool:
 
@@ -85,17 +94,26 @@ def measure_pairs(a: SGLangClient, b: SGLangClient, plan: AbPlan, *, vocab_size:
         for p in token_prompts([plan.prompt_len] * plan.warmup, vocab_size=vocab_size, seed=f"ab-warm:{seed}"):
             pair(p)
         out = []
-        for p in token_prompts([plan.prompt_len] * plan.pairs, vocab_size=vocab_size, seed=f"ab:{seed}"):
+        for i, p in enumerate(token_prompts([plan.prompt_len] * plan.pairs, vocab_size=vocab_size, seed=f"ab:{seed}")):
+            if before is not None:
+                before(i)
             got = {side: side_timing(s) for side, s in pair(p).items()}
             out.append(PairTiming(got["a"][0], got["b"][0], got["a"][1], got["b"][1]))
     return out
 
 
-def oriented(pairs: list[PairTiming], slowed: str) -> list[PairTiming]:
-    """The pairs with the slowed side as B (``slowed`` = "a" swaps the sides)."""
-    if slowed == "b":
-        return pairs
-    return [PairTiming(p.ttft_b, p.ttft_a, p.decode_per_token_b, p.decode_per_token_a) for p in pairs]
+def oriented(pairs: list[PairTiming], slowed: str | list[str]) -> list[PairTiming]:
+    """The pairs with the slowed side as B (``slowed`` = "a" swaps the sides; a list: per pair)."""
+    sides = [slowed] * len(pairs) if isinstance(slowed, str) else slowed
+    return [p if s == "b" else PairTiming(p.ttft_b, p.ttft_a, p.decode_per_token_b, p.decode_per_token_a) for p, s in zip(pairs, sides)]
+
+
+def crossover_sides(blocks: int, rng: random.Random) -> list[str]:
+    """The slowed side per pair of a crossover: each block of two slows A once and B once, in a random order."""
+    out: list[str] = []
+    for _ in range(blocks):
+        out += rng.sample(SIDES, 2)
+    return out
 
 
 def _set(values: dict[str, str | None]) -> None:
@@ -185,7 +203,8 @@ class GradedRun:
     @property
     def what(self) -> str:
         """What was done to side ``slowed``, in words."""
-        return f"{self.fault} on side {self.slowed}" if self.fault else f"+{self.grade:.0%} on side {self.slowed}"
+        where = "each side in turn (crossover)" if self.slowed == CROSSOVER else f"side {self.slowed}"
+        return f"{self.fault} on {where}" if self.fault else f"+{self.grade:.0%} on {where}"
 
     def row(self) -> dict[str, Any]:
         return {"repeat": self.repeat, "grade": self.grade, "fault": self.fault, "slowed": self.slowed, "flagged": self.verdict.flagged,
@@ -208,11 +227,17 @@ def graded_runs(cell: Cell, options: Any, *, grades: list[float], repeats: int, 
         with graded_pair(cell, options, work_dir=work_dir / f"r{r}") as pair:
             vocab = vocab_size(pair.endpoints["a"])
             for g in rng.sample(grades, len(grades)):
-                slowed = rng.choice(SIDES)
-                pair.grade(slowed, g)
                 t0 = time.monotonic()
-                pairs = oriented(measure_pairs(*pair.clients, plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}"), slowed)
-                yield GradedRun(r, g, slowed, ab_verdict(pairs, alpha=alpha), time.monotonic() - t0, pairs=tuple(pairs))
+                if plan.crossover:
+                    sides = crossover_sides(plan.pairs // 2, rng)
+                    run_plan = dataclasses.replace(plan, pairs=len(sides))
+                    raw = measure_pairs(*pair.clients, run_plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}", before=lambda i: pair.grade(sides[i], g))
+                    pairs, slowed, block = oriented(raw, sides), CROSSOVER, 2
+                else:
+                    slowed, block = rng.choice(SIDES), 1
+                    pair.grade(slowed, g)
+                    pairs = oriented(measure_pairs(*pair.clients, plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}"), slowed)
+                yield GradedRun(r, g, slowed, ab_verdict(pairs, alpha=alpha, block=block), time.monotonic() - t0, pairs=tuple(pairs))
 
 
 def fault_runs(cell: Cell, options: Any, *, fault: str | None, repeats: int, plan: AbPlan, alpha: float, seed: int,
