@@ -6,8 +6,9 @@
 Each repeat starts a fresh pair of servers of the cell (both with the seeded fault
 ``step_slowdown`` at grade 0, ``conformance/perf/ab.py``), then, for each grade in a random
 order, slows a randomly drawn side by that fraction of each step's work and runs one paired
-A/B (``--pairs`` prompts, each sent to both servers at the same moment, or with
-``--sequential`` back to back in a random order), judged
+A/B (``--pairs`` prompts, each sent to both servers back to back in a random order, or
+with ``--together`` at the same moment; by default each block of two pairs slows each side
+once, ``--no-crossover`` one side for the run), judged
 by ``conformance.checks.perf_ab.ab_verdict`` at the stated false-flag rate.  Grade 0 is the
 clean pair.  Prints each run's verdict line, then per grade: runs flagged, median B/A of
 TTFT and of decode time per token.  Asserts nothing.
@@ -39,14 +40,16 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=AbPlan.prompt_len)
     ap.add_argument("--new-tokens", type=int, default=AbPlan.new_tokens)
     ap.add_argument("--warmup", type=int, default=AbPlan.warmup)
-    ap.add_argument("--sequential", action="store_true", help="the two sides of a pair back to back in a random order (default: at the same moment)")
+    ap.add_argument("--together", action="store_true", help="the two sides of a pair at the same moment (default: back to back in a random order)")
+    ap.add_argument("--no-crossover", action="store_true", help="one drawn side slowed for a whole run (default: each side in turn, per block of two pairs)")
     ap.add_argument("--alpha", type=float, default=ALPHA)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--max-seconds", type=float, default=None, help="start no paired run after this many seconds (a shared slot's end)")
     args = ap.parse_args()
     grades = [float(g) for g in args.grades.split(",")]
-    plan = AbPlan(pairs=args.pairs, prompt_len=args.prompt_len, new_tokens=args.new_tokens, warmup=args.warmup, together=not args.sequential)
+    plan = AbPlan(pairs=args.pairs, prompt_len=args.prompt_len, new_tokens=args.new_tokens, warmup=args.warmup, together=args.together,
+                  crossover=not args.no_crossover)
     opts = resolve(lambda flag: {"--target": args.target}.get(flag))
     cell = next(c for c in load_matrix().cells if c.id == args.cell)
     rows: list[dict] = []
@@ -65,12 +68,14 @@ def main() -> None:
     finally:
         preimport.stop_all()
     print(f"\n{len(rows)} runs ({args.repeats} repeats x {len(grades)} grades planned), {plan.pairs} pairs each, {time.time() - t_start:.0f}s; cell {cell.id}; false-flag rate {args.alpha:g}")
-    print(f"{'grade':>7} {'flagged':>9} {'TTFT B/A':>9} {'decode B/A':>11}")
+    print(f"{'grade':>7} {'flagged':>9} {'TTFT B/A':>9} {'decode B/A':>11} {'CPU B/A':>8}")
     for g in grades:
         mine = [x for x in rows if x["grade"] == g]
         if mine:
+            cpu = [x["cpu_ratio"] for x in mine if "cpu_ratio" in x]
             print(f"{'+' + format(g, '.0%'):>7} {sum(x['flagged'] for x in mine):>4} / {len(mine):<3} "
-                  f"{statistics.median(x['ttft_ratio'] for x in mine):9.3f} {statistics.median(x['decode_per_token_ratio'] for x in mine):11.3f}")
+                  f"{statistics.median(x['ttft_ratio'] for x in mine):9.3f} {statistics.median(x['decode_per_token_ratio'] for x in mine):11.3f}"
+                  f" {statistics.median(cpu) if cpu else float('nan'):8.3f}")
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def test_both_sides_of_a_pair_are_in_flight_at_the_same_moment(monkeypatch: pyte
         return FakeStream({"first_token_latency": ttft, "e2e_latency": ttft + 0.15}, new_tokens)
 
     monkeypatch.setattr(ab, "stream_one", fake_stream)
-    pairs = ab.measure_pairs("a", "b", ab.AbPlan(pairs=10, warmup=1), vocab_size=100, seed=0)
+    pairs = ab.measure_pairs("a", "b", ab.AbPlan(pairs=10, warmup=1, together=True), vocab_size=100, seed=0)
     assert len(pairs) == 10 and all(p.ttft_a == 0.1 and p.ttft_b == 0.3 for p in pairs)
     by_client = {c: [pr for cc, pr in prompts if cc == c] for c in ("a", "b")}
     assert by_client["a"] == by_client["b"] and len(set(by_client["a"])) == 11  # the same fresh prompt on both, per pair
@@ -256,7 +256,7 @@ def test_a_fault_run_puts_the_fault_on_the_drawn_side_only(monkeypatch: pytest.M
     monkeypatch.setattr(ab, "started_pair", fake_pair)
     monkeypatch.setattr("conformance.suites.vocab_size", lambda endpoint: 100)
 
-    def fake_measure(a, b, plan, *, vocab_size, seed):
+    def fake_measure(a, b, plan, *, vocab_size, seed, **_):
         slow = {"a": 1.0, "b": 1.0, **{side: 1.3 for side, env in seen[-1].items() if env[SGLANG_FAULT_ENV]}}
         return [PairTiming(0.1 * slow["a"], 0.1 * slow["b"], 0.01 * slow["a"], 0.01 * slow["b"]) for _ in range(12)]
 
@@ -365,3 +365,27 @@ def test_a_crossover_moves_the_grade_before_each_measured_pair(monkeypatch: pyte
     slowed = [s["client"] for s in measured if s["grade"] > 0]
     assert len(slowed) == 20 and slowed.count("a") == slowed.count("b") == 10  # one side per pair, each side half the time
     assert runs[0].what == "+20% on each side in turn (crossover)"
+
+
+def test_the_cpu_time_of_a_server_tree_is_its_own_work(tmp_path: Path) -> None:
+    """``tree_cpu_s`` counts the CPU a process tree used (a child's busy work included), not the
+    wall time it waited; the verdict tests the CPU metric only when every pair has it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.perf_counter()\nwhile time.perf_counter()-t<0.3: pass\ntime.sleep(30)"])
+    try:
+        t0 = ab.tree_cpu_s(os.getpid())
+        time.sleep(1.0)  # the child spins 0.3 s, then sleeps
+        used = ab.tree_cpu_s(os.getpid()) - t0
+        assert 0.05 < used < 0.9, used  # its work (on a loaded host: the share it got), not the 1 s of wall time
+    finally:
+        child.kill()
+        child.wait()
+    assert ab.tree_cpu_s(2 ** 22 + 7) == 0.0  # no such process
+    timed = [PairTiming(0.1, 0.1, 0.01, 0.01, 0.05, 0.05 * 1.1 * (1 + 0.01 * (i % 3))) for i in range(20)]
+    v = ab_verdict(timed)
+    assert [t.metric for t in v.tests] == ["ttft", "decode_per_token", "cpu"] and v.flagged and v.tests[2].flagged
+    assert [t.metric for t in ab_verdict([*timed[:-1], PairTiming(0.1, 0.1, 0.01, 0.01)]).tests] == ["ttft", "decode_per_token"]

@@ -7,10 +7,12 @@ hook only times the step), grade g on one side slows every forward step of that 
 g x the step's own time.  Which side is slowed is drawn at random per graded run, so a
 difference between the two processes themselves cannot pass for a slowdown.
 
-:func:`measure_pairs` sends the same fresh prompt to both servers at the same moment (or,
-``AbPlan.together`` off, back to back in a random order per pair), and keeps each side's TTFT and decode time per token (SGLang's own
+:func:`measure_pairs` sends the same fresh prompt to both servers back to back in a random
+order per pair (or, ``AbPlan.together``, at the same moment), and keeps each side's TTFT and decode time per token (SGLang's own
 ``first_token_latency`` / ``e2e_latency`` when it reports them, else the client's stream
-times); :func:`conformance.checks.perf_ab.ab_verdict` judges them.  Every request has a
+times) and the CPU time its server's processes spent on it (``/proc`` schedstat of every
+thread: the server's own work, which the other tenants of a shared host do not move);
+:func:`conformance.checks.perf_ab.ab_verdict` judges them.  Every request has a
 timeout; both servers are stopped when the ``with`` block ends, however it ends.
 
 :func:`fault_runs` is the same paired run with any seeded SGLang fault on one drawn side
@@ -52,10 +54,10 @@ class AbPlan:
     new_tokens: int = 16
     warmup: int = 3
     request_timeout_s: float = 60.0
-    #: Both sides of a pair sent at the same moment, so a burst of the machine's load falls on
-    #: both alike (False: back to back in a random order, which the load moves between; measured
-    #: on sglang-cpu at load 8-10, docs/perf.md).
-    together: bool = True
+    #: Both sides of a pair sent at the same moment (False, the default: back to back in a random
+    #: order). Measured on sglang-cpu at load 8-10 (docs/perf.md): at once, the two requests
+    #: compete with each other for the cores and their wall times differ by ~2x per pair.
+    together: bool = False
     #: Graded runs: each block of two pairs slows each server once, in a random order, and the
     #: test runs on the blocks (``checks.perf_ab``, ``block=2``), so a difference between the two
     #: server processes cancels (False: one drawn side slowed for the whole run).
@@ -75,20 +77,49 @@ def side_timing(s: _Streamed) -> tuple[float, float]:
     return s.client_ttft_s, (s.client_total_s - s.client_ttft_s) / (out - 1)
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds so far of a server's processes (``pid`` and its children, every thread,
+    ns-exact from ``/proc/<pid>/task/<tid>/schedstat``); 0.0 when unreadable."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        pids = [pid, *(c.pid for c in root.children(recursive=True))]
+    except psutil.Error:
+        return 0.0
+    total = 0
+    for p in pids:
+        for stat in Path(f"/proc/{p}/task").glob("*/schedstat"):
+            try:
+                total += int(stat.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass
+    return total / 1e9
+
+
 def measure_pairs(a: SGLangClient, b: SGLangClient, plan: AbPlan, *, vocab_size: int, seed: int | str,
-                  before: Callable[[int], None] | None = None) -> list[PairTiming]:
+                  before: Callable[[int], None] | None = None, pids: dict[str, int | None] | None = None) -> list[PairTiming]:
     """``plan.pairs`` pairs: each a fresh prompt sent to A and B -- at the same moment
     (``plan.together``, submitted in a random order) or back to back in a random order.
-    ``before(i)`` runs before measured pair i (a crossover moves the slowdown there)."""
+    ``before(i)`` runs before measured pair i (a crossover moves the slowdown there);
+    ``pids``: each side's server pid, whose processes' CPU time per request is kept too."""
     rng = random.Random(f"ab-order:{seed}")
+    clients = {"a": a, "b": b}
+    pids = pids or {}
+
+    def one(side: str, p: list[int]) -> tuple[_Streamed, float]:
+        pid = pids.get(side)
+        cpu0 = tree_cpu_s(pid) if pid else 0.0
+        s = stream_one(clients[side], p, plan.new_tokens, timeout=plan.request_timeout_s)
+        return s, (tree_cpu_s(pid) - cpu0 if pid else 0.0)
+
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="perf-ab") as pool:
 
-        def pair(p: list[int]) -> dict[str, _Streamed]:
-            order = [("a", a), ("b", b)]
-            rng.shuffle(order)
+        def pair(p: list[int]) -> dict[str, tuple[_Streamed, float]]:
+            order = rng.sample(SIDES, 2)
             if not plan.together:
-                return {side: stream_one(client, p, plan.new_tokens, timeout=plan.request_timeout_s) for side, client in order}
-            futures = {side: pool.submit(stream_one, client, p, plan.new_tokens, timeout=plan.request_timeout_s) for side, client in order}
+                return {side: one(side, p) for side in order}
+            futures = {side: pool.submit(one, side, p) for side in order}
             return {side: f.result(timeout=2 * plan.request_timeout_s) for side, f in futures.items()}
 
         for p in token_prompts([plan.prompt_len] * plan.warmup, vocab_size=vocab_size, seed=f"ab-warm:{seed}"):
@@ -97,15 +128,16 @@ def measure_pairs(a: SGLangClient, b: SGLangClient, plan: AbPlan, *, vocab_size:
         for i, p in enumerate(token_prompts([plan.prompt_len] * plan.pairs, vocab_size=vocab_size, seed=f"ab:{seed}")):
             if before is not None:
                 before(i)
-            got = {side: side_timing(s) for side, s in pair(p).items()}
-            out.append(PairTiming(got["a"][0], got["b"][0], got["a"][1], got["b"][1]))
+            got = {side: (*side_timing(s), cpu) for side, (s, cpu) in pair(p).items()}
+            out.append(PairTiming(got["a"][0], got["b"][0], got["a"][1], got["b"][1], max(got["a"][2], 0.0), max(got["b"][2], 0.0)))
     return out
 
 
 def oriented(pairs: list[PairTiming], slowed: str | list[str]) -> list[PairTiming]:
     """The pairs with the slowed side as B (``slowed`` = "a" swaps the sides; a list: per pair)."""
     sides = [slowed] * len(pairs) if isinstance(slowed, str) else slowed
-    return [p if s == "b" else PairTiming(p.ttft_b, p.ttft_a, p.decode_per_token_b, p.decode_per_token_a) for p, s in zip(pairs, sides)]
+    return [p if s == "b" else PairTiming(p.ttft_b, p.ttft_a, p.decode_per_token_b, p.decode_per_token_a, p.cpu_b, p.cpu_a)
+            for p, s in zip(pairs, sides)]
 
 
 def crossover_sides(blocks: int, rng: random.Random) -> list[str]:
@@ -150,6 +182,15 @@ class GradedPair:
     @property
     def clients(self) -> tuple[SGLangClient, SGLangClient]:
         return self.endpoints["a"].client, self.endpoints["b"].client
+
+    @property
+    def pids(self) -> dict[str, int | None]:
+        return server_pids(self.endpoints)
+
+
+def server_pids(endpoints: dict[str, Any]) -> dict[str, int | None]:
+    """Each side's server pid (None when its process does not say)."""
+    return {side: getattr(getattr(e, "process", None), "pid", None) for side, e in endpoints.items()}
 
 
 @contextlib.contextmanager
@@ -210,7 +251,8 @@ class GradedRun:
         return {"repeat": self.repeat, "grade": self.grade, "fault": self.fault, "slowed": self.slowed, "flagged": self.verdict.flagged,
                 "line": self.verdict.line(), "seconds": round(self.seconds, 1),
                 **{f"{t.metric}_ratio": t.median_ratio for t in self.verdict.tests}, **{f"{t.metric}_p": t.p_value for t in self.verdict.tests},
-                "pairs": [[float(f"{x:.5g}") for x in (p.ttft_a, p.ttft_b, p.decode_per_token_a, p.decode_per_token_b)] for p in self.pairs]}
+                "pairs": [[float(f"{x:.5g}") for x in (p.ttft_a, p.ttft_b, p.decode_per_token_a, p.decode_per_token_b, p.cpu_a, p.cpu_b)]
+                          for p in self.pairs]}
 
 
 def graded_runs(cell: Cell, options: Any, *, grades: list[float], repeats: int, plan: AbPlan, alpha: float, seed: int,
@@ -231,12 +273,13 @@ def graded_runs(cell: Cell, options: Any, *, grades: list[float], repeats: int, 
                 if plan.crossover:
                     sides = crossover_sides(plan.pairs // 2, rng)
                     run_plan = dataclasses.replace(plan, pairs=len(sides))
-                    raw = measure_pairs(*pair.clients, run_plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}", before=lambda i: pair.grade(sides[i], g))
+                    raw = measure_pairs(*pair.clients, run_plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}", before=lambda i: pair.grade(sides[i], g),
+                                        pids=pair.pids)
                     pairs, slowed, block = oriented(raw, sides), CROSSOVER, 2
                 else:
                     slowed, block = rng.choice(SIDES), 1
                     pair.grade(slowed, g)
-                    pairs = oriented(measure_pairs(*pair.clients, plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}"), slowed)
+                    pairs = oriented(measure_pairs(*pair.clients, plan, vocab_size=vocab, seed=f"{seed}:{r}:{g}", pids=pair.pids), slowed)
                 yield GradedRun(r, g, slowed, ab_verdict(pairs, alpha=alpha, block=block), time.monotonic() - t0, pairs=tuple(pairs))
 
 
@@ -259,5 +302,5 @@ def fault_runs(cell: Cell, options: Any, *, fault: str | None, repeats: int, pla
         with started_pair(cell, options, envs, work_dir=work_dir / f"r{r}") as endpoints:
             t0 = time.monotonic()
             pairs = oriented(measure_pairs(endpoints["a"].client, endpoints["b"].client, plan, vocab_size=vocab_size(endpoints["a"]),
-                                           seed=f"{seed}:{r}:{fault}"), slowed)
+                                           seed=f"{seed}:{r}:{fault}", pids=server_pids(endpoints)), slowed)
             yield GradedRun(r, 0.0, slowed, ab_verdict(pairs, alpha=alpha), time.monotonic() - t0, fault or "", tuple(pairs))
