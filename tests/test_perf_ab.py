@@ -389,3 +389,21 @@ def test_the_cpu_time_of_a_server_tree_is_its_own_work(tmp_path: Path) -> None:
     v = ab_verdict(timed)
     assert [t.metric for t in v.tests] == ["ttft", "decode_per_token", "cpu"] and v.flagged and v.tests[2].flagged
     assert [t.metric for t in ab_verdict([*timed[:-1], PairTiming(0.1, 0.1, 0.01, 0.01)]).tests] == ["ttft", "decode_per_token"]
+
+
+def test_without_a_crossover_only_the_cpu_time_is_judged() -> None:
+    """A seeded fault sits on one server for the whole run (no crossover): a clean pair whose B
+    process is 1.6x slower in wall time is flagged when the wall times are judged (the mutants
+    clean run measured on sglang-cpu: TTFT B/A 2.07, p 0.007), not when only the CPU time,
+    each server's own work, is; +10% of CPU work is flagged either way."""
+    def with_cpu(pairs: list[PairTiming], grade: float, seed: int) -> list[PairTiming]:
+        rng = random.Random(seed)
+        return [PairTiming(p.ttft_a, p.ttft_b, p.decode_per_token_a, p.decode_per_token_b, 0.08 * rng.lognormvariate(0, 0.03),
+                           0.08 * (1 + grade) * rng.lognormvariate(0, 0.03)) for p in pairs]
+
+    clean = with_cpu(asymmetric_pairs(["a"] * 30, 0.0, seed=7), 0.0, seed=8)
+    assert ab_verdict(clean).flagged  # the wall times judged: a false flag
+    v = ab_verdict(clean, wall=False)
+    assert not v.flagged and [t.judged for t in v.tests] == [False, False, True] and "not judged" in v.line()
+    slow = with_cpu(asymmetric_pairs(["a"] * 30, 0.0, seed=9), 0.10, seed=10)
+    assert ab_verdict(slow, wall=False).flagged and ab_verdict(slow, wall=False).tests[2].flagged
