@@ -57,8 +57,13 @@ MIN_TIE = 0.05
 
 
 def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold) -> tuple[list[float], list[float]]:
-    """Per output token of a served request: the top-k KL (cold || served) and the greedy
-    gap (cold best logprob - cold logprob of the served token; 0 when it is the argmax)."""
+    """Per output token of a served request: the top-k KL (cold || served) and the flip
+    margin -- the larger of the greedy gap (cold best logprob - cold logprob of the served
+    token; 0 when it is the argmax) and twice the largest |served - cold| logprob of a token
+    both top-k lists hold: a greedy flip needs two tokens to move apart by their gap, and each
+    moves by what the noise moves it (a calibration of 128 tokens may see no flip at all, its
+    deviations it always sees; measured on sglang-cpu in bf16: no flip in calibration, then a
+    0.125 flip in a program)."""
     kls, gaps = [], []
     base = len(input_ids)
     for k, tok in enumerate(output_ids):
@@ -66,9 +71,12 @@ def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: S
         if got is None or got[0][0] is None or got[0][1] != tok:
             break
         (cold_lp, _), top = got
-        gaps.append(max((top[0][0] if top else cold_lp) - cold_lp, 0.0))
+        margin = max((top[0][0] if top else cold_lp) - cold_lp, 0.0)
         if k < len(served.output_top) and served.output_top[k] and top:
             kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
+            ref = {t: lp for lp, t in top}
+            margin = max([margin, *(2 * abs(lp - ref[t]) for lp, t in served.output_top[k] if t in ref)])
+        gaps.append(margin)
     return kls, gaps
 
 
