@@ -58,13 +58,13 @@ def main() -> None:
         for run in graded_runs(cell, opts, grades=grades, repeats=args.repeats, plan=plan, alpha=args.alpha, seed=args.seed,
                                work_dir=Path(tempfile.mkdtemp(prefix="bench-perf-ab-"))):
             rows.append(run.row())
-            if args.max_seconds and time.time() - t_start > args.max_seconds:
-                print(f"stopped after {len(rows)} runs: --max-seconds {args.max_seconds:g} reached", flush=True)
-                break
             if args.json:  # after every run: a run cut short by its timeout keeps what it measured
                 args.json.write_text(json.dumps({"cell": cell.id, "plan": vars(plan), "alpha": args.alpha, "runs": rows}, indent=1))
             print(f"repeat {run.repeat + 1} grade +{run.grade:.0%} (side {run.slowed}) {run.seconds:.1f}s: {run.verdict.line()}"
                   f" [{time.time() - t_start:.0f}s]", flush=True)
+            if args.max_seconds and time.time() - t_start > args.max_seconds:
+                print(f"stopped after {len(rows)} runs: --max-seconds {args.max_seconds:g} reached", flush=True)
+                break
     finally:
         preimport.stop_all()
     print(f"\n{len(rows)} runs ({args.repeats} repeats x {len(grades)} grades planned), {plan.pairs} pairs each, {time.time() - t_start:.0f}s; cell {cell.id}; false-flag rate {args.alpha:g}")

@@ -49,10 +49,10 @@ CROSSOVER = "a,b in turn"
 class AbPlan:
     """Sizes of one paired run (tiny twins on CPU: a pair takes ~0.2-0.4 s)."""
 
-    pairs: int = 30
+    pairs: int = 40
     prompt_len: int = 200
     new_tokens: int = 16
-    warmup: int = 3
+    warmup: int = 5
     request_timeout_s: float = 60.0
     #: Both sides of a pair sent at the same moment (False, the default: back to back in a random
     #: order). Measured on sglang-cpu at load 8-10 (docs/perf.md): at once, the two requests
