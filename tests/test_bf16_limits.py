@@ -139,8 +139,8 @@ def test_a_hit_shifted_past_the_noise_fails_the_kl_suite_in_bf16() -> None:
 def _calibration_token(dev: float) -> tuple:
     """One calibration token in bf16: served = the cold argmax (no flip), its top-2 logprobs
     each moved by ``dev`` (a bf16 step)."""
-    cold = Cold(1, ((-0.50, 7),), (((-0.50, 7), (-1.40, 9)),))
-    served = ServedLogprobs((-0.50 + dev,), (((-0.50 + dev, 7), (-1.40 - dev, 9)),))
+    cold = Cold(1, ((-0.50, 7),), (((-0.50, 7), (-1.40, 9), (-6.0, 4)),))
+    served = ServedLogprobs((-0.50 + dev,), (((-0.50 + dev, 7), (-1.40 - dev, 9), (-6.9, 4)),))  # a tail token moved by 0.9
     return [1], [7], served, cold
 
 
@@ -148,8 +148,9 @@ def test_the_greedy_tie_comes_from_the_noise_deviations_not_only_from_flips_seen
     """sglang-cpu bf16 programs (2026-11-26): the calibration's 128 tokens never flipped
     (gap max 0, so the tie sat at its 0.05 floor) while their top-k logprobs moved, and a
     program then served a token 0.125 below the cold best with no cache hit at all (cold
-    -1.5554 vs best -1.4304): a false failure.  The tie now also covers twice the largest
-    top-k deviation the calibration saw; a flip far beyond it still fails."""
+    -1.5554 vs best -1.4304): a false failure.  The tie now also covers the deviations of the
+    cold's top two tokens added (not a tail token's: one moved 0.9 there, a tie of 7 nats);
+    a flip far beyond it still fails."""
     kls, margins = [], []
     for _ in range(MIN_NOISE_TOKENS):
         k, g = noise_samples(*_calibration_token(0.0625))

@@ -59,11 +59,12 @@ MIN_TIE = 0.05
 def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold) -> tuple[list[float], list[float]]:
     """Per output token of a served request: the top-k KL (cold || served) and the flip
     margin -- the larger of the greedy gap (cold best logprob - cold logprob of the served
-    token; 0 when it is the argmax) and twice the largest |served - cold| logprob of a token
-    both top-k lists hold: a greedy flip needs two tokens to move apart by their gap, and each
+    token; 0 when it is the argmax) and the |served - cold| logprob deviations of the cold's
+    top two tokens added: a greedy flip needs those two to move apart by their gap, and each
     moves by what the noise moves it (a calibration of 128 tokens may see no flip at all, its
     deviations it always sees; measured on sglang-cpu in bf16: no flip in calibration, then a
-    0.125 flip in a program)."""
+    0.125 flip in a program).  Only the top two: a tail token of the top-k moved by 0.9 there,
+    which would have put the tie at 7 nats, no greedy check at all."""
     kls, gaps = [], []
     base = len(input_ids)
     for k, tok in enumerate(output_ids):
@@ -74,8 +75,9 @@ def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: S
         margin = max((top[0][0] if top else cold_lp) - cold_lp, 0.0)
         if k < len(served.output_top) and served.output_top[k] and top:
             kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
-            ref = {t: lp for lp, t in top}
-            margin = max([margin, *(2 * abs(lp - ref[t]) for lp, t in served.output_top[k] if t in ref)])
+            got_lp = {t: lp for lp, t in served.output_top[k]}
+            devs = [abs(got_lp[t] - lp) for lp, t in top[:2] if t in got_lp]
+            margin = max(margin, sum(devs) if len(devs) == 2 else 2 * max(devs, default=0.0))
         gaps.append(margin)
     return kls, gaps
 
