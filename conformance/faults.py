@@ -3,7 +3,7 @@
 A :class:`Fault` says what the fault is (``description``), the real bug it mimics
 (``real_bug``), its layer and so how it is switched on (:attr:`Fault.switch`), where it is
 injected (``injected_at``), what a check sees (``observable``) and which suites are expected
-to catch it (``suites``), plus where it can show (``strategies``, ``families``,
+to catch it (``suites``) or which check outside them can (``seen_by``), plus where it can show (``strategies``, ``families``,
 ``cell_fault``) for the ``mutants`` plans.  Each layer keeps its own registry of these
 records and its own injection code:
 
@@ -39,6 +39,12 @@ STEP_SLOWDOWN_ENV = "HYBRID_CONFORMANCE_STEP_SLOWDOWN"
 #: Every seeded-fault switch the kit knows (its own three, the slowdown's grade and SGLang's
 #: two test switches).
 FAULT_SWITCHES = (FAULT_ENV, PD_FAULT_ENV, SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV, LAZY_ALLOC_FAIL_ENV, DISAGG_FAILURE_ENV)
+#: A check outside the suites that can see a fault: the paired A/B perf test (two servers of
+#: one cell, the fault on one; ``hybrid-conformance perf-ab``, ``conformance/checks/perf_ab.py``).
+#: A fault whose record names it in ``seen_by`` is scored by ``mutants`` through it.
+PAIRED_AB = "perf A/B (paired)"
+#: Every check a record's ``seen_by`` may name.
+SEEN_BY = (PAIRED_AB,)
 
 
 @dataclass(frozen=True)
@@ -94,10 +100,16 @@ class Fault:
     cache_variant: str = "radix"
     hooks: tuple[Any, ...] = ()
     patch: Callable[[Any, Callable], None] | None = None
+    #: Checks outside the suites that can see it (``SEEN_BY``): ``mutants`` scores it through
+    #: them instead of a suite's checks (e.g. a small slowdown no suite's threshold can see).
+    seen_by: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.layer not in LAYERS:
             raise ValueError(f"fault {self.name}: layer {self.layer!r}, known: {', '.join(LAYERS)}")
+        unknown = [c for c in self.seen_by if c not in SEEN_BY]
+        if unknown:
+            raise ValueError(f"fault {self.name}: seen_by {unknown[0]!r}, known: {', '.join(SEEN_BY)}")
 
     @property
     def env(self) -> str:

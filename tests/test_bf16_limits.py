@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conformance.checks.differential import (
-    MIN_NOISE_TOKENS, NOISE_FACTOR, Cold, ServedLogprobs, Tolerance, differential_problems, noise_samples, tolerance_from_noise,
+    MIN_NOISE_TOKENS, MIN_TIE, NOISE_FACTOR, Cold, ServedLogprobs, Tolerance, differential_problems, noise_samples, tolerance_from_noise,
 )
 from conformance.checks.kl import MIN_LIMIT, NOISE_FACTOR, kl_verdict
 from conformance.errors import KitError
@@ -134,3 +134,34 @@ def test_a_hit_shifted_past_the_noise_fails_the_kl_suite_in_bf16() -> None:
     rec = rc.record_kl(Replayer(rc.load(BF16[0][0])), BF16[0][1])
     bad = kl_verdict(_hit_sequences_shifted(rec, 0.5), chunk=rc.CHUNK, track_interval=rc.TRACK, noise_factor=NOISE_FACTOR)
     assert bad.status == "fail" and "top-k KL" in bad.reason
+
+
+def _calibration_token(dev: float) -> tuple:
+    """One calibration token in bf16: served = the cold argmax (no flip), its top-2 logprobs
+    each moved by ``dev`` (a bf16 step)."""
+    cold = Cold(1, ((-0.50, 7),), (((-0.50, 7), (-1.40, 9), (-6.0, 4)),))
+    served = ServedLogprobs((-0.50 + dev,), (((-0.50 + dev, 7), (-1.40 - dev, 9), (-6.9, 4)),))  # a tail token moved by 0.9
+    return [1], [7], served, cold
+
+
+def test_the_greedy_tie_comes_from_the_noise_deviations_not_only_from_flips_seen() -> None:
+    """sglang-cpu bf16 programs (2026-11-26): the calibration's 128 tokens never flipped
+    (gap max 0, so the tie sat at its 0.05 floor) while their top-k logprobs moved, and a
+    program then served a token 0.125 below the cold best with no cache hit at all (cold
+    -1.5554 vs best -1.4304): a false failure.  The tie now also covers the deviations of the
+    cold's top two tokens added (not a tail token's: one moved 0.9 there, a tie of 7 nats);
+    a flip far beyond it still fails."""
+    kls, margins = [], []
+    for _ in range(MIN_NOISE_TOKENS):
+        k, g = noise_samples(*_calibration_token(0.0625))
+        kls += k
+        margins += g
+    old_tie = tolerance_from_noise(kls, [0.0] * len(kls)).tie_eps  # the flips seen: none
+    tol = tolerance_from_noise(kls, margins)
+    assert old_tie == MIN_TIE and margins[0] == pytest.approx(0.125) and tol.tie_eps == pytest.approx(NOISE_FACTOR * 0.125)
+    cold = Cold(1, ((-1.5554, 2358),), (((-1.4304, 18747), (-1.5554, 2358)),))
+    flipped = ServedLogprobs((-1.49,), (((-1.49, 2358), (-1.50, 18747)),))
+    assert "not the cold argmax" in differential_problems([1], [2358], flipped, cold, dataclasses.replace(tol, tie_eps=old_tie))[0]
+    assert differential_problems([1], [2358], flipped, cold, dataclasses.replace(tol, kl_cap=1.0)) == []
+    far = Cold(1, ((-2.6, 2358),), (((-0.4, 18747), (-2.6, 2358)),))
+    assert "not the cold argmax" in differential_problems([1], [2358], flipped, far, dataclasses.replace(tol, kl_cap=1.0))[0]

@@ -3,9 +3,11 @@ uncaught one fails the command, and the score line comes last."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from rich.console import Console
@@ -116,8 +118,9 @@ def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
     # a fault that needs a server option runs on that option's standard-tier cell (one cell per axis fault,
     # four: mixed chunk, off-grid and sub-chunk chunked prefill, small mamba pool; overlap=on is the plain cell's own);
     # the PD faults on the PD cell, the decode-side one on its transfer-fail cell (SGLang's
-    # SGLANG_TEST_DISAGG_FAILURE_PROB, standard tier); the HiCache faults on the hicache variant's nightly cell
-    assert len({p.key for p in plans.values()}) <= 12
+    # SGLANG_TEST_DISAGG_FAILURE_PROB, standard tier); the HiCache faults on the hicache variant's nightly cell;
+    # the fault only the paired A/B sees (step_slowdown) its own pair of servers
+    assert len({p.key for p in plans.values()}) <= 13
     decode = plans["pd_decode_failed_transfer_slot_kept"]
     assert decode.faults == "disagg_transfer_fail" and decode.tier == "standard" and "--tier=standard" in runs._pytest_argv(decode, Path("r"))
     hicache = plans["hicache_mamba_state_not_loaded"]
@@ -319,3 +322,68 @@ def test_an_interrupted_mutants_run_stops_its_pytest_group(monkeypatch: pytest.M
     assert started and started[0].poll() is not None
     code, out, timed_out = runs.run_bounded([sys.executable, "-c", "print('ok')"], env=dict(os.environ), timeout_s=30)
     assert (code, out.strip(), timed_out) == (0, "ok", False)
+
+
+# ------------------------------------------------------------------ perf faults through the paired A/B (issue 26)
+_REAL_AB_ARGV = runs._paired_ab_argv
+
+
+def _fake_perf_ab(flag_when: str) -> Callable:
+    """A stand-in for ``perf-ab --fault F --json J --log-dir L``: writes the verb's rows and the
+    fault plugin's fired record, flagged per ``flag_when`` ('fault': only with a fault on;
+    'never'; 'crash': no verdict at all)."""
+    import sys
+
+    def argv(plan: MutantPlan, fault: str | None, report_dir: Path) -> list[str]:
+        real = _REAL_AB_ARGV(plan, fault, report_dir)
+        on = real[real.index("--fault") + 1] != "none"
+        flagged = on and flag_when == "fault"
+        line = ("SLOWER" if flagged else "no change") + ": ttft B/A 1.080 (p 0.0001), decode_per_token B/A 1.090 (p 2e-05); false-flag rate 0.05"
+        row = {"repeat": 0, "grade": 0.0, "fault": real[real.index("--fault") + 1] if on else "", "slowed": "b", "flagged": flagged, "line": line}
+        logs = Path(real[real.index("--log-dir") + 1]) / "r0" / "b"
+        fired = {"plugin": "hybrid_conformance_faults", "status": "fired", "fault": fault, "count": 5}
+        script = "\n".join([
+            "import json, pathlib, sys",
+            f"logs = pathlib.Path({str(logs)!r}); logs.mkdir(parents=True, exist_ok=True)",
+            f"(logs / 'cell.plugins.jsonl').write_text({json.dumps(fired)!r} + '\\n')" if on else "",
+            "print('perf-ab: 1 paired runs'); sys.exit(3)" if flag_when == "crash" else
+            f"pathlib.Path({real[real.index('--json') + 1]!r}).write_text(json.dumps({{'runs': [{row!r}]}})); sys.exit({int(flagged != on)})",
+        ])
+        return [sys.executable, "-c", script]
+
+    return argv
+
+
+def test_a_perf_fault_only_the_paired_ab_sees_is_scored_through_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: ``step_slowdown`` was planned on the perf suite and scored by ``compare``'s
+    thresholds, which cannot see +10% ("missed"). Its record now says the paired A/B sees it:
+    its plan is ``perf-ab --fault`` on one pair (clean run: ``--fault none``), caught only when
+    the paired test flags the side with the fault, and named so."""
+    from conformance.faults import PAIRED_AB
+    from conformance.mutants import power
+
+    plan = catalogue.sglang_cpu_plans(("step_slowdown", "track_path_slowdown"))["step_slowdown"]
+    assert plan.paired_ab and plan.suites == () and plan.keyword == "qwen3-next-80b-extra_buffer-p1-t256"
+    real = runs._paired_ab_argv(plan, "step_slowdown", tmp_path)
+    assert real[real.index("perf-ab") + 1:][:2] == ["--target", "sglang-cpu"] and real[real.index("--fault") + 1] == "step_slowdown"
+    assert real[real.index("--cell") + 1] == plan.keyword and real[real.index("--repeats") + 1] == "1"
+    assert runs._paired_ab_argv(plan, None, tmp_path)[real.index("--fault") + 1] == "none"
+    assert catalogue.sglang_cpu_plans(("track_path_slowdown",))["track_path_slowdown"].suites[0] == "perf"  # compare still scores that one
+
+    monkeypatch.setattr(runs, "_paired_ab_argv", _fake_perf_ab("fault"))
+    caught = runs.run_plan(plan, "step_slowdown", tmp_path / "seen")
+    assert caught.caught and caught.category == "caught" and caught.checks == [PAIRED_AB] and caught.fired == 5
+    assert caught.by[0].startswith(f"{PAIRED_AB}: step_slowdown on side b: SLOWER")
+    assert not runs.run_plan(plan, None, tmp_path / "seen").caught  # a clean pair not flagged: the score stands
+
+    monkeypatch.setattr(runs, "_paired_ab_argv", _fake_perf_ab("never"))
+    blind = runs.run_plan(plan, "step_slowdown", tmp_path / "blind")
+    assert not blind.caught and blind.category == "missed" and blind.fired == 5
+    monkeypatch.setattr(runs, "_paired_ab_argv", _fake_perf_ab("crash"))
+    crashed = runs.run_plan(plan, "step_slowdown", tmp_path / "crash")
+    assert not crashed.caught and crashed.category == "crash" and "perf-ab exited 3 with no verdict" in crashed.by[0]
+    assert runs.run_plan(plan, None, tmp_path / "crash").caught  # a clean A/B that gave no verdict voids the score
+
+    buf = io.StringIO()
+    assert "step_slowdown" not in power.programs_reach({"step_slowdown": plan}, Console(file=buf, width=300))
+    assert "scored by the paired A/B" in buf.getvalue()

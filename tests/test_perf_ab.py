@@ -15,6 +15,7 @@ import pytest
 
 from conformance.checks.perf_ab import ALPHA, MIN_PAIRS, PairTiming, ab_verdict
 from conformance.errors import KitError
+from conformance.faults import PAIRED_AB, SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV
 from conformance.perf import ab
 from conformance.report.perf import DEFAULT_THRESHOLDS
 from conformance.sglang_plugins.faults import catalogue
@@ -70,9 +71,9 @@ def test_identical_sides_are_no_change() -> None:
     assert not v.flagged and all(t.p_value == 1.0 and t.median_ratio == 1.0 for t in v.tests)
 
 
-def test_the_graded_fault_waits_its_grade_of_the_step_and_returns_the_result(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_graded_fault_works_its_grade_of_the_step_and_returns_the_result(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     slept: list[float] = []
-    monkeypatch.setattr(slowdown.time, "sleep", slept.append)
+    monkeypatch.setattr(slowdown, "busy", slept.append)
     monkeypatch.setattr(slowdown, "fired", lambda *a, **k: None)
     ticks = iter([1.0, 1.5, 2.0, 2.5, 3.0, 3.5])
     monkeypatch.setattr(slowdown.time, "perf_counter", lambda: next(ticks))
@@ -82,12 +83,23 @@ def test_the_graded_fault_waits_its_grade_of_the_step_and_returns_the_result(mon
     assert slowdown.slow_step(lambda x, y=0: x + y, 1, y=2) == 3
     assert slept == [pytest.approx(0.1)]  # 0.2 x a 0.5 s step
     grade_file.write_text("0\n")
-    assert slowdown.slow_step(lambda: "out") == "out" and slept == [pytest.approx(0.1)]  # grade 0: no wait
+    assert slowdown.slow_step(lambda: "out") == "out" and slept == [pytest.approx(0.1)]  # grade 0: no extra work
     monkeypatch.setenv(slowdown.GRADE_ENV, "0.05")
     slowdown.slow_step(lambda: None)
     assert slept[-1] == pytest.approx(0.025)
     monkeypatch.delenv(slowdown.GRADE_ENV)
     assert slowdown.grade() == slowdown.DEFAULT_GRADE
+
+
+def test_the_extra_work_is_busy_not_a_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sleep would give the core away (and come back late on a loaded machine): busy() never
+    sleeps, and runs for the time asked."""
+    import time
+
+    monkeypatch.setattr(slowdown.time, "sleep", lambda s: pytest.fail(f"slept {s}"))
+    wall0 = time.perf_counter()
+    slowdown.busy(0.05)
+    assert time.perf_counter() - wall0 >= 0.05
 
 
 def test_a_bad_grade_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,7 +113,7 @@ def test_a_bad_grade_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_graded_fault_is_catalogued_around_the_model_step() -> None:
     fault = catalogue.get_fault("step_slowdown")
-    assert fault is slowdown.FAULT and fault.suites == ("perf",)
+    assert fault is slowdown.FAULT and fault.suites == () and fault.seen_by == (PAIRED_AB,)  # no suite's check sees +10%
     assert [(h.target, h.how) for h in fault.hooks] == [(slowdown.TARGET, "around")]
 
 
@@ -119,7 +131,7 @@ def test_pairs_are_interleaved_in_a_random_order_and_timed_by_sglang(monkeypatch
         return FakeStream({"first_token_latency": ttft, "e2e_latency": ttft + 0.15}, new_tokens)
 
     monkeypatch.setattr(ab, "stream_one", fake_stream)
-    plan = ab.AbPlan(pairs=20, warmup=2, new_tokens=16)
+    plan = ab.AbPlan(pairs=20, warmup=2, new_tokens=16, together=False)
     pairs = ab.measure_pairs("a", "b", plan, vocab_size=100, seed=0)
     assert len(pairs) == 20 and len(calls) == 2 * (20 + 2)
     measured = [tuple(calls[i:i + 2]) for i in range(4, len(calls), 2)]
@@ -127,6 +139,27 @@ def test_pairs_are_interleaved_in_a_random_order_and_timed_by_sglang(monkeypatch
     assert all(p.ttft_a == 0.1 and p.ttft_b == 0.2 and p.decode_per_token_a == pytest.approx(0.01) for p in pairs)
     swapped = ab.oriented(pairs, "a")
     assert swapped[0].ttft_b == 0.1 and ab.oriented(pairs, "b") == pairs
+
+
+def test_both_sides_of_a_pair_are_in_flight_at_the_same_moment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default pair: A and B answer the same prompt at once (each waits for the other to
+    have started), so a burst of the machine's load falls on both; each keeps its own timing."""
+    import threading
+
+    both = threading.Barrier(2, timeout=10)
+    prompts: list[tuple[str, tuple]] = []
+
+    def fake_stream(client, prompt, new_tokens, *, timeout):
+        prompts.append((client, tuple(prompt)))
+        both.wait()  # a BrokenBarrierError after 10 s if the other side is not in flight
+        ttft = 0.1 if client == "a" else 0.3
+        return FakeStream({"first_token_latency": ttft, "e2e_latency": ttft + 0.15}, new_tokens)
+
+    monkeypatch.setattr(ab, "stream_one", fake_stream)
+    pairs = ab.measure_pairs("a", "b", ab.AbPlan(pairs=10, warmup=1, together=True), vocab_size=100, seed=0)
+    assert len(pairs) == 10 and all(p.ttft_a == 0.1 and p.ttft_b == 0.3 for p in pairs)
+    by_client = {c: [pr for cc, pr in prompts if cc == c] for c in ("a", "b")}
+    assert by_client["a"] == by_client["b"] and len(set(by_client["a"])) == 11  # the same fresh prompt on both, per pair
 
 
 def test_an_answer_without_timings_is_one_line() -> None:
@@ -199,3 +232,178 @@ def test_the_perf_ab_verb_exits_1_when_a_verdict_is_wrong(monkeypatch: pytest.Mo
     monkeypatch.setattr(ab, "graded_runs", blind_runs)
     assert cli.main(["perf-ab", "--grades", "0,0.1", "--log-dir", "/tmp/unused-perf-ab"]) == 1
     assert "<- WRONG" in capsys.readouterr().out
+
+
+def test_a_fault_run_puts_the_fault_on_the_drawn_side_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``fault_runs``: the drawn side starts with the seeded fault at its defaults (no grade
+    file), the other with no fault switch at all, whatever the caller's environment holds."""
+    import contextlib
+    import os
+
+    seen: list[dict[str, dict]] = []
+
+    @contextlib.contextmanager
+    def fake_pair(cell, options, envs, *, work_dir):
+        with ab._environ(envs["a"]):
+            got_a = {k: os.environ.get(k) for k in (SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV)}
+        with ab._environ(envs["b"]):
+            got_b = {k: os.environ.get(k) for k in (SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV)}
+        seen.append({"a": got_a, "b": got_b})
+        yield {"a": type("E", (), {"client": "a"})(), "b": type("E", (), {"client": "b"})()}
+
+    monkeypatch.setenv(SGLANG_FAULT_ENV, "cow_skipped")  # a stray switch in the caller's environment
+    monkeypatch.setenv(STEP_SLOWDOWN_ENV, "0.5")
+    monkeypatch.setattr(ab, "started_pair", fake_pair)
+    monkeypatch.setattr("conformance.suites.vocab_size", lambda endpoint: 100)
+
+    def fake_measure(a, b, plan, *, vocab_size, seed, **_):
+        slow = {"a": 1.0, "b": 1.0, **{side: 1.3 for side, env in seen[-1].items() if env[SGLANG_FAULT_ENV]}}
+        return [PairTiming(0.1 * slow["a"], 0.1 * slow["b"], 0.01 * slow["a"], 0.01 * slow["b"]) for _ in range(12)]
+
+    monkeypatch.setattr(ab, "measure_pairs", fake_measure)
+    runs = list(ab.fault_runs(None, None, fault="step_slowdown", repeats=4, plan=ab.AbPlan(), alpha=ALPHA, seed=1, work_dir=tmp_path))
+    for run, envs in zip(runs, seen):
+        other = "a" if run.slowed == "b" else "b"
+        assert envs[run.slowed] == {SGLANG_FAULT_ENV: "step_slowdown", STEP_SLOWDOWN_ENV: None}
+        assert envs[other] == {SGLANG_FAULT_ENV: None, STEP_SLOWDOWN_ENV: None}
+        assert run.fault == "step_slowdown" and run.verdict.flagged and run.right and run.what == f"step_slowdown on side {run.slowed}"
+    assert {r.slowed for r in runs} == {"a", "b"}  # the side is drawn
+    clean = list(ab.fault_runs(None, None, fault=None, repeats=2, plan=ab.AbPlan(), alpha=ALPHA, seed=1, work_dir=tmp_path))
+    assert all(e == {SGLANG_FAULT_ENV: None, STEP_SLOWDOWN_ENV: None} for envs in seen[-2:] for e in envs.values())
+    assert all(not r.changed and not r.verdict.flagged and r.right for r in clean)
+
+
+def test_the_perf_ab_verb_runs_a_seeded_fault_on_one_side(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    import json
+
+    from conformance import cli
+
+    def fake_runs(cell, opts, *, fault, repeats, plan, alpha, seed, work_dir):
+        factor = 1.10 if fault else 1.0
+        yield ab.GradedRun(0, 0.0, "a", ab_verdict(noisy_pairs(30, factor, seed=3), alpha=alpha), 1.0, fault or "")
+
+    monkeypatch.setattr(ab, "fault_runs", fake_runs)
+    out_json = tmp_path / "ab.json"
+    assert cli.main(["perf-ab", "--fault", "step_slowdown", "--json", str(out_json), "--log-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "step_slowdown on side a: SLOWER" in out and "flagged: 1/1 (fault step_slowdown)" in out
+    row = json.loads(out_json.read_text())["runs"][0]
+    assert row["fault"] == "step_slowdown" and row["flagged"] and row["line"].startswith("SLOWER")
+    assert cli.main(["perf-ab", "--fault", "none", "--json", str(out_json), "--log-dir", str(tmp_path)]) == 0
+    assert "+0% on side a: no change" in capsys.readouterr().out and not json.loads(out_json.read_text())["runs"][0]["flagged"]
+    assert cli.main(["perf-ab", "--fault", "no_such_fault"]) != 0
+    err = capsys.readouterr().err
+    assert "--fault: unknown seeded SGLang fault 'no_such_fault'" in err and "Traceback" not in err
+    assert cli.main(["perf-ab", "--fault", "step_slowdown", "--grades", "0.1"]) != 0
+    assert "--fault and --grades: give one" in capsys.readouterr().err
+
+
+def asymmetric_pairs(sides: list[str], grade: float, *, seed: int, asym: float = 1.6, cv: float = 0.1) -> list[PairTiming]:
+    """Raw (unoriented) pairs of two servers where B's process is ``asym`` x slower than A's
+    (as measured on sglang-cpu under load), the side ``sides[i]`` slowed by ``grade``."""
+    rng = random.Random(seed)
+    out = []
+    for s in sides:
+        load = rng.uniform(1.0, 3.0)
+        t = {side: load * (asym if side == "b" else 1.0) * (1 + grade if side == s else 1.0) * rng.lognormvariate(0, cv) for side in ab.SIDES}
+        out.append(PairTiming(0.05 * t["a"], 0.05 * t["b"], 0.01 * t["a"], 0.01 * t["b"]))
+    return out
+
+
+def test_a_crossover_cancels_a_difference_between_the_two_servers() -> None:
+    """Before: one drawn side slowed for the whole run, so a server process 1.6x slower than its
+    twin is flagged on a clean pair (side B drawn) and hides +10% (side A drawn). A crossover
+    (each block of two pairs slows each side once) judged block by block sees +10% either way
+    and leaves the clean pair alone."""
+    rng = random.Random(5)
+    fixed_b, fixed_a = ["b"] * 40, ["a"] * 40
+    assert ab_verdict(ab.oriented(asymmetric_pairs(fixed_b, 0.0, seed=1), "b")).flagged  # old: a false flag
+    assert not ab_verdict(ab.oriented(asymmetric_pairs(fixed_a, 0.10, seed=2), "a")).flagged  # old: +10% missed
+    flagged_clean = flagged_slow = 0
+    for trial in range(40):
+        sides = ab.crossover_sides(20, rng)
+        assert all(sorted(sides[i:i + 2]) == ["a", "b"] for i in range(0, 40, 2))
+        clean = ab_verdict(ab.oriented(asymmetric_pairs(sides, 0.0, seed=100 + trial), sides), block=2)
+        slow = ab_verdict(ab.oriented(asymmetric_pairs(sides, 0.10, seed=200 + trial), sides), block=2)
+        flagged_clean += clean.flagged
+        flagged_slow += slow.flagged
+        assert slow.tests[0].pairs == 20  # blocks
+    assert flagged_clean <= 4 and flagged_slow >= 38, (flagged_clean, flagged_slow)
+    assert all(0.9 < t.median_ratio < 1.3 for t in slow.tests)  # the per-pair slowdown, not the servers' 1.6
+
+
+def test_a_crossover_moves_the_grade_before_each_measured_pair(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """graded_runs: per pair the grade files name that pair's slowed side (never during warm-up),
+    and the verdict is taken on blocks."""
+    import contextlib
+
+    pair = ab.GradedPair({"a": type("E", (), {"client": "a"})(), "b": type("E", (), {"client": "b"})()},
+                         {s: tmp_path / f"{s}.grade" for s in ab.SIDES})
+    for path in pair.grade_files.values():
+        path.write_text("0.0\n")
+
+    @contextlib.contextmanager
+    def fake_pair(cell, options, *, work_dir):
+        yield pair
+
+    seen: list[dict[str, float]] = []
+
+    def fake_stream(client, prompt, new_tokens, *, timeout):
+        grade = float((tmp_path / f"{client}.grade").read_text())
+        seen.append({"client": client, "grade": grade})
+        return FakeStream({"first_token_latency": 0.1 * (1 + grade), "e2e_latency": 0.1 * (1 + grade) + 0.15 * (1 + grade)}, new_tokens)
+
+    monkeypatch.setattr(ab, "graded_pair", fake_pair)
+    monkeypatch.setattr(ab, "stream_one", fake_stream)
+    monkeypatch.setattr("conformance.suites.vocab_size", lambda endpoint: 100)
+    plan = ab.AbPlan(pairs=20, warmup=2)
+    runs = list(ab.graded_runs(None, None, grades=[0.2], repeats=1, plan=plan, alpha=ALPHA, seed=3, work_dir=tmp_path))
+    assert len(runs) == 1 and runs[0].slowed == ab.CROSSOVER and runs[0].verdict.flagged and runs[0].right
+    assert all(t.pairs == 10 for t in runs[0].verdict.tests) and len(runs[0].pairs) == 20
+    warm, measured = seen[:4], seen[4:]
+    assert all(s["grade"] == 0.0 for s in warm)
+    slowed = [s["client"] for s in measured if s["grade"] > 0]
+    assert len(slowed) == 20 and slowed.count("a") == slowed.count("b") == 10  # one side per pair, each side half the time
+    assert runs[0].what == "+20% on each side in turn (crossover)"
+
+
+def test_the_cpu_time_of_a_server_tree_is_its_own_work(tmp_path: Path) -> None:
+    """``tree_cpu_s`` counts the CPU a process tree used (a child's busy work included), not the
+    wall time it waited; the verdict tests the CPU metric only when every pair has it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nt=time.perf_counter()\nwhile time.perf_counter()-t<0.3: pass\ntime.sleep(30)"])
+    try:
+        t0 = ab.tree_cpu_s(os.getpid())
+        time.sleep(1.0)  # the child spins 0.3 s, then sleeps
+        used = ab.tree_cpu_s(os.getpid()) - t0
+        assert 0.05 < used < 0.9, used  # its work (on a loaded host: the share it got), not the 1 s of wall time
+    finally:
+        child.kill()
+        child.wait()
+    assert ab.tree_cpu_s(2 ** 22 + 7) == 0.0  # no such process
+    timed = [PairTiming(0.1, 0.1, 0.01, 0.01, 0.05, 0.05 * 1.1 * (1 + 0.01 * (i % 3))) for i in range(20)]
+    v = ab_verdict(timed)
+    assert [t.metric for t in v.tests] == ["ttft", "decode_per_token", "cpu"] and v.flagged and v.tests[2].flagged
+    assert [t.metric for t in ab_verdict([*timed[:-1], PairTiming(0.1, 0.1, 0.01, 0.01)]).tests] == ["ttft", "decode_per_token"]
+
+
+def test_without_a_crossover_only_the_cpu_time_is_judged() -> None:
+    """A seeded fault sits on one server for the whole run (no crossover): a clean pair whose B
+    process is 1.6x slower in wall time is flagged when the wall times are judged (the mutants
+    clean run measured on sglang-cpu: TTFT B/A 2.07, p 0.007), not when only the CPU time,
+    each server's own work, is; +10% of CPU work is flagged either way."""
+    def with_cpu(pairs: list[PairTiming], grade: float, seed: int) -> list[PairTiming]:
+        rng = random.Random(seed)
+        return [PairTiming(p.ttft_a, p.ttft_b, p.decode_per_token_a, p.decode_per_token_b, 0.08 * rng.lognormvariate(0, 0.03),
+                           0.08 * (1 + grade) * rng.lognormvariate(0, 0.03)) for p in pairs]
+
+    clean = with_cpu(asymmetric_pairs(["a"] * 30, 0.0, seed=7), 0.0, seed=8)
+    assert ab_verdict(clean).flagged  # the wall times judged: a false flag
+    v = ab_verdict(clean, wall=False)
+    assert not v.flagged and [t.judged for t in v.tests] == [False, False, True] and "not judged" in v.line()
+    slow = with_cpu(asymmetric_pairs(["a"] * 30, 0.0, seed=9), 0.10, seed=10)
+    assert ab_verdict(slow, wall=False).flagged and ab_verdict(slow, wall=False).tests[2].flagged

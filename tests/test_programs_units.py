@@ -204,6 +204,27 @@ def test_differential_non_exact_uses_topk_kl() -> None:
     assert "top-k KL" in differential_problems([1], [7], moved, cold, tol)[0]
 
 
+def test_one_walk_gives_the_verdict_and_the_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The programs' comparison measures a passing request's top-k KL and logprob gap in the
+    walk that judges it (before: ``noise_samples`` and ``logprob_gap`` walked it again, every
+    KL computed twice outside exact mode), with the same numbers ``noise_samples`` gives."""
+    from conformance.checks import differential
+
+    cold = Cold(1, ((-0.1, 7), (-0.2, 8)), (((-0.1, 7), (-2.5, 9)), ((-0.2, 8), (-1.9, 3))))
+    served = ServedLogprobs((-0.12, -0.21), (((-0.12, 7), (-2.4, 9)), ((-0.21, 8), (-2.0, 3))))
+    calls: list[int] = []
+    real_kl = differential.topk_kl
+    monkeypatch.setattr(differential, "topk_kl", lambda a, b: calls.append(1) or real_kl(a, b))
+    for tol in (Tolerance.for_mode(False, kl_cap=0.05), Tolerance(True, logprob_atol=0.15)):
+        calls.clear()
+        seen = differential.compare_served([1], [7, 8], served, cold, tol)
+        assert seen.problems == [] and len(calls) == 2  # one KL per compared token, once
+        assert seen.topk_kls == pytest.approx(differential.noise_samples([1], [7, 8], served, cold)[0]) and all(k > 0 for k in seen.topk_kls)
+        assert seen.logprob_gap == pytest.approx(0.02)
+    bad = differential.compare_served([1], [7, 8], served, cold, Tolerance(True, logprob_atol=0.01))
+    assert "output logprob 0" in bad.problems[0]
+
+
 # ------------------------------------------------------------------ hit bounds
 def test_allowed_hits_concurrent_and_evicted() -> None:
     t = tuple(range(300))

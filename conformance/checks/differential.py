@@ -57,8 +57,14 @@ MIN_TIE = 0.05
 
 
 def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold) -> tuple[list[float], list[float]]:
-    """Per output token of a served request: the top-k KL (cold || served) and the greedy
-    gap (cold best logprob - cold logprob of the served token; 0 when it is the argmax)."""
+    """Per output token of a served request: the top-k KL (cold || served) and the flip
+    margin -- the larger of the greedy gap (cold best logprob - cold logprob of the served
+    token; 0 when it is the argmax) and the |served - cold| logprob deviations of the cold's
+    top two tokens added: a greedy flip needs those two to move apart by their gap, and each
+    moves by what the noise moves it (a calibration of 128 tokens may see no flip at all, its
+    deviations it always sees; measured on sglang-cpu in bf16: no flip in calibration, then a
+    0.125 flip in a program).  Only the top two: a tail token of the top-k moved by 0.9 there,
+    which would have put the tie at 7 nats, no greedy check at all."""
     kls, gaps = [], []
     base = len(input_ids)
     for k, tok in enumerate(output_ids):
@@ -66,9 +72,13 @@ def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: S
         if got is None or got[0][0] is None or got[0][1] != tok:
             break
         (cold_lp, _), top = got
-        gaps.append(max((top[0][0] if top else cold_lp) - cold_lp, 0.0))
+        margin = max((top[0][0] if top else cold_lp) - cold_lp, 0.0)
         if k < len(served.output_top) and served.output_top[k] and top:
             kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
+            got_lp = {t: lp for lp, t in served.output_top[k]}
+            devs = [abs(got_lp[t] - lp) for lp, t in top[:2] if t in got_lp]
+            margin = max(margin, sum(devs) if len(devs) == 2 else 2 * max(devs, default=0.0))
+        gaps.append(margin)
     return kls, gaps
 
 
@@ -133,41 +143,42 @@ def _at(cold: Cold, pos: int) -> tuple[Entry, tuple[tuple[float, int], ...]] | N
     return cold.entries[i], (cold.top[i] if i < len(cold.top) else ())
 
 
-def _top_problem(served: Sequence[tuple[float, int]], cold: Sequence[tuple[float, int]], tol: Tolerance) -> str | None:
-    if not served or not cold:
-        return None
+def _top_problem(served: Sequence[tuple[float, int]], cold: Sequence[tuple[float, int]], tol: Tolerance, kl: float) -> str | None:
+    """The served top-k against the cold one: exact logprobs, or (non-exact) their KL ``kl``."""
     if tol.exact:
         ref = {tok: lp for lp, tok in cold}
         worst = max((abs(lp - ref[tok]) for lp, tok in served if tok in ref), default=0.0)
         return None if worst <= tol.logprob_atol else f"top-k logprob off by {worst:.3g}"
-    kl = topk_kl(tuple((t, lp) for lp, t in cold), tuple((t, lp) for lp, t in served))
     return None if kl <= tol.kl_cap else f"top-k KL {kl:.3g} > {tol.kl_cap:.3g}"
 
 
-def logprob_gap(input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold) -> float:
-    """The largest |served - cold| logprob over what the server returned (0 when nothing):
-    the noise an exact-mode tolerance must stay above."""
-    gaps = [0.0]
-    base = len(input_ids)
-    for k, lp in enumerate(served.output[: len(output_ids)]):
-        got = _at(cold, base + k)
-        if got is not None and got[0][0] is not None:
-            gaps.append(abs(lp - got[0][0]))
-    if served.input_start is not None:
-        for j, (lp, _tok) in enumerate(served.input):
-            got = _at(cold, served.input_start + j)
-            if lp is not None and got is not None and got[0][0] is not None:
-                gaps.append(abs(lp - got[0][0]))
-    return max(gaps)
+@dataclass(frozen=True)
+class Comparison:
+    """One served request against its cold computation, in one walk: the problems (first
+    few), and what a passing request measured -- each compared output token's top-k KL
+    (cold || served) and the largest |served - cold| logprob (the noise an exact-mode tolerance must stay above)."""
+
+    problems: list[str]
+    topk_kls: list[float]
+    logprob_gap: float
 
 
 def differential_problems(
     input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold, tol: Tolerance, *, expect_logprobs: bool = False
 ) -> list[str]:
-    """Every way the served request differs from the cold computation (first few).
+    """Every way the served request differs from the cold computation (first few)."""
+    return compare_served(input_ids, output_ids, served, cold, tol, expect_logprobs=expect_logprobs).problems
+
+
+def compare_served(
+    input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold, tol: Tolerance, *, expect_logprobs: bool = False
+) -> Comparison:
+    """The served request against the cold computation (:class:`Comparison`).
     ``expect_logprobs``: the request asked for output logprobs, so fewer than one per
     output token is itself a finding (nothing would be compared)."""
     problems: list[str] = []
+    kls: list[float] = []
+    gaps = [0.0]
     if expect_logprobs and len(served.output) < len(output_ids):
         problems.append(f"served {len(served.output)} output logprobs for {len(output_ids)} output tokens, although the request asked for them")
     base = len(input_ids)
@@ -186,11 +197,14 @@ def differential_problems(
                 f"output token {k} (position {base + k}) = {tok} is not the cold argmax "
                 f"{top[0][1] if top else '?'}: cold logprob {cold_lp:.5g} vs best {best:.5g}")
             break
-        if k < len(served.output) and abs(served.output[k] - cold_lp) > tol.logprob_atol:
-            problems.append(f"output logprob {k} (position {base + k}): served {served.output[k]:.6g}, cold {cold_lp:.6g}")
-            break
-        if k < len(served.output_top):
-            why = _top_problem(served.output_top[k], top, tol)
+        if k < len(served.output):
+            gaps.append(abs(served.output[k] - cold_lp))
+            if gaps[-1] > tol.logprob_atol:
+                problems.append(f"output logprob {k} (position {base + k}): served {served.output[k]:.6g}, cold {cold_lp:.6g}")
+                break
+        if k < len(served.output_top) and served.output_top[k] and top:
+            kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
+            why = _top_problem(served.output_top[k], top, tol, kls[-1])
             if why:
                 problems.append(f"output token {k} (position {base + k}): {why}")
                 break
@@ -206,7 +220,8 @@ def differential_problems(
             if got[0][1] != tok:
                 problems.append(f"input logprob at position {pos} names token {tok}, the input has {got[0][1]}")
                 break
-            if abs(lp - got[0][0]) > tol.logprob_atol:
+            gaps.append(abs(lp - got[0][0]))
+            if gaps[-1] > tol.logprob_atol:
                 problems.append(f"input logprob at position {pos}: served {lp:.6g}, cold {got[0][0]:.6g}")
                 break
-    return problems
+    return Comparison(problems, kls, max(gaps))

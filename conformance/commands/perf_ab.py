@@ -7,12 +7,18 @@ slows a randomly drawn side by that fraction of each model step and asks the pai
 Prints one verdict line per run and the flagged count per grade; exit 0 when every verdict
 says what was done (a slowed side flagged, a clean pair not), 1 otherwise.  Detection rates
 measured with it: docs/perf.md.
+
+``--fault NAME``: instead of the grades, per repeat a fresh pair with the seeded SGLang fault
+NAME (at its defaults) on a randomly drawn side and no fault on the other; ``--fault none``
+is a clean pair.  ``--json PATH`` writes every run's row (``mutants`` reads it to score a
+fault through the paired test).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import tempfile
 from pathlib import Path
 
@@ -31,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target = dataclasses.replace(TARGET, choices=AB_TARGETS, help=f"{target_help(AB_TARGETS)} (default: {{default}})")
     add_options(p, (target, DTYPE, MATRIX, LAUNCHER), target=AB_TARGETS[0])
     p.add_argument("--cell", default="qwen3-next-80b-extra_buffer-p1-t256", help="the matrix cell both servers serve (default: %(default)s)")
-    p.add_argument("--grades", default="0,0.1", help="comma list of slowdowns, fractions of a model step's work; 0 = the clean pair (default: %(default)s)")
+    p.add_argument("--grades", default=None, help="comma list of slowdowns, fractions of a model step's work; 0 = the clean pair (default: 0,0.1)")
+    p.add_argument("--fault", default=None, help="instead of --grades: this seeded SGLang fault (docs/faults.md) on one drawn side, none on the other ('none': a clean pair)")
+    p.add_argument("--json", default=None, help="write every run's row (grade or fault, side, verdict, p-values) to this file")
     p.add_argument("--repeats", type=int, default=1, help="fresh server pairs (default: %(default)s)")
     p.add_argument("--pairs", type=int, default=AbPlan.pairs, help="prompts per paired run, each sent to both servers (default: %(default)s)")
     p.add_argument("--alpha", type=float, default=ALPHA, help="the stated false-flag rate of a clean pair (default: %(default)s)")
@@ -43,14 +51,17 @@ def cmd_perf_ab(args: argparse.Namespace) -> int:
     from conformance.checks.perf_ab import MIN_PAIRS
     from conformance.matrix import load_matrix
     from conformance.options import resolve
-    from conformance.perf.ab import AbPlan, graded_runs
+    from conformance.perf.ab import AbPlan, fault_runs, graded_runs
     from conformance.preflight import preflight_only
     from conformance.sglang_plugins.faults.step_slowdown import parse_grade
     from conformance.sglang_plugins.faults.spec import FaultInstallError
     from conformance.targets import preimport
 
+    if args.fault is not None and args.grades is not None:
+        raise KitError("--fault and --grades: give one (a seeded fault on one side, or graded step slowdowns)")
+    fault = _fault_named(args.fault)
     try:
-        grades = [parse_grade(g, "--grades") for g in args.grades.split(",")]
+        grades = [0.0] if args.fault is not None else [parse_grade(g, "--grades") for g in (args.grades or "0,0.1").split(",")]
     except FaultInstallError as e:
         raise KitError(str(e)) from None
     if args.pairs < MIN_PAIRS or args.repeats < 1 or not 0 < args.alpha < 1:
@@ -61,21 +72,43 @@ def cmd_perf_ab(args: argparse.Namespace) -> int:
         raise KitError(f"--cell: no cell {args.cell!r} in the matrix (e.g. {', '.join(near) or next(iter(cells))})")
     cell = cells[args.cell]
     runs = args.repeats * len(grades)
+    doing = f"fault {args.fault}" if args.fault is not None else f"grades {args.grades or '0,0.1'}"
     if preflight_only():
-        print(f"preflight only: perf-ab would time {runs} paired runs of {args.pairs} pairs on {cell.id} (grades {args.grades})")
+        print(f"preflight only: perf-ab would time {runs} paired runs of {args.pairs} pairs on {cell.id} ({doing})")
         return 0
     opts = resolve(lambda flag: {"--target": args.target, "--dtype": args.dtype, "--matrix": args.matrix, "--sglang-launcher": args.sglang_launcher}.get(flag))
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="perf-ab-"))
     print(f"perf-ab: {runs} paired runs of {args.pairs} pairs on {cell.id}; server logs {log_dir}", flush=True)
     wrong = 0
     flagged: dict[float, int] = {g: 0 for g in grades}
+    rows = []
+    common = {"repeats": args.repeats, "plan": AbPlan(pairs=args.pairs), "alpha": args.alpha, "seed": args.seed, "work_dir": log_dir}
+    runs_of = (fault_runs(cell, opts, fault=fault, **common) if args.fault is not None
+               else graded_runs(cell, opts, grades=grades, **common))
     try:
-        for run in graded_runs(cell, opts, grades=grades, repeats=args.repeats, plan=AbPlan(pairs=args.pairs), alpha=args.alpha,
-                               seed=args.seed, work_dir=log_dir):
+        for run in runs_of:
             wrong += not run.right
             flagged[run.grade] += run.verdict.flagged
-            print(f"pair {run.repeat + 1}, +{run.grade:.0%} on side {run.slowed}: {run.verdict.line()}" + ("" if run.right else "  <- WRONG"), flush=True)
+            rows.append(run.row())
+            if args.json:  # after every run: a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps({"cell": cell.id, "alpha": args.alpha, "runs": rows}, indent=1))
+            print(f"pair {run.repeat + 1}, {run.what}: {run.verdict.line()}" + ("" if run.right else "  <- WRONG"), flush=True)
     finally:
         preimport.stop_all()
-    print("flagged: " + ", ".join(f"+{g:.0%} {n}/{args.repeats}" for g, n in flagged.items()) + f"; false-flag rate {args.alpha:g}")
+    if args.fault is not None:
+        print(f"flagged: {sum(flagged.values())}/{args.repeats} ({doing}); false-flag rate {args.alpha:g}")
+    else:
+        print("flagged: " + ", ".join(f"+{g:.0%} {n}/{args.repeats}" for g, n in flagged.items()) + f"; false-flag rate {args.alpha:g}")
     return 1 if wrong else 0
+
+
+def _fault_named(name: str | None) -> str | None:
+    """The seeded SGLang fault ``--fault`` names (None: no fault, or 'none'); one line when unknown."""
+    if name is None or name == "none":
+        return None
+    from conformance.sglang_plugins.faults.catalogue import faults
+
+    known = faults()
+    if name not in known:
+        raise KitError(f"--fault: unknown seeded SGLang fault {name!r} (docs/faults.md; 'none' for a clean pair)")
+    return name

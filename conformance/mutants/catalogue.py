@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from conformance.faults import FAULT_ENV, PD_FAULT_ENV, SGLANG_FAULT_ENV, Fault
+from conformance.errors import KitError
+from conformance.faults import FAULT_ENV, PAIRED_AB, PD_FAULT_ENV, SGLANG_FAULT_ENV, Fault
 from conformance.strategy import BASELINE, strategy_named
 
 
@@ -38,6 +39,9 @@ class MutantPlan:
     timeout_s: float = 900.0
     fault_env: str = FAULT_ENV
     extra_args: tuple[str, ...] = ()  # more pytest arguments (e.g. the programs suite's --budget)
+    #: Not a pytest selection: the paired A/B perf test on cell ``keyword`` (``perf-ab --fault``),
+    #: for a fault whose record names it in ``seen_by`` (no suite's check can see it).
+    paired_ab: bool = False
 
 
 EXTRA = MutantPlan("qwen3-next/extra_buffer", models="qwen3-next", strategies="extra_buffer")
@@ -99,10 +103,13 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
     timings the perf ratios (``ttft_vs_no_buffer``, ``decode_vs_no_buffer``) divide by.
     Faults of one cell share one selection of suites -- the union of what the selected
     ones need -- so one clean run per cell vouches for all of them; each fault runs its own
-    catching suite first and stops at the first failure."""
+    catching suite first and stops at the first failure.  A fault only the paired A/B sees
+    (``seen_by``) gets a paired A/B plan instead (:func:`paired_ab_plan`)."""
     from conformance.sglang_plugins.faults.catalogue import faults
 
     selected = {n: f for n, f in faults().items() if names is None or n in names}
+    ab = {n: paired_ab_plan(f) for n, f in selected.items() if PAIRED_AB in f.seen_by}
+    selected = {n: f for n, f in selected.items() if n not in ab}
 
     def cell_of(f) -> tuple[str, str, str, str]:
         strategy = f.strategies[0]
@@ -133,7 +140,27 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
             page_sizes="1" if variant != "radix" else None, keyword=f"p1-t256-{variant}" if variant != "radix" else None,
             stop_at_first=True, timeout_s=SGLANG_CPU_TIMEOUT_S, fault_env=SGLANG_FAULT_ENV,
         )
-    return plans
+    return {**plans, **ab}
+
+
+#: Two servers start per paired A/B run (one pair, ~30 paired requests).
+PAIRED_AB_TIMEOUT_S = 900.0
+#: The plan key's suffix of a paired A/B plan.
+PAIRED_AB_KEY = "perf-ab"
+
+
+def paired_ab_plan(f: Fault) -> MutantPlan:
+    """A fault the paired A/B sees: one pair of servers of its first premerge cell (its first
+    model family and strategy, plain), the fault on one drawn side (``perf-ab --fault``)."""
+    from conformance.matrix import load_matrix
+
+    cells = [c for c in load_matrix().cells if c.model.family == f.families[0] and c.strategy.name == f.strategies[0]
+             and c.tier == "premerge" and not c.fault.injected and not c.options and c.cache_variant.name == "radix"]
+    if not cells:
+        raise KitError(f"fault {f.name}: no plain premerge cell of {f.families[0]} / {f.strategies[0]} for its paired A/B")
+    return MutantPlan(f"sglang-cpu/{cells[0].id}:{PAIRED_AB_KEY}", target="sglang-cpu", suites=(), keyword=cells[0].id, tier=None,
+                      faults=None, stop_at_first=True, timeout_s=PAIRED_AB_TIMEOUT_S, fault_env=SGLANG_FAULT_ENV, paired_ab=True)
+
 
 
 def _fault_tier(cell_fault: str) -> str:

@@ -14,7 +14,10 @@ sglang-cpu target: each fault of ``conformance.sglang_plugins.faults`` is loaded
 real SGLang servers of its plan with ``HYBRID_CONFORMANCE_SGLANG_FAULT=<name>``; caught =
 a named check failed, or SGLang's strict idle check killed the server and its log says so,
 or, for a plan running the perf suite, ``compare`` flags a perf ratio against the plan's
-clean run; a fault whose hooks never fired was not reached, which is a failure too.
+clean run, or, for a fault whose record says only the paired A/B sees it (``seen_by``), the
+paired test flags a server with the fault against a clean one (``perf-ab --fault``; its
+clean run is a pair without the fault, which must not be flagged); a fault whose hooks
+never fired was not reached, which is a failure too.
 A run that times out proved nothing: a fault is then NOT caught and a clean run fails
 (one run and its judgement: :mod:`conformance.mutants.runs`).
 """

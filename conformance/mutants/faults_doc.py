@@ -39,6 +39,8 @@ def paragraph(f: Fault) -> list[str]:
         out += [f"*Exercised on:* {where}{'' if f.cell_fault == 'none' else ' + ' + f.cell_fault}{options}{variant}", ""]
     if f.suites:
         out += [f"*Expected to be caught by:* suite{'s' if len(f.suites) > 1 else ''} {', '.join(f.suites)}", ""]
+    if f.seen_by:
+        out += [f"*Scored through:* {', '.join(f.seen_by)} (no suite's check can see it)", ""]
     return out
 
 

@@ -81,8 +81,8 @@ def programs_reach(plans: dict[str, MutantPlan], console: Console) -> dict[str, 
     for name, plan in plans.items():
         if "disagg" in plan.suites:
             console.print(f"{escape(name)}: not applicable to request programs (a PD transfer fault; programs drive one server); scored by the disagg suite")
-        elif plan.suites[:1] == ("perf",):
-            console.print(f"{escape(name)}: not applicable to request programs (a performance fault: every answer is unchanged); scored by compare on the perf suite")
+        elif plan.suites[:1] == ("perf",) or plan.paired_ab:
+            console.print(f"{escape(name)}: not applicable to request programs (a performance fault: every answer is unchanged); scored by " + ("the paired A/B" if plan.paired_ab else "compare on the perf suite"))
         else:
             out[name] = plan
     return out

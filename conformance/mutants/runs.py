@@ -4,7 +4,8 @@ seeded fault switched on, judged into an :class:`Outcome` (caught, and by which 
 Caught = a named check reported it (:mod:`conformance.mutants.scoring`): a failing check of
 report.json, the cell teardown's idle check, SGLang's own strict idle check named in the log
 of the server it killed; for a plan running the perf suite, ``compare`` flags a perf ratio
-against the plan's clean run.  A start-up death, a later unexplained death, a check that
+against the plan's clean run; for a paired A/B plan (a fault only that test sees), the
+paired test flags the server with the fault against a clean one.  A start-up death, a later unexplained death, a check that
 errored, a timeout, a real-SGLang fault whose hooks never fired: each its own category,
 reported, never scored caught.  A clean run fails on any of them.  The timed-out pytest
 is killed with its whole process group (servers included).  Used by :mod:`conformance.mutants.command` (the
@@ -24,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.faults import FAULT_ENV
+from conformance.faults import FAULT_ENV, PAIRED_AB
 from conformance.mutants.catalogue import MutantPlan
 from conformance.mutants.scoring import CAUGHT, category
 from conformance.targets.registry import target_for
@@ -66,6 +67,27 @@ def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
     argv.append("--timeout=600")
     argv += list(plan.extra_args)
     return argv
+
+
+#: What ``perf-ab --json`` writes in a paired A/B plan's report folder.
+PAIRED_AB_JSON = "perf_ab.json"
+
+
+def _paired_ab_argv(plan: MutantPlan, fault: str | None, report_dir: Path) -> list[str]:
+    """``hybrid-conformance perf-ab`` on the plan's cell: the fault on one drawn side ('none': clean)."""
+    return [sys.executable, "-m", "conformance.cli", "perf-ab", "--target", plan.target, "--cell", str(plan.keyword),
+            "--fault", fault or "none", "--repeats", "1", "--json", str(report_dir / PAIRED_AB_JSON), "--log-dir", str(report_dir / "logs")]
+
+
+def paired_ab_lines(report_dir: Path, output: str, exit_code: int) -> list[str]:
+    """A paired A/B run's finding: the paired test flagged the side with the fault (the
+    verdict line, named ``PAIRED_AB``); no verdict is an error line (a crash, not a catch)."""
+    path = report_dir / PAIRED_AB_JSON
+    runs = json.loads(path.read_text()).get("runs", []) if path.exists() else []
+    if not runs:
+        last = next((ln.strip() for ln in reversed(output.splitlines()) if ln.strip()), "no output")
+        return [f"error: perf-ab exited {exit_code} with no verdict: {last[:160]}"]
+    return [f"{PAIRED_AB}: {r['fault'] or 'clean pair'} on side {r['slowed']}: {r['line']}" for r in runs if r["flagged"]]
 
 
 def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
@@ -136,7 +158,7 @@ def fired_count(report_dir: Path, fault: str) -> int:
     from conformance.sglang_plugins.activation import FAULT_PLUGIN, read_report
 
     counts = [0]
-    for path in (report_dir / "logs").glob("*.plugins.jsonl"):
+    for path in (report_dir / "logs").rglob("*.plugins.jsonl"):  # a paired A/B: logs/<run>/<side>/
         counts += [int(r.get("count", 0)) for r in read_report(path) if r.get("plugin") == FAULT_PLUGIN and r.get("status") == "fired" and r.get("fault") == fault]
     return max(counts)
 
@@ -160,14 +182,17 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
     if fault:
         env[plan.fault_env] = fault
     t0 = time.monotonic()
-    code, output, timed_out = run_bounded(_pytest_argv(plan, report_dir), env=env, timeout_s=plan.timeout_s)
+    if plan.paired_ab:  # both servers' fault switches are the A/B's own (one side only)
+        env.pop(plan.fault_env, None)
+    argv = _paired_ab_argv(plan, fault, report_dir) if plan.paired_ab else _pytest_argv(plan, report_dir)
+    code, output, timed_out = run_bounded(argv, env=env, timeout_s=plan.timeout_s)
     (report_dir / "pytest.log").write_text(output)
     if timed_out:  # proves nothing either way: not caught, and a clean run that fails
         why = f"timed out after {plan.timeout_s:.0f}s: not caught" if fault else f"timed out after {plan.timeout_s:.0f}s"
         if fault:
             return fault_outcome(fault, [why], time.monotonic() - t0, code, timed_out=True)
         return Outcome("clean", True, [why], time.monotonic() - t0, code, timed_out=True)
-    by = _caught_by(report_dir, output, code)
+    by = paired_ab_lines(report_dir, output, code) if plan.paired_ab else _caught_by(report_dir, output, code)
     if fault and plan.suites[:1] == ("perf",):  # a slowdown fails no check: compare against the clean run catches it
         by += perf_regressions(out_dir / "clean" / plan.key, report_dir)
     if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught

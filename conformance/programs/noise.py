@@ -55,7 +55,7 @@ def measure(client: SGLangClient, cold: SGLangClient, prompts: Sequence[Sequence
 
 
 def samples(measured: Sequence[Measured]) -> tuple[list[float], list[float]]:
-    """Per-token top-k KLs and greedy gaps of measured requests (the oracle's comparison)."""
+    """Per-token top-k KLs and flip margins (greedy gap, twice the top-k deviation) of measured requests."""
     kls: list[float] = []
     gaps: list[float] = []
     for p, o, served, cold in measured:

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.checks.differential import Tolerance, cold_from_meta, differential_problems, logprob_gap, noise_samples, served_logprobs
+from conformance.checks.differential import Tolerance, cold_from_meta, compare_served, served_logprobs
 from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.leaks import death_cause
 from conformance.client import SGLangClient
@@ -361,11 +361,12 @@ class ProgramRun:
         for (s, start, served_start), resp in zip(todo, out):
             cold = cold_from_meta(resp.get("meta_info", {}), start)
             served = served_logprobs(s.meta, served_start)
-            problems = differential_problems(s.input_ids, s.output_ids, served, cold, self.t.tol,
-                                             expect_logprobs=bool(s.options.get("return_logprob")) and s.finish_type != "abort")
+            seen = compare_served(s.input_ids, s.output_ids, served, cold, self.t.tol,
+                                  expect_logprobs=bool(s.options.get("return_logprob")) and s.finish_type != "abort")
+            problems = seen.problems
             if not problems:
-                self.stats.max_logprob_gap = max(self.stats.max_logprob_gap, logprob_gap(s.input_ids, s.output_ids, served, cold))
-                self.stats.max_topk_kl = max([self.stats.max_topk_kl, *noise_samples(s.input_ids, s.output_ids, served, cold)[0]])
+                self.stats.max_logprob_gap = max(self.stats.max_logprob_gap, seen.logprob_gap)
+                self.stats.max_topk_kl = max([self.stats.max_topk_kl, *seen.topk_kls])
             self.stats.compared_tokens += len(s.output_ids)
             if problems:
                 hit = f"cached_tokens {s.cached_tokens}"

@@ -1,6 +1,11 @@
 """``step_slowdown``: every forward step of the model gets a graded fraction slower -- the
-step runs unchanged, then the scheduler waits ``grade`` x the time the step took -- while
-every output, hit and slot stays exactly as it was.
+step runs unchanged, then the scheduler keeps the CPU busy for ``grade`` x the time the step
+took -- while every output, hit and slot stays exactly as it was.
+
+Busy, not asleep: extra work holds the core it runs on, and a sleep on a loaded machine
+costs the OS's wake-up delay on top of what it asked for (measured on sglang-cpu at load 9:
+a +20% sleep moved decode time per token x3.8, a +5% one x1.15), which would overstate every
+grade.
 
 Models a small, uniform performance regression of the kind SGLang PR 20522 removed (a
 device-to-host copy per step; its author measured TTFT +6% by hand): the grade is "+X% of a
@@ -9,7 +14,9 @@ step's work", so +5%, +10% and +20% are the sizes a paired A/B run must see
 
 The grade comes from ``HYBRID_CONFORMANCE_STEP_SLOWDOWN`` in the server's environment: a
 fraction (``0.1`` = +10%), or ``@<file>`` holding one, read again whenever the file changes
-(the A/B bench grades one pair of servers in turn without restarting them).  Unset: +10%.
+(the A/B bench grades one pair of servers in turn without restarting them).  Unset: +10%,
+which ``hybrid-conformance mutants --target sglang-cpu`` scores through the paired A/B
+(``seen_by``): a pair with the fault on one drawn side must be flagged, a clean pair not.
 
 Hook (AROUND, arguments and result unchanged): ``ModelRunner.forward`` (one call per
 prefill or decode batch).
@@ -21,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from conformance.faults import STEP_SLOWDOWN_ENV as GRADE_ENV
+from conformance.faults import PAIRED_AB, STEP_SLOWDOWN_ENV as GRADE_ENV
 from conformance.sglang_plugins.faults.spec import FaultInstallError, Hook, fired, sglang_fault
 
 NAME = "step_slowdown"
@@ -59,20 +66,27 @@ def grade() -> float:
     return _FILE_CACHE[2]
 
 
+def busy(seconds: float) -> None:
+    """Keep this thread on the CPU for ``seconds`` (extra work, not a sleep)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def slow_step(original, *args, **kwargs):
     start = time.perf_counter()
     out = original(*args, **kwargs)
     work = time.perf_counter() - start
     g = grade()
     if g > 0.0:
-        time.sleep(g * work)
+        busy(g * work)
         fired(NAME, grade=g, work_s=round(work, 6))
     return out
 
 
 FAULT = sglang_fault(
     NAME,
-    "Every forward step of the model is followed by a wait of a graded fraction of the time the step "
+    "Every forward step of the model is followed by busy work of a graded fraction of the time the step "
     f"took (HYBRID_CONFORMANCE_STEP_SLOWDOWN, +{DEFAULT_GRADE:.0%} unset): prefill and decode get "
     "uniformly slower by a few percent; outputs, hits and slots are unchanged.",
     "a small performance regression per step (class of SGLang PR 20522, whose device-to-host copy "
@@ -80,5 +94,6 @@ FAULT = sglang_fault(
     "TTFT and decode time of the slowed server against a clean one in the same run; the paired A/B "
     "test (conformance/perf/ab.py) flags them, compare's thresholds do not",
     (Hook(TARGET, "around", slow_step),),
-    suites=("perf",),
+    suites=(),
+    seen_by=(PAIRED_AB,),
 )
