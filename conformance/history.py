@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -320,6 +321,10 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
     if not any(c.strategy.name in accepted for c in cells):
         return rows or [Row(release, check, "na", "no sglang-cpu cell of the tier")]
     with tempfile.TemporaryDirectory(prefix="history-cpu-") as tmp:
+        if out_dir is not None:  # keep the run's report and server logs: the evidence behind each row
+            tmp = str(out_dir / "runs" / "-".join([release, *models]))
+            shutil.rmtree(tmp, ignore_errors=True)
+            Path(tmp).mkdir(parents=True)
         argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", SGLANG_CPU, "--tier", tier, "--report-dir", tmp,
                 "-n", "1", "--suite", ",".join(CPU_SUITES), "--strategies", ",".join(accepted)] + (["--models", ",".join(models)] if models else [])
         out = _run(argv, timeout=CPU_TIMEOUT_S, env=venv_env(venv))
@@ -345,8 +350,6 @@ def _refused(features: dict, strategy: str) -> str:
 def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -> list[Row]:
     """report.json -> one row per (cell, check): pass; fail for a finding or an error; n/a for
     a skip (its stated reason) and for a cell the run declared not applicable."""
-    import shutil
-
     rows = []
     for cell in report.get("cells", []):
         cid = cell.get("id", "?")

@@ -126,7 +126,8 @@ def test_sglang_cpu_hook_is_an_explicit_na_row(tmp_path):
 
 def test_sglang_cpu_rows_of_some_models_run_only_their_cells(monkeypatch, tmp_path):
     """--models: the run is asked for those models only, and the n/a rows of refused
-    strategies name only their cells; the report's rows come through as they are."""
+    strategies name only their cells; the report's rows come through as they are; with an
+    --out folder the run's report folder is kept there."""
     seen = []
 
     def fake_run(argv, *, timeout, env=None, cwd=None):
@@ -137,9 +138,11 @@ def test_sglang_cpu_rows_of_some_models_run_only_their_cells(monkeypatch, tmp_pa
 
     monkeypatch.setattr(history, "_run", fake_run)
     features = {"version": "0.5.12", "strategies": ["no_buffer", "extra_buffer"], "sglang_cpu_gap": None}
-    rows = history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",))
+    rows = history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",), out_dir=tmp_path / "out")
     [argv] = seen
     assert argv[argv.index("--models") + 1] == "qwen3-next"
+    kept = tmp_path / "out" / "runs" / "0.5.12-qwen3-next"
+    assert argv[argv.index("--report-dir") + 1] == str(kept) and (kept / "report.json").is_file()  # the evidence stays
     assert argv[argv.index("--strategies") + 1] == "no_buffer,extra_buffer"
     na = [r for r in rows if r.status == "na"]
     assert na and all(r.cell.startswith("qwen3-next-80b-extra_buffer_lazy") for r in na), na
