@@ -19,9 +19,11 @@ import pkgutil
 import re
 from typing import Any, Callable
 
-#: The methods that hold the gate, newest first: 0.5.16-0.5.21 split it out of the
+#: The methods that hold the gate, newest first: 0.5.16-0.5.18 split it out of the
 #: strategy handling ("extra_buffer needs CUDA/MUSA/NPU/ROCm (FLA)."); 0.5.11-0.5.15 assert
 #: it in the handler ("Mamba extra_buffer is only supported on CUDA and MUSA [and NPU] devices").
+#: (0.5.19-0.5.21 ask ``get_platform().is_*`` in ``sglang.srt.arg_groups.mamba_hook.
+#: validate_mamba_extra_buffer``: not answered yet, so install() raises GateError there.)
 TARGETS = (
     "sglang.srt.server_args.ServerArgs._validate_mamba_extra_buffer",
     "sglang.srt.server_args.ServerArgs._handle_mamba_radix_cache",
