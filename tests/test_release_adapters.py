@@ -47,20 +47,28 @@ class ServerArgs:
 '''
 
 
-@pytest.fixture
-def fake_server_args(monkeypatch, tmp_path):
-    pkg = tmp_path / "fakesglang_i24"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "server_args.py").write_text(GATED)
-    monkeypatch.syspath_prepend(str(tmp_path))
+def _fake_gated_module(monkeypatch, tmp_path, package: str, name: str, source: str, qualname: str,
+                       targets: tuple, platform_targets: tuple = ()):
+    """A throwaway package module holding a gate; the device gate looks only there."""
     import importlib
 
-    module = importlib.import_module("fakesglang_i24.server_args")
-    target = "fakesglang_i24.server_args.ServerArgs._validate_mamba_extra_buffer"
-    monkeypatch.setattr(device_gate, "TARGETS", (target,))
+    pkg = tmp_path / package
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(f"{package}.{name}")
+    target = f"{package}.{name}.{qualname}"
+    monkeypatch.setattr(device_gate, "TARGETS", tuple(t.format(target=target) for t in targets))
+    monkeypatch.setattr(device_gate, "PLATFORM_TARGETS", tuple(t.format(target=target) for t in platform_targets))
     monkeypatch.setattr("conformance.sglang_plugins.platform.platform_answers_extra_buffer", lambda: False)
-    yield module, target
+    return module, target
+
+
+@pytest.fixture
+def fake_server_args(monkeypatch, tmp_path):
+    yield _fake_gated_module(monkeypatch, tmp_path, "fakesglang_i24", "server_args", GATED,
+                             "ServerArgs._validate_mamba_extra_buffer", ("{target}",))
     sys.modules.pop("fakesglang_i24.server_args", None)
     sys.modules.pop("fakesglang_i24", None)
 
@@ -123,19 +131,8 @@ def validate_mamba_extra_buffer(view, model_arch, *, mamba_cache_chunk_size_of):
 @pytest.fixture
 def fake_mamba_hook(monkeypatch, tmp_path):
     """The 0.5.19-0.5.21 shape: a module function asserting ``get_platform().is_*``."""
-    pkg = tmp_path / "fakesglang_i24p"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "mamba_hook.py").write_text(PLATFORM_GATED)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import importlib
-
-    module = importlib.import_module("fakesglang_i24p.mamba_hook")
-    target = "fakesglang_i24p.mamba_hook.validate_mamba_extra_buffer"
-    monkeypatch.setattr(device_gate, "TARGETS", ())
-    monkeypatch.setattr(device_gate, "PLATFORM_TARGETS", (target,))
-    monkeypatch.setattr("conformance.sglang_plugins.platform.platform_answers_extra_buffer", lambda: False)
-    yield module, target
+    yield _fake_gated_module(monkeypatch, tmp_path, "fakesglang_i24p", "mamba_hook", PLATFORM_GATED,
+                             "validate_mamba_extra_buffer", (), ("{target}",))
     sys.modules.pop("fakesglang_i24p.mamba_hook", None)
     sys.modules.pop("fakesglang_i24p", None)
 
