@@ -38,10 +38,6 @@ PLATFORM_TARGETS = ("sglang.srt.arg_groups.mamba_hook.validate_mamba_extra_buffe
 PLATFORM_GATE = re.compile(r"assert\s*\(?\s*get_platform\(\)\.is_cuda\s+or\s+get_platform\(\)\.is_musa\b")
 
 
-class GateError(RuntimeError):
-    """The release gates extra_buffer somewhere this hook does not know; one line."""
-
-
 def gate_location() -> str | None:
     """Where this SGLang gates extra_buffer on the device: ``platform`` (an
     ``SRTPlatform.support_mamba_cache_extra_buffer`` answer), the method of :data:`TARGETS`
