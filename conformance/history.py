@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,19 @@ def parse_checks(text: str | None) -> tuple[str, ...]:
     bad = [c for c in chosen if c not in CHECKS]
     if bad or not chosen:
         raise KitError(f"--checks: unknown value {', '.join(bad) or repr(text)}; allowed: {', '.join(CHECKS)}")
+    return chosen
+
+
+def parse_models(text: str | None) -> tuple[str, ...]:
+    """--models: model ids, families or twins of the matrix (checked before any venv is made)."""
+    if not text:
+        return ()
+    from conformance.matrix import load_matrix
+
+    chosen = tuple(m.strip() for m in text.split(",") if m.strip())
+    if not chosen:
+        raise KitError(f"--models: no model given in {text!r}")
+    load_matrix().select(models=list(chosen))
     return chosen
 
 
@@ -283,10 +297,13 @@ CPU_SUITES = ("agreement", "kl", "prefix_branching", "gsm8k", "leaks", "programs
 _CPU_STATUS = {"pass": "pass", "fail": "fail", "error": "fail", "skip": "na"}
 
 
-def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool, tier: str, out_dir: Path | None = None) -> list[Row]:
+def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool, tier: str, out_dir: Path | None = None,
+                    models: Sequence[str] = ()) -> list[Row]:
     """The sglang-cpu premerge set and the request programs on this release: one row per
     (cell, check) from the run's report.json; n/a rows (SGLang's own line) for the cells of a
-    strategy the release's parser refuses; one row when it cannot run at all."""
+    strategy the release's parser refuses; one row when it cannot run at all.  ``models``
+    (ids, families or twins) keeps only those models' cells, so one release's rows can be
+    produced in parts that each fit a time slot."""
     check = SGLANG_CPU
     if not (ROOT / "conformance" / "targets" / "sglang_cpu.py").exists():
         return [Row(release, check, "na", "the sglang-cpu target is not in this kit")]
@@ -298,14 +315,18 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
     from conformance.matrix import load_matrix
     from conformance.strategy import STRATEGIES
 
-    cells = load_matrix().select(target=SGLANG_CPU, tier=tier)
+    cells = load_matrix().select(target=SGLANG_CPU, tier=tier, models=list(models) or None)
     accepted = [s for s in STRATEGIES if s in features.get("strategies", ())]
     rows = [Row(release, check, "na", _refused(features, c.strategy.name), cell=c.id) for c in cells if c.strategy.name not in accepted]
     if not any(c.strategy.name in accepted for c in cells):
         return rows or [Row(release, check, "na", "no sglang-cpu cell of the tier")]
     with tempfile.TemporaryDirectory(prefix="history-cpu-") as tmp:
+        if out_dir is not None:  # keep the run's report and server logs: the evidence behind each row
+            tmp = str(out_dir / "runs" / "-".join([release, *models]))
+            shutil.rmtree(tmp, ignore_errors=True)
+            Path(tmp).mkdir(parents=True)
         argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", SGLANG_CPU, "--tier", tier, "--report-dir", tmp,
-                "-n", "1", "--suite", ",".join(CPU_SUITES), "--strategies", ",".join(accepted)]
+                "-n", "1", "--suite", ",".join(CPU_SUITES), "--strategies", ",".join(accepted)] + (["--models", ",".join(models)] if models else [])
         out = _run(argv, timeout=CPU_TIMEOUT_S, env=venv_env(venv))
         report_file = Path(tmp) / "report.json"
         if not report_file.exists():
@@ -329,8 +350,6 @@ def _refused(features: dict, strategy: str) -> str:
 def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -> list[Row]:
     """report.json -> one row per (cell, check): pass; fail for a finding or an error; n/a for
     a skip (its stated reason) and for a cell the run declared not applicable."""
-    import shutil
-
     rows = []
     for cell in report.get("cells", []):
         cid = cell.get("id", "?")
@@ -354,7 +373,7 @@ def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -
 
 def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Sequence[str] = CHECKS, with_sglang_cpu: bool = False,
             reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None,
-            sources: Sequence[str] = ()) -> tuple[list[Row], dict[str, str]]:
+            sources: Sequence[str] = (), models: Sequence[str] = ()) -> tuple[list[Row], dict[str, str]]:
     """Rows for each release, then for each source checkout (column ``src-<commit>``)."""
     from conformance.sglang_source import checkout
 
@@ -387,7 +406,7 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
         if "pool" in checks:
             rows += pool_rows(release, venv, tier, machine="machine" in checks)
         if "sglang-cpu" in checks:
-            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir)
+            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir, models=models)
         log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
     return rows, probes
 
@@ -427,9 +446,10 @@ def run_history(args) -> int:
     as_json = args.format == "json"
     log = (lambda line: print(f"hybrid-conformance: {line}", file=sys.stderr)) if as_json else print
     checks = parse_checks(args.checks)
+    models = parse_models(args.models)
     out_dir = Path(args.out)
     rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu,
-                           reinstall=args.reinstall, log=log, out_dir=out_dir, sources=sources)
+                           reinstall=args.reinstall, log=log, out_dir=out_dir, sources=sources, models=models)
     failed = failed_releases(rows)
     doc = {"rows": [asdict(r) for r in rows], "probes": probes}
     if sources:
@@ -454,6 +474,8 @@ def add_parser(sub) -> None:
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--checks", help=f"comma list of {', '.join(CHECKS)} (default: all; machine is the pool tier's state machine)")
     p.add_argument("--with-sglang-cpu", action="store_true", help="also run the sglang-cpu target's premerge set where it can run")
+    p.add_argument("--models", help="with --with-sglang-cpu: only these models' cells (comma list of ids, families or twins; "
+                   "default: all), so one release's server rows can run in parts")
     p.add_argument("--reinstall", action="store_true", help="rebuild each release's venv")
     p.add_argument("--out", default="reports/history", help="where history.json, history.html and FAILs' replay files go (default: %(default)s)")
 

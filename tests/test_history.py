@@ -31,6 +31,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
         (("history", "--releases", "0.5.3"), "older than the oldest supported release 0.5.11"),
         (("history", "--releases", ","), "no release given"),
         (("history", "--releases", "0.5.13", "--checks", "pool,speed"), "--checks: unknown value speed"),
+        (("history", "--releases", "0.5.13", "--with-sglang-cpu", "--models", "qwen3-nxt"), "--models: unknown value 'qwen3-nxt'"),
     ],
 )
 def test_bad_arguments_are_one_line(args, needle):
@@ -121,6 +122,34 @@ def test_sglang_cpu_hook_is_an_explicit_na_row(tmp_path):
     assert row.status == "na" and row.reason == gap and "lacks an extension point" not in row.reason
     [row] = history.sglang_cpu_rows("0.5.23", tmp_path, {"sglang_cpu_gap": None}, requested=False, tier="premerge")
     assert row.status == "na" and "not requested" in row.reason
+
+
+def test_sglang_cpu_rows_of_some_models_run_only_their_cells(monkeypatch, tmp_path):
+    """--models: the run is asked for those models only, and the n/a rows of refused
+    strategies name only their cells; the report's rows come through as they are; with an
+    --out folder the run's report folder is kept there."""
+    seen = []
+
+    def fake_run(argv, *, timeout, env=None, cwd=None):
+        seen.append(list(argv))
+        report_dir = Path(argv[argv.index("--report-dir") + 1])
+        (report_dir / "report.json").write_text(json.dumps({"cells": [{"id": "qwen3-next-80b-extra_buffer-p1-t256", "checks": {"kl": {"status": "pass"}}}]}))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(history, "_run", fake_run)
+    features = {"version": "0.5.12", "strategies": ["no_buffer", "extra_buffer"], "sglang_cpu_gap": None}
+    rows = history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",), out_dir=tmp_path / "out")
+    [argv] = seen
+    assert argv[argv.index("--models") + 1] == "qwen3-next"
+    kept = tmp_path / "out" / "runs" / "0.5.12-qwen3-next"
+    assert argv[argv.index("--report-dir") + 1] == str(kept) and (kept / "report.json").is_file()  # the evidence stays
+    assert argv[argv.index("--strategies") + 1] == "no_buffer,extra_buffer"
+    na = [r for r in rows if r.status == "na"]
+    assert na and all(r.cell.startswith("qwen3-next-80b-extra_buffer_lazy") for r in na), na
+    assert Row("0.5.12", "sglang-cpu:kl", "pass", "", cell="qwen3-next-80b-extra_buffer-p1-t256") in rows
+    seen.clear()
+    rows = history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="premerge")
+    assert "--models" not in seen[0] and any(r.cell.startswith("nemotron") for r in rows if r.status == "na")
 
 
 REPORT = {

@@ -47,20 +47,28 @@ class ServerArgs:
 '''
 
 
-@pytest.fixture
-def fake_server_args(monkeypatch, tmp_path):
-    pkg = tmp_path / "fakesglang_i24"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "server_args.py").write_text(GATED)
-    monkeypatch.syspath_prepend(str(tmp_path))
+def _fake_gated_module(monkeypatch, tmp_path, package: str, name: str, source: str, qualname: str,
+                       targets: tuple, platform_targets: tuple = ()):
+    """A throwaway package module holding a gate; the device gate looks only there."""
     import importlib
 
-    module = importlib.import_module("fakesglang_i24.server_args")
-    target = "fakesglang_i24.server_args.ServerArgs._validate_mamba_extra_buffer"
-    monkeypatch.setattr(device_gate, "TARGETS", (target,))
+    pkg = tmp_path / package
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module(f"{package}.{name}")
+    target = f"{package}.{name}.{qualname}"
+    monkeypatch.setattr(device_gate, "TARGETS", tuple(t.format(target=target) for t in targets))
+    monkeypatch.setattr(device_gate, "PLATFORM_TARGETS", tuple(t.format(target=target) for t in platform_targets))
     monkeypatch.setattr("conformance.sglang_plugins.platform.platform_answers_extra_buffer", lambda: False)
-    yield module, target
+    return module, target
+
+
+@pytest.fixture
+def fake_server_args(monkeypatch, tmp_path):
+    yield _fake_gated_module(monkeypatch, tmp_path, "fakesglang_i24", "server_args", GATED,
+                             "ServerArgs._validate_mamba_extra_buffer", ("{target}",))
     sys.modules.pop("fakesglang_i24.server_args", None)
     sys.modules.pop("fakesglang_i24", None)
 
@@ -90,8 +98,72 @@ def test_device_gate_refuses_a_method_that_reads_is_musa_elsewhere(fake_server_a
     linecache.clearcache()
     importlib.reload(module)
     assert device_gate.gate_location() is None
-    with pytest.raises(device_gate.GateError, match="no extra_buffer device gate found"):
-        device_gate.install()
+    done = device_gate.install()  # no gate found: nothing hooked, and no_buffer cells still start
+    assert "no extra_buffer device gate found" in done and "nothing hooked" in done
+
+
+PLATFORM_GATED = '''
+class _Platform:
+    is_cuda = False
+    is_musa = False
+    is_npu = False
+    is_hip = False
+    is_xpu = False
+    is_cpu = True
+
+_PLATFORM = _Platform()
+
+def get_platform():
+    return _PLATFORM
+
+def validate_mamba_extra_buffer(view, model_arch, *, mamba_cache_chunk_size_of):
+    assert (
+        get_platform().is_cuda
+        or get_platform().is_musa
+        or get_platform().is_npu
+        or get_platform().is_hip
+        or get_platform().is_xpu
+    ), "extra_buffer needs CUDA/MUSA/NPU/ROCm/XPU (FLA)."
+    return ("validated", get_platform().is_cpu, mamba_cache_chunk_size_of())
+'''
+
+
+@pytest.fixture
+def fake_mamba_hook(monkeypatch, tmp_path):
+    """The 0.5.19-0.5.21 shape: a module function asserting ``get_platform().is_*``."""
+    yield _fake_gated_module(monkeypatch, tmp_path, "fakesglang_i24p", "mamba_hook", PLATFORM_GATED,
+                             "validate_mamba_extra_buffer", (), ("{target}",))
+    sys.modules.pop("fakesglang_i24p.mamba_hook", None)
+    sys.modules.pop("fakesglang_i24p", None)
+
+
+def test_platform_gate_answers_only_is_musa_while_the_function_runs(fake_mamba_hook):
+    from types import SimpleNamespace
+
+    module, target = fake_mamba_hook
+    assert device_gate.gate_location() == target
+    view = SimpleNamespace(device="cpu")
+    original = module.validate_mamba_extra_buffer
+    with pytest.raises(AssertionError, match="extra_buffer needs CUDA"):  # the gate, unhooked
+        original(view, "Qwen3NextForCausalLM", mamba_cache_chunk_size_of=lambda: 64)
+    assert device_gate.answer_platform(original, view, "Qwen3NextForCausalLM", mamba_cache_chunk_size_of=lambda: 64) == (
+        "validated", True, 64)  # every other platform fact is the real one
+    assert module.get_platform() is module._PLATFORM and module._PLATFORM.is_musa is False  # restored, never touched
+    view.device = "cuda"
+    with pytest.raises(AssertionError):  # only --device cpu is answered
+        device_gate.answer_platform(original, view, "Qwen3NextForCausalLM", mamba_cache_chunk_size_of=lambda: 64)
+
+
+def test_platform_gate_refuses_a_function_that_reads_is_musa_elsewhere(fake_mamba_hook):
+    module, target = fake_mamba_hook
+    with open(module.__file__, "w") as f:
+        f.write(PLATFORM_GATED.replace("get_platform().is_cpu,", "get_platform().is_musa,"))
+    import importlib
+    import linecache
+
+    linecache.clearcache()
+    importlib.reload(module)
+    assert device_gate.gate_location() is None
 
 
 def test_device_gate_defers_to_a_platform_that_answers(monkeypatch):

@@ -50,6 +50,8 @@ def test_summary_is_one_line_naming_each_probe_and_its_consequence():
     assert "extra_buffer device gate in ServerArgs._handle_mamba_radix_cache (answered by the CPU plugin's hook)" in line
     split = dataclasses.replace(OLD, extra_buffer_gate_method="_validate_mamba_extra_buffer").summary()
     assert "extra_buffer device gate in ServerArgs._validate_mamba_extra_buffer (answered" in split  # 0.5.14 onwards
+    hook = dataclasses.replace(OLD, extra_buffer_gate_method="arg_groups.mamba_hook.validate_mamba_extra_buffer").summary()
+    assert "extra_buffer device gate in arg_groups.mamba_hook.validate_mamba_extra_buffer (answered" in hook  # 0.5.19-0.5.21
     no_gauge = dataclasses.replace(OLD, mamba_used_gauge=False).summary()  # 0.5.11: sglang:mamba_usage only
     assert "no sglang:mamba_used_tokens gauge -> the observe plugin publishes SGLang's PoolStats mamba terms in its place" in no_gauge
     assert "mamba_used_tokens" not in OLD.summary()

@@ -151,8 +151,12 @@ class Features:
 
     def _gate_text(self) -> str:
         return {"platform": "answered by the kit's out-of-tree platform",
-                "server_args": f"in ServerArgs.{self.extra_buffer_gate_method or '_handle_mamba_radix_cache'} (answered by the CPU plugin's hook)"}.get(
+                "server_args": f"in {self._gate_method_text()} (answered by the CPU plugin's hook)"}.get(
                     self.extra_buffer_gate or "", "not found -> extra_buffer cells not applicable on sglang-cpu")
+
+    def _gate_method_text(self) -> str:
+        method = self.extra_buffer_gate_method or "_handle_mamba_radix_cache"
+        return method if "." in method else f"ServerArgs.{method}"  # 0.5.19-0.5.21: a module function, dotted
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
@@ -294,8 +298,12 @@ def _extra_buffer_gate() -> str | None:
 def _extra_buffer_gate_method() -> str | None:
     from conformance.sglang_plugins.cpu.device_gate import gate_location
 
+    from conformance.sglang_plugins.cpu.device_gate import PLATFORM_TARGETS
+
     where = gate_location()
-    return None if where in (None, "platform") else where.rsplit(".", 1)[-1]
+    if where in (None, "platform"):
+        return None
+    return where.removeprefix("sglang.srt.") if where in PLATFORM_TARGETS else where.rsplit(".", 1)[-1]
 
 
 def _fault_hook_targets() -> tuple[str, ...]:
