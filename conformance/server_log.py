@@ -57,8 +57,8 @@ def last_crash(text: str) -> Crash | None:
         for j in range(start + 1, len(lines)):
             ln = lines[j]
             if m := _FRAME.match(ln):
-                nxt = lines[j + 1].strip() if j + 1 < len(lines) else ""
-                frame = (m["path"], int(m["line"]), "" if _FRAME.match(lines[j + 1] if j + 1 < len(lines) else "") else nxt)
+                nxt = lines[j + 1] if j + 1 < len(lines) else ""
+                frame = (m["path"], int(m["line"]), "" if _FRAME.match(nxt) else nxt.strip())  # a frame without source: none
                 continue
             if ln.startswith(" ") or not ln.strip():
                 continue
