@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.checks.hit_bounds import StrategyGrid, observed_cut_stores
+from conformance.checks.hit_bounds import StrategyGrid, observed_cut_stores, seen_cut_stores
 from conformance.errors import KitError
 from conformance.programs.evidence import COUNTERS, Evidence, Prefill, RequestLog, request_log
 from conformance.programs.oracle import HitBook, Limits, Served
@@ -73,6 +73,45 @@ def test_observed_cut_stores_are_the_tracked_lengths_or_the_cut_points() -> None
     assert {len(k) for k in observed_cut_stores(prompt, chunks, StrategyGrid(64, 1, 256, LAZY))} == {192, 320}
     assert {len(k) for k in observed_cut_stores(prompt, chunks, StrategyGrid(64, 1, 256, strategy_named("no_buffer")))} == {236}
     assert observed_cut_stores(prompt, [Prefill(0, 400, False, 384)], StrategyGrid(64, 1, 256, LAZY)) == set()  # not cut: nothing
+
+
+def test_a_seen_cut_stores_where_sglangs_rule_puts_each_chunk_not_where_it_claims() -> None:
+    """The chunks are SGLang's scheduling (prefix, extend); the checkpoint of each is placed
+    by SGLang's tracking rule, so a claim lost with the state (track None) loses no key."""
+    prompt, eb = tuple(range(300)), StrategyGrid(64, 1, 256, strategy_named("extra_buffer"))
+    chunks = [Prefill(0, 128, True, 128), Prefill(128, 128, True, None), Prefill(256, 44, False, None)]
+    assert {len(k) for k in seen_cut_stores(prompt, chunks, eb, {None})} == {128, 256}
+    assert {len(k) for k in seen_cut_stores(prompt, chunks, eb, {None, 192})} == {128}  # a branch point at 192 moves chunk 2's
+    assert seen_cut_stores(prompt, chunks[:2], eb, {None}) == set()  # the prefill never ended
+    assert seen_cut_stores(prompt, [chunks[0], Prefill(0, 300, False, 256)], eb, {None}) == set()  # retracted and run again
+    assert seen_cut_stores(prompt, [Prefill(0, 300, False, 256)], eb, {None}) == set()  # never cut: the whole-prefill rule's
+
+
+def _cut_request_follow_up(evidence: Evidence | None, hit: int) -> str | None:
+    """A 300-token request SGLang cut at 128 and 256 (budget 128) beside a 100-token one, then
+    its prompt + 5 hitting ``hit``."""
+    book = HitBook(StrategyGrid(64, 1, 256, strategy_named("extra_buffer")),
+                   Limits(context_len=100000, kv_total=1e6, mamba_total=1000, prefill_budget=128), evidence, server_rid=lambda rid: f"tag-{rid}")
+    first, beside = _served("a", tuple(range(10, 310)), (5,), 0, 1, 3), _served("b", tuple(range(1000, 1100)), (5,), 0, 2, 4)
+    follow = _served("f", first.input_ids + (7,) * 5, (3,), hit, 5, 6)
+    for s in (first, beside, follow):
+        book.add(s)
+    book.ready([])
+    assert book.judge(first) is None and book.judge(beside) is None
+    return book.judge(follow)
+
+
+def test_a_checkpoint_lost_by_a_request_sglang_cut_is_a_finding(tmp_path) -> None:
+    """cut_batch_checkpoint_dropped on the chunked-prefill cell: a request finishing its last
+    chunk in a batch SGLang cut loses its checkpoint, and SGLang's own claim of it with it."""
+    chunks = ({"ev": "prefill", "rid": "tag-a", "prefix": 0, "extend": 128, "cut": True, "track": 128},
+              {"ev": "prefill", "rid": "tag-a", "prefix": 128, "extend": 128, "cut": True, "track": 256},
+              {"ev": "prefill", "rid": "tag-a", "prefix": 256, "extend": 44, "cut": False, "track": None})
+    assert _cut_request_follow_up(_evidence(None, cuts=1), 128) is None  # the window: cut beside another request, any page
+    problem = _cut_request_follow_up(_evidence(_log(tmp_path, *chunks)), 128)
+    assert problem and "cached_tokens 128" in problem and "256" in problem
+    (tmp_path / "kept").mkdir()
+    assert _cut_request_follow_up(_evidence(_log(tmp_path / "kept", *chunks)), 256) is None
 
 
 # ------------------------------------------------------------------ lazy drops

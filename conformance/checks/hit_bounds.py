@@ -201,6 +201,35 @@ def observed_cut_stores(prompt: Key, chunks: Sequence[Any], grid: StrategyGrid) 
     return {_prefix(prompt, n) for n in (floor_to(e, grid.page_size) for e in ends) if 0 < n <= len(prompt)}
 
 
+def seen_cut_stores(prompt: Key, chunks: Sequence[Any], grid: StrategyGrid, branches: Iterable[int | None]) -> set[Key]:
+    """The checkpoints a prefill SGLang was seen cutting stores for sure: each chunk as its
+    scheduler ran it (``Prefill.prefix`` and ``extend``, scheduling decisions), the checkpoint
+    placed by SGLang's rule for a chunk (:func:`prefill_checkpoint_len`), not by what SGLang
+    claims it tracked (a bug that loses a checkpoint also loses the claim); kept where every
+    branch point the request may have met puts it.  Nothing unless the chunks were cut, run
+    back to back, and end at the prompt's end (a retracted or unfinished prefill)."""
+    chunks = list(chunks)
+    if not chunks or not any(c.cut for c in chunks) or chunks[-1].cut:
+        return set()
+    pos = chunks[0].prefix
+    for c in chunks:
+        if c.prefix != pos:
+            return set()
+        pos = c.prefix + c.extend
+    if pos != len(prompt):
+        return set()
+    page, per_branch = grid.page_size, []
+    for b in set(branches) or {None}:
+        keys = set()
+        for c in chunks:
+            n = prefill_checkpoint_len(grid.strategy, c.prefix, c.prefix + c.extend, checkpoint_grid=grid.checkpoint_grid,
+                                       chunk=grid.chunk, branching_seqlen=b)
+            if n is not None and floor_to(n, page) > 0:
+                keys.add(_prefix(prompt, floor_to(n, page)))
+        per_branch.append(keys)
+    return set.intersection(*per_branch)
+
+
 def finish_store(prompt: Key, output: Key, grid: StrategyGrid) -> Key | None:
     """The state a normally finished request inserts (``PrefixOracle.finish_insert_len``)."""
     seq = prompt + output

@@ -38,6 +38,7 @@ from conformance.checks.hit_bounds import (
     prefill_must_be_cut,
     prefill_never_tracked,
     prefill_stores,
+    seen_cut_stores,
     trie_size,
 )
 
@@ -320,6 +321,10 @@ class HitBook:
                 out.add(next(iter(prefill)), sure=True)
             elif self._cut_alone(q, keys) and not self._lazy_drop(q):
                 for key in chunked_prefill_stores(q.input_ids, q.cached_tokens, self.grid, self.limits.prefill_budget or 0):
+                    out.add(key, sure=True)
+            elif (log := self._requests()) is not None and not self._lazy_drop(q):
+                chunks = log.chunks(self.server_rid(q.rid))
+                for key in seen_cut_stores(q.input_ids, chunks, self.grid, self._branches(q, q.cached_tokens, keys)):
                     out.add(key, sure=True)
             out.add(finish_store(q.input_ids, q.output_ids, self.grid), sure=True)
         self._certain[q.rid] = out
