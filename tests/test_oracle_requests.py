@@ -114,6 +114,29 @@ def test_a_checkpoint_lost_by_a_request_sglang_cut_is_a_finding(tmp_path) -> Non
     assert _cut_request_follow_up(_evidence(_log(tmp_path / "kept", *chunks)), 256) is None
 
 
+def test_a_partial_read_of_the_log_fixes_nothing(tmp_path) -> None:
+    """Seen on real SGLang (off-grid cell): a request was judged while the log read so far
+    held only the first chunk of a burst member SGLang cut, and the member's alternatives
+    were kept from that read: a later hit at its tracked 253 was refused."""
+    path = tmp_path / "cell.requests.jsonl"
+    first = [{"ev": "start"}, {"ev": "prefill", "rid": "a", "prefix": 0, "extend": 189, "cut": True, "track": 128}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in first))
+    log = RequestLog(path)
+    log.refresh()
+    book = HitBook(StrategyGrid(64, 1, 256, strategy_named("extra_buffer")),
+                   Limits(context_len=100000, kv_total=1e6, mamba_total=1000), _evidence(log, cuts=1))
+    base = tuple(range(1000, 1255))
+    a, b = _served("a", base + (1, 2, 3, 4), (5,), 0, 1, 3), _served("b", base + (6, 7, 8, 9), (5,), 253, 2, 4)
+    for s in (a, b):
+        book.add(s)
+    book.ready([])
+    assert book.judge(a) is None  # judged on the partial read: a's alternatives not kept
+    with open(path, "a") as f:
+        f.write(json.dumps({"ev": "prefill", "rid": "a", "prefix": 189, "extend": 70, "cut": False, "track": 253}) + "\n")
+    log.refresh()
+    assert book.judge(b) is None and b.permission == "cut_prefill"
+
+
 # ------------------------------------------------------------------ lazy drops
 def _lazy_followup(evidence: Evidence | None) -> str | None:
     """Under lazy_alloc_fail, a 200-token request decoding across the 256 boundary, then

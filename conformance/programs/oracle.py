@@ -238,9 +238,16 @@ class HitBook:
         else:
             alts |= possible_finish_stores(q.input_ids, q.output_ids, self.grid)
         out = frozenset(alts)
-        if q.done_seq:
+        if q.done_seq and (log is None or not self._prefill_unseen(q, log)):
             self._fixed[(q.rid, cut)] = out
         return out
+
+    def _prefill_unseen(self, q: Served, log: RequestLog) -> bool:
+        """Has ``q`` answered with output while the log read so far lacks the end of its
+        prefill (no chunk, or the last one cut)?  SGLang writes each prefill's record before
+        it runs, so the next read has it: nothing is fixed from a partial read."""
+        chunks = log.chunks(self.server_rid(q.rid))
+        return bool(q.answered and q.output_ids) and (not chunks or chunks[-1].cut)
 
     def _branches(self, q: Served, hit: int, keys: set[Key]) -> set[int | None]:
         """``q``'s branch points against ``keys`` (and None): each key compared once per book."""
