@@ -36,6 +36,9 @@ TLRU_CONFIG = '{"threshold": 512, "next_prompt_estimate": 64}'
 STREAMING_SESSIONS = "streaming_sessions"
 #: A server that batches prefill chunks with running decodes (requests without logprobs only).
 MIXED_BATCHES = "mixed_batches"
+#: A server that counts a request's output as thinking when the request asks for reasoning
+#: (``require_reasoning``; with ``--strip-thinking-cache`` only its prompt is then cached).
+REASONING_REQUESTS = "reasoning_requests"
 #: The reasoning parser of the think-token twins (qwen3's ``<think>`` ... ``</think>``).
 REASONING_PARSER = "qwen3"
 
@@ -189,7 +192,8 @@ _AXES = (
         "reasoning",
         AxisValue("reasoning", "off", "no reasoning parser"),
         AxisValue("reasoning", "strip-thinking", f"--reasoning-parser {REASONING_PARSER} --strip-thinking-cache",
-                  _flag("--reasoning-parser", REASONING_PARSER, "--strip-thinking-cache"), needs=("--strip-thinking-cache", None)),
+                  _flag("--reasoning-parser", REASONING_PARSER, "--strip-thinking-cache"), needs=("--strip-thinking-cache", None),
+                  enables=(REASONING_REQUESTS,)),
     ), _default("off")),
 )
 

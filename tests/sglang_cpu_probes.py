@@ -138,19 +138,21 @@ def hit_vs_cold(
     new_tokens: int = 8,
     follow_output: bool = False,
     beside_a_decode: bool = False,
+    reasoning: bool = False,
 ) -> list[HitVsCold]:
     """Warm the cache with each batch of ``warm`` in turn (``warm_new`` decoded tokens per
     request), serve ``served`` (one batch) on whatever it hits -- appended to the last warm
     batch's prompts and outputs when ``follow_output`` (a decode hit) -- then serve the same
     inputs again after a flush; per prompt: cached tokens, both outputs, and the largest
-    chosen-token logprob difference."""
+    chosen-token logprob difference.  ``reasoning``: the warm requests ask for reasoning
+    (``require_reasoning``)."""
     client.flush_cache()
     last: list[Any] = []
     for batch in warm:
         if beside_a_decode:  # each prompt prefilled while a decode runs: a mixed-chunk server mixes them
             warm_beside_a_decode(client, batch, vocab_size=VOCAB)
             continue
-        last = generate_tokens(client, batch, warm_new)
+        last = generate_tokens(client, batch, warm_new, reasoning=reasoning)
     if follow_output:
         served = [tuple(p) + output_ids(r) + tuple(s) for p, r, s in zip(warm[-1], last, served)]
     hit = generate_tokens(client, served, new_tokens, top_k=1)
@@ -310,6 +312,18 @@ def branch_point_hit(client: SGLangClient) -> list[HitVsCold]:
     (shared,) = prompts((200,), seed=5)
     a, b, c = (shared + tail(60, f"branch:{k}") for k in "abc")
     return hit_vs_cold(client, [[a], [b]], [c])
+
+
+#: Prompts whose 16-token decode crosses the track interval (256): the newest state is past them.
+REASONING_LENGTHS = (250, 245)
+
+
+def reasoning_hits(client: SGLangClient) -> list[HitVsCold]:
+    """Turn one asks for reasoning and decodes across the 256 boundary (on a strip-thinking
+    server only its prompt is cached: the newest state, at 256, is past that key); turn two
+    (prompt + output + 5) hits what was stored."""
+    warm = prompts(REASONING_LENGTHS, seed=14)
+    return hit_vs_cold(client, [warm], [tail(5, f"r{i}") for i in range(len(warm))], warm_new=16, follow_output=True, reasoning=True)
 
 
 def decode_hits(client: SGLangClient) -> list[HitVsCold]:

@@ -34,6 +34,8 @@ from sglang_cpu_probes import (
     mixed_prefill_hits,
     overlap_edge_hits,
     pressure_hits,
+    REASONING_LENGTHS,
+    reasoning_hits,
     sub_chunk_prefill_hits,
     probe_server,
     streaming_session_then_idle,
@@ -106,6 +108,10 @@ PROBES: dict[str, Probe] = {
     "pressure_evict_slot_still_cached": Probe(EXTRA, pressure_hits, lambda rows: bool(diverged(rows)), options=(("mamba_pool", "small"),)),
     # the same pool's request cap (3) holding a burst back
     "mamba_cap_reclaims_cached_slot": Probe(EXTRA, cap_hits, lambda rows: bool(diverged(rows)), options=(("mamba_pool", "small"),)),
+    # --strip-thinking-cache: a reasoning request caches its prompt only; the fault names its newest
+    # state (tracked at 256, while thinking) with the whole prompt: hits at 250/245 diverge
+    "strip_thinking_state_past_key": Probe(EXTRA, reasoning_hits, lambda rows: [r.cached_tokens for r in rows] == list(REASONING_LENGTHS) and all(r.diverged for r in rows),
+                                           options=(("reasoning", "strip-thinking"),)),
 }
 FAST = ("cow_skipped",)
 
@@ -245,3 +251,21 @@ def test_sub_chunk_fault_is_missed_with_grid_sized_chunks(tmp_path: Path) -> Non
         rows = sub_chunk_prefill_hits(s.client)
         fired = s.fired("sub_chunk_handoff_donates_untracked")
     assert fired == 0 and [r.cached_tokens for r in rows] == [64, 160] and not diverged(rows), (fired, summary(rows))
+
+
+def test_control_strip_thinking_clean(tmp_path: Path) -> None:
+    """Reasoning requests on a clean strip-thinking server: only the prompts are cached, so the
+    follow-ups hit at or below them (the prefill checkpoint, 192) and equal cold."""
+    with probe_server(cell_for(*EXTRA, options=(("reasoning", "strip-thinking"),)), tmp_path, fault=None, strict=False) as s:
+        rows = reasoning_hits(s.client)
+    assert all(0 < r.cached_tokens < n for r, n in zip(rows, REASONING_LENGTHS)) and not diverged(rows), summary(rows)
+
+
+def test_strip_thinking_fault_is_missed_with_reasoning_off(tmp_path: Path) -> None:
+    """The same requests (asking for reasoning) and fault on the plain cell (no reasoning parser:
+    no output counts as thinking, every committed token is keyed): the key never falls below the
+    newest state, the hook never fires, the follow-ups hit the decode's state (256) and equal cold."""
+    with probe_server(cell_for(*EXTRA), tmp_path, fault="strip_thinking_state_past_key", strict=False) as s:
+        rows = reasoning_hits(s.client)
+        fired = s.fired("strip_thinking_state_past_key")
+    assert fired == 0 and all(r.cached_tokens >= 256 for r in rows) and not diverged(rows), (fired, summary(rows))

@@ -49,6 +49,7 @@ FAULT_MODULES = (
     "pressure_evict_slot_still_cached",
     "mamba_cap_reclaims_cached_slot",
     "sub_chunk_handoff_donates_untracked",
+    "strip_thinking_state_past_key",
     # PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP): the disagg suite
     "pd_state_index_off",             # PR 15829
     "pd_last_layer_state_unsent",
