@@ -302,6 +302,19 @@ def cap_hits(client: SGLangClient) -> list[HitVsCold]:
     return hit_vs_cold(client, [[p] for p in solo] + [burst], [p + tail(5, f"m{i}") for i, p in enumerate(every)], warm_new=16)
 
 
+#: Prompts stored one at a time: 14 x 400 = 5600 tokens of KV, past the ``kv_pool = small``
+#: pool (4096) and within the default (8192); 14 stored states fit either Mamba pool.
+KV_FILL = (400,) * 14
+
+
+def kv_fill_hits(client: SGLangClient) -> list[HitVsCold]:
+    """The stored prompts (the small KV pool runs short from the 11th: its evictions take the
+    oldest), then hits on the last four (``p + 5``)."""
+    stored = prompts(KV_FILL, seed=15)
+    last = stored[-4:]
+    return hit_vs_cold(client, [[p] for p in stored], [p + tail(5, f"k{i}") for i, p in enumerate(last)], warm_new=4)
+
+
 def grid_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     warm = prompts(GRID_LENGTHS, seed=2)
     return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"g{i}") for i, p in enumerate(warm)])

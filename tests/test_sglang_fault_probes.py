@@ -31,6 +31,7 @@ from sglang_cpu_probes import (
     decode_hits,
     grid_prefill_hits,
     hits_then_idle,
+    kv_fill_hits,
     mixed_prefill_hits,
     overlap_edge_hits,
     pressure_hits,
@@ -108,6 +109,8 @@ PROBES: dict[str, Probe] = {
     "pressure_evict_slot_still_cached": Probe(EXTRA, pressure_hits, lambda rows: bool(diverged(rows)), options=(("mamba_pool", "small"),)),
     # the same pool's request cap (3) holding a burst back
     "mamba_cap_reclaims_cached_slot": Probe(EXTRA, cap_hits, lambda rows: bool(diverged(rows)), options=(("mamba_pool", "small"),)),
+    # a small KV pool (4096 tokens): storing 5600 tokens runs it short, KV evictions under pressure
+    "kv_evict_frees_cached_mamba_slot": Probe(EXTRA, kv_fill_hits, lambda rows: bool(diverged(rows)), options=(("kv_pool", "small"),)),
     # --strip-thinking-cache: a reasoning request caches its prompt only; the fault names its newest
     # state (tracked at 256, while thinking) with the whole prompt: hits at 250/245 diverge
     "strip_thinking_state_past_key": Probe(EXTRA, reasoning_hits, lambda rows: [r.cached_tokens for r in rows] == list(REASONING_LENGTHS) and all(r.diverged for r in rows),
@@ -269,3 +272,20 @@ def test_strip_thinking_fault_is_missed_with_reasoning_off(tmp_path: Path) -> No
         rows = reasoning_hits(s.client)
         fired = s.fired("strip_thinking_state_past_key")
     assert fired == 0 and all(r.cached_tokens >= 256 for r in rows) and not diverged(rows), (fired, summary(rows))
+
+
+def test_control_kv_fill_clean(tmp_path: Path) -> None:
+    """The KV fill on a clean small-KV-pool server: the last prompts' hits survive the evictions
+    of the oldest and equal cold."""
+    with probe_server(cell_for(*EXTRA, options=(("kv_pool", "small"),)), tmp_path, fault=None, strict=False) as s:
+        rows = kv_fill_hits(s.client)
+    assert any(r.cached_tokens > 0 for r in rows) and not diverged(rows), summary(rows)
+
+
+def test_kv_fault_is_missed_with_the_default_kv_pool(tmp_path: Path) -> None:
+    """The same fill and fault with the kit's default KV pool (8192 tokens): 5600 tokens fit,
+    no KV shortfall, the hook never fires, the hits equal cold."""
+    with probe_server(cell_for(*EXTRA), tmp_path, fault="kv_evict_frees_cached_mamba_slot", strict=False) as s:
+        rows = kv_fill_hits(s.client)
+        fired = s.fired("kv_evict_frees_cached_mamba_slot")
+    assert fired == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (fired, summary(rows))

@@ -1,0 +1,46 @@
+"""``kv_evict_frees_cached_mamba_slot``: a KV-pool shortfall eviction frees a Mamba slot that a
+radix node still names.
+
+When the KV pool runs short, SGLang 0.5.23's allocator asks the radix cache for room
+(``TokenToKVPoolAllocator.evict_to_free_tokens`` ->
+``UnifiedRadixCache.evict_for_alloc(EvictParams(num_tokens=shortfall))``); the walk evicts
+whole leaves, KV and the Mamba state each node holds together.  This fault hooks
+``evict_for_alloc`` (AROUND): on a KV shortfall (tokens asked, no Mamba slot asked) it first
+frees the slot of the checkpoint stored most recently (the AFTER hook on
+``MambaComponent.prepare_for_caching_req`` it shares with ``pressure_evict_slot_still_cached``)
+-- the Mamba half of a KV eviction applied to the wrong node, whose radix node still names
+the slot -- then evicts as SGLang does.  The next admitted request overwrites the slot;
+later hits on that prefix continue from the wrong state.
+It needs a KV shortfall: ``kv_pool = small`` (``--max-total-tokens 4096``) is its cell.
+"""
+
+from __future__ import annotations
+
+from conformance.sglang_plugins.faults.pressure_evict_slot_still_cached import EVICT_TARGET, STORE_TARGET, free_newest_stored, remember_stored
+from conformance.sglang_plugins.faults.spec import Hook, fired, plan_arg, sglang_fault
+
+NAME = "kv_evict_frees_cached_mamba_slot"
+
+
+def free_a_cached_slot_on_kv_shortfall(original, cache, *args, **kwargs):
+    params = plan_arg(args, kwargs, 0, "params")
+    if getattr(params, "num_tokens", 0) > 0 and not getattr(params, "mamba_num", 0) and cache.supports_mamba():
+        slot = free_newest_stored(cache)
+        if slot is not None:
+            fired(NAME, slot=slot, kv_shortfall=int(params.num_tokens))
+    return original(cache, *args, **kwargs)
+
+
+FAULT = sglang_fault(
+    NAME,
+    "A KV-pool shortfall eviction frees the Mamba slot of the most recently stored checkpoint "
+    "while its radix node still names it (the Mamba half of the eviction applied to the wrong node): "
+    "the next request overwrites it, later hits on that prefix diverge.",
+    "KV eviction under pressure (UnifiedRadixCache.evict_for_alloc with a token shortfall) releasing "
+    "a Mamba state the tree still serves",
+    "hits on a recently stored prefix diverge from cold once the KV pool ran short (KL / prefix_branching "
+    "outputs); the slot is later freed twice (leak checks, SGLang's strict idle check); it needs a KV shortfall",
+    (Hook(EVICT_TARGET, "around", free_a_cached_slot_on_kv_shortfall), Hook(STORE_TARGET, "after", remember_stored)),
+    options=("kv_pool=small",),
+    suites=("prefix_branching", "kl", "leaks"),
+)
