@@ -303,16 +303,18 @@ def cap_hits(client: SGLangClient) -> list[HitVsCold]:
 
 
 #: Prompts stored one at a time: 14 x 400 = 5600 tokens of KV, past the ``kv_pool = small``
-#: pool (4096) and within the default (8192); 14 stored states fit either Mamba pool.
-KV_FILL = (400,) * 14
+#: pool (4096) and within the default (8192); 14 stored states fit either Mamba pool.  Then a
+#: burst of 8 x 100 tokens (6400 in all: still within the default pool) whose requests take
+#: every free Mamba slot (5 each), so a slot freed behind the tree's back is reused.
+KV_FILL, KV_BURST = (400,) * 14, (100,) * 8
 
 
 def kv_fill_hits(client: SGLangClient) -> list[HitVsCold]:
     """The stored prompts (the small KV pool runs short from the 11th: its evictions take the
-    oldest), then hits on the last four (``p + 5``)."""
-    stored = prompts(KV_FILL, seed=15)
+    oldest), the burst, then hits on the last four stored (``p + 5``)."""
+    stored, burst = prompts(KV_FILL, seed=15), prompts(KV_BURST, seed=16)
     last = stored[-4:]
-    return hit_vs_cold(client, [[p] for p in stored], [p + tail(5, f"k{i}") for i, p in enumerate(last)], warm_new=4)
+    return hit_vs_cold(client, [[p] for p in stored] + [burst], [p + tail(5, f"k{i}") for i, p in enumerate(last)], warm_new=4)
 
 
 def grid_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
