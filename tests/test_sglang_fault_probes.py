@@ -32,6 +32,7 @@ from sglang_cpu_probes import (
     grid_prefill_hits,
     hits_then_idle,
     kv_fill_hits,
+    kv_fill_then_idle,
     mixed_prefill_hits,
     overlap_edge_hits,
     pressure_hits,
@@ -110,7 +111,9 @@ PROBES: dict[str, Probe] = {
     # the same pool's request cap (3) holding a burst back
     "mamba_cap_reclaims_cached_slot": Probe(EXTRA, cap_hits, lambda rows: bool(diverged(rows)), options=(("mamba_pool", "small"),)),
     # a small KV pool (4096 tokens): storing 5600 tokens runs it short, KV evictions under pressure
-    "kv_evict_frees_cached_mamba_slot": Probe(EXTRA, kv_fill_hits, lambda rows: bool(diverged(rows)), options=(("kv_pool", "small"),)),
+    # (the freed slots' hits measured equal to cold, 5 fired: the damage is the slot the tree and the
+    # allocator both count, read at idle before any flush)
+    "kv_evict_frees_cached_mamba_slot": Probe(EXTRA, used(kv_fill_then_idle), lambda n: n != 0, options=(("kv_pool", "small"),)),
     # --strip-thinking-cache: a reasoning request caches its prompt only; the fault names its newest
     # state (tracked at 256, while thinking) with the whole prompt: hits at 250/245 diverge
     "strip_thinking_state_past_key": Probe(EXTRA, reasoning_hits, lambda rows: [r.cached_tokens for r in rows] == list(REASONING_LENGTHS) and all(r.diverged for r in rows),
@@ -279,13 +282,15 @@ def test_control_kv_fill_clean(tmp_path: Path) -> None:
     of the oldest and equal cold."""
     with probe_server(cell_for(*EXTRA, options=(("kv_pool", "small"),)), tmp_path, fault=None, strict=False) as s:
         rows = kv_fill_hits(s.client)
-    assert any(r.cached_tokens > 0 for r in rows) and not diverged(rows), summary(rows)
+        idle = kv_fill_then_idle(s.client)[MAMBA_GAUGE]
+    assert idle == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (idle, summary(rows))
 
 
 def test_kv_fault_is_missed_with_the_default_kv_pool(tmp_path: Path) -> None:
-    """The same fill and fault with the kit's default KV pool (8192 tokens): 5600 tokens fit,
-    no KV shortfall, the hook never fires, the hits equal cold."""
+    """The same fill and fault with the kit's default KV pool (8192 tokens): 6400 tokens fit,
+    no KV shortfall, the hook never fires, the hits equal cold and no slot is counted twice."""
     with probe_server(cell_for(*EXTRA), tmp_path, fault="kv_evict_frees_cached_mamba_slot", strict=False) as s:
         rows = kv_fill_hits(s.client)
+        idle = kv_fill_then_idle(s.client)[MAMBA_GAUGE]
         fired = s.fired("kv_evict_frees_cached_mamba_slot")
-    assert fired == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (fired, summary(rows))
+    assert fired == 0 and idle == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (fired, idle, summary(rows))
