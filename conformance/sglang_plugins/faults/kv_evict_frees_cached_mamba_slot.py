@@ -20,19 +20,18 @@ cells only, is what reaches it.
 
 from __future__ import annotations
 
-from conformance.sglang_plugins.faults.pressure_evict_slot_still_cached import EVICT_TARGET, STORE_TARGET, free_newest_stored, remember_stored
-from conformance.sglang_plugins.faults.spec import Hook, fired, plan_arg, sglang_fault
+from conformance.sglang_plugins.faults.pressure_evict_slot_still_cached import EVICT_TARGET, STORE_TARGET, freeing_a_cached_slot_first, remember_stored
+from conformance.sglang_plugins.faults.spec import Hook, sglang_fault
 
 NAME = "kv_evict_frees_cached_mamba_slot"
 
 
-def free_a_cached_slot_on_kv_shortfall(original, cache, *args, **kwargs):
-    params = plan_arg(args, kwargs, 0, "params")
-    if getattr(params, "num_tokens", 0) > 0 and not getattr(params, "mamba_num", 0) and cache.supports_mamba():
-        slot = free_newest_stored(cache)
-        if slot is not None:
-            fired(NAME, slot=slot, kv_shortfall=int(params.num_tokens))
-    return original(cache, *args, **kwargs)
+def _kv_shortfall(params) -> int:
+    """Tokens asked of a walk started by the KV pool alone (no Mamba slot asked), else 0."""
+    return 0 if getattr(params, "mamba_num", 0) else max(0, int(getattr(params, "num_tokens", 0) or 0))
+
+
+free_a_cached_slot_on_kv_shortfall = freeing_a_cached_slot_first(NAME, _kv_shortfall)
 
 
 FAULT = sglang_fault(
