@@ -36,6 +36,12 @@ TLRU_CONFIG = '{"threshold": 512, "next_prompt_estimate": 64}'
 STREAMING_SESSIONS = "streaming_sessions"
 #: A server that batches prefill chunks with running decodes (requests without logprobs only).
 MIXED_BATCHES = "mixed_batches"
+#: A server that counts a request's output as thinking when the request asks for reasoning
+#: (``require_reasoning``; with ``--strip-thinking-cache`` only its prompt is then cached).
+REASONING_REQUESTS = "reasoning_requests"
+#: A server whose KV pool is the axis's small one: the leaks suite stores more prompt KV than
+#: it holds (evictions under KV pressure), which no other workload reaches.
+KV_PRESSURE = "kv_pressure"
 #: The reasoning parser of the think-token twins (qwen3's ``<think>`` ... ``</think>``).
 REASONING_PARSER = "qwen3"
 
@@ -138,12 +144,12 @@ def _default(name: str) -> Callable[[Strategy], str]:
     return lambda strategy: name
 
 
-def _pool_axis(name: str, flag: str, what: str, cpu_default: int, small: int, unit: str) -> Axis:
+def _pool_axis(name: str, flag: str, what: str, cpu_default: int, small: int, unit: str, small_enables: tuple[str, ...] = ()) -> Axis:
     """A pool-size axis: the target's pool (default) or a small one (eviction under pressure)."""
     return Axis(name, f"{what} size ({flag})", _values(
         name,
         AxisValue(name, "default", f"the target's pool (sglang-cpu: {cpu_default} {unit})"),
-        AxisValue(name, "small", f"{small} {unit}: eviction under pressure", _flag(flag, str(small)), needs=(flag, None)),
+        AxisValue(name, "small", f"{small} {unit}: eviction under pressure", _flag(flag, str(small)), needs=(flag, None), enables=small_enables),
     ), _default("default"))
 
 
@@ -170,7 +176,7 @@ _AXES = (
                   needs=("--chunked-prefill-size", None), refuses=_chunked_refuses("sub-chunk")),
     ), _default("default")),
     _pool_axis("mamba_pool", "--max-mamba-cache-size", "the Mamba state pool", CPU_MAX_MAMBA_CACHE_SIZE, SMALL_MAX_MAMBA_CACHE_SIZE, "slots"),
-    _pool_axis("kv_pool", "--max-total-tokens", "the KV pool", CPU_MAX_TOTAL_TOKENS, SMALL_MAX_TOTAL_TOKENS, "tokens"),
+    _pool_axis("kv_pool", "--max-total-tokens", "the KV pool", CPU_MAX_TOTAL_TOKENS, SMALL_MAX_TOTAL_TOKENS, "tokens", (KV_PRESSURE,)),
     Axis("eviction", "the radix cache's eviction policy (--radix-eviction-policy)", _values(
         "eviction",
         *(AxisValue("eviction", p, f"--radix-eviction-policy {p}", _flag("--radix-eviction-policy", p) if p != "lru" else _flag(),
@@ -189,7 +195,8 @@ _AXES = (
         "reasoning",
         AxisValue("reasoning", "off", "no reasoning parser"),
         AxisValue("reasoning", "strip-thinking", f"--reasoning-parser {REASONING_PARSER} --strip-thinking-cache",
-                  _flag("--reasoning-parser", REASONING_PARSER, "--strip-thinking-cache"), needs=("--strip-thinking-cache", None)),
+                  _flag("--reasoning-parser", REASONING_PARSER, "--strip-thinking-cache"), needs=("--strip-thinking-cache", None),
+                  enables=(REASONING_REQUESTS,)),
     ), _default("off")),
 )
 

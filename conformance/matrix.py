@@ -203,7 +203,9 @@ class Matrix:
             _check_choices("--strategies", strategies, STRATEGIES)
         if faults:
             _check_choices("--faults", faults, self.faults)
-        wanted = option_axes.parse_selection(server_options or ())
+        wanted: dict[str, set[str]] = {}  # one axis named twice: either value
+        for axis, value in option_axes.parse_selection(server_options or ()):
+            wanted.setdefault(axis, set()).add(value)
         overlays = [self.faults[f] for f in faults or () if self.faults[f].overlay]
         out: dict[str, Cell] = {}
         for cell in self.cells:
@@ -217,7 +219,7 @@ class Matrix:
                 continue
             if tier and TIERS.index(cell.tier) > TIERS.index(tier):
                 continue
-            if any(option_axes.value_of(cell, axis).name != value for axis, value in wanted):
+            if any(option_axes.value_of(cell, axis).name not in values for axis, values in wanted.items()):
                 continue
             for c in [cell] * (not faults or cell.fault.name in faults) + _overlaid(cell, overlays):
                 out.setdefault(c.id, c)

@@ -58,7 +58,7 @@ STRATEGIES_OPT = Option("--strategies", f"comma list of strategies ({', '.join(S
 FAULTS = Option("--faults", "comma list of faults from the matrix (e.g. none,lazy_alloc_fail)")
 PAGE_SIZES = Option("--page-sizes", "comma list of page sizes")
 SERVER_OPTIONS = Option("--server-options", "comma list of axis=value server options (e.g. mixed_chunk=on; fixtures/matrix.toml [axes]): "
-                        "only cells whose options have these values (an axis a cell does not set is at its default)")
+                        "only cells whose options have these values (an axis a cell does not set is at its default; an axis named twice: either value)")
 TIER = Option("--tier", "premerge (fast subset) < standard (every twin x strategy + the lazy fault; default) < nightly (everything)", choices=TIERS)
 MATRIX = Option("--matrix", "matrix file (default: fixtures/matrix.toml)")
 LAUNCHER = Option("--sglang-launcher", f"the command that starts SGLang (default: {DEFAULT_LAUNCHER})", default=DEFAULT_LAUNCHER, forward="target")

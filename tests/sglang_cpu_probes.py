@@ -138,19 +138,21 @@ def hit_vs_cold(
     new_tokens: int = 8,
     follow_output: bool = False,
     beside_a_decode: bool = False,
+    reasoning: bool = False,
 ) -> list[HitVsCold]:
     """Warm the cache with each batch of ``warm`` in turn (``warm_new`` decoded tokens per
     request), serve ``served`` (one batch) on whatever it hits -- appended to the last warm
     batch's prompts and outputs when ``follow_output`` (a decode hit) -- then serve the same
     inputs again after a flush; per prompt: cached tokens, both outputs, and the largest
-    chosen-token logprob difference."""
+    chosen-token logprob difference.  ``reasoning``: the warm requests ask for reasoning
+    (``require_reasoning``)."""
     client.flush_cache()
     last: list[Any] = []
     for batch in warm:
         if beside_a_decode:  # each prompt prefilled while a decode runs: a mixed-chunk server mixes them
             warm_beside_a_decode(client, batch, vocab_size=VOCAB)
             continue
-        last = generate_tokens(client, batch, warm_new)
+        last = generate_tokens(client, batch, warm_new, reasoning=reasoning)
     if follow_output:
         served = [tuple(p) + output_ids(r) + tuple(s) for p, r, s in zip(warm[-1], last, served)]
     hit = generate_tokens(client, served, new_tokens, top_k=1)
@@ -300,6 +302,31 @@ def cap_hits(client: SGLangClient) -> list[HitVsCold]:
     return hit_vs_cold(client, [[p] for p in solo] + [burst], [p + tail(5, f"m{i}") for i, p in enumerate(every)], warm_new=16)
 
 
+#: Prompts stored one at a time: 14 x 400 = 5600 tokens of KV, past the ``kv_pool = small``
+#: pool (4096) and within the default (8192); 14 stored states fit either Mamba pool.  Then a
+#: burst of 8 x 100 tokens (6400 in all: still within the default pool) whose requests take
+#: every free Mamba slot (5 each), so a slot freed behind the tree's back is reused.
+KV_FILL, KV_BURST = (400,) * 14, (100,) * 8
+
+
+def kv_fill_hits(client: SGLangClient) -> list[HitVsCold]:
+    """The stored prompts (the small KV pool runs short from the 11th: its evictions take the
+    oldest), the burst, then hits on the last four stored (``p + 5``)."""
+    stored, burst = prompts(KV_FILL, seed=15), prompts(KV_BURST, seed=16)
+    last = stored[-4:]
+    return hit_vs_cold(client, [[p] for p in stored] + [burst], [p + tail(5, f"k{i}") for i, p in enumerate(last)], warm_new=4)
+
+
+def kv_fill_then_idle(client: SGLangClient) -> dict[str, float]:
+    """The KV fill and burst of :func:`kv_fill_hits`, then the gauges at idle before any flush
+    (a slot the tree still names but the allocator took back counts twice there)."""
+    client.flush_cache()
+    for p in prompts(KV_FILL, seed=15):
+        generate_tokens(client, [p], 4)
+    generate_tokens(client, prompts(KV_BURST, seed=16), 4)
+    return fresh_idle_metrics(client)
+
+
 def grid_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     warm = prompts(GRID_LENGTHS, seed=2)
     return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"g{i}") for i, p in enumerate(warm)])
@@ -310,6 +337,18 @@ def branch_point_hit(client: SGLangClient) -> list[HitVsCold]:
     (shared,) = prompts((200,), seed=5)
     a, b, c = (shared + tail(60, f"branch:{k}") for k in "abc")
     return hit_vs_cold(client, [[a], [b]], [c])
+
+
+#: Prompts whose 16-token decode crosses the track interval (256): the newest state is past them.
+REASONING_LENGTHS = (250, 245)
+
+
+def reasoning_hits(client: SGLangClient) -> list[HitVsCold]:
+    """Turn one asks for reasoning and decodes across the 256 boundary (on a strip-thinking
+    server only its prompt is cached: the newest state, at 256, is past that key); turn two
+    (prompt + output + 5) hits what was stored."""
+    warm = prompts(REASONING_LENGTHS, seed=14)
+    return hit_vs_cold(client, [warm], [tail(5, f"r{i}") for i in range(len(warm))], warm_new=16, follow_output=True, reasoning=True)
 
 
 def decode_hits(client: SGLangClient) -> list[HitVsCold]:

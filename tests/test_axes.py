@@ -245,6 +245,12 @@ def test_plan_nightly_lists_every_axis_value() -> None:
 def test_server_options_selection_and_its_errors() -> None:
     assert [c.id for c in SHIPPED.select(tier="standard", target="sglang-cpu", models=["qwen3-next"], strategies=["extra_buffer"],
                                          server_options=["mixed_chunk=on"])] == ["qwen3-next-80b-extra_buffer-p1-t256-mixed_chunk-on"]
+    # one axis named twice selects either value; two axes both
+    either = SHIPPED.select(tier="standard", target="sglang-cpu", models=["qwen3-next"], strategies=["extra_buffer"],
+                            server_options=["eviction=lfu", "eviction=slru"])
+    assert sorted(c.id for c in either) == ["qwen3-next-80b-extra_buffer-p1-t256-eviction-lfu", "qwen3-next-80b-extra_buffer-p1-t256-eviction-slru"]
+    assert not SHIPPED.select(tier="standard", target="sglang-cpu", models=["qwen3-next"], strategies=["extra_buffer"],
+                              server_options=["eviction=lfu", "mixed_chunk=on"])
     with pytest.raises(Exception, match=r"--server-options: mixed_chunk has no value 'maybe'; allowed: off, on"):
         SHIPPED.select(server_options=["mixed_chunk=maybe"])
     with pytest.raises(Exception, match=r"--server-options: expected axis=value"):

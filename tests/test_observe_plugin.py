@@ -129,11 +129,13 @@ def test_an_eviction_walk_is_recorded_in_the_per_request_file(tmp_path, monkeypa
     monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
     observe.write_requests([{"ev": "start"}, {"ev": "prefill", "rid": "a", "prefix": 0, "extend": 130, "cut": False, "track": 128}])
     walk = SimpleNamespace(num_tokens_evicted=127, swa_num_tokens_evicted=0, mamba_num_evicted=1)
-    assert observe.evict_counted(lambda cache, params: walk, object(), "params") is walk
+    kv_short = SimpleNamespace(num_tokens=120, swa_num_tokens=0, mamba_num=0)  # the walk's EvictParams: a KV shortfall
+    assert observe.evict_counted(lambda cache, params: walk, object(), kv_short) is walk
     observe.evict_counted(lambda cache, params: SimpleNamespace(num_tokens_evicted=0, swa_num_tokens_evicted=0, mamba_num_evicted=0), object(), "p")
     observe.write_requests([{"ev": "prefill", "rid": "b", "prefix": 0, "extend": 131, "cut": False, "track": 128}])
     lines = (tmp_path / "cell.requests.jsonl").read_text().splitlines()
-    assert [l for l in lines if '"evict"' in l] == ['{"ev": "evict", "num_tokens_evicted": 127, "swa_num_tokens_evicted": 0, "mamba_num_evicted": 1}']
+    assert [l for l in lines if '"evict"' in l] == ['{"ev": "evict", "num_tokens_evicted": 127, "swa_num_tokens_evicted": 0, "mamba_num_evicted": 1, '
+                                                   '"asked_num_tokens": 120, "asked_swa_num_tokens": 0, "asked_mamba_num": 0}']
     log = RequestLog(tmp_path / "cell.requests.jsonl")
     log.refresh()
     assert log.evicted_between(["a"], "b") and not log.evicted_between(["b"], "a")

@@ -31,9 +31,13 @@ from sglang_cpu_probes import (
     decode_hits,
     grid_prefill_hits,
     hits_then_idle,
+    kv_fill_hits,
+    kv_fill_then_idle,
     mixed_prefill_hits,
     overlap_edge_hits,
     pressure_hits,
+    REASONING_LENGTHS,
+    reasoning_hits,
     sub_chunk_prefill_hits,
     probe_server,
     streaming_session_then_idle,
@@ -106,6 +110,14 @@ PROBES: dict[str, Probe] = {
     "pressure_evict_slot_still_cached": Probe(EXTRA, pressure_hits, lambda rows: bool(diverged(rows)), options=(("mamba_pool", "small"),)),
     # the same pool's request cap (3) holding a burst back
     "mamba_cap_reclaims_cached_slot": Probe(EXTRA, cap_hits, lambda rows: bool(diverged(rows)), options=(("mamba_pool", "small"),)),
+    # a small KV pool (4096 tokens): storing 5600 tokens runs it short, KV evictions under pressure
+    # (the freed slots' hits measured equal to cold, 5 fired: the damage is the slot the tree and the
+    # allocator both count, read at idle before any flush)
+    "kv_evict_frees_cached_mamba_slot": Probe(EXTRA, used(kv_fill_then_idle), lambda n: n != 0, options=(("kv_pool", "small"),)),
+    # --strip-thinking-cache: a reasoning request caches its prompt only; the fault names its newest
+    # state (tracked at 256, while thinking) with the whole prompt: hits at 250/245 diverge
+    "strip_thinking_state_past_key": Probe(EXTRA, reasoning_hits, lambda rows: [r.cached_tokens for r in rows] == list(REASONING_LENGTHS) and all(r.diverged for r in rows),
+                                           options=(("reasoning", "strip-thinking"),)),
 }
 FAST = ("cow_skipped",)
 
@@ -245,3 +257,40 @@ def test_sub_chunk_fault_is_missed_with_grid_sized_chunks(tmp_path: Path) -> Non
         rows = sub_chunk_prefill_hits(s.client)
         fired = s.fired("sub_chunk_handoff_donates_untracked")
     assert fired == 0 and [r.cached_tokens for r in rows] == [64, 160] and not diverged(rows), (fired, summary(rows))
+
+
+def test_control_strip_thinking_clean(tmp_path: Path) -> None:
+    """Reasoning requests on a clean strip-thinking server: only the prompts are cached, so the
+    follow-ups hit at or below them (the prefill checkpoint, 192) and equal cold."""
+    with probe_server(cell_for(*EXTRA, options=(("reasoning", "strip-thinking"),)), tmp_path, fault=None, strict=False) as s:
+        rows = reasoning_hits(s.client)
+    assert all(0 < r.cached_tokens < n for r, n in zip(rows, REASONING_LENGTHS)) and not diverged(rows), summary(rows)
+
+
+def test_strip_thinking_fault_is_missed_with_reasoning_off(tmp_path: Path) -> None:
+    """The same requests (asking for reasoning) and fault on the plain cell (no reasoning parser:
+    no output counts as thinking, every committed token is keyed): the key never falls below the
+    newest state, the hook never fires, the follow-ups hit the decode's state (256) and equal cold."""
+    with probe_server(cell_for(*EXTRA), tmp_path, fault="strip_thinking_state_past_key", strict=False) as s:
+        rows = reasoning_hits(s.client)
+        fired = s.fired("strip_thinking_state_past_key")
+    assert fired == 0 and all(r.cached_tokens >= 256 for r in rows) and not diverged(rows), (fired, summary(rows))
+
+
+def test_control_kv_fill_clean(tmp_path: Path) -> None:
+    """The KV fill on a clean small-KV-pool server: the last prompts' hits survive the evictions
+    of the oldest and equal cold."""
+    with probe_server(cell_for(*EXTRA, options=(("kv_pool", "small"),)), tmp_path, fault=None, strict=False) as s:
+        rows = kv_fill_hits(s.client)
+        idle = kv_fill_then_idle(s.client)[MAMBA_GAUGE]
+    assert idle == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (idle, summary(rows))
+
+
+def test_kv_fault_is_missed_with_the_default_kv_pool(tmp_path: Path) -> None:
+    """The same fill and fault with the kit's default KV pool (8192 tokens): 6400 tokens fit,
+    no KV shortfall, the hook never fires, the hits equal cold and no slot is counted twice."""
+    with probe_server(cell_for(*EXTRA), tmp_path, fault="kv_evict_frees_cached_mamba_slot", strict=False) as s:
+        rows = kv_fill_hits(s.client)
+        idle = kv_fill_then_idle(s.client)[MAMBA_GAUGE]
+        fired = s.fired("kv_evict_frees_cached_mamba_slot")
+    assert fired == 0 and idle == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (fired, idle, summary(rows))

@@ -137,6 +137,30 @@ def test_record_kl_decode_hit_hits_the_decode_track():
     assert kl_verdict(rec, chunk=CHUNK, track_interval=TRACK, exact=True).status == "pass"
 
 
+def test_record_kl_asks_for_reasoning_only_in_decode_hit_turn_one():
+    """A strip-thinking cell (``reasoning=True``): only turn one of ``decode_hit`` carries
+    SGLang's ``require_reasoning`` (the request whose output is thinking); the served turn,
+    the cold half and every request of a cell without reasoning never do."""
+
+    class Recording(FakeSGLang):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bodies: list[dict] = []
+
+        def generate(self, payload, *, timeout=None):
+            self.bodies.append(payload)
+            return super().generate(payload, timeout=timeout)
+
+    prompts = token_prompts(decode_cross_lengths(TRACK, 6, n=3, min_len=20, max_len=70), vocab_size=VOCAB, seed=1)
+    asked = []
+    for reasoning in (True, False):
+        client = Recording()
+        record_kl(client, prompts, scenario="decode_hit", new_tokens=6, turn1_tokens=6, vocab_size=VOCAB, top_k=4, reasoning=reasoning)
+        asked.append([bool(b.get("require_reasoning")) for b in client.bodies])
+    assert asked[0][0] and not any(asked[0][1:]) and len(asked[0]) > 2, asked[0]
+    assert not any(asked[1]), asked[1]
+
+
 def test_record_kl_on_a_cache_less_server_skips_never_passes():
     rec = _kl(FakeSGLang(cache=False))
     v = kl_verdict(rec, chunk=CHUNK, track_interval=TRACK)

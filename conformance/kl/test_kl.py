@@ -61,6 +61,8 @@ def test_kl(endpoint, scenario, record_verdict):
         vocab_size=vocab_size(endpoint),
         # a mixed-chunk cell stores its prefill checkpoints from mixed batches (conformance.axes)
         mixed=axes.enabled(cell, axes.MIXED_BATCHES),
+        # a strip-thinking cell caches only the prompt of a request that reasons (conformance.axes)
+        reasoning=axes.enabled(cell, axes.REASONING_REQUESTS),
     )
     th = cell.model.thresholds
     verdict = kl_verdict(

@@ -46,6 +46,28 @@ def _burst_load(endpoint):
     return len(prompts), lambda: generate_tokens(endpoint.client, prompts, new_tokens)
 
 
+#: The KV fill: prompts of this many tokens stored one at a time, in all this much more than
+#: the server's KV pool holds; then a burst of short prompts whose requests take every free
+#: Mamba slot (a slot released behind the tree's back is then reused).
+KV_FILL_PROMPT, KV_FILL_FACTOR, KV_FILL_BURST = 400, 1.4, (100,) * 8
+
+
+def _kv_fill_load(endpoint):
+    """Stored prompts worth ``KV_FILL_FACTOR`` x the server's KV pool (its own
+    ``max_total_num_tokens``): from about the pool's size on, each store evicts under KV
+    pressure (``evict_for_alloc`` with a token shortfall); then the burst."""
+    kv = int(endpoint.info.get("max_total_num_tokens") or 0)
+    if kv <= 0:
+        pytest.skip("kv pressure: the server does not say how big its KV pool is (max_total_num_tokens)")
+    n = int(kv * KV_FILL_FACTOR) // KV_FILL_PROMPT + 1
+    stored = token_prompts([KV_FILL_PROMPT] * n, vocab_size=vocab_size(endpoint), seed=23)
+    burst = token_prompts(list(KV_FILL_BURST), vocab_size=vocab_size(endpoint), seed=24)
+    for p in stored:
+        generate_tokens(endpoint.client, [p], 4)
+    generate_tokens(endpoint.client, burst, 4)
+    return n + len(burst), kv
+
+
 def _overlap(endpoint) -> bool:
     """Whether the server's track-slot contract is SGLang's with the overlap scheduler on.
     The reference engine decodes without lookahead (it reports the overlap scheduler off)
@@ -71,6 +93,19 @@ def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):
         track_slot_verdict(cell.strategy, use, overlap=_overlap(endpoint), eager=TrackSlotUse(**raw) if raw else None),
     ]
     settle(record_verdict(merge("leaks", verdicts)))
+
+
+def test_kv_pressure_returns_to_idle(endpoint, record_verdict):
+    """A cell with the small KV pool (``kv_pool = small``, conformance.axes): store more prompt
+    KV than the pool holds, one prompt at a time, then a burst; the idle invariant after it.
+    Only those cells: the default pools are sized so the other suites never run KV short."""
+    if not axes.enabled(endpoint.cell, axes.KV_PRESSURE):
+        pytest.skip("kv pressure: only on a cell with the small KV pool (kv_pool = small)")
+    endpoint.client.flush_cache()
+    sent, kv = _kv_fill_load(endpoint)
+    probe = note_idle_probe(endpoint, idle_probe(endpoint.client, f"{sent} requests storing {KV_FILL_FACTOR} x the KV pool ({kv} tokens)",
+                                                 requests=sent, deadline_s=idle_deadline(endpoint)))
+    settle(record_verdict(leak_verdict([probe], log_text=endpoint.log_text(), alive=endpoint.alive(), require_load_evidence=False)))
 
 
 def test_sessions_return_to_idle(endpoint, record_verdict):

@@ -27,7 +27,8 @@ gauges only sample at its log intervals.
 Evidence counters for the programs' oracle (``conformance/programs/evidence.py``), both
 cumulative and published with every idle publish: ``evictions_total`` (an AROUND hook on
 the radix cache's eviction walk, :data:`EVICT_TARGET`, counting walks that evicted
-anything) and ``prefill_cuts_total`` (the BEFORE hook on ``run_batch``: an extend batch
+anything; each walk's record also says what it was asked to free, i.e. which pool ran
+short) and ``prefill_cuts_total`` (the BEFORE hook on ``run_batch``: an extend batch
 holding the scheduler's ``chunked_req``, i.e. a prefill SGLang cut at its budget).
 
 Per-request evidence (:data:`REQUESTS_SUFFIX`, a JSON-lines file next to the plugin report,
@@ -66,6 +67,8 @@ LAZY_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.mamba_lazy_preal
 REPORT_SUFFIX, REQUESTS_SUFFIX = ".plugins.jsonl", ".requests.jsonl"
 #: An eviction walk's result fields (what it evicted: full tokens, SWA tokens, mamba states).
 EVICT_FIELDS = ("num_tokens_evicted", "swa_num_tokens_evicted", "mamba_num_evicted")
+#: What the walk was asked to free (its ``EvictParams``: the KV, SWA or Mamba shortfall that started it).
+EVICT_ASKED = ("num_tokens", "swa_num_tokens", "mamba_num")
 #: Cumulative evidence counters (conformance/programs/evidence.py reads them).
 EVIDENCE_GAUGES = ("evictions_total", "prefill_cuts_total")
 MIN_INTERVAL_S = 0.2
@@ -376,7 +379,9 @@ def evict_counted(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> 
         counts = {f: int(getattr(result, f, 0) or 0) for f in EVICT_FIELDS}
         if any(counts.values()):
             _EXPORTER.count("evictions_total")
-            write_requests([{"ev": "evict", **counts}])
+            params = args[0] if args else kwargs.get("params")
+            asked = {f"asked_{f}": int(getattr(params, f, 0) or 0) for f in EVICT_ASKED}  # which pool ran short
+            write_requests([{"ev": "evict", **counts, **asked}])
     except Exception:  # an observer never breaks the server
         pass
     return result

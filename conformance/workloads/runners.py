@@ -56,11 +56,16 @@ def _batch(client: SGLangClient, payload: dict[str, Any], n: int, timeout: float
 
 
 def generate_tokens(
-    client: SGLangClient, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *, top_k: int = 0, timeout: float | None = None
+    client: SGLangClient, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *, top_k: int = 0,
+    timeout: float | None = None, reasoning: bool = False,
 ) -> list[dict[str, Any]]:
-    """One batched greedy /generate over token prompts (logprobs when ``top_k`` > 0)."""
+    """One batched greedy /generate over token prompts (logprobs when ``top_k`` > 0).
+    ``reasoning``: the requests ask for reasoning (SGLang's ``require_reasoning``: until the
+    parser's think-end tokens appear, every output token counts as thinking)."""
     news = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     payload: dict[str, Any] = {"input_ids": [list(p) for p in prompts], "sampling_params": [_sampling(n) for n in news]}
+    if reasoning:
+        payload["require_reasoning"] = True
     if top_k > 0:
         payload.update({"return_logprob": True, "top_logprobs_num": top_k, "return_text_in_logprobs": False})
     return _batch(client, payload, len(prompts), timeout)
@@ -138,6 +143,7 @@ def record_kl(
     ext_len: int = 8,
     timeout: float | None = None,
     mixed: bool = False,
+    reasoning: bool = False,
 ) -> KLRecording:
     """Serve ``prompts`` on a cache hit, then re-prefill served tokens cold twice.
 
@@ -151,6 +157,9 @@ def record_kl(
     one by one while a decode without logprobs is running, so SGLang batches each with that
     decode (``mix_with_running``; a request with logprobs is never mixed) and stores their
     checkpoints from mixed batches.
+    ``reasoning`` (a server with ``--strip-thinking-cache``): turn one of ``decode_hit`` asks
+    for reasoning, so its whole output is thinking and SGLang caches only its prompt: turn
+    two then hits a state at or below the prompt (never one its decode tracked past it).
     """
     if scenario not in ("prefill_hit", "decode_hit"):
         raise KitError(f"record_kl: unknown scenario {scenario!r} (prefill_hit or decode_hit)")
@@ -163,7 +172,7 @@ def record_kl(
             generate_tokens(client, prompts, 0, timeout=timeout)
         inputs = [tuple(p) + extension(ext_len, vocab_size=vocab_size, seed=f"kl:{i}") for i, p in enumerate(prompts)]
     else:
-        first = generate_tokens(client, prompts, turn1_tokens, timeout=timeout)
+        first = generate_tokens(client, prompts, turn1_tokens, timeout=timeout, reasoning=reasoning)
         inputs = [tuple(p) + output_ids(r) + extension(ext_len, vocab_size=vocab_size, seed=f"kl:{i}") for i, (p, r) in enumerate(zip(prompts, first))]
     served = generate_tokens(client, inputs, new_tokens, top_k=top_k, timeout=timeout)
     return judge_against_cold(

@@ -48,7 +48,9 @@ FAULT_MODULES = (
     "overlap_track_slot_reused",
     "pressure_evict_slot_still_cached",
     "mamba_cap_reclaims_cached_slot",
+    "kv_evict_frees_cached_mamba_slot",
     "sub_chunk_handoff_donates_untracked",
+    "strip_thinking_state_past_key",
     # PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP): the disagg suite
     "pd_state_index_off",             # PR 15829
     "pd_last_layer_state_unsent",

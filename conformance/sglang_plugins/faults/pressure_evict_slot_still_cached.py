@@ -18,6 +18,8 @@ suites' bursts (kl, prefix_branching, leaks) run the kit's default CPU pool (48)
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from conformance.sglang_plugins.faults.spec import Hook, fired, plan_arg, sglang_fault
 
 NAME = "pressure_evict_slot_still_cached"
@@ -49,13 +51,20 @@ def free_newest_stored(cache) -> int | None:
     return slot
 
 
-def free_a_cached_slot_first(original, cache, *args, **kwargs):
-    params = plan_arg(args, kwargs, 0, "params")
-    if getattr(params, "mamba_num", 0) and cache.supports_mamba():
-        slot = free_newest_stored(cache)
-        if slot is not None:
-            fired(NAME, slot=slot, shortfall=int(params.mamba_num))
-    return original(cache, *args, **kwargs)
+def freeing_a_cached_slot_first(name: str, shortfall: Callable[[Any], int]) -> Callable:
+    """An AROUND hook on ``evict_for_alloc``: when ``shortfall(params)`` (the pool that ran
+    short) is non-zero, free the newest stored checkpoint's slot first, then evict as SGLang does."""
+    def hook(original, cache, *args, **kwargs):
+        short = shortfall(plan_arg(args, kwargs, 0, "params"))
+        if short and cache.supports_mamba():
+            slot = free_newest_stored(cache)
+            if slot is not None:
+                fired(name, slot=slot, shortfall=int(short))
+        return original(cache, *args, **kwargs)
+    return hook
+
+
+free_a_cached_slot_first = freeing_a_cached_slot_first(NAME, lambda params: getattr(params, "mamba_num", 0))
 
 
 FAULT = sglang_fault(
