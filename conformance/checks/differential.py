@@ -59,12 +59,16 @@ MIN_TIE = 0.05
 def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold) -> tuple[list[float], list[float]]:
     """Per output token of a served request: the top-k KL (cold || served) and the flip
     margin -- the larger of the greedy gap (cold best logprob - cold logprob of the served
-    token; 0 when it is the argmax) and the |served - cold| logprob deviations of the cold's
-    top two tokens added: a greedy flip needs those two to move apart by their gap, and each
-    moves by what the noise moves it (a calibration of 128 tokens may see no flip at all, its
-    deviations it always sees; measured on sglang-cpu in bf16: no flip in calibration, then a
-    0.125 flip in a program).  Only the top two: a tail token of the top-k moved by 0.9 there,
-    which would have put the tie at 7 nats, no greedy check at all."""
+    token; 0 when it is the argmax) and how far the noise moved the difference between the
+    cold's top two tokens, ``|(served_1 - served_2) - (cold_1 - cold_2)|``: a greedy flip
+    needs exactly that difference to cross zero (a calibration of 128 tokens may see no flip
+    at all, this movement it always sees; measured on sglang-cpu in bf16: no flip in
+    calibration, then a 0.125 flip in a program).  The difference, not the two deviations
+    added (session 5): a shift of every logprob alike (the normalizer of a bf16 softmax
+    rounds differently on the two paths) moves no token past another, and the sum counted
+    it twice.  When the served top-k lacks one of the two, twice the other's deviation (a
+    bound).  Only the top two: a tail token of the top-k moved by 0.9 there, which would have
+    put the tie at 7 nats, no greedy check at all."""
     kls, gaps = [], []
     base = len(input_ids)
     for k, tok in enumerate(output_ids):
@@ -76,8 +80,8 @@ def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: S
         if k < len(served.output_top) and served.output_top[k] and top:
             kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
             got_lp = {t: lp for lp, t in served.output_top[k]}
-            devs = [abs(got_lp[t] - lp) for lp, t in top[:2] if t in got_lp]
-            margin = max(margin, sum(devs) if len(devs) == 2 else 2 * max(devs, default=0.0))
+            devs = [got_lp[t] - lp for lp, t in top[:2] if t in got_lp]
+            margin = max(margin, abs(devs[0] - devs[1]) if len(devs) == 2 else 2 * max(map(abs, devs), default=0.0))
         gaps.append(margin)
     return kls, gaps
 
