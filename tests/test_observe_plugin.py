@@ -183,6 +183,7 @@ def test_a_state_the_tree_took_and_an_eviction_step_freed_is_recorded_per_node(t
     lines = [json.loads(l) for l in (tmp_path / "cell.requests.jsonl").read_text().splitlines()]
     assert [l for l in lines if l["ev"] == "state_evicted"] == [{"ev": "state_evicted", "len": 64, "key": token_digest(lost)}]
     assert observe._TREE_STATES == {7: (64, token_digest(kept))}
+    assert observe.tree_reset(lambda c: "reset", cache) == "reset" and observe._TREE_STATES == {}  # a flush: slot 7 is no tree state now
 
     log = RequestLog(tmp_path / "cell.requests.jsonl")
     log.refresh()

@@ -45,8 +45,9 @@ that did not find a state already there, ``mamba_exist`` False), and keeps which
 holds it; an AROUND hook on the step that frees what an eviction step took from the tree
 (:data:`STATE_FREE_TARGET`: eviction walks, SGLang's per-path state cap, demotes; it reads the
 step's mamba ``device_frees`` before they are drained) records each such state freed
-(``state_evicted``, same length and digest).  The start line says whether both hooks are in
-place (``state_evictions``): only then does "no record" mean "not evicted".
+(``state_evicted``, same length and digest); a hook on the tree's reset (a flush) forgets the
+slots.  The start line says whether all three hooks are in place (``state_evictions``): only
+then does "no record" mean "not evicted".
 
 Nothing here changes what SGLang schedules, allocates, caches or checks.
 """
@@ -75,6 +76,8 @@ INSERT_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.inse
 #: Every eviction step's result is drained here (walk, path cap, demote): its mamba
 #: ``device_frees`` are the tree's states it removed.
 STATE_FREE_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._apply_eviction_result"
+#: A flush drops the whole tree without an eviction step: the slot map starts over.
+TREE_RESET_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.reset"
 #: The lazy strategy's boundary pre-allocation (a failed one drops the kept checkpoint).
 LAZY_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.mamba_lazy_prealloc_at_boundary"
 #: ``<log>.plugins.jsonl`` -> ``<log>.requests.jsonl``: the per-request evidence file.
@@ -443,6 +446,14 @@ def state_freed(original: Callable, cache: Any, result: Any, *args: Any, **kwarg
     return out
 
 
+def tree_reset(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on the tree's reset (a flush): no slot holds a tree state any more, so a
+    slot reused later is never taken for the prefix it held before (result unchanged)."""
+    result = original(cache, *args, **kwargs)
+    _TREE_STATES.clear()
+    return result
+
+
 def install(role: str) -> dict[str, Any]:
     if role != "scheduler":
         return {}
@@ -464,10 +475,10 @@ def install(role: str) -> dict[str, Any]:
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
     for target in evict_before:
         HookRegistry.register(target, evict_counted, HookType.AROUND)
-    state_before = {t: b for t in (INSERT_TARGET, STATE_FREE_TARGET) if (b := _resolve(pkgutil, t)) is not None}
-    if len(state_before) < 2:  # an older tree: no per-node evidence (the kit falls back to the walk records)
+    hooks = {INSERT_TARGET: state_stored, STATE_FREE_TARGET: state_freed, TREE_RESET_TARGET: tree_reset}
+    state_before = {t: b for t in hooks if (b := _resolve(pkgutil, t)) is not None}
+    if len(state_before) < len(hooks):  # an older tree: no per-node evidence (the kit falls back to the walk records)
         state_before = {}
-    hooks = {INSERT_TARGET: state_stored, STATE_FREE_TARGET: state_freed}
     for target in state_before:
         HookRegistry.register(target, hooks[target], HookType.AROUND)
     lazy_owner, lazy_attr = LAZY_TARGET.rsplit(".", 1)
