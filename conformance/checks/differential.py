@@ -76,14 +76,22 @@ def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: S
         if got is None or got[0][0] is None or got[0][1] != tok:
             break
         (cold_lp, _), top = got
-        margin = max((top[0][0] if top else cold_lp) - cold_lp, 0.0)
-        if k < len(served.output_top) and served.output_top[k] and top:
-            kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
-            got_lp = {t: lp for lp, t in served.output_top[k]}
-            devs = [got_lp[t] - lp for lp, t in top[:2] if t in got_lp]
-            margin = max(margin, abs(devs[0] - devs[1]) if len(devs) == 2 else 2 * max(map(abs, devs), default=0.0))
-        gaps.append(margin)
+        served_top = served.output_top[k] if k < len(served.output_top) else ()
+        if served_top and top:
+            kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served_top)))
+        gaps.append(flip_margin(cold_lp, top, served_top))
     return kls, gaps
+
+
+def flip_margin(cold_lp: float, top: Sequence[tuple[float, int]], served_top: Sequence[tuple[float, int]]) -> float:
+    """One output token's flip margin (see :func:`noise_samples`): the greedy gap, or how far
+    the noise moved the difference between the cold's top two tokens, whichever is larger."""
+    margin = max((top[0][0] if top else cold_lp) - cold_lp, 0.0)
+    if served_top and top:
+        got_lp = {t: lp for lp, t in served_top}
+        devs = [got_lp[t] - lp for lp, t in top[:2] if t in got_lp]
+        margin = max(margin, abs(devs[0] - devs[1]) if len(devs) == 2 else 2 * max(map(abs, devs), default=0.0))
+    return margin
 
 
 def tolerance_from_noise(kls: Sequence[float], gaps: Sequence[float], *, factor: float = NOISE_FACTOR) -> Tolerance:
@@ -165,6 +173,7 @@ class Comparison:
     problems: list[str]
     topk_kls: list[float]
     logprob_gap: float
+    flip_margin: float = 0.0  # the largest flip margin of a compared token (:func:`flip_margin`; the greedy tie's noise)
 
 
 def differential_problems(
@@ -183,6 +192,7 @@ def compare_served(
     problems: list[str] = []
     kls: list[float] = []
     gaps = [0.0]
+    margins = [0.0]
     if expect_logprobs and len(served.output) < len(output_ids):
         problems.append(f"served {len(served.output)} output logprobs for {len(output_ids)} output tokens, although the request asked for them")
     base = len(input_ids)
@@ -208,6 +218,7 @@ def compare_served(
                 break
         if k < len(served.output_top) and served.output_top[k] and top:
             kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
+            margins.append(flip_margin(cold_lp, top, served.output_top[k]))
             why = _top_problem(served.output_top[k], top, tol, kls[-1])
             if why:
                 problems.append(f"output token {k} (position {base + k}): {why}")
@@ -228,4 +239,4 @@ def compare_served(
             if gaps[-1] > tol.logprob_atol:
                 problems.append(f"input logprob at position {pos}: served {lp:.6g}, cold {got[0][0]:.6g}")
                 break
-    return Comparison(problems, kls, max(gaps))
+    return Comparison(problems, kls, max(gaps), max(margins))
