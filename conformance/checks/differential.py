@@ -202,8 +202,11 @@ def compare_served(
             problems.append(f"cold side has no logprob for output token {k} (position {base + k})")
             break
         (cold_lp, cold_tok), top = got
-        if cold_tok != tok or cold_lp is None:
-            problems.append(f"cold side misaligned at output token {k}")
+        if cold_tok != tok:
+            problems.append(f"cold side misaligned at output token {k}: its position {base + k} holds token {cold_tok}, the served token is {tok}")
+            break
+        if cold_lp is None:
+            problems.append(f"cold side misaligned at output token {k}: no logprob (null) for token {tok} at position {base + k}")
             break
         best = top[0][0] if top else cold_lp
         if cold_lp < best - tol.tie_eps:
