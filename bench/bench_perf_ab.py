@@ -10,8 +10,10 @@ A/B (``--pairs`` prompts, each sent to both servers back to back in a random ord
 with ``--together`` at the same moment; by default each block of two pairs slows each side
 once, ``--no-crossover`` one side for the run), judged
 by ``conformance.checks.perf_ab.ab_verdict`` at the stated false-flag rate.  Grade 0 is the
-clean pair.  Prints each run's verdict line, then per grade: runs flagged, median B/A of
-TTFT and of decode time per token.  Asserts nothing.
+clean pair.  Prints each run's verdict line, then per grade: runs flagged (the verdict judges
+the servers' CPU time), median B/A of TTFT, decode time per token and CPU time, and how many
+runs a wall-time metric alone would have flagged at the same rate (reported, not judged).
+Asserts nothing.
 """
 
 from __future__ import annotations
@@ -68,14 +70,15 @@ def main() -> None:
     finally:
         preimport.stop_all()
     print(f"\n{len(rows)} runs ({args.repeats} repeats x {len(grades)} grades planned), {plan.pairs} pairs each, {time.time() - t_start:.0f}s; cell {cell.id}; false-flag rate {args.alpha:g}")
-    print(f"{'grade':>7} {'flagged':>9} {'TTFT B/A':>9} {'decode B/A':>11} {'CPU B/A':>8}")
+    print(f"{'grade':>7} {'flagged':>9} {'TTFT B/A':>9} {'decode B/A':>11} {'CPU B/A':>8} {'wall p < alpha':>15}")
     for g in grades:
         mine = [x for x in rows if x["grade"] == g]
         if mine:
             cpu = [x["cpu_ratio"] for x in mine if "cpu_ratio" in x]
             print(f"{'+' + format(g, '.0%'):>7} {sum(x['flagged'] for x in mine):>4} / {len(mine):<3} "
                   f"{statistics.median(x['ttft_ratio'] for x in mine):9.3f} {statistics.median(x['decode_per_token_ratio'] for x in mine):11.3f}"
-                  f" {statistics.median(cpu) if cpu else float('nan'):8.3f}")
+                  f" {statistics.median(cpu) if cpu else float('nan'):8.3f}"
+                  f" {sum(min(x['ttft_p'], x['decode_per_token_p']) < args.alpha for x in mine):>9} / {len(mine)}")
 
 
 if __name__ == "__main__":

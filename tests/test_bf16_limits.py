@@ -165,3 +165,23 @@ def test_the_greedy_tie_comes_from_the_noise_deviations_not_only_from_flips_seen
     assert differential_problems([1], [2358], flipped, cold, dataclasses.replace(tol, kl_cap=1.0)) == []
     far = Cold(1, ((-2.6, 2358),), (((-0.4, 18747), (-2.6, 2358)),))
     assert "not the cold argmax" in differential_problems([1], [2358], flipped, far, dataclasses.replace(tol, kl_cap=1.0))[0]
+
+
+def test_a_shift_of_every_logprob_alike_does_not_widen_the_greedy_tie() -> None:
+    """The flip margin is how far the noise moved the difference between the cold's top two
+    tokens.  Before (session 5) it was their two deviations added, so a shift of all logprobs
+    alike -- the bf16 normalizer rounding differently on the decode and the prefill path,
+    which moves no token past another -- counted twice: here 0.9 alike gave a 1.8 margin, a
+    7.2-nat tie.  Tokens moving apart still count in full; a missing second token is bounded."""
+    cold = Cold(1, ((-0.50, 7),), (((-0.50, 7), (-1.40, 9), (-6.0, 4)),))
+
+    def margin(d1: float, d2: float | None) -> float:
+        top = [(-0.50 + d1, 7)] + ([(-1.40 + d2, 9)] if d2 is not None else []) + [(-6.0 + d1, 4)]
+        return noise_samples([1], [7], ServedLogprobs((-0.50 + d1,), (tuple(top),)), cold)[1][0]
+
+    assert margin(0.9, 0.9) == pytest.approx(0.0)  # old: 1.8
+    assert margin(0.5, 0.3) == pytest.approx(0.2)  # old: 0.8
+    assert margin(0.3, -0.3) == pytest.approx(0.6)  # apart: in full, as before
+    assert margin(0.4, None) == pytest.approx(0.8)  # the second not served in the top-k: twice the first's deviation
+    kls = [0.001] * MIN_NOISE_TOKENS
+    assert tolerance_from_noise(kls, [margin(0.9, 0.9)] * MIN_NOISE_TOKENS).tie_eps == MIN_TIE

@@ -3,9 +3,11 @@ with request objects shaped like SGLang's (``req.kv.mamba_ping_pong_*``); no ser
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 from conformance.sglang_plugins import observe
+from conformance.token_digest import token_digest
 
 
 class Mode:
@@ -140,3 +142,68 @@ def test_an_eviction_walk_is_recorded_in_the_per_request_file(tmp_path, monkeypa
     log.refresh()
     assert log.evicted_between(["a"], "b") and not log.evicted_between(["b"], "a")
     assert g["evictions_total"].value == 1
+
+
+def test_a_state_the_tree_took_and_an_eviction_step_freed_is_recorded_per_node(tmp_path, monkeypatch):
+    """Per-node eviction evidence (issue 26, finding 1): the insert hook remembers which pool
+    slot holds the state of which prefix; the eviction-step hook records the prefix whose state
+    it freed.  The walk record alone (old evidence) says "an eviction ran" for every stored
+    prefix; per node, only the prefix actually evicted is."""
+    import torch
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    from conformance.programs.evidence import RequestLog
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    monkeypatch.setattr(observe, "_TREE_STATES", {})
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
+    cache = SimpleNamespace(disable=False)
+
+    def insert(tokens, slot, exist=False):
+        params = SimpleNamespace(key=SimpleNamespace(token_ids=list(tokens)), mamba_value=torch.tensor([slot]))
+        result = SimpleNamespace(mamba_exist=exist)
+        assert observe.state_stored(lambda c, p: result, cache, params) is result
+
+    def drain(*slots):
+        frees = {ComponentType.MAMBA: [torch.tensor([s]) for s in slots], ComponentType.FULL: [torch.tensor([900, 901])]}
+        step = SimpleNamespace(device_frees=frees)
+
+        def original(c, r):  # SGLang's drain consumes the frees
+            r.device_frees.clear()
+            return "drained"
+        assert observe.state_freed(original, cache, step) == "drained"
+
+    kept, lost = list(range(1, 65)), list(range(100, 164))
+    observe.write_requests([{"ev": "start", "state_evictions": True}, {"ev": "prefill", "rid": "a", "prefix": 0, "extend": 64, "cut": False, "track": 64}])
+    insert(kept, 7)
+    observe.write_requests([{"ev": "prefill", "rid": "b", "prefix": 0, "extend": 64, "cut": False, "track": 64}])
+    insert(lost, 8)
+    insert(lost, 9, exist=True)  # a state already there: slot 9 stays the request's, not the tree's
+    observe.write_requests([{"ev": "evict", "num_tokens_evicted": 64, "swa_num_tokens_evicted": 0, "mamba_num_evicted": 1}])
+    drain(8, 9, 3)  # 9 and 3 were never the tree's states
+    observe.write_requests([{"ev": "prefill", "rid": "c", "prefix": 0, "extend": 70, "cut": False, "track": 64}])
+    lines = [json.loads(l) for l in (tmp_path / "cell.requests.jsonl").read_text().splitlines()]
+    assert [l for l in lines if l["ev"] == "state_evicted"] == [{"ev": "state_evicted", "len": 64, "key": token_digest(lost)}]
+    assert observe._TREE_STATES == {7: (64, token_digest(kept))}
+    assert observe.tree_reset(lambda c: "reset", cache) == "reset" and observe._TREE_STATES == {}  # a flush: slot 7 is no tree state now
+
+    log = RequestLog(tmp_path / "cell.requests.jsonl")
+    log.refresh()
+    assert log.per_node and log.state_stored(kept) and log.state_stored(lost) and not log.state_stored(kept[:32])
+    assert log.evicted_between(["a"], "c")  # old: the walk ran, so a's prefix "may have been evicted"
+    assert log.state_evicted_between(kept, ["a"], "c") is False  # new: a's state is still in the tree
+    assert log.state_evicted_between(lost, ["b"], "c") is True
+    assert log.state_evicted_between(lost, ["b"], "a") is False  # freed after a's prefill, not before
+    assert log.state_evicted_between(kept[:32], ["a"], "c") is None  # a prefix the tree never took a state for: no answer
+    legacy = RequestLog(tmp_path / "legacy.requests.jsonl")
+    legacy.add({"ev": "start"})  # a server without the per-node hooks: no answer, not "not evicted"
+    assert legacy.state_evicted_between(lost, ["b"], "c") is None and legacy.state_stored(lost) is None
+
+
+def test_the_per_node_hooks_never_break_the_server(monkeypatch):
+    """A value shaped unlike SGLang's makes no record and changes no result."""
+    monkeypatch.setattr(observe, "_TREE_STATES", {})
+    weird = SimpleNamespace(key=None, mamba_value=object())
+    assert observe.state_stored(lambda c, p: "r", SimpleNamespace(), weird) == "r"
+    assert observe.state_freed(lambda c, r: "d", SimpleNamespace(), SimpleNamespace()) == "d"
+    assert observe._TREE_STATES == {}

@@ -236,6 +236,8 @@ def test_one_walk_gives_the_verdict_and_the_noise(monkeypatch: pytest.MonkeyPatc
         assert seen.problems == [] and len(calls) == 2  # one KL per compared token, once
         assert seen.topk_kls == pytest.approx(differential.noise_samples([1], [7, 8], served, cold)[0]) and all(k > 0 for k in seen.topk_kls)
         assert seen.logprob_gap == pytest.approx(0.02)
+        # the greedy tie's noise too: the largest flip margin, as noise_samples measures it (token 0: top two moved 0.02 + 0.1 apart)
+        assert seen.flip_margin == pytest.approx(max(differential.noise_samples([1], [7, 8], served, cold)[1])) == pytest.approx(0.12)
     bad = differential.compare_served([1], [7, 8], served, cold, Tolerance(True, logprob_atol=0.01))
     assert "output logprob 0" in bad.problems[0]
 

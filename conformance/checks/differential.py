@@ -59,12 +59,16 @@ MIN_TIE = 0.05
 def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: ServedLogprobs, cold: Cold) -> tuple[list[float], list[float]]:
     """Per output token of a served request: the top-k KL (cold || served) and the flip
     margin -- the larger of the greedy gap (cold best logprob - cold logprob of the served
-    token; 0 when it is the argmax) and the |served - cold| logprob deviations of the cold's
-    top two tokens added: a greedy flip needs those two to move apart by their gap, and each
-    moves by what the noise moves it (a calibration of 128 tokens may see no flip at all, its
-    deviations it always sees; measured on sglang-cpu in bf16: no flip in calibration, then a
-    0.125 flip in a program).  Only the top two: a tail token of the top-k moved by 0.9 there,
-    which would have put the tie at 7 nats, no greedy check at all."""
+    token; 0 when it is the argmax) and how far the noise moved the difference between the
+    cold's top two tokens, ``|(served_1 - served_2) - (cold_1 - cold_2)|``: a greedy flip
+    needs exactly that difference to cross zero (a calibration of 128 tokens may see no flip
+    at all, this movement it always sees; measured on sglang-cpu in bf16: no flip in
+    calibration, then a 0.125 flip in a program).  The difference, not the two deviations
+    added (session 5): a shift of every logprob alike (the normalizer of a bf16 softmax
+    rounds differently on the two paths) moves no token past another, and the sum counted
+    it twice.  When the served top-k lacks one of the two, twice the other's deviation (a
+    bound).  Only the top two: a tail token of the top-k moved by 0.9 there, which would have
+    put the tie at 7 nats, no greedy check at all."""
     kls, gaps = [], []
     base = len(input_ids)
     for k, tok in enumerate(output_ids):
@@ -72,14 +76,22 @@ def noise_samples(input_ids: Sequence[int], output_ids: Sequence[int], served: S
         if got is None or got[0][0] is None or got[0][1] != tok:
             break
         (cold_lp, _), top = got
-        margin = max((top[0][0] if top else cold_lp) - cold_lp, 0.0)
-        if k < len(served.output_top) and served.output_top[k] and top:
-            kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
-            got_lp = {t: lp for lp, t in served.output_top[k]}
-            devs = [abs(got_lp[t] - lp) for lp, t in top[:2] if t in got_lp]
-            margin = max(margin, sum(devs) if len(devs) == 2 else 2 * max(devs, default=0.0))
-        gaps.append(margin)
+        served_top = served.output_top[k] if k < len(served.output_top) else ()
+        if served_top and top:
+            kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served_top)))
+        gaps.append(flip_margin(cold_lp, top, served_top))
     return kls, gaps
+
+
+def flip_margin(cold_lp: float, top: Sequence[tuple[float, int]], served_top: Sequence[tuple[float, int]]) -> float:
+    """One output token's flip margin (see :func:`noise_samples`): the greedy gap, or how far
+    the noise moved the difference between the cold's top two tokens, whichever is larger."""
+    margin = max((top[0][0] if top else cold_lp) - cold_lp, 0.0)
+    if served_top and top:
+        got_lp = {t: lp for lp, t in served_top}
+        devs = [got_lp[t] - lp for lp, t in top[:2] if t in got_lp]
+        margin = max(margin, abs(devs[0] - devs[1]) if len(devs) == 2 else 2 * max(map(abs, devs), default=0.0))
+    return margin
 
 
 def tolerance_from_noise(kls: Sequence[float], gaps: Sequence[float], *, factor: float = NOISE_FACTOR) -> Tolerance:
@@ -161,6 +173,7 @@ class Comparison:
     problems: list[str]
     topk_kls: list[float]
     logprob_gap: float
+    flip_margin: float = 0.0  # the largest flip margin of a compared token (:func:`flip_margin`; the greedy tie's noise)
 
 
 def differential_problems(
@@ -179,6 +192,7 @@ def compare_served(
     problems: list[str] = []
     kls: list[float] = []
     gaps = [0.0]
+    margins = [0.0]
     if expect_logprobs and len(served.output) < len(output_ids):
         problems.append(f"served {len(served.output)} output logprobs for {len(output_ids)} output tokens, although the request asked for them")
     base = len(input_ids)
@@ -188,8 +202,11 @@ def compare_served(
             problems.append(f"cold side has no logprob for output token {k} (position {base + k})")
             break
         (cold_lp, cold_tok), top = got
-        if cold_tok != tok or cold_lp is None:
-            problems.append(f"cold side misaligned at output token {k}")
+        if cold_tok != tok:
+            problems.append(f"cold side misaligned at output token {k}: its position {base + k} holds token {cold_tok}, the served token is {tok}")
+            break
+        if cold_lp is None:
+            problems.append(f"cold side misaligned at output token {k}: no logprob (null) for token {tok} at position {base + k}")
             break
         best = top[0][0] if top else cold_lp
         if cold_lp < best - tol.tie_eps:
@@ -204,6 +221,7 @@ def compare_served(
                 break
         if k < len(served.output_top) and served.output_top[k] and top:
             kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
+            margins.append(flip_margin(cold_lp, top, served.output_top[k]))
             why = _top_problem(served.output_top[k], top, tol, kls[-1])
             if why:
                 problems.append(f"output token {k} (position {base + k}): {why}")
@@ -224,4 +242,4 @@ def compare_served(
             if gaps[-1] > tol.logprob_atol:
                 problems.append(f"input logprob at position {pos}: served {lp:.6g}, cold {got[0][0]:.6g}")
                 break
-    return Comparison(problems, kls, max(gaps))
+    return Comparison(problems, kls, max(gaps), max(margins))

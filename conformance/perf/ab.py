@@ -288,8 +288,7 @@ def fault_runs(cell: Cell, options: Any, *, fault: str | None, repeats: int, pla
     """Per repeat a fresh pair of servers, a randomly drawn side with the seeded SGLang fault
     ``fault`` at its defaults (its own switches only; the other side has no fault), one paired
     run.  ``fault`` None: both sides clean (the run must not be flagged).  A seeded fault
-    cannot move between the servers, so no crossover: the CPU time alone is judged
-    (``ab_verdict(wall=False)``).  How ``mutants`` scores a fault whose record names the
+    cannot move between the servers, so no crossover (the CPU time is judged, as always).  How ``mutants`` scores a fault whose record names the
     paired A/B among the checks that see it."""
     import time
 
@@ -305,4 +304,4 @@ def fault_runs(cell: Cell, options: Any, *, fault: str | None, repeats: int, pla
             t0 = time.monotonic()
             pairs = oriented(measure_pairs(endpoints["a"].client, endpoints["b"].client, plan, vocab_size=vocab_size(endpoints["a"]),
                                            seed=f"{seed}:{r}:{fault}", pids=server_pids(endpoints)), slowed)
-            yield GradedRun(r, 0.0, slowed, ab_verdict(pairs, alpha=alpha, wall=False), time.monotonic() - t0, fault or "", tuple(pairs))
+            yield GradedRun(r, 0.0, slowed, ab_verdict(pairs, alpha=alpha), time.monotonic() - t0, fault or "", tuple(pairs))

@@ -12,7 +12,10 @@ Per request (real SGLang: the observe plugin's ``<log>.requests.jsonl``), the
 which requests' kept checkpoint a failed lazy allocation dropped: the oracle's cut and
 lazy-drop relaxations are then granted to those requests only, at those places.  It also
 places each eviction walk among the prefills, which orders an eviction after a store the
-client's clock cannot place (a burst member's).
+client's clock cannot place (a burst member's).  Per node (0.5.22+): which mamba states
+SGLang's tree took and which of them an eviction step freed, each named by its prefix's
+length and digest (``conformance/token_digest.py``), so "was THIS stored prefix evicted"
+has an answer (:meth:`RequestLog.state_evicted_between`), not only "did any eviction run".
 Pure bookkeeping apart from :meth:`RequestLog.refresh` (a file read).
 """
 
@@ -21,7 +24,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+from conformance.token_digest import token_digest
 
 #: evidence name -> the counter on /metrics it is read from
 COUNTERS: dict[str, str] = {
@@ -55,7 +60,12 @@ class RequestLog:
     #: where in the file (record number) each request's first prefill and each eviction walk are
     first_prefill_at: dict[str, int] = field(default_factory=dict)
     evictions_at: list[int] = field(default_factory=list)
+    #: per node: (prefix length, digest) -> record numbers where the tree took / freed that state
+    states_stored: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    states_evicted: dict[tuple[int, str], list[int]] = field(default_factory=dict)
     started: bool = False
+    #: the server records per-node state evictions (its start line says the hooks are in place)
+    per_node: bool = False
     _offset: int = 0
     _records: int = 0
 
@@ -78,12 +88,16 @@ class RequestLog:
         self._records += 1
         if ev == "start":
             self.started = True
+            self.per_node = bool(rec.get("state_evictions"))
         elif ev == "prefill":
             self.prefills.setdefault(str(rec["rid"]), []).append(
                 Prefill(int(rec["prefix"]), int(rec["extend"]), bool(rec["cut"]), rec.get("track")))
             self.first_prefill_at.setdefault(str(rec["rid"]), self._records)
         elif ev == "evict":
             self.evictions_at.append(self._records)
+        elif ev in ("state_stored", "state_evicted"):
+            book = self.states_stored if ev == "state_stored" else self.states_evicted
+            book.setdefault((int(rec["len"]), str(rec["key"])), []).append(self._records)
         elif ev == "lazy_drop":
             self.drops.setdefault(str(rec["rid"]), []).append(int(rec["was"]))
 
@@ -100,12 +114,37 @@ class RequestLog:
         (its admission, where its hit was matched)?  False when any of them has no prefill
         record.  The client's clock cannot say this for a burst: its members answer together,
         when the last finishes, long after SGLang stored and maybe evicted the first ones."""
+        window = self._window(storers, rid)
+        return window is not None and any(window[0] < e < window[1] for e in self.evictions_at)
+
+    def _window(self, storers: list[str], rid: str) -> tuple[int, int] | None:
+        """(after every storer's first prefill, before ``rid``'s), in record numbers; None when one is unrecorded."""
         starts = [self.first_prefill_at.get(s) for s in storers]
         end = self.first_prefill_at.get(rid)
         if not starts or end is None or any(a is None for a in starts):
-            return False
-        start = max(starts)
-        return any(start < e < end for e in self.evictions_at)
+            return None
+        return max(starts), end
+
+    def state_evicted_between(self, key: Sequence[int], storers: list[str], rid: str) -> bool | None:
+        """Per node: did an eviction step free the mamba state SGLang's tree held for exactly
+        the prefix ``key`` (token ids) after the first prefill of every one of ``storers`` and
+        before ``rid``'s first prefill?  False also when a storer or ``rid`` has no prefill
+        record.  None: no per-node answer -- this server records no per-node evidence (an
+        older release, or the hooks were not applied), or its tree never took a state for
+        exactly ``key`` (the oracle's key is not SGLang's: a different length or tokens):
+        ask :meth:`evicted_between` instead.  What the oracle's "may have evicted" should
+        rest on: the stored prefix a hit fell short of was evicted, not "some eviction ran"."""
+        named = (len(key), token_digest(key))
+        if not self.per_node or named not in self.states_stored:
+            return None
+        window = self._window(storers, rid)
+        at = self.states_evicted.get(named, ())
+        return window is not None and any(window[0] < e < window[1] for e in at)
+
+    def state_stored(self, key: Sequence[int]) -> bool | None:
+        """Per node: did SGLang's tree ever take a mamba state for exactly the prefix ``key``
+        (None: no per-node evidence recorded)?"""
+        return (len(key), token_digest(key)) in self.states_stored if self.per_node else None
 
     def dropped(self, rid: str) -> bool:
         """Did a failed lazy allocation drop this request's kept checkpoint?"""

@@ -78,6 +78,7 @@ class RunStats:
     cold_s: float = 0.0  # seconds waiting for the cache-off twin's batched cold computations
     idle_s: float = 0.0  # seconds in idle checks (waiting for fresh idle gauges)
     max_topk_kl: float = 0.0  # largest per-token top-k KL (cold || served) of a request that passed
+    max_flip_margin: float = 0.0  # largest flip margin (checks.differential.flip_margin) of a request that passed
 
     @classmethod
     def total(cls, runs: "list[RunStats]") -> "RunStats":
@@ -90,7 +91,7 @@ class RunStats:
             sum(r.requests for r in runs), sum(r.hits for r in runs), sum(r.compared_tokens for r in runs),
             sum(r.idle_checks for r in runs), sum(r.steps for r in runs), sum(r.seconds for r in runs),
             max((r.max_logprob_gap for r in runs), default=0.0), permissions, sum(r.cold_s for r in runs), sum(r.idle_s for r in runs),
-            max((r.max_topk_kl for r in runs), default=0.0),
+            max((r.max_topk_kl for r in runs), default=0.0), max((r.max_flip_margin for r in runs), default=0.0),
         )
 
 
@@ -369,6 +370,7 @@ class ProgramRun:
             if not problems:
                 self.stats.max_logprob_gap = max(self.stats.max_logprob_gap, seen.logprob_gap)
                 self.stats.max_topk_kl = max([self.stats.max_topk_kl, *seen.topk_kls])
+                self.stats.max_flip_margin = max(self.stats.max_flip_margin, seen.flip_margin)
             self.stats.compared_tokens += len(s.output_ids)
             if problems:
                 hit = f"cached_tokens {s.cached_tokens}"

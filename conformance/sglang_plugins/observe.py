@@ -39,6 +39,17 @@ batch's preparation before ``run_batch``); and, under ``SGLANG_TEST_MAMBA_LAZY_A
 every request whose kept checkpoint SGLang dropped at a track boundary (an AROUND hook
 on :data:`LAZY_TARGET`: ``mamba_last_track_seqlen`` went from a length to None).
 
+Per-node eviction evidence (0.5.22+, the unified radix cache): an AROUND hook on the tree's
+insert (:data:`INSERT_TARGET`) records each mamba state the tree took (``state_stored``:
+the inserted prefix's length and :func:`conformance.token_digest.token_digest`, for an insert
+that did not find a state already there, ``mamba_exist`` False), and keeps which pool slot
+holds it; an AROUND hook on the step that frees what an eviction step took from the tree
+(:data:`STATE_FREE_TARGET`: eviction walks, SGLang's per-path state cap, demotes; it reads the
+step's mamba ``device_frees`` before they are drained) records each such state freed
+(``state_evicted``, same length and digest); a hook on the tree's reset (a flush) forgets the
+slots.  The start line says whether all three hooks are in place (``state_evictions``): only
+then does "no record" mean "not evicted".
+
 Nothing here changes what SGLang schedules, allocates, caches or checks.
 """
 
@@ -61,6 +72,13 @@ LEGACY_EVICT_TARGETS = (
     "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache.evict",
     "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.evict",
 )
+#: Where a request's mamba state becomes the tree's (per-node eviction evidence, 0.5.22+).
+INSERT_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.insert"
+#: Every eviction step's result is drained here (walk, path cap, demote): its mamba
+#: ``device_frees`` are the tree's states it removed.
+STATE_FREE_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._apply_eviction_result"
+#: A flush drops the whole tree without an eviction step: the slot map starts over.
+TREE_RESET_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.reset"
 #: The lazy strategy's boundary pre-allocation (a failed one drops the kept checkpoint).
 LAZY_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.mamba_lazy_prealloc_at_boundary"
 #: ``<log>.plugins.jsonl`` -> ``<log>.requests.jsonl``: the per-request evidence file.
@@ -387,6 +405,60 @@ def evict_counted(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> 
     return result
 
 
+#: pool slot -> (prefix length, digest) of the state the tree took there (``state_stored``)
+_TREE_STATES: dict[int, tuple[int, str]] = {}
+
+
+def _slots(value: Any) -> list[int]:
+    """The pool slots a mamba value (a tensor of slot indices) names."""
+    return [int(x) for x in value.reshape(-1).tolist()]
+
+
+def state_stored(original: Callable, cache: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on the tree's insert: a mamba state the tree took (no state there before)
+    is recorded with its prefix, and its slot remembered (result unchanged)."""
+    result = original(cache, params, *args, **kwargs)
+    try:
+        value, key = getattr(params, "mamba_value", None), getattr(params, "key", None)
+        if value is not None and key is not None and not getattr(cache, "disable", False) and not result.mamba_exist:
+            from conformance.token_digest import token_digest
+
+            tokens = list(key.token_ids)
+            stored = (len(tokens), token_digest(tokens))
+            for slot in _slots(value):
+                _TREE_STATES[slot] = stored
+            write_requests([{"ev": "state_stored", "len": stored[0], "key": stored[1]}])
+    except Exception:  # an observer never breaks the server; a missing record is visible to the kit
+        pass
+    return result
+
+
+def state_freed(original: Callable, cache: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on draining an eviction step: each tree state among its mamba device frees
+    (read before the drain consumes them) is recorded as evicted (result unchanged)."""
+    try:
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+        slots = [s for value in (result.device_frees.get(ComponentType.MAMBA) or ()) for s in _slots(value)]
+    except Exception:  # an observer never breaks the server
+        slots = []
+    out = original(cache, result, *args, **kwargs)
+    try:
+        gone = [_TREE_STATES.pop(s) for s in slots if s in _TREE_STATES]
+        write_requests([{"ev": "state_evicted", "len": n, "key": d} for n, d in gone])
+    except Exception:  # an observer never breaks the server
+        pass
+    return out
+
+
+def tree_reset(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on the tree's reset (a flush): no slot holds a tree state any more, so a
+    slot reused later is never taken for the prefix it held before (result unchanged)."""
+    result = original(cache, *args, **kwargs)
+    _TREE_STATES.clear()
+    return result
+
+
 def install(role: str) -> dict[str, Any]:
     if role != "scheduler":
         return {}
@@ -408,6 +480,12 @@ def install(role: str) -> dict[str, Any]:
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
     for target in evict_before:
         HookRegistry.register(target, evict_counted, HookType.AROUND)
+    hooks = {INSERT_TARGET: state_stored, STATE_FREE_TARGET: state_freed, TREE_RESET_TARGET: tree_reset}
+    state_before = {t: b for t in hooks if (b := _resolve(pkgutil, t)) is not None}
+    if len(state_before) < len(hooks):  # an older tree: no per-node evidence (the kit falls back to the walk records)
+        state_before = {}
+    for target in state_before:
+        HookRegistry.register(target, hooks[target], HookType.AROUND)
     lazy_owner, lazy_attr = LAZY_TARGET.rsplit(".", 1)
     lazy_before = getattr(pkgutil.resolve_name(lazy_owner), lazy_attr, None)
     if lazy_before is not None:  # releases with the lazy strategy
@@ -422,8 +500,11 @@ def install(role: str) -> dict[str, Any]:
     gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES)) + [PREFIX + "idle_publish_seq"]
     if lazy_before is not None and getattr(pkgutil.resolve_name(lazy_owner), lazy_attr) is lazy_before:
         raise RuntimeError(f"hook on {LAZY_TARGET} was not applied")
-    write_requests([{"ev": "start"}])  # the kit refuses per-request evidence without this line
-    around = [idle_target, *evict_hooked] + ([LAZY_TARGET] if lazy_before is not None else [])
+    state_hooked = [t for t, b in state_before.items() if _resolve(pkgutil, t) is not b]
+    per_node = bool(state_before) and len(state_hooked) == len(state_before)
+    # the kit refuses per-request evidence without this line; "no state_evicted record" means "none evicted" only with per_node
+    write_requests([{"ev": "start", "state_evictions": per_node}])
+    around = [idle_target, *evict_hooked, *state_hooked] + ([LAZY_TARGET] if lazy_before is not None else [])
     return {"around": around, "before": [STEP_TARGET], "gauges": gauges, "requests": requests_path()}
 
 
