@@ -137,6 +137,46 @@ def test_a_partial_read_of_the_log_fixes_nothing(tmp_path) -> None:
     assert book.judge(b) is None and b.permission == "cut_prefill"
 
 
+def _evicted_follow_up(tmp_path, *between: dict) -> str | None:
+    """Request a (130 tokens, its prefill checkpoint at 128 certain) beside a second root
+    on a 1-slot pool, SGLang's eviction counter grown since, then a's first 128 tokens + 3
+    hitting 0.  The log records per-node states (``state_stored`` / ``state_evicted``)."""
+    from conformance.token_digest import token_digest
+
+    a, other = _served("a", tuple(range(1000, 1130)), (5,), 0, 1, 2), _served("o", tuple(range(3000, 3130)), (5,), 0, 3, 4)
+    again = _served("c", a.input_ids[:128] + (7, 8, 9), (3,), 0, 5, 6)
+    stored = {"ev": "state_stored", "len": 128, "key": token_digest(a.input_ids[:128])}
+    log = _log(tmp_path, {"ev": "start", "state_evictions": True}, {"ev": "prefill", "rid": "a", "prefix": 0, "extend": 130, "cut": False, "track": 128},
+               stored, {"ev": "prefill", "rid": "o", "prefix": 0, "extend": 130, "cut": False, "track": 128}, *between,
+               {"ev": "prefill", "rid": "c", "prefix": 0, "extend": 131, "cut": False, "track": 128})
+    ev = Evidence(log)
+    ev.reset(0, {EVICTIONS: 0.0, CUTS: 0.0})
+    ev.note(5, {EVICTIONS: 2.0, CUTS: 0.0})
+    ev.note(7, {EVICTIONS: 2.0, CUTS: 0.0})
+    book = HitBook(StrategyGrid(64, 1, 256, strategy_named("extra_buffer")), Limits(context_len=100000, kv_total=1e6, mamba_total=1), ev)
+    for s in (a, other, again):
+        book.add(s)
+    book.note_load(2, 0)
+    book.ready([])
+    assert book.judge(a) is None and book.judge(other) is None
+    return book.judge(again)
+
+
+def test_a_lost_hit_is_an_eviction_only_when_sglang_freed_that_state(tmp_path) -> None:
+    """Review finding 1: "may have evicted" rested on any eviction after the store; per node
+    it rests on SGLang freeing exactly the state the hit fell short of."""
+    from conformance.token_digest import token_digest
+
+    held = _evicted_follow_up(tmp_path)  # the counter grew (the other root's state), a's state never freed
+    assert held and "still held the state stored for the prefix of 128 tokens" in held
+    (tmp_path / "freed").mkdir()
+    freed = {"ev": "state_evicted", "len": 128, "key": token_digest(tuple(range(1000, 1128)))}
+    assert _evicted_follow_up(tmp_path / "freed", freed) is None
+    (tmp_path / "other").mkdir()
+    other = {"ev": "state_evicted", "len": 128, "key": token_digest(tuple(range(3000, 3128)))}
+    assert "still held" in (_evicted_follow_up(tmp_path / "other", other) or "")  # a walk freed the other root's, not a's
+
+
 # ------------------------------------------------------------------ lazy drops
 def _lazy_followup(evidence: Evidence | None) -> str | None:
     """Under lazy_alloc_fail, a 200-token request decoding across the 256 boundary, then

@@ -128,18 +128,19 @@ class RequestLog:
     def state_evicted_between(self, key: Sequence[int], storers: list[str], rid: str) -> bool | None:
         """Per node: did an eviction step free the mamba state SGLang's tree held for exactly
         the prefix ``key`` (token ids) after the first prefill of every one of ``storers`` and
-        before ``rid``'s first prefill?  False also when a storer or ``rid`` has no prefill
-        record.  None: no per-node answer -- this server records no per-node evidence (an
-        older release, or the hooks were not applied), or its tree never took a state for
-        exactly ``key`` (the oracle's key is not SGLang's: a different length or tokens):
-        ask :meth:`evicted_between` instead.  What the oracle's "may have evicted" should
+        before ``rid``'s first prefill?  None: no per-node answer -- this server records no
+        per-node evidence (an older release, or the hooks were not applied), its tree never
+        took a state for exactly ``key`` (the oracle's key is not SGLang's: a different
+        length or tokens), or a storer or ``rid`` has no prefill record: ask
+        :meth:`evicted_between` instead.  What the oracle's "may have evicted" should
         rest on: the stored prefix a hit fell short of was evicted, not "some eviction ran"."""
         named = (len(key), token_digest(key))
         if not self.per_node or named not in self.states_stored:
             return None
         window = self._window(storers, rid)
-        at = self.states_evicted.get(named, ())
-        return window is not None and any(window[0] < e < window[1] for e in at)
+        if window is None:
+            return None
+        return any(window[0] < e < window[1] for e in self.states_evicted.get(named, ()))
 
     def state_stored(self, key: Sequence[int]) -> bool | None:
         """Per node: did SGLang's tree ever take a mamba state for exactly the prefix ``key``
