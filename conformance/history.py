@@ -316,7 +316,8 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
     from conformance.strategy import STRATEGIES
 
     cells = load_matrix().select(target=SGLANG_CPU, tier=tier, models=list(models) or None)
-    accepted = [s for s in STRATEGIES if s in features.get("strategies", ())]
+    ungated = _gate_refusal(features)  # extra-buffer strategies SGLang would stop at its device assert
+    accepted = [s for s in STRATEGIES if s in features.get("strategies", ()) and not (ungated and STRATEGIES[s].has_buffer)]
     rows = [Row(release, check, "na", _refused(features, c.strategy.name), cell=c.id) for c in cells if c.strategy.name not in accepted]
     if not any(c.strategy.name in accepted for c in cells):
         return rows or [Row(release, check, "na", "no sglang-cpu cell of the tier")]
@@ -339,12 +340,24 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
     return rows
 
 
-def _refused(features: dict, strategy: str) -> str:
+def _features(features: dict):
     from conformance.sglang_api.probes import Features
 
     known = {k: v for k, v in features.items() if k in Features.__dataclass_fields__}
     known["strategies"] = tuple(known.get("strategies") or ())
-    return Features(**known).not_applicable(strategy) or f"sglang {features.get('version')}: {strategy} not accepted"
+    return Features(**known)
+
+
+def _refused(features: dict, strategy: str) -> str:
+    from conformance.strategy import STRATEGIES
+
+    gate = _gate_refusal(features) if STRATEGIES[strategy].has_buffer else None
+    return _features(features).not_applicable(strategy) or gate or f"sglang {features.get('version')}: {strategy} not accepted"
+
+
+def _gate_refusal(features: dict) -> str | None:
+    """The missing device-gate capability (None when the probe found a gate, or did not say)."""
+    return _features(features).device_gate_not_applicable() if "extra_buffer_gate" in features else None
 
 
 def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -> list[Row]:

@@ -287,13 +287,16 @@ def _not_applicable(state: RunState, cell: Cell, reason: str) -> None:
 
 def _skip_if_options_not_applicable(state: RunState, cell: Cell, target: Any) -> None:
     """``na`` before launch when the installed SGLang's parser lacks what the cell's
-    server-option axes pass (its own line)."""
-    if not cell.options or not target.probes_sglang:
+    server-option axes pass (its own line), or, on the CPU target, when the release gates
+    the cell's extra-buffer strategy on the device with nothing the kit's plugin answers."""
+    gated = target.kit_plugins and cell.strategy.has_buffer
+    if not target.probes_sglang or not (cell.options or gated):
         return
     from conformance.sglang_api.probes import probe
-    from conformance.targets.option_refusal import probed_refusal
+    from conformance.targets.option_refusal import gate_refusal, probed_refusal
 
-    reason = probed_refusal(cell, probe())
+    features = probe()
+    reason = probed_refusal(cell, features) or (gate_refusal(cell, features) if gated else None)
     if reason:
         _not_applicable(state, cell, reason)
 

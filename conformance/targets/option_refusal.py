@@ -1,6 +1,6 @@
 """Whether a cell's server options apply to the installed SGLang, in SGLang's own words.
 
-Two answers, both ``na`` for a cell that sets server-option axes (``conformance.axes``):
+Three answers, each ``na``; the first two for a cell that sets server-option axes (``conformance.axes``):
 
 * before launch, the release's parser lacks a flag or a choice the cell's axis values pass
   (``conformance.sglang_api.probes``: the parser's own ``invalid choice`` / ``unrecognized``
@@ -8,6 +8,10 @@ Two answers, both ``na`` for a cell that sets server-option axes (``conformance.
 * at launch, SGLang refused the command while resolving its server arguments (a traceback
   through ``sglang/srt/arg_groups`` or ``server_args.py``, before any model loads): the
   exception's last line from the server log is the reason.
+
+* before launch, on the CPU target, the cell's strategy uses the extra buffer and the release
+  gates it on the device with neither a platform answer nor an assert the CPU plugin answers
+  (:func:`gate_refusal`: the missing capability is the reason).
 
 Any other start failure stays a failure: a crash after the arguments resolved is not a
 refusal.
@@ -31,6 +35,13 @@ def probed_refusal(cell: Cell, features) -> str | None:
     if not cell.options:
         return None
     return features.option_not_applicable(needed(cell))
+
+
+def gate_refusal(cell: Cell, features) -> str | None:
+    """The missing capability when the cell's strategy uses the extra buffer and the release
+    gates it on the device with nothing the CPU target can answer (``na`` before launch,
+    instead of starting and dying on SGLang's device assert)."""
+    return features.device_gate_not_applicable() if cell.strategy.has_buffer else None
 
 
 def launch_refusal(cell: Cell, log_text: str) -> str | None:
