@@ -369,6 +369,7 @@ def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -
         if cell.get("not_applicable"):
             rows.append(Row(release, SGLANG_CPU, "na", str(cell["not_applicable"]), cell=cid))
             continue
+        killer = _known_bug_of(cell)
         for name, verdict in (cell.get("checks") or {}).items():
             status = _CPU_STATUS.get(verdict.get("status"), "fail")
             replay = str((verdict.get("details") or {}).get("failure_file") or "") if isinstance(verdict.get("details"), dict) else ""
@@ -376,10 +377,26 @@ def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -
                 replay_dir.mkdir(parents=True, exist_ok=True)
                 replay = str(shutil.copy2(replay, replay_dir / Path(replay).name))
             reason = " ".join(str(verdict.get("reason") or ("" if status == "pass" else verdict.get("status"))).split())[:400]
+            if killer and status == "fail" and SERVER_GONE in reason:
+                reason = f"after known SGLang bug {killer} killed the cell's server: {reason}"[:400]
             rows.append(Row(release, f"{SGLANG_CPU}:{name}", status, reason, cell=cid, replay=replay))
     for cid in report.get("cells_not_run") or []:
         rows.append(Row(release, SGLANG_CPU, "fail", "cell not run", cell=str(cid)))
     return rows
+
+
+#: How a suite that found the cell's server already dead says so (the serving layer's line).
+SERVER_GONE = "server is not serving"
+
+
+def _known_bug_of(cell: dict) -> str | None:
+    """The known SGLang bug one of the cell's failing checks was matched to (None: none), so
+    the later suites that found the server it killed say what killed it."""
+    for verdict in (cell.get("checks") or {}).values():
+        known = (verdict.get("details") or {}).get("known_bug") if isinstance(verdict.get("details"), dict) else None
+        if verdict.get("status") in ("fail", "error") and isinstance(known, dict) and known.get("id"):
+            return str(known["id"])
+    return None
 
 
 # ------------------------------------------------------------------ the command
