@@ -263,6 +263,7 @@ Traceback (most recent call last):
     raise ValueError(
 ValueError: --radix-eviction-policy tlru needs 'threshold' greater than 'next_prompt_estimate' in --radix-eviction-policy-config, got 0 <= 0; otherwise no tokens are ever TEL-safe and T-LRU is exactly LRU.
 '''
+TLRU_LINE = TLRU_REFUSAL.strip().splitlines()[-1]
 CRASH_AFTER_START = '''Traceback (most recent call last):
   File "/x/site-packages/sglang/srt/managers/scheduler.py", line 9, in run_scheduler_process
     scheduler.event_loop_overlap()
@@ -276,6 +277,10 @@ def test_a_start_refusal_in_sglangs_argument_resolution_is_na_with_its_line() ->
     assert line is not None and line.startswith("ValueError: --radix-eviction-policy tlru needs 'threshold'")
     assert launch_refusal(cell, CRASH_AFTER_START) is None  # a crash is a failure, not a refusal
     assert launch_refusal(_cell(), TLRU_REFUSAL) is None  # a core cell SGLang refuses stays a failure
+    # ... unless SGLang refuses the cell's strategy for the model's architecture (0.5.12, Nemotron-H)
+    for refusal in ("AssertionError: mamba extra_buffer is not supported for NemotronHForCausalLM model",
+                    "AssertionError: extra_buffer is not supported for NemotronHForCausalLM; use no_buffer."):
+        assert launch_refusal(_cell(), TLRU_REFUSAL.replace(TLRU_LINE, refusal)) == refusal
     assert launch_refusal(cell, "no traceback here") is None
 
 
