@@ -316,7 +316,8 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
     from conformance.strategy import STRATEGIES
 
     cells = load_matrix().select(target=SGLANG_CPU, tier=tier, models=list(models) or None)
-    accepted = [s for s in STRATEGIES if s in features.get("strategies", ())]
+    ungated = _gate_refusal(features)  # extra-buffer strategies SGLang would stop at its device assert
+    accepted = [s for s in STRATEGIES if s in features.get("strategies", ()) and not (ungated and STRATEGIES[s].has_buffer)]
     rows = [Row(release, check, "na", _refused(features, c.strategy.name), cell=c.id) for c in cells if c.strategy.name not in accepted]
     if not any(c.strategy.name in accepted for c in cells):
         return rows or [Row(release, check, "na", "no sglang-cpu cell of the tier")]
@@ -339,12 +340,24 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
     return rows
 
 
-def _refused(features: dict, strategy: str) -> str:
+def _features(features: dict):
     from conformance.sglang_api.probes import Features
 
     known = {k: v for k, v in features.items() if k in Features.__dataclass_fields__}
     known["strategies"] = tuple(known.get("strategies") or ())
-    return Features(**known).not_applicable(strategy) or f"sglang {features.get('version')}: {strategy} not accepted"
+    return Features(**known)
+
+
+def _refused(features: dict, strategy: str) -> str:
+    from conformance.strategy import STRATEGIES
+
+    gate = _gate_refusal(features) if STRATEGIES[strategy].has_buffer else None
+    return _features(features).not_applicable(strategy) or gate or f"sglang {features.get('version')}: {strategy} not accepted"
+
+
+def _gate_refusal(features: dict) -> str | None:
+    """The missing device-gate capability (None when the probe found a gate, or did not say)."""
+    return _features(features).device_gate_not_applicable() if "extra_buffer_gate" in features else None
 
 
 def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -> list[Row]:
@@ -356,6 +369,7 @@ def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -
         if cell.get("not_applicable"):
             rows.append(Row(release, SGLANG_CPU, "na", str(cell["not_applicable"]), cell=cid))
             continue
+        killer = _known_bug_of(cell)
         for name, verdict in (cell.get("checks") or {}).items():
             status = _CPU_STATUS.get(verdict.get("status"), "fail")
             replay = str((verdict.get("details") or {}).get("failure_file") or "") if isinstance(verdict.get("details"), dict) else ""
@@ -363,10 +377,26 @@ def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -
                 replay_dir.mkdir(parents=True, exist_ok=True)
                 replay = str(shutil.copy2(replay, replay_dir / Path(replay).name))
             reason = " ".join(str(verdict.get("reason") or ("" if status == "pass" else verdict.get("status"))).split())[:400]
+            if killer and status == "fail" and SERVER_GONE in reason:
+                reason = f"after known SGLang bug {killer} killed the cell's server: {reason}"[:400]
             rows.append(Row(release, f"{SGLANG_CPU}:{name}", status, reason, cell=cid, replay=replay))
     for cid in report.get("cells_not_run") or []:
         rows.append(Row(release, SGLANG_CPU, "fail", "cell not run", cell=str(cid)))
     return rows
+
+
+#: How a suite that found the cell's server already dead says so (the serving layer's line).
+SERVER_GONE = "server is not serving"
+
+
+def _known_bug_of(cell: dict) -> str | None:
+    """The known SGLang bug one of the cell's failing checks was matched to (None: none), so
+    the later suites that found the server it killed say what killed it."""
+    for verdict in (cell.get("checks") or {}).values():
+        known = (verdict.get("details") or {}).get("known_bug") if isinstance(verdict.get("details"), dict) else None
+        if verdict.get("status") in ("fail", "error") and isinstance(known, dict) and known.get("id"):
+            return str(known["id"])
+    return None
 
 
 # ------------------------------------------------------------------ the command

@@ -229,6 +229,8 @@ def _start_endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory
 
     state = run_state(request.config)
     log_dir = state.options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
+    if cell.id in state.not_applicable:  # SGLang already refused it at an earlier test's launch
+        _not_applicable(state, cell, state.not_applicable[cell.id])
     _skip_if_options_not_applicable(state, cell, target_for(state.options))
     try:
         with quiet.shared(quiet.shared_dir(request.config, tmp_path_factory)):  # no launch while a perf test times
@@ -240,7 +242,7 @@ def _start_endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory
 
         refused = log_refusal(cell, log_path_for(cell, log_dir))
         if refused:
-            _not_applicable(state, cell, f"SGLang refuses the cell's server options at start: {refused}")
+            _not_applicable(state, cell, f"SGLang refuses the cell's {'server options' if cell.options else 'strategy for this model'} at start: {refused}")
         pytest.fail(problem, pytrace=False)
     note_launch(request, cell, kind="server")
     note_server(request, cell, ep.info, target=state.options.target, worker=os.environ.get("PYTEST_XDIST_WORKER") or "main")
@@ -287,13 +289,16 @@ def _not_applicable(state: RunState, cell: Cell, reason: str) -> None:
 
 def _skip_if_options_not_applicable(state: RunState, cell: Cell, target: Any) -> None:
     """``na`` before launch when the installed SGLang's parser lacks what the cell's
-    server-option axes pass (its own line)."""
-    if not cell.options or not target.probes_sglang:
+    server-option axes pass (its own line), or, on the CPU target, when the release gates
+    the cell's extra-buffer strategy on the device with nothing the kit's plugin answers."""
+    gated = target.kit_plugins and cell.strategy.has_buffer
+    if not target.probes_sglang or not (cell.options or gated):
         return
     from conformance.sglang_api.probes import probe
-    from conformance.targets.option_refusal import probed_refusal
+    from conformance.targets.option_refusal import gate_refusal, probed_refusal
 
-    reason = probed_refusal(cell, probe())
+    features = probe()
+    reason = probed_refusal(cell, features) or (gate_refusal(cell, features) if gated else None)
     if reason:
         _not_applicable(state, cell, reason)
 

@@ -18,7 +18,7 @@ from conformance import axes
 from conformance.matrix import MatrixError, load_matrix
 from conformance.pairwise import covering_array, feasible_pairs
 from conformance.sglang_api.probes import Features
-from conformance.targets.option_refusal import launch_refusal, probed_refusal
+from conformance.targets.option_refusal import gate_refusal, launch_refusal, probed_refusal
 from conformance.targets.sglang_cpu import SGLangCpuTarget
 
 SHIPPED = load_matrix()
@@ -269,6 +269,7 @@ Traceback (most recent call last):
     raise ValueError(
 ValueError: --radix-eviction-policy tlru needs 'threshold' greater than 'next_prompt_estimate' in --radix-eviction-policy-config, got 0 <= 0; otherwise no tokens are ever TEL-safe and T-LRU is exactly LRU.
 '''
+TLRU_LINE = TLRU_REFUSAL.strip().splitlines()[-1]
 CRASH_AFTER_START = '''Traceback (most recent call last):
   File "/x/site-packages/sglang/srt/managers/scheduler.py", line 9, in run_scheduler_process
     scheduler.event_loop_overlap()
@@ -282,6 +283,10 @@ def test_a_start_refusal_in_sglangs_argument_resolution_is_na_with_its_line() ->
     assert line is not None and line.startswith("ValueError: --radix-eviction-policy tlru needs 'threshold'")
     assert launch_refusal(cell, CRASH_AFTER_START) is None  # a crash is a failure, not a refusal
     assert launch_refusal(_cell(), TLRU_REFUSAL) is None  # a core cell SGLang refuses stays a failure
+    # ... unless SGLang refuses the cell's strategy for the model's architecture (0.5.12, Nemotron-H)
+    for refusal in ("AssertionError: mamba extra_buffer is not supported for NemotronHForCausalLM model",
+                    "AssertionError: extra_buffer is not supported for NemotronHForCausalLM; use no_buffer."):
+        assert launch_refusal(_cell(), TLRU_REFUSAL.replace(TLRU_LINE, refusal)) == refusal
     assert launch_refusal(cell, "no traceback here") is None
 
 
@@ -292,6 +297,37 @@ def test_a_release_whose_parser_lacks_an_option_makes_the_cell_na() -> None:
     assert "invalid choice: 'slru'" in probed_refusal(_cell(eviction="slru"), new)
     assert probed_refusal(_cell(eviction="lfu"), new) is None
     assert probed_refusal(_cell(), old) is None  # a cell without options is never na here
+
+
+def _base_cell(strategy: str):
+    return next(c for c in SHIPPED.cells if c.strategy.name == strategy and not c.options and c.model.id.startswith("qwen3-next"))
+
+
+def test_a_release_with_no_answerable_device_gate_makes_extra_buffer_cells_na_before_launch(monkeypatch) -> None:
+    """No platform answer and no assert the CPU plugin's hook knows: the extra-buffer cells
+    are na before any server starts, the missing capability named; no_buffer still runs;
+    a release whose gate was found is never na here."""
+    from types import SimpleNamespace
+
+    import conformance.plugin as plugin
+    import conformance.sglang_api.probes as probes
+    from conformance.targets.registry import target_for
+
+    ungated = Features(version="0.5.99", strategies=("no_buffer", "extra_buffer"), extra_buffer_gate=None)
+    line = gate_refusal(_base_cell("extra_buffer"), ungated)
+    assert line.startswith("sglang 0.5.99: extra_buffer is gated on the device") and "support_mamba_cache_extra_buffer" in line
+    assert gate_refusal(_base_cell("no_buffer"), ungated) is None
+    for where in ("platform", "server_args"):
+        assert gate_refusal(_base_cell("extra_buffer"), Features(version="0.5.20", extra_buffer_gate=where)) is None
+    monkeypatch.setattr(probes, "probe", lambda: ungated)
+    state = SimpleNamespace(not_applicable={})
+    with pytest.raises(pytest.skip.Exception):
+        plugin._skip_if_options_not_applicable(state, _base_cell("extra_buffer"), target_for("sglang-cpu"))
+    assert list(state.not_applicable.values()) == [line]
+    state.not_applicable.clear()
+    plugin._skip_if_options_not_applicable(state, _base_cell("no_buffer"), target_for("sglang-cpu"))
+    plugin._skip_if_options_not_applicable(state, _base_cell("extra_buffer"), target_for("reference"))  # not SGLang: no gate
+    assert state.not_applicable == {}
 
 
 def test_report_marks_a_cell_whose_tests_were_skipped_as_not_applicable() -> None:

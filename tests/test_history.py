@@ -152,6 +152,48 @@ def test_sglang_cpu_rows_of_some_models_run_only_their_cells(monkeypatch, tmp_pa
     assert "--models" not in seen[0] and any(r.cell.startswith("nemotron") for r in rows if r.status == "na")
 
 
+def test_rows_of_suites_that_found_the_server_killed_by_a_known_bug_name_it():
+    """A known SGLang bug that kills the scheduler (leaks) leaves the cell's later suites
+    facing a dead server: their rows stay fail and say which known bug killed it; a dead
+    server with no known bug in the cell is reported as it is."""
+    dead = "setup test_programs: cell c: server is not serving: server process exited with code -9"
+    cell = {"id": "c", "checks": {
+        "leaks": {"status": "fail", "reason": "known SGLang bug, still present (lazy-session-counts-unused-pingpong): ...",
+                  "details": {"known_bug": {"id": "lazy-session-counts-unused-pingpong"}}},
+        "test": {"status": "error", "reason": dead},
+        "kl": {"status": "fail", "reason": "top-k KL 0.344 > limit"}}}
+    got = {r.check: r for r in history.report_rows("0.5.20", {"cells": [cell]})}
+    assert got["sglang-cpu:test"].status == "fail"
+    assert got["sglang-cpu:test"].reason == f"after known SGLang bug lazy-session-counts-unused-pingpong killed the cell's server: {dead}"
+    assert got["sglang-cpu:kl"].reason == "top-k KL 0.344 > limit"  # not a dead-server line: untouched
+    cell["checks"]["leaks"] = {"status": "fail", "reason": "leak", "details": {}}
+    assert {r.check: r for r in history.report_rows("0.5.20", {"cells": [cell]})}["sglang-cpu:test"].reason == dead
+
+
+def test_sglang_cpu_rows_mark_extra_buffer_cells_na_when_no_device_gate_is_answerable(monkeypatch, tmp_path):
+    """A release that gates extra_buffer on the device with nothing the CPU plugin answers:
+    its buffered cells are na rows naming the missing capability and the run is asked for
+    no_buffer only (no server starts to die on SGLang's assert); a found gate changes nothing."""
+    seen = []
+
+    def fake_run(argv, *, timeout, env=None, cwd=None):
+        seen.append(list(argv))
+        (Path(argv[argv.index("--report-dir") + 1]) / "report.json").write_text(json.dumps({"cells": []}))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(history, "_run", fake_run)
+    features = {"version": "0.5.99", "strategies": ["no_buffer", "extra_buffer", "extra_buffer_lazy"], "sglang_cpu_gap": None,
+                "extra_buffer_gate": None}
+    rows = history.sglang_cpu_rows("0.5.99", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",))
+    assert seen[-1][seen[-1].index("--strategies") + 1] == "no_buffer"
+    na = [r for r in rows if r.status == "na"]
+    assert na and {r.cell.split("-")[3] for r in na} == {"extra_buffer", "extra_buffer_lazy"}, na
+    assert all("extra_buffer is gated on the device" in r.reason and "support_mamba_cache_extra_buffer" in r.reason for r in na)
+    rows = history.sglang_cpu_rows("0.5.99", tmp_path, features | {"extra_buffer_gate": "server_args"}, requested=True,
+                                   tier="premerge", models=("qwen3-next",))
+    assert seen[-1][seen[-1].index("--strategies") + 1] == "no_buffer,extra_buffer,extra_buffer_lazy" and not rows
+
+
 REPORT = {
     "cells": [
         {"id": "qwen3-next-80b-extra_buffer-p1-t256", "checks": {

@@ -314,6 +314,26 @@ def test_hitbook_sequential_exact_and_concurrent_bounds() -> None:
     assert book.judge(y) is None and book.judge(x) is None
 
 
+def test_hitbook_streaming_turn_may_hold_the_lookahead_token_only_under_overlap() -> None:
+    """A streaming turn after a finished one holds the previous turn's committed tokens; under
+    overlap also the last output token that ran in the step in flight (0.5.20: 5 in + 3 out,
+    next turn cached 8); never more, and without overlap never that token."""
+    import dataclasses
+
+    limits = Limits(context_len=100000, kv_total=1e6, mamba_total=1000)
+    history = (11, 12, 13, 14, 15, 21, 22, 23)
+    for lookahead, allowed_hits in ((0, {7}), (1, {7, 8})):
+        grid = dataclasses.replace(GRID, lookahead=lookahead)
+        for hit in (7, 8, 9):
+            book = HitBook(grid, limits)
+            turn = _served("t3", history + (31, 32, 33, 34, 35), (41,), hit, 1, 2, streaming_turn=True, prev_committed=len(history) - 1)
+            book.add(turn)
+            problem = book.judge(turn)
+            assert (problem is None) == (hit in allowed_hits), (lookahead, hit, problem)
+            if problem is None:
+                assert turn.permission == "streaming_session"
+
+
 def test_hitbook_accepts_zero_for_a_request_aborted_before_its_prefill() -> None:
     """SGLang counts cached_tokens when it prepares the extend: a request aborted while it
     waited reports 0 although its prefix was cached (found by a clean nightly-size run)."""

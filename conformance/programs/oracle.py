@@ -371,8 +371,13 @@ class HitBook:
             r.permission = self._admitted_by(r, hit, certain, universe, limit)
             return None
         if r.streaming_turn and r.prev_committed is not None:
-            c = min(r.prev_committed, max(len(r.input_ids) - 1, 0))
-            held = {c, c // self.grid.page_size * self.grid.page_size}
+            # Under overlap (lookahead 1) the previous turn's last output token may already have
+            # run in the step in flight when it finished: 0.5.20 keeps that token in the session
+            # (t2 5 in + 3 out, next turn cached 8, its tokens the cold argmax), 0.5.23 re-extends it
+            # (cached 7); the cold comparison judges the answer either way.
+            top = max(len(r.input_ids) - 1, 0)
+            ends = {min(r.prev_committed + extra, top) for extra in range(self.grid.lookahead + 1)}
+            held = ends | {c // self.grid.page_size * self.grid.page_size for c in ends}
             allowed |= held
             if hit in held:
                 r.permission = "streaming_session"

@@ -114,6 +114,15 @@ class Features:
             return f"sglang {self.version}: {self.strategy_flag or 'the strategy flag'} has no {strategy!r} (choices: {choices})"
         return None
 
+    def device_gate_not_applicable(self) -> str | None:
+        """The missing capability when sglang-cpu cannot serve an extra_buffer strategy: neither
+        a platform answer nor a device assert the CPU plugin's hook answers (None: one of them)."""
+        if not self.importable or self.extra_buffer_gate is not None:
+            return None
+        return (f"sglang {self.version}: extra_buffer is gated on the device and nothing here answers it on CPU "
+                f"(no SRTPlatform.support_mamba_cache_extra_buffer, no device assert the CPU plugin's hook knows "
+                f"in ServerArgs._validate_mamba_extra_buffer/_handle_mamba_radix_cache or arg_groups.mamba_hook.validate_mamba_extra_buffer)")
+
     def option_not_applicable(self, needs) -> str | None:
         """SGLang's own line for the first (flag, choice) of a cell's server-option axes
         (``conformance.axes.needed``) this release's parser lacks (None: it has them all)."""

@@ -165,15 +165,16 @@ def validate_args(args: Sequence[str], *, config: Path | None = None) -> Validat
     except Exception as e:  # SGLang raises AssertionError/ValueError with its own message
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         line = f"{type(e).__name__}: {msg}"
-        if _UNSUPPORTED_FOR_MODEL.search(msg):  # the release predates the strategy for this architecture
+        if UNSUPPORTED_FOR_MODEL.search(msg):  # the release predates the strategy for this architecture
             return Validation(False, line, status="na")
         return Validation(False, line)
     return Validation(True, "ok", chunk, strategy, radix_cache_disabled=no_radix)
 
 
 # SGLang's own wording when a strategy exists but not yet for the model's architecture
-# ("mamba extra_buffer is not supported for NemotronHForCausalLM model").
-_UNSUPPORTED_FOR_MODEL = re.compile(r"is not supported for \w+ model")
+# ("mamba extra_buffer is not supported for NemotronHForCausalLM model", 0.5.12 and older;
+# "extra_buffer is not supported for X; use no_buffer." from 0.5.15).
+UNSUPPORTED_FOR_MODEL = re.compile(r"is not supported for \w+(?: model|; use no_buffer)")
 
 
 @contextlib.contextmanager

@@ -1,13 +1,17 @@
 """Whether a cell's server options apply to the installed SGLang, in SGLang's own words.
 
-Two answers, both ``na`` for a cell that sets server-option axes (``conformance.axes``):
+Three answers, each ``na``:
 
-* before launch, the release's parser lacks a flag or a choice the cell's axis values pass
-  (``conformance.sglang_api.probes``: the parser's own ``invalid choice`` / ``unrecognized``
-  line);
+* before launch, the release's parser lacks a flag or a choice the cell's server-option axes
+  (``conformance.axes``) pass (``conformance.sglang_api.probes``: the parser's own
+  ``invalid choice`` / ``unrecognized`` line);
 * at launch, SGLang refused the command while resolving its server arguments (a traceback
   through ``sglang/srt/arg_groups`` or ``server_args.py``, before any model loads): the
-  exception's last line from the server log is the reason.
+  exception's last line from the server log is the reason -- any refusal for a cell with
+  option axes, only the refusal of the strategy for the model's architecture for a core cell;
+* before launch, on the CPU target, the cell's strategy uses the extra buffer and the release
+  gates it on the device with neither a platform answer nor an assert the CPU plugin answers
+  (:func:`gate_refusal`: the missing capability is the reason).
 
 Any other start failure stays a failure: a crash after the arguments resolved is not a
 refusal.
@@ -33,11 +37,21 @@ def probed_refusal(cell: Cell, features) -> str | None:
     return features.option_not_applicable(needed(cell))
 
 
+def gate_refusal(cell: Cell, features) -> str | None:
+    """The missing capability when the cell's strategy uses the extra buffer and the release
+    gates it on the device with nothing the CPU target can answer (``na`` before launch,
+    instead of starting and dying on SGLang's device assert)."""
+    return features.device_gate_not_applicable() if cell.strategy.has_buffer else None
+
+
 def launch_refusal(cell: Cell, log_text: str) -> str | None:
     """SGLang's refusal line when the cell's server stopped while resolving its arguments
-    (None: no option axis set, or the failure is not an argument refusal)."""
-    if not cell.options:
-        return None
+    (None: the failure is not an argument refusal).  A cell with server-option axes takes any
+    such refusal; a core cell only SGLang's refusal of its strategy for the model's
+    architecture (``mamba extra_buffer is not supported for NemotronHForCausalLM model``):
+    any other refusal of a core cell stays a failure."""
+    from conformance.sglang_api.validate import UNSUPPORTED_FOR_MODEL
+
     tracebacks = log_text.split("Traceback (most recent call last):")
     if len(tracebacks) < 2:
         return None
@@ -45,7 +59,10 @@ def launch_refusal(cell: Cell, log_text: str) -> str | None:
     if not _RESOLUTION_FRAMES.search(last):
         return None
     lines = [ln.strip() for ln in last.splitlines() if _EXCEPTION_LINE.match(ln.strip())]
-    return lines[-1] if lines else None
+    line = lines[-1] if lines else None
+    if line is None or cell.options or UNSUPPORTED_FOR_MODEL.search(line):
+        return line
+    return None
 
 
 def log_refusal(cell: Cell, log_path: Path) -> str | None:
