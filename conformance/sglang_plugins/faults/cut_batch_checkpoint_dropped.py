@@ -44,7 +44,7 @@ FAULT = sglang_fault(
     # premerge program reached it (installed, fired 0 times in a 12-program run, 2026-11-26);
     # on the checkpoint-grid cell (128 tokens) a burst or a tree level does.  There it fired
     # 10x unseen in 36 programs until the oracle placed a cut request's checkpoints from the
-    # seen chunk lengths (not SGLang's claim) and bursts got a follow-up: caught in 17
-    # programs, 18 s, clean passing (2026-11-26)
+    # seen chunk lengths (not SGLang's claim): caught in 48 programs, 61 s, clean passing
+    # (2026-11-26; 17 programs with bursts followed up on a member, a generator change reverted)
     options=("chunked_prefill=grid",),
 )
