@@ -417,8 +417,9 @@ class HitBook:
         if self.evidence is None:
             return True, "after possible evictions"
         t = tuple(r.input_ids)
-        storers = [q for q, keys in stored_by if any(hit < len(k) <= limit and t[: len(k)] == k for k in keys)]
-        per_node = self._state_evicted(r, hit, stored_by, limit)
+        owed = [(q, k) for q, keys in stored_by for k in keys if hit < len(k) <= limit and t[: len(k)] == k]
+        storers = list({id(q): q for q, _ in owed}.values())
+        per_node = self._state_evicted(r, owed)
         if per_node is not None:
             return per_node
         seen = self.evidence.grew("evictions", max((q.done_seq for q in storers), default=0), r.done_seq)
@@ -431,21 +432,16 @@ class HitBook:
             return True, "after evictions SGLang ran between the storing prefill and this one's"
         return False, "SGLang's eviction counter did not move since the prefix was stored"
 
-
-    def _state_evicted(self, r: Served, hit: int, stored_by: list[tuple[Served, set[Key]]], limit: int) -> tuple[bool, str] | None:
+    def _state_evicted(self, r: Served, owed: list[tuple[Served, Key]]) -> tuple[bool, str] | None:
         """Per node, where SGLang records which tree states an eviction freed: a certain store
-        longer than ``hit`` may be gone only when SGLang freed exactly that state after its
-        storer's prefill and before ``r``'s; when every such state was answered for and none
-        was freed, SGLang's tree still held them (a stored prefix not reused).  None: some
-        state without a per-node answer (judge on the counters and walks)."""
+        (``owed``: its storer and key, longer than the hit) may be gone only when SGLang freed
+        exactly that state after its storer's prefill and before ``r``'s; when every such state
+        was answered for and none was freed, SGLang's tree still held them (a stored prefix
+        not reused).  None: some state without a per-node answer (judge on the counters and walks)."""
         log = self._requests()
         if log is None or not log.per_node:
             return None
-        t, answers = tuple(r.input_ids), []
-        for q, keys in stored_by:
-            for k in keys:
-                if hit < len(k) <= limit and t[: len(k)] == k:
-                    answers.append((len(k), log.state_evicted_between(k, [self.server_rid(q.rid)], self.server_rid(r.rid))))
+        answers = [(len(k), log.state_evicted_between(k, [self.server_rid(q.rid)], self.server_rid(r.rid))) for q, k in owed]
         if any(a for _, a in answers):
             return True, "after SGLang's eviction freed the state stored for that prefix"
         if not answers or any(a is None for _, a in answers):
