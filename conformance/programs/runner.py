@@ -316,10 +316,10 @@ class ProgramRun:
                 self.fail(f"request {s.rid}: {problem}")
         self._compare_cold([s for s in fresh if s.answered])
         ready = self.book.ready([f.sent_seq for f in self.pending])
-        if self.evidence.requests is not None:  # the per-request records of everything judged below (a file read)
-            self.evidence.requests.refresh()
         if fresh or any(self.evidence.stale(s.done_seq) for s in ready):  # the evidence counters, read after these answers arrived (oracle relaxations rest on them; answers collected while waiting for a follow-up's base count too)
-            self.evidence.note(self.clock.tick(), self.t.client.metrics())
+            self.evidence.note(self.clock.tick(), self.t.client.metrics())  # reads the per-request log too
+        elif self.evidence.requests is not None:  # the per-request records of everything judged below (a file read)
+            self.evidence.requests.refresh()
         for s in ready:
             problem = self.book.judge(s)
             if s.answered and not s.refused_for_closed_session:
