@@ -188,6 +188,21 @@ def test_cold_side_starts_one_position_before_what_was_served(served_start: int 
     assert problems and ("misaligned" in problems[0] or "no input logprob" in problems[0]), problems
 
 
+def test_a_burst_may_be_followed_by_a_request_on_one_members_prefix() -> None:
+    """A burst's prefills are packed and cut together: what they stored is judged only if a
+    later request comes back to a member (cut_batch_checkpoint_dropped went unseen without)."""
+    from hypothesis import find
+
+    def member_follow_up(p: Program) -> bool:
+        for a, b in zip(p.steps, p.steps[1:]):
+            if isinstance(a, Burst) and isinstance(b, Send) and isinstance(b.base, After) and b.base.rid in a.rids():
+                return True
+        return False
+
+    got = find(programs(SPEC), member_follow_up, settings=settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck)))
+    assert member_follow_up(got)
+
+
 def test_cells_draw_different_programs_from_one_seed() -> None:
     from conformance.programs.explore import cell_seed
 

@@ -263,8 +263,14 @@ def _step(draw, m: _Model) -> list[Step]:
         return [draw(_send(m, follow=draw(st.booleans()), gate=gate))]
     if kind == "abort":
         return [draw(_send(m, follow=draw(st.booleans()), abort=True))]
-    if kind == "burst":
-        return [draw(_burst(m))]
+    if kind == "burst":  # and, half the time, a request that comes back to one member's prefix once all answered
+        burst = draw(_burst(m))
+        if not draw(st.booleans()):
+            return [burst]
+        follow = Send(m.rid("r"), After(draw(st.sampled_from(burst.rids())), draw(st.sampled_from(("prompt", "all", "chunk+1", "track")))),
+                      tokens(draw(st.sampled_from((5, 1, 64))), m.spec, draw(st.integers(0, 2**16))), m.take_decode(4), draw(_options(m, False)))
+        m.sent.append(follow.rid)
+        return [burst, follow]
     if kind == "session" and m.spec.sessions:
         return draw(_session_step(m))
     if kind == "overflow":
