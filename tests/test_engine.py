@@ -233,3 +233,20 @@ def test_disable_radix_cache_never_hits_and_balances(toy, strategy):
     assert [r.reported_cached_tokens for r in reqs] == [0, 0, 0, 0]
     assert eng.stats()["mamba_evictable"] == 0
     assert_idle_clean(eng)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_burst_wider_than_the_mamba_pool_stores_every_members_checkpoint(toy, strategy):
+    """SGLang caps running requests by the Mamba pool (max_mamba_cache_size // (3 + tracking
+    slots)), so a burst's prefill checkpoints always find a slot: every member's grid-aligned
+    prompt is stored.  Without the cap, 26 members on 64 slots left some unstored with no
+    eviction counted (lazy: 8 of 26; a lazy burst program the oracle rightly failed)."""
+    rng = random.Random(3)
+    eng = engine(toy, strategy, max_mamba_slots=64, max_running_requests=48, track_interval=128)
+    members = [tokens(rng, eng.checkpoint_grid * 2, toy.vocab_size) for _ in range(26)]
+    done = run(eng, [make_req(m, 6, logprobs=False) for m in members])
+    assert len(done) == 26 and eng.req_pool.size < 26
+    assert eng.cache.evictions == 0
+    stored = [eng.cache.match(m, len(m)).hit_len for m in members]
+    assert stored == [len(members[0])] * 26, stored
+    assert_idle_clean(eng)

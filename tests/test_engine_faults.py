@@ -106,8 +106,8 @@ LEAK_FAULTS = {
     "lazy_slot_not_returned": ("extra_buffer_lazy", "basic", {}),
     "double_free": ("extra_buffer", "basic", {}),
     "abort_path_leak": ("no_buffer", "abort", {}),
-    "sched_fail_leak": ("extra_buffer", "pressure", {"max_mamba_slots": 8}),
-    "evict_running_slot": ("extra_buffer", "pressure", {"max_mamba_slots": 8}),
+    "sched_fail_leak": ("extra_buffer", "pressure", {"max_mamba_slots": 8, "mamba_running_cap": False}),
+    "evict_running_slot": ("extra_buffer", "pressure", {"max_mamba_slots": 8, "mamba_running_cap": False}),
 }
 COUNT_FAULTS = ("cached_tokens_overreport", "cached_tokens_underreport")
 SILENT_LEAK = "idle_check_disabled_with_leak"

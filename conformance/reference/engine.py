@@ -33,6 +33,12 @@ from conformance.strategy import BASELINE, NAMES, strategy_named
 log = logging.getLogger("sglang.srt.managers.scheduler")
 STRATEGIES = NAMES
 MAX_PREFILL_BATCH = 8
+# SGLang 0.5.23 (kv_cache_configurator.resolve_max_num_reqs) caps the running requests by the
+# Mamba pool: max_mamba_cache_size // (3 + the strategy's tracking slots), 1 slot per request
+# with the radix cache off.  The 3 leave room for the slot a checkpoint takes in the track
+# slot's place and for cached states; without the cap a big burst finds no slot for its
+# checkpoints, which SGLang never lets happen.
+MAMBA_BASE_SLOTS_PER_REQUEST = 3
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,10 @@ class EngineConfig:
     max_running_requests: int = 32
     kv_tokens: int = 65536
     disable_radix_cache: bool = False
+    # False: no Mamba cap on the running requests, so a burst can outgrow the pool and reach
+    # the scheduler's failure paths (a failed allocation after a prefix match, eviction of a
+    # node a running request holds) that the cap keeps SGLang from -- the seeded faults there.
+    mamba_running_cap: bool = True
 
 
 def validate_config(cfg: EngineConfig, model_chunk: int) -> None:
@@ -74,7 +84,7 @@ class Engine:
         self.chunk, self.checkpoint_grid, self.track_grid = self.grid.chunk, self.grid.checkpoint_grid, self.grid.track_grid
         self.mamba_pool = MambaSlotPool(cfg.max_mamba_slots)
         self.kv_pool = TokenPool(cfg.kv_tokens)
-        self.req_pool = RequestPool(cfg.max_running_requests)
+        self.req_pool = RequestPool(min(cfg.max_running_requests, self.running_cap()))
         self.cache = RadixCache(lambda s: self.mamba_pool.free([s]), self.kv_pool.free)
         self.cache.stale_evict_locked = self.faults.active("evict_running_slot")
         self.cache.split_moves_snapshot = self.faults.active("split_moves_snapshot")
@@ -86,6 +96,11 @@ class Engine:
         self.dead: str | None = None
         self.counters = collections.Counter()
         self._was_busy = False
+
+    def running_cap(self) -> int:
+        """Running requests the Mamba pool admits (:data:`MAMBA_BASE_SLOTS_PER_REQUEST`)."""
+        per_request = 1 if self.cfg.disable_radix_cache else MAMBA_BASE_SLOTS_PER_REQUEST + self.strategy.ping_pong_slots
+        return max(1, self.cfg.max_mamba_slots // per_request) if self.cfg.mamba_running_cap else self.cfg.max_running_requests
 
     # ------------------------------------------------------------ public API
     def submit(self, req: Req) -> None:

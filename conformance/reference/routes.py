@@ -63,7 +63,7 @@ def create_app(runner, args, faults) -> FastAPI:
             "page_size": args.page_size, "mamba_track_interval": args.track_interval,
             "mamba_cache_chunk_size": engine.chunk, "mamba_checkpoint_grid": engine.checkpoint_grid,
             "mamba_track_grid": engine.track_grid, "max_mamba_cache_size": args.max_mamba_slots,
-            "max_running_requests": args.max_running_requests, "max_total_num_tokens": args.kv_tokens,
+            "max_running_requests": engine.req_pool.size, "max_total_num_tokens": args.kv_tokens,
             "context_length": model.max_context, "vocab_size": model.vocab_size,
             "disable_overlap_schedule": True, "chunked_prefill_size": None, "seeded_fault": faults.name,
             "lazy_alloc_fail": faults.lazy_alloc_fail,
