@@ -42,6 +42,7 @@ pytest_plugins = ["conformance.report_hooks", "conformance.perf.selection", "con
 
 #: This process's open cell servers (``endpoint``).
 _CELL_SERVERS = CellServers()
+_FAILED_CELLS: set[str] = set()  # cells (in this process) where a test failed
 
 _CHECK_MARKERS = {
     "kl": "KL divergence between cached and uncached logprobs",
@@ -220,7 +221,27 @@ def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytes
     """A healthy server for ``cell`` on the selected target, started once per cell and kept
     until the teardown of the cell's last test (``conformance.cell_servers``: a teardown
     finding is then that cell's).  A launch that cannot happen is one line, never a traceback."""
-    return _CELL_SERVERS.get(cell.id, lambda stack: _start_endpoint(cell, request, tmp_path_factory, stack))
+    start = lambda stack: _start_endpoint(cell, request, tmp_path_factory, stack)  # noqa: E731
+    ep = _CELL_SERVERS.get(cell.id, start)
+    dead = _dead_reason(ep) if cell.id in _FAILED_CELLS else None
+    if dead:  # an earlier test of the cell failed with (or before) the death: the rest get a new server
+        with contextlib.suppress(KitError):  # its teardown finding ("not serving") is that failure's
+            _CELL_SERVERS.close(cell.id)
+        ep = _CELL_SERVERS.get(cell.id, start)
+        note_server(request, cell, ep.info, restarted_after=dead[:300])
+    return ep
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Remember the cells where a test failed: a server found dead after that is restarted
+    for the cell's later tests, since the failure already reports the death; a death no
+    failure reported fails the next test ("server is not serving") first."""
+    report = yield
+    cell = cell_of_item(item)
+    if report.failed and cell is not None:
+        _FAILED_CELLS.add(cell.id)
+    return report
 
 
 def _start_endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, stack: contextlib.ExitStack) -> Any:

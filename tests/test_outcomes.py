@@ -219,3 +219,38 @@ def test_a_dead_servers_teardown_finding_stays_in_its_cell(pytester: pytest.Pyte
     assert cells[dead]["leaks"]["status"] == "error"  # its second test found the server dead, in its own cell
     assert {k: v["status"] for k, v in cells[other].items()} == {"kl": "pass", "leaks": "pass"}
     assert report["launches"] == 2
+
+
+KILLED_BY_A_FAILURE_SUITE = """
+import pytest
+from conformance.records import Verdict
+
+@pytest.mark.kl
+def test_a_fails_and_kills(endpoint, record_verdict):
+    endpoint.process.stop()  # the server dies during a test that fails for it
+    v = record_verdict(Verdict("kl", "fail", {"n": 1}, "server died mid-test"))
+    pytest.fail(v.summary(), pytrace=False)
+
+@pytest.mark.leaks
+def test_b_second(endpoint, record_verdict):
+    assert endpoint.alive()
+    record_verdict(Verdict("leaks", "pass", {"n": 1}))
+"""
+
+
+def test_a_server_killed_in_a_failed_test_is_restarted_for_the_cells_later_tests(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A death a failed test already reports (a known SGLang bug that kills the server, say)
+    no longer blocks the cell's later suites: they run on a new server, and the report says
+    it was restarted and why.  (A death no failure reported still fails the next test.)"""
+    monkeypatch.setenv("HYBRID_CONFORMANCE_REFERENCE_SERVER", str(STANDIN))
+    pytester.makepyfile(test_suite=KILLED_BY_A_FAILURE_SUITE)
+    rep = pytester.path / "rep"
+    result = pytester.runpytest_subprocess("--models", "falcon-h1", "--strategies", "no_buffer", "--page-sizes", "1",
+                                           f"--report-dir={rep}", "-p", "no:cacheprovider")
+    report = json.loads((rep / "report.json").read_text())
+    (cell,) = report["cells"]
+    assert cell["checks"]["kl"]["status"] == "fail"
+    assert cell["checks"]["leaks"]["status"] == "pass"
+    assert "teardown" not in cell["checks"]
+    assert report["launches"] == 2 and "exit" in cell["server"]["restarted_after"]
+    result.assert_outcomes(passed=1, failed=1)
