@@ -35,6 +35,7 @@ from typing import Callable, Sequence
 from conformance.errors import KitError
 from conformance.history_html import fold
 from conformance.sglang_api.release_pins import pins_for, release_of
+from conformance.targets.reference import PYTHON_ENV as REFERENCE_PYTHON_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 POOL_SUITE = ROOT / "conformance" / "leaks" / "test_pool_invariants.py"
@@ -122,6 +123,8 @@ def venv_env(venv: Path) -> dict[str, str]:
     env["VIRTUAL_ENV"] = str(venv)
     env["PATH"] = os.pathsep.join((str(venv / "bin"), env.get("PATH", "")))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the reference engine (agreement's other side) keeps the kit's interpreter and transformers
+    env.setdefault(REFERENCE_PYTHON_ENV, sys.executable)
     return env
 
 

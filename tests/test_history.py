@@ -250,3 +250,24 @@ def test_history_writes_json_and_html_through_the_console_script(tmp_path):
                                                       "cell": "c", "replay": ""}], "probes": {}}, ["0.5.13"])
     assert json.loads((tmp_path / "h" / "history.json").read_text())["rows"][0]["cell"] == "c"
     assert "<table>" in (tmp_path / "h" / "history.html").read_text()
+
+
+def test_release_venv_keeps_the_kits_python_for_the_reference_engine(monkeypatch, tmp_path):
+    """Inside a release's venv the reference server (agreement's other side) runs with the kit's
+    interpreter, started fresh (the forkserver would fork the venv's python); outside, as before."""
+    from conformance.matrix import load_matrix
+    from conformance.targets import reference
+
+    monkeypatch.delenv(reference.PYTHON_ENV, raising=False)
+    monkeypatch.delenv(reference.NO_FORKSERVER_ENV, raising=False)
+    env = history.venv_env(tmp_path / "sglang-0.5.12")
+    assert env[reference.PYTHON_ENV] == sys.executable
+    assert env["VIRTUAL_ENV"] == str(tmp_path / "sglang-0.5.12")
+    cell = load_matrix().cells[0]
+    plain = reference.ReferenceTarget()
+    assert plain.forkserver and plain.launch_spec(cell, port=1).entry
+    monkeypatch.setenv(reference.PYTHON_ENV, "/opt/kit/bin/python")
+    kept = reference.ReferenceTarget()
+    spec = kept.launch_spec(cell, port=1)
+    assert spec.argv[0] == "/opt/kit/bin/python"
+    assert not kept.forkserver and spec.entry is None

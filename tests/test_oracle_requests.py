@@ -250,6 +250,29 @@ def test_the_plugin_records_prefills_and_lazy_drops_and_changes_nothing(tmp_path
     assert observe.lazy_prealloc_observed(lambda b, i: 1, SimpleNamespace(reqs=None), 1) == 1  # unreadable batch: SGLang's result, no raise
 
 
+def test_prefill_records_read_every_releases_request_shape():
+    """0.5.22 on: prefix_len/extend_len; 0.5.15-0.5.21: extend_range; 0.5.14 and older: extend_input_len;
+    before 0.5.22 the prefix is ``prefix_indices``, a tensor (truth-testing it raised, so no record was written
+    and the oracle saw no cut on those releases: a fuzz program on 0.5.15 hit a cut checkpoint it then refused)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from conformance.sglang_plugins import observe
+
+    class Mode:
+        def is_decode(self):
+            return False
+
+    span = SimpleNamespace(start=0, end=311)  # SGLang's Range(start, end) NamedTuple
+    new = SimpleNamespace(rid="a", prefix_len=256, extend_len=40, kv=SimpleNamespace(mamba_last_track_seqlen=None))
+    mid = SimpleNamespace(rid="b", prefix_indices=torch.empty((0,), dtype=torch.int64), extend_range=span, mamba_last_track_seqlen=256)
+    old = SimpleNamespace(rid="c", prefix_indices=torch.arange(576), extend_input_len=3, mamba_last_track_seqlen=None)
+    records = observe.prefill_records(SimpleNamespace(chunked_req=mid), SimpleNamespace(forward_mode=Mode(), reqs=[new, mid, old]))
+    assert [(r["rid"], r["prefix"], r["extend"], r["cut"], r["track"]) for r in records] == [
+        ("a", 256, 40, False, None), ("b", 0, 311, True, 256), ("c", 576, 3, False, None)]
+
+
 # ------------------------------------------------------------------ a dropped state where nothing was cut
 def _cut_batch_follow_up(evidence: Evidence) -> str | None:
     """The scenario of fixtures/programs/cut_batch_checkpoint_dropped.json on the book: twelve 400-token

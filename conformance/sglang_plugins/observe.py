@@ -228,6 +228,22 @@ def _kv(req: Any) -> Any:
     return getattr(req, "kv", None) or req
 
 
+def _prefill_lengths(req: Any) -> tuple[int, int]:
+    """(prefix, extend) of the prefill about to run, per release: ``prefix_len``/``extend_len``
+    (0.5.22 on); ``extend_range`` = [prefix, end) (0.5.15-0.5.21); ``len(prefix_indices)`` and
+    ``extend_input_len`` (0.5.14 and older).  ``prefix_indices`` is a tensor: never truth-tested
+    (that raised, so no release before 0.5.22 wrote a prefill record and the oracle saw no cut)."""
+    prefix = getattr(req, "prefix_len", None)
+    if prefix is None:
+        indices = getattr(req, "prefix_indices", None)
+        prefix = 0 if indices is None else len(indices)
+    extend = getattr(req, "extend_len", None)
+    if extend is None:
+        span = getattr(req, "extend_range", None)
+        extend = span.end - span.start if span is not None else getattr(req, "extend_input_len", 0)
+    return int(prefix), int(extend)
+
+
 def prefill_records(scheduler: Any, batch: Any) -> list[dict[str, Any]]:
     """One record per request of an extend batch about to run: prefix and extend lengths of
     this prefill, whether SGLang cut it here (the scheduler's ``chunked_req``), and the
@@ -241,14 +257,9 @@ def prefill_records(scheduler: Any, batch: Any) -> list[dict[str, Any]]:
     for r in batch.reqs:
         if mixed and getattr(r, "output_ids", None):
             continue  # a mixed batch's decoding requests: no prefill of theirs
-        prefix = getattr(r, "prefix_len", None)
-        if prefix is None:
-            prefix = len(getattr(r, "prefix_indices", ()) or ())
-        extend = getattr(r, "extend_len", None)
-        if extend is None:
-            extend = getattr(r, "extend_input_len", 0)
+        prefix, extend = _prefill_lengths(r)
         track = getattr(_kv(r), "mamba_last_track_seqlen", None)
-        out.append({"ev": "prefill", "rid": str(r.rid), "prefix": int(prefix), "extend": int(extend),
+        out.append({"ev": "prefill", "rid": str(r.rid), "prefix": prefix, "extend": extend,
                     "cut": r is chunked, "track": None if track is None else int(track)})
     return out
 

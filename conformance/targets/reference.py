@@ -17,6 +17,10 @@ from conformance.targets.base import LaunchSpec
 SERVER_ENV = "HYBRID_CONFORMANCE_REFERENCE_SERVER"
 #: Set to 1 to start every reference server with a fresh interpreter instead of the forkserver.
 NO_FORKSERVER_ENV = "HYBRID_CONFORMANCE_NO_FORKSERVER"
+#: The Python the reference server runs with (default: this one).  ``history`` sets it to its own
+#: interpreter inside a release's venv: the engine is the kit's, defined on the kit's transformers,
+#: not on the release's pin (transformers 5.6-5.12 give split extends that differ from one extend).
+PYTHON_ENV = "HYBRID_CONFORMANCE_REFERENCE_PYTHON"
 #: Imported once by the forkserver, so each cell's server starts in well under a second.
 PRELOAD = (
     "torch",
@@ -43,9 +47,11 @@ class ReferenceTarget:
     DEFAULT_MAMBA_SLOTS = 66
 
     def __init__(self, *, python: str | None = None, max_mamba_slots: int | None = DEFAULT_MAMBA_SLOTS, forkserver: bool = True) -> None:
-        self.python = python or sys.executable
+        self.python = python or os.environ.get(PYTHON_ENV) or sys.executable
         self.max_mamba_slots = max_mamba_slots
-        self.forkserver = forkserver and os.environ.get(NO_FORKSERVER_ENV, "") in ("", "0")
+        # the forkserver forks this interpreter, so another python starts fresh
+        self.forkserver = (forkserver and os.environ.get(NO_FORKSERVER_ENV, "") in ("", "0")
+                           and self.python == sys.executable)
 
     def supports(self, cell: Cell) -> str | None:
         if self.name not in cell.targets:
