@@ -388,3 +388,22 @@ def test_a_perf_fault_only_the_paired_ab_sees_is_scored_through_it(tmp_path: Pat
     buf = io.StringIO()
     assert "step_slowdown" not in power.programs_reach({"step_slowdown": plan}, Console(file=buf, width=300))
     assert "scored by the paired A/B" in buf.getvalue()
+
+
+def test_programs_mode_writes_who_caught_each_fault_as_data(tmp_path: Path) -> None:
+    """``mutants --programs`` printed its table only: ``mutants.json`` now holds, per fault,
+    the scripted outcome (category, named checks) beside the programs' (its finding's catcher,
+    examples and seconds to failure), and the clean runs."""
+    from conformance.mutants import power
+
+    scripted = runs.Outcome("f", True, ["kl: top-k KL 0.3"], 40.0, 1, fired=3, category="caught", checks=["kl"])
+    caught = power.Power("f", scripted, runs.Outcome("f", True), examples=2, seconds=5.0,
+                         programs_reason="request r2: cached_tokens 128, the prefix oracle allows [192]")
+    missed = power.Power("g", runs.Outcome("g", False, category="missed"), runs.Outcome("g", False), programs_reason="16 programs, 25.1s: nothing found")
+    power.write_json(tmp_path / "mutants.json", "sglang-cpu", "premerge", 0, [("plan", runs.Outcome("clean", False))], [caught, missed])
+    data = json.loads((tmp_path / "mutants.json").read_text())
+    assert data["clean"][0]["passed"] is True and data["programs_budget"] == "premerge"
+    f, g = data["faults"]["f"], data["faults"]["g"]
+    assert f["caught_by"] == "both" and f["scripted"]["caught"] and f["scripted"]["caught_by"] == ["kl"]
+    assert f["programs"]["caught"] and f["programs"]["examples_to_failure"] == 2 and f["programs"]["by"]
+    assert g["caught_by"] == "neither" and not g["programs"]["caught"] and g["programs"]["examples_to_failure"] is None

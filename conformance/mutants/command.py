@@ -6,7 +6,8 @@ names (``catalogue.reference_plans``); caught = a named check reported it
 (:mod:`conformance.mutants.scoring`: a failing check of report.json, the cell teardown's
 idle check, SGLang's own strict idle check); a death, a timeout or a crash is reported in
 its own category, not scored caught.  Per fault, ``<report-dir>/mutants.json`` holds its
-category and the checks that caught it.
+category and the checks that caught it (with ``--programs``: the scripted and the programs
+outcome side by side, :func:`conformance.mutants.power.write_json`).
 Pool target: each fault of ``conformance.mutants.pool_faults`` is loaded as a pytest
 plugin (``-p conformance.mutants.pool_faults``) into the pool suite; caught = the pool
 suite failed.  The clean run of the same selection must pass, or the score means nothing.
@@ -119,6 +120,7 @@ def _run_plans(target: str, plans: dict, report_dir: Path, console: Console, *, 
         budget = programs or "premerge"
         plans = power.programs_reach(plans, console)
         clean, rows = power.measure(plans, budget=budget, seed=seed, report_dir=report_dir, programs_only=programs_only, shrink_s=shrink_s)
+        power.write_json(report_dir / "mutants.json", target, budget, seed, clean, rows)
         return power.render(target, budget, seed, clean, rows, console)
 
     clean_rows = []

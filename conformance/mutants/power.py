@@ -156,6 +156,28 @@ def measure(plans: dict[str, MutantPlan], *, budget: str, seed: int, report_dir:
     return clean, rows
 
 
+def write_json(path: Path, target: str, budget: str, seed: int, clean: list[tuple[str, Outcome]], rows: list[Power]) -> None:
+    """The table as data (``<report-dir>/mutants.json``): per fault, who caught it -- the
+    scripted suites' category and named checks, the programs' finding or SGLang's invariant,
+    examples and seconds to failure -- and each clean run's result."""
+    def outcome(o: Outcome | None) -> dict | None:
+        return None if o is None else {"caught": o.caught, "category": o.category, "caught_by": o.checks, "by": o.by[:5], "fired": o.fired,
+                                       "seconds": round(o.seconds, 1)}
+
+    data = {
+        "target": target, "programs_budget": budget, "seed": seed,
+        "clean": [{"plan": key, "passed": not out.caught, "by": out.by[:5], "seconds": round(out.seconds, 1)} for key, out in clean],
+        "faults": {r.name: {"caught_by": r.caught_by, "scripted": outcome(r.scripted),
+                            "programs": {"caught": r.programs_caught, "by": catcher(f"programs: {r.programs_reason}") if r.programs_caught else None,
+                                         "reason": r.programs_reason[:300], "examples_to_failure": r.examples,
+                                         "seconds_to_failure": None if r.seconds is None else round(r.seconds, 1),
+                                         "strict_idle_check_off": r.strict_off, "died_at_start": r.died_at_start[:300] or None,
+                                         "startup_caught": r.startup_caught}}
+                   for r in rows},
+    }
+    path.write_text(json.dumps(data, indent=1))
+
+
 def render(target: str, budget: str, seed: int, clean: list[tuple[str, Outcome]], rows: list[Power], console: Console) -> int:
     table = Table(title=f"mutants: target={target}, scripted suites vs request programs (budget {budget}, seed {seed})")
     for col in ("fault", "scripted", "programs", "caught by", "examples to failure", "seconds to failure"):
