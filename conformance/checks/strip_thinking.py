@@ -10,10 +10,12 @@ output's KV is freed.  The Mamba state under that key:
   (``MambaComponent._select_finished_checkpoint``): every decode track lies past the prompt,
   so it is the older ping-pong state (the prefill checkpoint, already a prefill store) or
   nothing -- no new finish store;
-- no_buffer donates the request's live state (``prepare_for_caching_req``: ``cache_len =
-  token_ids_len``), which has read the output, under the prompt key.  That key is what the
-  hit oracle needs; whether the state under it is right is the outputs' check (a hit on it
-  that differs from cold is SGLang's, not the oracle's).
+- no_buffer offers the request's live state (``prepare_for_caching_req``: ``cache_len =
+  token_ids_len``), which has read the output, under the prompt key -- but the prefill's own
+  insert already stored the prompt's state at exactly that key, so the tree keeps that one
+  (``mamba_exist``: measured on 0.5.23, the KL ``decode_hit`` of the no_buffer strip-thinking
+  cell hits the whole prompt and matches cold).  The key is what the hit oracle needs; whether
+  the state under it is right is the outputs' check.
 """
 
 from __future__ import annotations
