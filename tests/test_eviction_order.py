@@ -62,3 +62,9 @@ def test_no_kv_walk_is_a_failure_not_a_pass():
 def test_unmodelled_policy_is_a_stated_skip():
     v = eviction_order_verdict("tlru", STORED, SEQS, [])
     assert v.status == "skip" and "not modelled" in v.reason
+
+
+def test_a_server_without_per_node_hooks_judges_nothing():
+    records = [{"ev": "start", "state_evictions": False}, _state("stored-1"), _walk(kv=True)]
+    v = eviction_order_verdict("priority", STORED, SEQS, records)
+    assert v.status == "fail" and "state_evictions false" in v.reason

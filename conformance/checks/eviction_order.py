@@ -105,10 +105,15 @@ def owner(state: tuple[int, str], sequences: Mapping[str, Sequence[int]]) -> str
 def eviction_order_verdict(policy: str, stored: Sequence[Stored], sequences: Mapping[str, Sequence[int]],
                            records: Iterable[Mapping[str, Any]]) -> Verdict:
     """Pass when the first scenario state a KV-asked walk freed is on the prompt ``policy``
-    ranks lowest; fail when another went first, or when no KV walk freed one (nothing judged)."""
+    ranks lowest; fail when another went first, when no KV walk freed one, or when the server's
+    start line (in ``records``) says it records no per-node evictions (nothing judged)."""
     expected = first_victim(policy, stored)
     if expected is None:
         return Verdict(CHECK, "skip", reason=f"eviction policy {policy}: its order is not modelled")
+    records = list(records)
+    if any(r.get("ev") == "start" and not r.get("state_evictions") for r in records):
+        return Verdict(CHECK, "fail", {}, f"eviction policy {policy}: the observe plugin's per-node eviction hooks were not in "
+                       "place on this server (its start line says state_evictions false): nothing was judged")
     victims, kv_walks, other_walks = kv_walk_victims(records)
     owners = [o for o in (owner(v, sequences) for v in victims) if o is not None]
     metrics = {"kv_walks": kv_walks, "mamba_walks": other_walks, "kv_victims": len(victims), "scenario_victims": len(owners)}

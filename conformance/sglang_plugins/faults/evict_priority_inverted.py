@@ -4,8 +4,11 @@ SGLang 0.5.23's ``--radix-eviction-policy priority`` evicts the leaf with the lo
 value first (``PriorityStrategy``: (priority, last access)); the priority is the highest request
 priority that inserted the path (``UnifiedRadixCache.insert``: ``InsertParams.priority``, from
 ``req.priority``).  The scheduler, with ``--schedule-low-priority-values-first``, reads low values
-as urgent; this fault is that convention leaking into the cache's insert (AROUND): the tree is
-handed ``-priority``, so under KV pressure the most important paths go first.  Every other
+as urgent; this fault is that convention leaking into the cache's insert: around
+``UnifiedRadixCache.checkpoint_into_tree`` (where the insert's ``InsertParams.priority`` is
+taken from ``req.priority``) the request's priority is negated, and restored after, so the tree
+is handed ``-priority`` and under KV pressure the most important paths go first.  (Not the
+tree's ``insert`` itself: the observe plugin's per-node evidence hooks that.)  Every other
 policy ignores the priority, so it shows only with ``eviction = priority`` and a KV shortfall
 (a KV-asked walk: a Mamba-shortfall walk is LRU whatever the policy); the prefix_branching
 suite's eviction-order scenario makes one.
@@ -13,25 +16,22 @@ suite's eviction-order scenario makes one.
 
 from __future__ import annotations
 
-import dataclasses
-
-from conformance.sglang_plugins.faults.spec import Hook, fired, plan_arg, sglang_fault
+from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "evict_priority_inverted"
-TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.insert"
+TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree"
 
 
-def insert_with_priority_inverted(original, cache, *args, **kwargs):
-    params = plan_arg(args, kwargs, 0, "params")
-    priority = getattr(params, "priority", None)
-    if priority:
-        fired(NAME, priority=int(priority))
-        params = dataclasses.replace(params, priority=-priority)
-        if "params" in kwargs:
-            kwargs["params"] = params
-        else:
-            args = (params, *args[1:])
-    return original(cache, *args, **kwargs)
+def insert_with_priority_inverted(original, cache, req, *args, **kwargs):
+    priority = getattr(req, "priority", None)
+    if not priority:
+        return original(cache, req, *args, **kwargs)
+    fired(NAME, priority=int(priority))
+    req.priority = -priority
+    try:
+        return original(cache, req, *args, **kwargs)
+    finally:
+        req.priority = priority
 
 
 FAULT = sglang_fault(
