@@ -115,7 +115,8 @@ def _base(draw, m: _Model, follow: bool):
 @st.composite
 def _options(draw, m: _Model, rich: bool) -> Options:
     if not rich:
-        return Options(return_logprob=draw(st.sampled_from((True, True, True, False))))
+        return Options(return_logprob=draw(st.sampled_from((True, True, True, False))),
+                       reasoning=draw(st.booleans()) if m.spec.reasoning_requests else False)
     stop = None
     if m.sent and draw(st.integers(0, 2)) == 0:
         stop = Stop(draw(st.sampled_from(m.sent[::-1])), draw(st.integers(0, 7)), draw(st.sampled_from(("token", "text"))))
