@@ -42,6 +42,12 @@ REASONING_REQUESTS = "reasoning_requests"
 #: A server whose KV pool is the axis's small one: the leaks suite stores more prompt KV than
 #: it holds (evictions under KV pressure), which no other workload reaches.
 KV_PRESSURE = "kv_pressure"
+#: A server whose KV evictions the kit judges against its eviction policy's order
+#: (``conformance/checks/eviction_order.py``): the modelled non-default policies, and the small
+#: KV pool (LRU, the axis off, under KV pressure).
+EVICTION_ORDER = "eviction_order"
+#: The eviction policies whose KV victim order ``conformance/checks/eviction_order.py`` models.
+ORDERED_POLICIES = ("lfu", "slru", "priority")
 #: The reasoning parser of the think-token twins (qwen3's ``<think>`` ... ``</think>``).
 REASONING_PARSER = "qwen3"
 
@@ -176,11 +182,12 @@ _AXES = (
                   needs=("--chunked-prefill-size", None), refuses=_chunked_refuses("sub-chunk")),
     ), _default("default")),
     _pool_axis("mamba_pool", "--max-mamba-cache-size", "the Mamba state pool", CPU_MAX_MAMBA_CACHE_SIZE, SMALL_MAX_MAMBA_CACHE_SIZE, "slots"),
-    _pool_axis("kv_pool", "--max-total-tokens", "the KV pool", CPU_MAX_TOTAL_TOKENS, SMALL_MAX_TOTAL_TOKENS, "tokens", (KV_PRESSURE,)),
+    _pool_axis("kv_pool", "--max-total-tokens", "the KV pool", CPU_MAX_TOTAL_TOKENS, SMALL_MAX_TOTAL_TOKENS, "tokens", (KV_PRESSURE, EVICTION_ORDER)),
     Axis("eviction", "the radix cache's eviction policy (--radix-eviction-policy)", _values(
         "eviction",
         *(AxisValue("eviction", p, f"--radix-eviction-policy {p}", _flag("--radix-eviction-policy", p) if p != "lru" else _flag(),
-                    needs=("--radix-eviction-policy", p)) for p in ("lru", "lfu", "slru", "priority")),
+                    needs=("--radix-eviction-policy", p), enables=(EVICTION_ORDER,) if p in ORDERED_POLICIES else ())
+          for p in ("lru", "lfu", "slru", "priority")),
         # SGLang refuses a bare tlru at start ("needs 'threshold' greater than 'next_prompt_estimate'")
         AxisValue("eviction", "tlru", f"--radix-eviction-policy tlru with {TLRU_CONFIG}",
                   _flag("--radix-eviction-policy", "tlru", "--radix-eviction-policy-config", TLRU_CONFIG), needs=("--radix-eviction-policy", "tlru")),

@@ -327,6 +327,24 @@ def kv_fill_then_idle(client: SGLangClient) -> dict[str, float]:
     return fresh_idle_metrics(client)
 
 
+def priority_fill_held_hit(client: SGLangClient) -> tuple[int, int]:
+    """The eviction-order scenario (``conformance/checks/eviction_order.py``): a 1024-token prompt
+    sent three times at request priority 10, then priority-0 prompts stored one at a time past the
+    server's KV pool (8192: ten of them); then (the held prompt's hit, the last stored prompt's hit),
+    each as the prompt + 5 tokens.  The priority policy keeps the held prompt (its evictions take
+    the oldest priority-0 prompts): a hit of 1024 or so; LRU gives it up first: 0."""
+    from conformance.checks.eviction_order import scenario
+
+    client.flush_cache()
+    stored = scenario(int(client.server_info().get("max_total_num_tokens") or 8192), 1024)
+    seqs = prompts([1024] * len(stored), seed=31)
+    for s, p in zip(stored, seqs):
+        for _ in range(s.sends):
+            generate_tokens(client, [p], 1, priority=s.priority)
+    held, last = (generate_tokens(client, [p + tail(5, f"pr{i}")], 1)[0] for i, p in ((0, seqs[0]), (1, seqs[-1])))
+    return int(held["meta_info"]["cached_tokens"]), int(last["meta_info"]["cached_tokens"])
+
+
 def grid_prefill_hits(client: SGLangClient) -> list[HitVsCold]:
     warm = prompts(GRID_LENGTHS, seed=2)
     return hit_vs_cold(client, [[p] for p in warm], [p + tail(5, f"g{i}") for i, p in enumerate(warm)])

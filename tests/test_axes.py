@@ -71,6 +71,12 @@ def test_streaming_sessions_follow_the_sessions_axis() -> None:
     assert not axes.enabled(_cell(sessions="plain"), axes.STREAMING_SESSIONS)
 
 
+def test_eviction_order_runs_on_the_ordered_policies_and_the_small_kv_pool() -> None:
+    assert all(axes.enabled(_cell(eviction=p), axes.EVICTION_ORDER) for p in axes.ORDERED_POLICIES)
+    assert axes.enabled(_cell(kv_pool="small"), axes.EVICTION_ORDER)  # LRU (the axis off) under KV pressure
+    assert not axes.enabled(_cell(), axes.EVICTION_ORDER) and not axes.enabled(_cell(eviction="tlru"), axes.EVICTION_ORDER)
+
+
 # ------------------------------------------------------------------ the matrix validates them
 
 def _matrix(tmp_path: Path, extra: str, *, axes_tables: str | None = None) -> Path:
@@ -139,7 +145,9 @@ def test_premerge_keeps_its_size_and_standard_has_one_cell_per_axis_value() -> N
     assert {16, 64, 128, 256} <= {c.page_size for c in standard}
     axis_cells = [c for c in standard if c.options]
     assert all(len(c.options) == 1 for c in axis_cells)  # one value per cell: a failure names its option
-    assert len({c.options for c in axis_cells}) == len(axis_cells)
+    # one cell per axis value and strategy (strip-thinking also runs no_buffer, whose finish donates the live state)
+    assert len({(c.options, c.strategy) for c in axis_cells}) == len(axis_cells)
+    assert len({c.options for c in axis_cells}) == len(axis_cells) - 1
     assert not SHIPPED.select(tier="standard", target="reference", server_options=["mixed_chunk=on"])
 
 

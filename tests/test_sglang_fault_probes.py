@@ -36,6 +36,7 @@ from sglang_cpu_probes import (
     mixed_prefill_hits,
     overlap_edge_hits,
     pressure_hits,
+    priority_fill_held_hit,
     REASONING_LENGTHS,
     reasoning_hits,
     sub_chunk_prefill_hits,
@@ -118,6 +119,10 @@ PROBES: dict[str, Probe] = {
     # state (tracked at 256, while thinking) with the whole prompt: hits at 250/245 diverge
     "strip_thinking_state_past_key": Probe(EXTRA, reasoning_hits, lambda rows: [r.cached_tokens for r in rows] == list(REASONING_LENGTHS) and all(r.diverged for r in rows),
                                            options=(("reasoning", "strip-thinking"),)),
+    # --radix-eviction-policy priority under KV pressure: the held prompt (priority 10) is given up
+    # first once the tree keeps its priority negated (clean: kept, hit ~1024; the last stored prompt hits either way)
+    "evict_priority_inverted": Probe(EXTRA, priority_fill_held_hit, lambda hits: hits[0] == 0 and hits[1] > 0,
+                                     options=(("eviction", "priority"),)),
 }
 FAST = ("cow_skipped",)
 
@@ -275,6 +280,24 @@ def test_strip_thinking_fault_is_missed_with_reasoning_off(tmp_path: Path) -> No
         rows = reasoning_hits(s.client)
         fired = s.fired("strip_thinking_state_past_key")
     assert fired == 0 and all(r.cached_tokens >= 256 for r in rows) and not diverged(rows), (fired, summary(rows))
+
+
+def test_control_priority_fill_clean(tmp_path: Path) -> None:
+    """The eviction-order fill on a clean priority-policy server: the held prompt (priority 10)
+    survives the KV evictions, which take the oldest priority-0 prompts."""
+    with probe_server(cell_for(*EXTRA, options=(("eviction", "priority"),)), tmp_path, fault=None, strict=False) as s:
+        hits = priority_fill_held_hit(s.client)
+    assert hits[0] >= 1000 and hits[1] > 0, hits
+
+
+def test_priority_fault_is_missed_under_lru(tmp_path: Path) -> None:
+    """The same fill and fault on the plain cell (LRU, the axis off): the fault fires (every
+    priority-10 insert) but LRU reads no priority, so the tree gives the held prompt up first
+    with or without it -- the same hits as a clean LRU server would give."""
+    with probe_server(cell_for(*EXTRA), tmp_path, fault="evict_priority_inverted", strict=False) as s:
+        hits = priority_fill_held_hit(s.client)
+        fired = s.fired("evict_priority_inverted")
+    assert fired >= 1 and hits[0] == 0 and hits[1] > 0, (fired, hits)
 
 
 def test_control_kv_fill_clean(tmp_path: Path) -> None:

@@ -71,6 +71,17 @@ def test_every_hook_target_resolves_in_the_installed_sglang() -> None:
             assert hasattr(pkgutil.resolve_name(owner), attr), hook.target
 
 
+def test_no_fault_hooks_a_target_of_the_observe_plugins_per_node_evidence() -> None:
+    """The observe plugin proves its per-node hooks took effect by the symbol changing; a fault on
+    the same symbol broke that proof (a first evict_priority_inverted on the tree's insert: the
+    server's start line said state_evictions false, and the eviction-order check judged nothing)."""
+    from conformance.sglang_plugins import observe
+
+    per_node = {observe.INSERT_TARGET, observe.STATE_FREE_TARGET, observe.TREE_RESET_TARGET}
+    shared = [(name, h.target) for name, f in catalogue.faults().items() for h in f.hooks if h.target in per_node]
+    assert not shared, shared
+
+
 INSTALL_ALL = """
 import json, sys
 from sglang.srt.plugins.hook_registry import HookRegistry

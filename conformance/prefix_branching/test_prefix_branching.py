@@ -1,15 +1,25 @@
 """Prefix-branching suite: generated trees (branch points at, one before and one after chunk
 and track boundaries; concurrent siblings; eviction pressure); observed ``cached_tokens``
-against the prefix oracle, and outputs on a hit against cold outputs.
+against the prefix oracle, and outputs on a hit against cold outputs.  On a cell whose
+eviction policy (or small KV pool) the kit models, which stored prefix the first KV
+eviction gave up, against the policy's order (``conformance/checks/eviction_order.py``).
 """
 
 from __future__ import annotations
 
 import pytest
 
+import json
+from pathlib import Path
+
+from conformance import axes
+from conformance.checks.eviction_order import eviction_order_verdict, scenario
 from conformance.checks.prefix_branching import prefix_branching_verdict
+from conformance.programs.evidence import REQUESTS_SUFFIX
 from conformance.suites import exact_mode, grids, lookahead, oracle_for, settle, sizes_for, vocab_size
-from conformance.workloads.runners import record_tree
+from conformance.targets.registry import target_for
+from conformance.workloads.prompts import token_prompts
+from conformance.workloads.runners import generate_tokens, output_ids, record_tree
 from conformance.workloads.trees import branching_tree
 
 pytestmark = pytest.mark.prefix_branching
@@ -54,3 +64,37 @@ def test_branching_tree(endpoint, shape, record_verdict):
         kl_cap=cell.model.thresholds.kl_abs_cap,
     )
     settle(record_verdict(verdict))
+
+
+#: The eviction-order scenario's prompt length (a multiple of every track grid; far below the context).
+EVICTION_PROMPT = 1024
+
+
+def test_kv_eviction_follows_the_policy(endpoint, record_verdict):
+    """Prompts sharing no prefix stored one at a time past the KV pool (the server's own
+    ``max_total_num_tokens``), the first one with a high request priority and hit twice; the
+    first stored state a KV-asked eviction walk freed must be the one the cell's policy ranks
+    lowest (per-node evidence from the observe plugin)."""
+    if not axes.enabled(endpoint.cell, axes.EVICTION_ORDER):
+        pytest.skip("eviction order: only on a cell with a modelled eviction policy or the small KV pool")
+    if not target_for(endpoint).kit_plugins or endpoint.log_path is None:
+        pytest.skip("eviction order: needs the observe plugin's per-node eviction records (real SGLang)")
+    kv = int(endpoint.info.get("max_total_num_tokens") or 0)
+    if kv <= 0:
+        pytest.skip("eviction order: the server does not say how big its KV pool is (max_total_num_tokens)")
+    policy = axes.value_of(endpoint.cell, "eviction").name
+    stored = scenario(kv, EVICTION_PROMPT)
+    prompts = dict(zip((s.name for s in stored), token_prompts([EVICTION_PROMPT] * len(stored), vocab_size=vocab_size(endpoint), seed=31)))
+    endpoint.client.flush_cache()
+    path = Path(endpoint.log_path).with_suffix(REQUESTS_SUFFIX)
+    start = path.stat().st_size if path.exists() else 0
+    sequences = {}
+    for s in stored:
+        for _ in range(s.sends):
+            (resp,) = generate_tokens(endpoint.client, [prompts[s.name]], 1, priority=s.priority)
+        sequences[s.name] = (*prompts[s.name], *output_ids(resp))
+    data = path.read_bytes()
+    # the server's start line (are its per-node hooks in place?), then what the scenario caused
+    head = [r for r in (json.loads(line) for line in data[:start].splitlines() if line.strip()) if r.get("ev") == "start"][-1:]
+    records = head + [json.loads(line) for line in data[start:].splitlines() if line.strip()]
+    settle(record_verdict(eviction_order_verdict(policy, stored, sequences, records)))

@@ -109,6 +109,7 @@ def gen_spec(ep: Endpoint, target: Target) -> GenSpec:
         vocab_size=vocab_size(ep), chunk=g.chunk, checkpoint_grid=g.checkpoint_grid, track_grid=g.track_grid,
         page_size=g.page_size, context_len=target.limits.context_len,
         streaming_sessions=axes.enabled(ep.cell, axes.STREAMING_SESSIONS),
+        reasoning_requests=axes.enabled(ep.cell, axes.REASONING_REQUESTS),
     )
 
 

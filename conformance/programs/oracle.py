@@ -30,17 +30,16 @@ from conformance.checks.hit_bounds import (
     branch_point,
     chunked_prefill_stores,
     cut_prefill_stores,
-    finish_store,
     key_limit,
     may_have_evicted,
     observed_cut_stores,
-    possible_finish_stores,
     prefill_must_be_cut,
     prefill_never_tracked,
     prefill_stores,
     seen_cut_stores,
     trie_size,
 )
+from conformance.checks.strip_thinking import finish_store_of, possible_finish_stores_of
 
 PREFILL_LINE = re.compile(r"Prefill batch.*?#cached-token:\s*(\d+)")
 
@@ -232,11 +231,11 @@ class HitBook:
             for h in self._hits(q):
                 alts |= cut_prefill_stores(q.input_ids, h, self.grid, budget=self.limits.prefill_budget)
         if q.regular:
-            key = finish_store(q.input_ids, q.output_ids, self.grid)
+            key = finish_store_of(q.input_ids, q.output_ids, self.grid, q.options)
             if key:
                 alts.add(key)
         else:
-            alts |= possible_finish_stores(q.input_ids, q.output_ids, self.grid)
+            alts |= possible_finish_stores_of(q.input_ids, q.output_ids, self.grid, q.options)
         out = frozenset(alts)
         if q.done_seq and (log is None or not self._prefill_unseen(q, log)):
             self._fixed[(q.rid, cut)] = out
@@ -333,7 +332,7 @@ class HitBook:
                 chunks = log.chunks(self.server_rid(q.rid))
                 for key in seen_cut_stores(q.input_ids, chunks, self.grid, self._branches(q, q.cached_tokens, keys)):
                     out.add(key, sure=True)
-            out.add(finish_store(q.input_ids, q.output_ids, self.grid), sure=True)
+            out.add(finish_store_of(q.input_ids, q.output_ids, self.grid, q.options), sure=True)
         self._certain[q.rid] = out
         return out
 

@@ -89,6 +89,7 @@ class Options:
     top_logprobs_num: int = 0
     ignore_eos: bool = True
     stop: Stop | None = None
+    reasoning: bool = False  # asks for reasoning (``require_reasoning``; drawn only where the cell strips thinking)
 
 
 class Step:
@@ -264,6 +265,7 @@ def _options(value: Any, where: str) -> Options:
         top_logprobs_num=int(value.get("top_logprobs_num", 0)),
         ignore_eos=bool(value.get("ignore_eos", True)),
         stop=Stop(str(stop["rid"]), int(stop["at"]), str(stop.get("kind", "token"))) if stop else None,
+        reasoning=bool(value.get("reasoning", False)),
     )
 
 

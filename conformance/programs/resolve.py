@@ -25,6 +25,7 @@ from typing import Any
 
 from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.prefix_oracle import floor_to
+from conformance.checks.strip_thinking import REASONING_FIELD
 from conformance.programs.oracle import Limits, Served
 from conformance.programs.program import LAND_MAX_NEW, After, Burst, Options, Program, Root, Send, Turn
 
@@ -115,6 +116,8 @@ class Resolver:
             **self._logprob_fields(step.options, len(ids)),
         }
         opts = {k: payload.get(k) for k in ("return_logprob", "logprob_start_len", "top_logprobs_num")}
+        if step.options.reasoning:  # on a strip-thinking server only its prompt is kept (conformance.checks.strip_thinking)
+            payload[REASONING_FIELD] = opts[REASONING_FIELD] = True
         return ids, max_new, payload, opts
 
     def burst(self, step: Burst) -> tuple[list[Key], dict[str, Any]]:

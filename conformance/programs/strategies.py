@@ -45,6 +45,7 @@ class GenSpec:
     pressure_new: int = 6  # a burst that decodes this long keeps more requests running than the mamba pool holds
     sessions: bool = True
     streaming_sessions: bool = True  # the cell's server takes streaming sessions (conformance.axes)
+    reasoning_requests: bool = False  # the cell's server keeps only the prompt of a reasoning request (conformance.axes)
 
     @property
     def max_root_len(self) -> int:
@@ -114,7 +115,8 @@ def _base(draw, m: _Model, follow: bool):
 @st.composite
 def _options(draw, m: _Model, rich: bool) -> Options:
     if not rich:
-        return Options(return_logprob=draw(st.sampled_from((True, True, True, False))))
+        return Options(return_logprob=draw(st.sampled_from((True, True, True, False))),
+                       reasoning=draw(st.booleans()) if m.spec.reasoning_requests else False)
     stop = None
     if m.sent and draw(st.integers(0, 2)) == 0:
         stop = Stop(draw(st.sampled_from(m.sent[::-1])), draw(st.integers(0, 7)), draw(st.sampled_from(("token", "text"))))
@@ -124,6 +126,7 @@ def _options(draw, m: _Model, rich: bool) -> Options:
         top_logprobs_num=draw(st.sampled_from((0, 1, 3))),
         ignore_eos=stop is None and draw(st.booleans()),
         stop=stop,
+        reasoning=draw(st.booleans()) if m.spec.reasoning_requests else False,
     )
 
 

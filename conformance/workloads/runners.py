@@ -57,15 +57,18 @@ def _batch(client: SGLangClient, payload: dict[str, Any], n: int, timeout: float
 
 def generate_tokens(
     client: SGLangClient, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *, top_k: int = 0,
-    timeout: float | None = None, reasoning: bool = False,
+    timeout: float | None = None, reasoning: bool = False, priority: int | None = None,
 ) -> list[dict[str, Any]]:
     """One batched greedy /generate over token prompts (logprobs when ``top_k`` > 0).
     ``reasoning``: the requests ask for reasoning (SGLang's ``require_reasoning``: until the
-    parser's think-end tokens appear, every output token counts as thinking)."""
+    parser's think-end tokens appear, every output token counts as thinking).
+    ``priority``: the requests' priority (SGLang's tree keeps it on the paths they insert)."""
     news = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     payload: dict[str, Any] = {"input_ids": [list(p) for p in prompts], "sampling_params": [_sampling(n) for n in news]}
     if reasoning:
         payload["require_reasoning"] = True
+    if priority is not None:
+        payload["priority"] = priority
     if top_k > 0:
         payload.update({"return_logprob": True, "top_logprobs_num": top_k, "return_text_in_logprobs": False})
     return _batch(client, payload, len(prompts), timeout)

@@ -51,6 +51,7 @@ FAULT_MODULES = (
     "kv_evict_frees_cached_mamba_slot",
     "sub_chunk_handoff_donates_untracked",
     "strip_thinking_state_past_key",
+    "evict_priority_inverted",
     # PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP): the disagg suite
     "pd_state_index_off",             # PR 15829
     "pd_last_layer_state_unsent",
