@@ -248,6 +248,22 @@ def finish_store(prompt: Key, output: Key, grid: StrategyGrid) -> Key | None:
     return _prefix(seq, floor_to(n, grid.page_size))
 
 
+def unprepared_boundary_finish_store(prompt: Key, output: Key, grid: StrategyGrid) -> Key | None:
+    """The state a lazy request with every boundary allocation failing, under overlap, inserts
+    at a finish one token before a track boundary when SGLang did NOT prepare the boundary
+    step after it: its last tracked state, still in the keep slot (``finish_store`` says None,
+    the case where the prepared step dropped it).  Whether that step was prepared depends on
+    the scheduler's timing, so the oracle admits this key only when SGLang's tree was seen
+    taking it.  None outside that case."""
+    seq = prompt + output
+    committed = len(seq) - 1 if output else len(prompt)
+    if not (grid.buffered and grid.lazy_alloc_fail and grid.lookahead == 1 and committed > 0 and (committed + 1) % grid.track_grid == 0):
+        return None
+    tracks = decode_track_positions(len(prompt), committed, grid.track_grid)
+    n = floor_to(tracks[-1], grid.page_size) if tracks else 0
+    return _prefix(seq, n) if n > 0 else None
+
+
 def possible_finish_stores(prompt: Key, output: Key, grid: StrategyGrid, *, extra: int = 2) -> set[Key]:
     """Every state an irregular finish (abort, a session's hand-over) may insert: any decode
     track position up to ``extra`` tokens past what was returned, or (no_buffer) any

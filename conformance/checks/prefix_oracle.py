@@ -38,8 +38,11 @@ update``):
   schedule (``lookahead=0``) the boundary state is still recorded and inserted, so hits
   are unchanged.  Under overlap (``lookahead=1``) a request that finishes while the
   in-flight step is an in-place boundary (``(committed + 1) % track_grid == 0``) sets
-  ``mamba_lazy_checkpoint = False`` and inserts nothing at finish.  Only ``lookahead=0``
-  is validated against real SGLang by the pool tier.
+  ``mamba_lazy_checkpoint = False`` and inserts nothing at finish -- when the scheduler
+  prepared that step; when it did not, the last state tracked in place is inserted (seen on
+  0.5.23: a 247 + 521-token request stored 512; the programs oracle admits it only when
+  SGLang's tree was seen taking it, ``hit_bounds.unprepared_boundary_finish_store``).  Only
+  ``lookahead=0`` is validated against real SGLang by the pool tier.
 * Aborted requests finish through the same path (one more forward, then
   ``release_kv_cache(checkpoint=True)``), so ``aborted`` does not change what is stored.
 

@@ -38,6 +38,7 @@ from conformance.checks.hit_bounds import (
     prefill_stores,
     seen_cut_stores,
     trie_size,
+    unprepared_boundary_finish_store,
 )
 from conformance.checks.strip_thinking import finish_store_of, possible_finish_stores_of
 
@@ -230,14 +231,18 @@ class HitBook:
         elif cut and self._could_be_cut(q):
             for h in self._hits(q):
                 alts |= cut_prefill_stores(q.input_ids, h, self.grid, budget=self.limits.prefill_budget)
+        kept = None
         if q.regular:
             key = finish_store_of(q.input_ids, q.output_ids, self.grid, q.options)
             if key:
                 alts.add(key)
+            elif log is not None and (kept := unprepared_boundary_finish_store(q.input_ids, q.output_ids, self.grid)) is not None:
+                if log.state_stored(kept):  # seen: SGLang did not prepare the boundary step after the finish
+                    alts.add(kept)
         else:
             alts |= possible_finish_stores_of(q.input_ids, q.output_ids, self.grid, q.options)
         out = frozenset(alts)
-        if q.done_seq and (log is None or not self._prefill_unseen(q, log)):
+        if q.done_seq and (log is None or not self._prefill_unseen(q, log)) and (kept is None or kept in alts):
             self._fixed[(q.rid, cut)] = out
         return out
 
