@@ -230,6 +230,12 @@ def seen_cut_stores(prompt: Key, chunks: Sequence[Any], grid: StrategyGrid, bran
     return set.intersection(*per_branch)
 
 
+def _boundary_step_may_follow(committed: int, grid: StrategyGrid) -> bool:
+    """Lazy, every boundary allocation failing, overlap: the step after a finish at
+    ``committed`` is a track boundary, which drops the kept checkpoint if it was prepared."""
+    return grid.lazy_alloc_fail and grid.lookahead == 1 and (committed + 1) % grid.track_grid == 0
+
+
 def finish_store(prompt: Key, output: Key, grid: StrategyGrid) -> Key | None:
     """The state a normally finished request inserts (``PrefixOracle.finish_insert_len``)."""
     seq = prompt + output
@@ -238,7 +244,7 @@ def finish_store(prompt: Key, output: Key, grid: StrategyGrid) -> Key | None:
         return None
     if not grid.buffered:
         n: int | None = committed
-    elif grid.lazy_alloc_fail and grid.lookahead == 1 and (committed + 1) % grid.track_grid == 0:
+    elif _boundary_step_may_follow(committed, grid):
         n = None
     else:
         tracks = decode_track_positions(len(prompt), committed, grid.track_grid)
@@ -257,7 +263,7 @@ def unprepared_boundary_finish_store(prompt: Key, output: Key, grid: StrategyGri
     taking it.  None outside that case."""
     seq = prompt + output
     committed = len(seq) - 1 if output else len(prompt)
-    if not (grid.buffered and grid.lazy_alloc_fail and grid.lookahead == 1 and committed > 0 and (committed + 1) % grid.track_grid == 0):
+    if not (grid.buffered and committed > 0 and _boundary_step_may_follow(committed, grid)):
         return None
     tracks = decode_track_positions(len(prompt), committed, grid.track_grid)
     n = floor_to(tracks[-1], grid.page_size) if tracks else 0
