@@ -31,7 +31,8 @@ CPU_MAX_MAMBA_CACHE_SIZE = 48
 SMALL_MAX_TOTAL_TOKENS = 4096
 SMALL_MAX_MAMBA_CACHE_SIZE = 16
 #: T-LRU's tuning (tokens): SGLang refuses tlru unless threshold > next_prompt_estimate.
-TLRU_CONFIG = '{"threshold": 512, "next_prompt_estimate": 64}'
+TLRU_THRESHOLD, TLRU_NEXT_PROMPT_ESTIMATE = 512, 64
+TLRU_CONFIG = f'{{"threshold": {TLRU_THRESHOLD}, "next_prompt_estimate": {TLRU_NEXT_PROMPT_ESTIMATE}}}'
 #: A server that takes streaming sessions (``open_session(streaming=True)``).
 STREAMING_SESSIONS = "streaming_sessions"
 #: A server that batches prefill chunks with running decodes (requests without logprobs only).
@@ -47,7 +48,7 @@ KV_PRESSURE = "kv_pressure"
 #: KV pool (LRU, the axis off, under KV pressure).
 EVICTION_ORDER = "eviction_order"
 #: The eviction policies whose KV victim order ``conformance/checks/eviction_order.py`` models.
-ORDERED_POLICIES = ("lfu", "slru", "priority")
+ORDERED_POLICIES = ("lfu", "slru", "priority", "tlru")
 #: The reasoning parser of the think-token twins (qwen3's ``<think>`` ... ``</think>``).
 REASONING_PARSER = "qwen3"
 
@@ -190,7 +191,8 @@ _AXES = (
           for p in ("lru", "lfu", "slru", "priority")),
         # SGLang refuses a bare tlru at start ("needs 'threshold' greater than 'next_prompt_estimate'")
         AxisValue("eviction", "tlru", f"--radix-eviction-policy tlru with {TLRU_CONFIG}",
-                  _flag("--radix-eviction-policy", "tlru", "--radix-eviction-policy-config", TLRU_CONFIG), needs=("--radix-eviction-policy", "tlru")),
+                  _flag("--radix-eviction-policy", "tlru", "--radix-eviction-policy-config", TLRU_CONFIG), needs=("--radix-eviction-policy", "tlru"),
+                  enables=(EVICTION_ORDER,)),
     ), _default("lru")),
     Axis("sessions", "streaming sessions (--enable-streaming-session) or plain sessions", _values(
         "sessions",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conformance import axes
-from conformance.checks.eviction_order import eviction_order_verdict, first_victim, kv_walk_victims, scenario
+from conformance.checks.eviction_order import Tlru, eviction_order_verdict, first_victim, kv_walk_victims, path_splits, scenario, tlru_stored_len
 from conformance.token_digest import token_digest
 from conformance.workloads.prompts import token_prompts
 
@@ -36,8 +36,44 @@ def test_each_policy_gives_up_its_lowest_ranked_leaf(policy, victim):
 
 def test_every_ordered_policy_of_the_axis_is_modelled():
     for p in axes.ORDERED_POLICIES:
-        assert first_victim(p, STORED) is not None
-    assert first_victim("tlru", STORED) is None
+        assert first_victim(p, STORED, tlru=Tlru(512, 64), splits={}) is not None
+    assert first_victim("tlru", STORED) is None  # tlru needs its configuration and the paths' splits
+
+
+#: tlru at toy scale: a 40-token held path must keep 40 + 4 - 32 = 12 tokens cached above its leaf
+TOY_TLRU = Tlru(32, 4)
+TOY = scenario(400, 40, tlru_stored_len(TOY_TLRU))
+
+
+def _stored(name: str, n: int) -> dict:
+    return {"ev": "state_stored", "len": n, "key": token_digest(SEQS[name][:n])}
+
+
+def test_tlru_gives_up_a_tel_safe_leaf_before_an_older_unsafe_one():
+    assert TOY_TLRU.tel_safe((tlru_stored_len(TOY_TLRU),))  # the short stored prompts: safe however split
+    assert not TOY_TLRU.tel_safe((40,)) and TOY_TLRU.tel_safe((16, 40)) and not TOY_TLRU.tel_safe((8, 40))
+    # held in one node: unsafe, so the oldest safe leaf goes first (LRU would take held)
+    assert first_victim("tlru", TOY, tlru=TOY_TLRU, splits={"held": (40,)}).name == "stored-1"
+    # held split at 16 by a stored state: its 24-token leaf is safe and the oldest
+    assert first_victim("tlru", TOY, tlru=TOY_TLRU, splits={"held": (16, 40)}).name == "held"
+
+
+def test_tlru_reads_the_splits_from_sglangs_stored_states():
+    records = [_stored("held", 16), _stored("held", 40), _stored("stored-1", 12), {"ev": "state_stored", "len": 5, "key": "elsewhere"}]
+    splits = path_splits(SEQS, records)
+    assert splits["held"] == (16, 40) and splits["stored-1"] == (12,) and splits["stored-2"] == ()
+
+
+def test_tlru_verdict_follows_the_observed_splits():
+    unsplit = [_stored("held", 40), _state("stored-1"), _walk(kv=True)]
+    v = eviction_order_verdict("tlru", TOY, SEQS, unsplit, tlru=TOY_TLRU)
+    assert v.status == "pass" and v.metrics["differs_from_lru"] == 1
+    lru_like = [_stored("held", 40), _state("held"), _walk(kv=True)]  # a tlru that behaves as plain LRU
+    v = eviction_order_verdict("tlru", TOY, SEQS, lru_like, tlru=TOY_TLRU)
+    assert v.status == "fail" and "held" in v.reason and "stored-1" in v.reason
+    split = [_stored("held", 16), _stored("held", 40), _state("held"), _walk(kv=True)]
+    v = eviction_order_verdict("tlru", TOY, SEQS, split, tlru=TOY_TLRU)
+    assert v.status == "pass" and v.metrics["differs_from_lru"] == 0
 
 
 def test_policy_victim_passes_and_another_fails():
@@ -60,8 +96,9 @@ def test_no_kv_walk_is_a_failure_not_a_pass():
 
 
 def test_unmodelled_policy_is_a_stated_skip():
-    v = eviction_order_verdict("tlru", STORED, SEQS, [])
-    assert v.status == "skip" and "not modelled" in v.reason
+    for policy, kw in (("fifo", {}), ("tlru", {})):  # tlru without its configuration
+        v = eviction_order_verdict(policy, STORED, SEQS, [], **kw)
+        assert v.status == "skip" and "not modelled" in v.reason
 
 
 def test_a_server_without_per_node_hooks_judges_nothing():

@@ -9,14 +9,18 @@ Each policy ranks a leaf by a key, smallest evicted first:
 - ``lru``: last access;
 - ``lfu``: (hit count, last access);
 - ``slru``: (hit count >= 2, i.e. protected, last access) -- SGLang's default protected threshold;
-- ``priority``: (the highest request priority that inserted the path, last access).
-
-``tlru`` is not modelled (its key depends on how the tree split each conversation).
+- ``priority``: (the highest request priority that inserted the path, last access);
+- ``tlru``: (-1 when the leaf is "TEL-safe", else 0; last access).  A leaf is TEL-safe when the
+  prefix cached above it is at least ``history + next_prompt_estimate - threshold`` tokens
+  (``history``: the deepest the branch ever reached).  That depends on where the tree split
+  each path, so the model reads the splits from SGLang's own records: every mamba state the
+  tree took on a path (``state_stored``) ends a node there (:func:`path_splits`).
 
 The scenario (:func:`scenario`) stores prompts that share no prefix, one at a time, until the
 KV pool runs short: first ``held`` (a high request priority, sent three times: the oldest
 leaf, the most hit), then ``stored-1``, ``stored-2``, ... (priority 0, sent once). LRU gives up
-``held`` first; LFU, SLRU and priority give up ``stored-1``.  The kit observes which state each
+``held`` first; LFU, SLRU and priority give up ``stored-1``.  For tlru the stored prompts are
+short (TEL-safe whatever the splits): ``held`` goes first only if its own leaf is TEL-safe.  The kit observes which state each
 eviction step freed (the observe plugin's ``state_evicted`` records, named by prefix length and
 digest), and which pool each walk was asked to free (``evict`` records, ``asked_num_tokens``):
 the states a KV-asked walk freed are its victims.  Only the first scenario state a KV walk
@@ -47,13 +51,30 @@ class Stored:
     priority: int
     sends: int
     last: int
+    length: int = 0  # the prompt's tokens
 
     @property
     def hits(self) -> int:
         return self.sends - 1
 
 
-#: policy -> the key that ranks a leaf (smallest evicted first), SGLang 0.5.23's evict_policy.py
+@dataclass(frozen=True)
+class Tlru:
+    """The tlru policy's configuration (``--radix-eviction-policy-config``), in tokens."""
+
+    threshold: int
+    next_prompt_estimate: int
+
+    def tel_safe(self, splits: Sequence[int]) -> bool:
+        """Is the leaf of a path whose nodes end at ``splits`` (ascending; the last is the
+        path's depth, also its high-water history) free to evict before the rest?"""
+        depth = splits[-1] if splits else 0
+        above = splits[-2] if len(splits) > 1 else 0
+        return above >= max(depth + self.next_prompt_estimate - self.threshold, 0)
+
+
+#: policy -> the key that ranks a leaf (smallest evicted first), SGLang 0.5.23's evict_policy.py;
+#: tlru's key also needs the path's splits (:func:`first_victim`)
 POLICY_KEYS: dict[str, Callable[[Stored], tuple]] = {
     "lru": lambda s: (s.last,),
     "lfu": lambda s: (s.hits, s.last),
@@ -62,18 +83,45 @@ POLICY_KEYS: dict[str, Callable[[Stored], tuple]] = {
 }
 
 
-def scenario(kv_tokens: int, prompt_len: int) -> list[Stored]:
-    """The stored prompts, in send order: enough to run a pool of ``kv_tokens`` short (two
-    prompts past it)."""
-    n = max(kv_tokens // prompt_len + 2, 2)
-    held = Stored("held", HELD_PRIORITY, HELD_SENDS, HELD_SENDS - 1)
-    return [held] + [Stored(f"stored-{i}", 0, 1, HELD_SENDS + i - 1) for i in range(1, n + 1)]
+def scenario(kv_tokens: int, prompt_len: int, stored_len: int | None = None) -> list[Stored]:
+    """The stored prompts, in send order: ``held`` of ``prompt_len`` tokens, then enough
+    prompts of ``stored_len`` (default ``prompt_len``) tokens to run a pool of ``kv_tokens``
+    short (two prompts past it)."""
+    stored_len = stored_len or prompt_len
+    n = max(kv_tokens // stored_len + 2, 2)
+    held = Stored("held", HELD_PRIORITY, HELD_SENDS, HELD_SENDS - 1, prompt_len)
+    return [held] + [Stored(f"stored-{i}", 0, 1, HELD_SENDS + i - 1, stored_len) for i in range(1, n + 1)]
 
 
-def first_victim(policy: str, stored: Sequence[Stored]) -> Stored | None:
-    """The leaf ``policy`` evicts first among ``stored`` (None: the policy is not modelled)."""
+def tlru_stored_len(tlru: Tlru, page: int = 1) -> int:
+    """A prompt length TEL-safe however its path is split (history + estimate <= threshold)."""
+    return max((tlru.threshold - tlru.next_prompt_estimate) // 2 // page * page, page)
+
+
+def first_victim(policy: str, stored: Sequence[Stored], *, tlru: Tlru | None = None,
+                 splits: Mapping[str, Sequence[int]] | None = None) -> Stored | None:
+    """The leaf ``policy`` evicts first among ``stored`` (None: the policy is not modelled, or
+    tlru without its configuration and the paths' splits)."""
+    if not stored:
+        return None
+    if policy == "tlru":
+        if tlru is None or splits is None:
+            return None
+        return min(stored, key=lambda s: (-1 if tlru.tel_safe(splits.get(s.name) or (s.length,)) else 0, s.last))
     key = POLICY_KEYS.get(policy)
-    return None if key is None or not stored else min(stored, key=key)
+    return None if key is None else min(stored, key=key)
+
+
+def path_splits(sequences: Mapping[str, Sequence[int]], records: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, ...]]:
+    """Per scenario sequence, the prefix lengths where SGLang's tree took a mamba state on it
+    (``state_stored`` records), ascending: each ends a node of that path."""
+    out: dict[str, set[int]] = {name: set() for name in sequences}
+    for r in records:
+        if r.get("ev") == "state_stored":
+            name = owner((int(r["len"]), str(r["key"])), sequences)
+            if name is not None:
+                out[name].add(int(r["len"]))
+    return {name: tuple(sorted(lens)) for name, lens in out.items()}
 
 
 def kv_walk_victims(records: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[int, str]], int, int]:
@@ -103,14 +151,15 @@ def owner(state: tuple[int, str], sequences: Mapping[str, Sequence[int]]) -> str
 
 
 def eviction_order_verdict(policy: str, stored: Sequence[Stored], sequences: Mapping[str, Sequence[int]],
-                           records: Iterable[Mapping[str, Any]]) -> Verdict:
+                           records: Iterable[Mapping[str, Any]], *, tlru: Tlru | None = None) -> Verdict:
     """Pass when the first scenario state a KV-asked walk freed is on the prompt ``policy``
     ranks lowest; fail when another went first, when no KV walk freed one, or when the server's
     start line (in ``records``) says it records no per-node evictions (nothing judged)."""
-    expected = first_victim(policy, stored)
+    records = list(records)
+    splits = path_splits(sequences, records) if policy == "tlru" else None
+    expected = first_victim(policy, stored, tlru=tlru, splits=splits)
     if expected is None:
         return Verdict(CHECK, "skip", reason=f"eviction policy {policy}: its order is not modelled")
-    records = list(records)
     if any(r.get("ev") == "start" and not r.get("state_evictions") for r in records):
         return Verdict(CHECK, "fail", {}, f"eviction policy {policy}: the observe plugin's per-node eviction hooks were not in "
                        "place on this server (its start line says state_evictions false): nothing was judged")
@@ -118,6 +167,10 @@ def eviction_order_verdict(policy: str, stored: Sequence[Stored], sequences: Map
     owners = [o for o in (owner(v, sequences) for v in victims) if o is not None]
     metrics = {"kv_walks": kv_walks, "mamba_walks": other_walks, "kv_victims": len(victims), "scenario_victims": len(owners)}
     details = {"victims_in_order": owners, "stored": [s.__dict__ for s in stored]}
+    if splits is not None:
+        # does tlru's order differ from plain LRU's in this run (does the run tell them apart)?
+        metrics["differs_from_lru"] = int(expected.name != first_victim("lru", stored).name)
+        details["held_splits"] = list(splits.get("held", ()))
     if not owners:
         return Verdict(CHECK, "fail", metrics, f"eviction policy {policy}: no KV-asked eviction walk freed a state of the "
                        f"{len(stored)} stored prompts ({kv_walks} KV walks, {other_walks} Mamba walks): the fill never "

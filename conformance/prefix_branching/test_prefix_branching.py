@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from conformance import axes
-from conformance.checks.eviction_order import eviction_order_verdict, scenario
+from conformance.checks.eviction_order import Tlru, eviction_order_verdict, scenario, tlru_stored_len
 from conformance.checks.prefix_branching import prefix_branching_verdict
 from conformance.programs.evidence import REQUESTS_SUFFIX
 from conformance.suites import exact_mode, grids, lookahead, oracle_for, settle, sizes_for, vocab_size
@@ -83,8 +83,9 @@ def test_kv_eviction_follows_the_policy(endpoint, record_verdict):
     if kv <= 0:
         pytest.skip("eviction order: the server does not say how big its KV pool is (max_total_num_tokens)")
     policy = axes.value_of(endpoint.cell, "eviction").name
-    stored = scenario(kv, EVICTION_PROMPT)
-    prompts = dict(zip((s.name for s in stored), token_prompts([EVICTION_PROMPT] * len(stored), vocab_size=vocab_size(endpoint), seed=31)))
+    tlru = Tlru(axes.TLRU_THRESHOLD, axes.TLRU_NEXT_PROMPT_ESTIMATE) if policy == "tlru" else None
+    stored = scenario(kv, EVICTION_PROMPT, tlru_stored_len(tlru, endpoint.cell.page_size) if tlru else None)
+    prompts = dict(zip((s.name for s in stored), token_prompts([s.length for s in stored], vocab_size=vocab_size(endpoint), seed=31)))
     endpoint.client.flush_cache()
     path = Path(endpoint.log_path).with_suffix(REQUESTS_SUFFIX)
     start = path.stat().st_size if path.exists() else 0
@@ -97,4 +98,4 @@ def test_kv_eviction_follows_the_policy(endpoint, record_verdict):
     # the server's start line (are its per-node hooks in place?), then what the scenario caused
     head = [r for r in (json.loads(line) for line in data[:start].splitlines() if line.strip()) if r.get("ev") == "start"][-1:]
     records = head + [json.loads(line) for line in data[start:].splitlines() if line.strip()]
-    settle(record_verdict(eviction_order_verdict(policy, stored, sequences, records)))
+    settle(record_verdict(eviction_order_verdict(policy, stored, sequences, records, tlru=tlru)))
