@@ -402,3 +402,48 @@ def test_a_lazy_alloc_fail_finish_keeps_its_last_track_only_when_sglang_stored_i
     assert unseen and "cached_tokens 512" in unseen  # before: also with the store seen (a clean nightly false alarm)
     (tmp_path / "seen").mkdir()
     assert _finish_before_boundary(tmp_path / "seen", {"ev": "state_stored", "len": 512}) is None
+
+
+# ------------------------------------------------------------------ a hit SGLang's tree was seen holding
+def _overlapping_hit(tmp_path, *between: dict, per_node: bool = True) -> tuple[str | None, Served]:
+    """x (320 tokens) and y (x + 1 token, cached 320) overlap: the model admits y's hit as a
+    concurrent store.  ``between``: records after x's prefill, before y's admission."""
+    from conformance.token_digest import token_digest
+
+    x = _served("x", tuple(range(10, 330)), (1,), 0, 1, 4)
+    y = _served("y", x.input_ids + (7,), (1,), 320, 2, 3)
+    named = {"key": token_digest(x.input_ids)}
+    path = tmp_path / "cell.requests.jsonl"
+    records = [{"ev": "start", "state_evictions": per_node}, {"ev": "prefill", "rid": "x", "prefix": 0, "extend": 320, "cut": False, "track": 256},
+               *({**r, **named} if r.get("ev") == "state_stored" else r for r in between),
+               {"ev": "prefill", "rid": "y", "prefix": 320, "extend": 1, "cut": False, "track": None},
+               {"ev": "state_stored", "len": 320, **named}]  # x's finish store, when it is not in ``between``
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    log = RequestLog(path)
+    log.refresh()
+    book = HitBook(StrategyGrid(64, 1, 256, strategy_named("extra_buffer")), Limits(context_len=100000, kv_total=1e6, mamba_total=1000), _evidence(log))
+    for s in (x, y):
+        book.add(s)
+    book.ready([])
+    assert book.judge(x) is None
+    return book.judge(y), y
+
+
+def test_a_hit_needs_its_state_seen_stored_before_the_request_was_admitted(tmp_path) -> None:
+    # the tree took x's state only after y was admitted: y's 320-token hit had no state to match
+    late, y = _overlapping_hit(tmp_path)
+    assert late and "cached_tokens 320" in late and "before it admitted" in late and y.held_seen is False
+    (tmp_path / "seen").mkdir()
+    seen, y = _overlapping_hit(tmp_path / "seen", {"ev": "state_stored", "len": 320})
+    assert seen is None and y.held_seen is True and y.permission == "concurrent"
+    # before: the model's concurrent permission alone admitted it; a server without per-node records still does
+    (tmp_path / "old").mkdir()
+    old, y = _overlapping_hit(tmp_path / "old", per_node=False)
+    assert old is None and y.held_seen is None and y.permission == "concurrent"
+
+
+def test_a_retracted_request_is_judged_at_its_last_admission(tmp_path) -> None:
+    log = _log(tmp_path, {"ev": "prefill", "rid": "r", "prefix": 0, "extend": 64, "cut": True, "track": 64},
+               {"ev": "prefill", "rid": "r", "prefix": 64, "extend": 36, "cut": False, "track": None},
+               {"ev": "prefill", "rid": "r", "prefix": 64, "extend": 40, "cut": False, "track": None})
+    assert log.admitted_at["r"] == 4 and log.first_prefill_at["r"] == 2  # the continuation chunk is not an admission

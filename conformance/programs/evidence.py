@@ -59,6 +59,9 @@ class RequestLog:
     drops: dict[str, list[int]] = field(default_factory=dict)  # rid -> lengths whose kept checkpoint was dropped
     #: where in the file (record number) each request's first prefill and each eviction walk are
     first_prefill_at: dict[str, int] = field(default_factory=dict)
+    #: where each request was last admitted: its prefill record that does not continue an
+    #: earlier chunk of it (a request retracted and prefilled again is admitted twice)
+    admitted_at: dict[str, int] = field(default_factory=dict)
     evictions_at: list[int] = field(default_factory=list)
     #: per node: (prefix length, digest) -> record numbers where the tree took / freed that state
     states_stored: dict[tuple[int, str], list[int]] = field(default_factory=dict)
@@ -90,9 +93,13 @@ class RequestLog:
             self.started = True
             self.per_node = bool(rec.get("state_evictions"))
         elif ev == "prefill":
-            self.prefills.setdefault(str(rec["rid"]), []).append(
-                Prefill(int(rec["prefix"]), int(rec["extend"]), bool(rec["cut"]), rec.get("track")))
-            self.first_prefill_at.setdefault(str(rec["rid"]), self._records)
+            rid = str(rec["rid"])
+            chunk = Prefill(int(rec["prefix"]), int(rec["extend"]), bool(rec["cut"]), rec.get("track"))
+            before = self.prefills.setdefault(rid, [])
+            if not before or chunk.prefix != before[-1].prefix + before[-1].extend:
+                self.admitted_at[rid] = self._records
+            before.append(chunk)
+            self.first_prefill_at.setdefault(rid, self._records)
         elif ev == "evict":
             self.evictions_at.append(self._records)
         elif ev in ("state_stored", "state_evicted"):
@@ -141,6 +148,16 @@ class RequestLog:
         if window is None:
             return None
         return any(window[0] < e < window[1] for e in self.states_evicted.get(named, ()))
+
+    def stored_before_admission(self, key: Sequence[int], rid: str) -> bool | None:
+        """Per node: had SGLang's tree taken a mamba state for exactly the prefix ``key``
+        before ``rid`` was (last) admitted, where its hit was matched?  None: no per-node
+        evidence on this server, or no prefill record of ``rid``.  A hit of ``len(key)``
+        tokens needs such a state: the hybrid tree matches only up to a node holding one."""
+        at = self.admitted_at.get(rid)
+        if not self.per_node or at is None:
+            return None
+        return any(n < at for n in self.states_stored.get((len(key), token_digest(key)), ()))
 
     def state_stored(self, key: Sequence[int]) -> bool | None:
         """Per node: did SGLang's tree ever take a mamba state for exactly the prefix ``key``

@@ -77,6 +77,7 @@ class Served:
     judged: bool = False
     #: which relaxation of the oracle admitted the hit ("" = a certain store; see PERMISSIONS)
     permission: str = ""
+    held_seen: bool | None = None  # SGLang's per-node records showed the hit's state stored before admission
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -358,6 +359,27 @@ class HitBook:
         r.judged = True
         if not r.answered or r.refused_for_closed_session:
             return None  # never ran: SGLang's placeholder answer says nothing about the tree
+        return self._judge_hit(r) or self._unheld_hit(r)
+
+    def _unheld_hit(self, r: Served) -> str | None:
+        """SGLang's own records against its answer: a hit of ``k`` tokens is a node of its
+        tree holding a mamba state for exactly those ``k`` tokens, so the tree must have been
+        seen taking one (``state_stored``) before ``r`` was admitted -- whatever the model
+        allowed (a concurrent store, a cut).  A streaming session's turn is exempt (its
+        prefix is held by the session, not the tree); so is a server without per-node
+        records.  ``r.held_seen`` says whether the records vouched for the hit."""
+        log = self._requests()
+        if log is None or r.cached_tokens <= 0 or r.streaming_turn:
+            return None
+        key = tuple(r.input_ids[: r.cached_tokens])
+        r.held_seen = log.stored_before_admission(key, self.server_rid(r.rid))
+        if r.held_seen is False:
+            return (f"cached_tokens {r.cached_tokens}, but SGLang's tree took no mamba state for those "
+                    f"{r.cached_tokens} tokens before it admitted the request (per-node state_stored records)")
+        return None
+
+    def _judge_hit(self, r: Served) -> str | None:
+        """The prefix model's verdict on ``r``'s hit (``judge``)."""
         self._update_evicted()
         universe = [q for q in self.records if q is not r and q.done_seq and q.sent_seq < r.done_seq]
         certain: set[Key] = set()

@@ -79,6 +79,7 @@ class RunStats:
     idle_s: float = 0.0  # seconds in idle checks (waiting for fresh idle gauges)
     max_topk_kl: float = 0.0  # largest per-token top-k KL (cold || served) of a request that passed
     max_flip_margin: float = 0.0  # largest flip margin (checks.differential.flip_margin) of a request that passed
+    hits_seen_stored: int = 0  # judged hits whose state SGLang's per-node records showed stored before admission
 
     @classmethod
     def total(cls, runs: "list[RunStats]") -> "RunStats":
@@ -92,6 +93,7 @@ class RunStats:
             sum(r.idle_checks for r in runs), sum(r.steps for r in runs), sum(r.seconds for r in runs),
             max((r.max_logprob_gap for r in runs), default=0.0), permissions, sum(r.cold_s for r in runs), sum(r.idle_s for r in runs),
             max((r.max_topk_kl for r in runs), default=0.0), max((r.max_flip_margin for r in runs), default=0.0),
+            sum(r.hits_seen_stored for r in runs),
         )
 
 
@@ -325,6 +327,7 @@ class ProgramRun:
             if s.answered and not s.refused_for_closed_session:
                 self.stats.requests += 1
                 self.stats.hits += s.cached_tokens > 0
+                self.stats.hits_seen_stored += bool(s.held_seen)
                 if s.permission:
                     self.stats.permissions[s.permission] = self.stats.permissions.get(s.permission, 0) + 1
             if problem:

@@ -50,6 +50,7 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
     total = ex.total
     metrics: dict[str, Any] = {
         "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": total.requests, "hits": total.hits,
+        "hits_seen_stored": total.hits_seen_stored,
         "compared_tokens": total.compared_tokens, "idle_checks": total.idle_checks, "restarts": ex.restarts, "seed": seed,
         "max_logprob_gap": total.max_logprob_gap, "max_topk_kl": total.max_topk_kl, "max_flip_margin": total.max_flip_margin,
         **{f"noise_{k}": v for k, v in (noise or {}).items()},  # non-exact mode: what the tolerance was measured from
