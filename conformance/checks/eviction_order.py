@@ -14,7 +14,10 @@ Each policy ranks a leaf by a key, smallest evicted first:
   prefix cached above it is at least ``history + next_prompt_estimate - threshold`` tokens
   (``history``: the deepest the branch ever reached).  That depends on where the tree split
   each path, so the model reads the splits from SGLang's own records: every mamba state the
-  tree took on a path (``state_stored``) ends a node there (:func:`path_splits`).
+  tree took on a path (``state_stored``) ends a node there (:func:`path_splits`).  With a
+  buffer SGLang cuts every path a chunk before its end, so every tail is free to evict and
+  goes first under tlru as under LRU: tlru is judged on its whole first KV walk
+  (:func:`walk_order`), not on its first victim.
 
 The scenario (:func:`scenario`) stores prompts that share no prefix, one at a time, until the
 KV pool runs short: first ``held`` (a high request priority, sent three times: the oldest
@@ -29,6 +32,7 @@ freed is judged; a run where no KV walk freed one fails (nothing was judged).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -65,11 +69,13 @@ class Tlru:
     threshold: int
     next_prompt_estimate: int
 
-    def tel_safe(self, splits: Sequence[int]) -> bool:
-        """Is the leaf of a path whose nodes end at ``splits`` (ascending; the last is the
-        path's depth, also its high-water history) free to evict before the rest?"""
+    def tel_safe(self, splits: Sequence[int], node: int | None = None) -> bool:
+        """Is node ``node`` (default: the leaf) of a path whose nodes end at ``splits``
+        (ascending; the last is the path's depth, also its high-water history) free to evict
+        before the rest: is the prefix cached above it at least what tlru keeps of the path?"""
+        i = len(splits) - 1 if node is None else node
+        above = splits[i - 1] if i > 0 else 0
         depth = splits[-1] if splits else 0
-        above = splits[-2] if len(splits) > 1 else 0
         return above >= max(depth + self.next_prompt_estimate - self.threshold, 0)
 
 
@@ -107,7 +113,8 @@ def first_victim(policy: str, stored: Sequence[Stored], *, tlru: Tlru | None = N
     if policy == "tlru":
         if tlru is None or splits is None:
             return None
-        return min(stored, key=lambda s: (-1 if tlru.tel_safe(splits.get(s.name) or (s.length,)) else 0, s.last))
+        name = walk_order(stored, splits, tlru_node_key(tlru))[0][0]
+        return next(s for s in stored if s.name == name)
     key = POLICY_KEYS.get(policy)
     return None if key is None else min(stored, key=key)
 
@@ -124,24 +131,55 @@ def path_splits(sequences: Mapping[str, Sequence[int]], records: Iterable[Mappin
     return {name: tuple(sorted(lens)) for name, lens in out.items()}
 
 
-def kv_walk_victims(records: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[int, str]], int, int]:
-    """The states (prefix length, digest) freed by KV-asked eviction walks, in order, and the
-    numbers of KV-asked and Mamba-only walks.  A walk's ``state_evicted`` records precede its
-    ``evict`` record (the observe plugin writes the walk's record when it returns)."""
-    victims: list[tuple[int, str]] = []
+def kv_walks(records: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[int, int, list[tuple[int, str]]]], int]:
+    """Each KV-asked eviction walk as (the index of the record after the walk before it --
+    nothing of this walk precedes it --, the index of its own ``evict`` record, the states
+    (prefix length, digest) it freed in order), and the number of Mamba-only walks.  A walk's ``state_evicted`` records precede
+    its ``evict`` record (the observe plugin writes the walk's record when it returns)."""
+    walks: list[tuple[int, int, list[tuple[int, str]]]] = []
     pending: list[tuple[int, str]] = []
-    kv_walks = other_walks = 0
-    for r in records:
+    other_walks = start = 0
+    for i, r in enumerate(records):
         if r.get("ev") == "state_evicted":
             pending.append((int(r["len"]), str(r["key"])))
         elif r.get("ev") == "evict":
             if int(r.get("asked_num_tokens", 0) or 0) > 0:
-                kv_walks += 1
-                victims += pending
+                walks.append((start, i, pending))
             else:
                 other_walks += 1
-            pending = []
-    return victims, kv_walks, other_walks
+            pending, start = [], i + 1
+    return walks, other_walks
+
+
+def kv_walk_victims(records: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[int, str]], int, int]:
+    """The states freed by KV-asked eviction walks, in order, and the numbers of KV-asked
+    and Mamba-only walks."""
+    walks, other_walks = kv_walks(list(records))
+    return [v for _, _, freed in walks for v in freed], len(walks), other_walks
+
+
+def walk_order(stored: Sequence[Stored], splits: Mapping[str, Sequence[int]], key: Callable[[Stored, int, Sequence[int]], tuple]) -> list[tuple[str, int]]:
+    """The nodes one KV walk frees, in order, as (prompt, node end): each prompt's path cut
+    into nodes at its ``splits`` (a prompt without any: one node), the leaves ranked by
+    ``key(prompt, node index, node ends)`` (smallest first), a parent joining the leaves
+    when its child goes."""
+    heap = []
+    for s in stored:
+        ends = tuple(splits.get(s.name) or (s.length,))
+        heap.append((key(s, len(ends) - 1, ends), s.last, s.name, len(ends) - 1, ends, s))
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, _, name, i, ends, s = heapq.heappop(heap)
+        order.append((name, ends[i]))
+        if i > 0:
+            heapq.heappush(heap, (key(s, i - 1, ends), s.last, name, i - 1, ends, s))
+    return order
+
+
+def tlru_node_key(tlru: Tlru) -> Callable[[Stored, int, Sequence[int]], tuple]:
+    """tlru's rank of a path's node: free to evict first, then last access."""
+    return lambda s, i, ends: (-1 if tlru.tel_safe(ends, i) else 0, s.last)
 
 
 def owner(state: tuple[int, str], sequences: Mapping[str, Sequence[int]]) -> str | None:
@@ -163,23 +201,52 @@ def eviction_order_verdict(policy: str, stored: Sequence[Stored], sequences: Map
     if any(r.get("ev") == "start" and not r.get("state_evictions") for r in records):
         return Verdict(CHECK, "fail", {}, f"eviction policy {policy}: the observe plugin's per-node eviction hooks were not in "
                        "place on this server (its start line says state_evictions false): nothing was judged")
-    victims, kv_walks, other_walks = kv_walk_victims(records)
+    victims, n_kv, other_walks = kv_walk_victims(records)
     owners = [o for o in (owner(v, sequences) for v in victims) if o is not None]
-    metrics = {"kv_walks": kv_walks, "mamba_walks": other_walks, "kv_victims": len(victims), "scenario_victims": len(owners)}
+    metrics = {"kv_walks": n_kv, "mamba_walks": other_walks, "kv_victims": len(victims), "scenario_victims": len(owners)}
     details = {"victims_in_order": owners, "stored": [s.__dict__ for s in stored]}
-    if splits is not None:
-        # does tlru's order differ from plain LRU's in this run (does the run tell them apart)?
-        metrics["differs_from_lru"] = int(expected.name != first_victim("lru", stored).name)
-        details["held_splits"] = list(splits.get("held", ()))
     if not owners:
         return Verdict(CHECK, "fail", metrics, f"eviction policy {policy}: no KV-asked eviction walk freed a state of the "
-                       f"{len(stored)} stored prompts ({kv_walks} KV walks, {other_walks} Mamba walks): the fill never "
+                       f"{len(stored)} stored prompts ({n_kv} KV walks, {other_walks} Mamba walks): the fill never "
                        "ran the KV pool short, nothing was judged", details)
+    if tlru is not None and policy == "tlru":
+        return _tlru_verdict(tlru, stored, sequences, records, metrics, details)
     got = next(s for s in stored if s.name == owners[0])
     if got.name == expected.name:
         return Verdict(CHECK, "pass", metrics, "", details)
     return Verdict(CHECK, "fail", metrics, f"eviction policy {policy}: the first KV eviction took {_describe(got)}, while "
                    f"{_describe(expected)} ranks lower (evicted first under {policy})", details)
+
+
+def _tlru_verdict(tlru: Tlru, stored: Sequence[Stored], sequences: Mapping[str, Sequence[int]], records: list[Mapping[str, Any]],
+                  metrics: dict, details: dict) -> Verdict:
+    """tlru trims each path's tail (a short leaf under a deep cached prefix is free to
+    evict) before anything else, so one victim rarely tells it from LRU: the whole first KV
+    walk that freed a scenario state is judged, against tlru's order over the tree SGLang
+    had built by then (its ``state_stored`` records; states a Mamba walk already took free
+    nothing when their node goes)."""
+    walks, _ = kv_walks(records)
+    start, end, freed = next(w for w in walks if any(owner(v, sequences) for v in w[2]))
+    seen = [o for o in (owner(v, sequences) for v in freed) if o is not None]
+    splits = path_splits(sequences, records[:end])  # the states the tree took before the walk ended
+    before = records[:start]  # states freed before this walk began
+    present = [s for s in stored if splits.get(s.name)]
+    silent = {(o, n) for n, d in (v for v in (_evicted(r) for r in before) if v) if (o := owner((n, d), sequences))}
+
+    def order(key: Callable[[Stored, int, Sequence[int]], tuple]) -> list[str]:
+        return [name for name, end in walk_order(present, splits, key) if (name, end) not in silent][: len(seen)]
+
+    model, lru = order(tlru_node_key(tlru)), order(lambda s, i, ends: (s.last,))
+    metrics["differs_from_lru"] = int(model != lru)  # does this run tell tlru from plain LRU?
+    details.update(first_walk=seen, tlru_order=model, lru_order=lru, held_splits=list(splits.get("held", ())))
+    if seen == model:
+        return Verdict(CHECK, "pass", metrics, "", details)
+    return Verdict(CHECK, "fail", metrics, f"eviction policy tlru: the first KV walk freed the states of {seen}, while tlru's "
+                   f"order over the tree SGLang had built (each path cut where it stored a state) is {model}", details)
+
+
+def _evicted(r: Mapping[str, Any]) -> tuple[int, str] | None:
+    return (int(r["len"]), str(r["key"])) if r.get("ev") == "state_evicted" else None
 
 
 def _describe(s: Stored) -> str:
