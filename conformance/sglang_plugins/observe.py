@@ -553,7 +553,7 @@ def state_hook_plan() -> tuple[dict[str, Callable], dict[str, str], list[str]]:
                      if hasattr(cls, m) and (plan != "walk" or hasattr(cls, "all_mamba_values_flatten"))), None)
         lacks = [m for m in ("insert", "reset") if not hasattr(cls, m)]
         if free is None:
-            lacks.append("a removal point (" + ", ".join(m for m, _ in STATE_FREE_PLANS) + ")")
+            lacks.append("a removal point (_apply_eviction_result, _drain_device_frees, or evict with all_mamba_values_flatten)")
         if lacks:
             missing.append(f"{name} lacks {', '.join(lacks)}")
             continue
