@@ -337,3 +337,40 @@ def test_a_walk_records_the_remembered_states_the_tree_no_longer_holds(tmp_path,
     assert [json.loads(l) for l in (tmp_path / "cell.requests.jsonl").read_text().splitlines()] == [{"ev": "state_evicted", "len": 96, "key": "bb"}]
     broken = SimpleNamespace(all_mamba_values_flatten=lambda: 1 / 0)
     assert observe.states_left(lambda c, p: walk, broken, "params") is walk  # an observer never breaks the server
+
+
+def test_a_walk_hook_shares_its_target_with_the_eviction_counter_as_one_hook(tmp_path, monkeypatch):
+    """Where the walk plan and the eviction counter hook the same ``evict`` (MambaRadixCache,
+    UnifiedRadixCache up to 0.5.16), one AROUND hook does both, the walk's ``state_evicted``
+    records first, then its ``evict`` record (conformance/checks/eviction_order.py reads a
+    walk's victims as the state records before its walk record)."""
+    import torch
+
+    from conformance.checks.eviction_order import kv_walk_victims
+
+    class Mamba:
+        def insert(self, params): ...
+        def reset(self): ...
+        def evict(self, params):
+            self.held = [3]
+            return SimpleNamespace(num_tokens_evicted=64, swa_num_tokens_evicted=0, mamba_num_evicted=1)
+        def all_mamba_values_flatten(self):
+            return torch.tensor(self.held)
+
+    _trees(monkeypatch, Mamba=Mamba)
+    monkeypatch.setattr(observe, "_EXPORTER", exporter(monkeypatch)[0])
+    counters = {"fake_trees.Mamba.evict": observe.evict_counted}
+    registry = _Registry()
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
+    start_line = observe.register_state_hooks(registry, "around", outer=counters)
+    assert counters == {} and list(registry.hooks) == ["fake_trees.Mamba.insert", "fake_trees.Mamba.reset", "fake_trees.Mamba.evict"]
+    registry.apply()
+    assert start_line() and observe._TREE_STATES == {}
+    monkeypatch.setattr(observe, "_TREE_STATES", {3: (64, "aa"), 5: (96, "bb")})
+    tree = Mamba()
+    tree.evict(SimpleNamespace(num_tokens=50, swa_num_tokens=0, mamba_num=0))
+    records = [json.loads(l) for l in (tmp_path / "cell.requests.jsonl").read_text().splitlines()]
+    assert [r["ev"] for r in records] == ["start", "state_evicted", "evict"]
+    assert kv_walk_victims(records) == ([(96, "bb")], 1, 0)

@@ -566,9 +566,22 @@ def state_hook_plan() -> tuple[dict[str, Callable], dict[str, str], list[str]]:
     return hooks, plans, missing
 
 
-def register_state_hooks(registry: Any, around: Any) -> Callable[[], list[str]]:
+def _nest(inner: Callable, outer: Callable) -> Callable:
+    """One AROUND hook running ``outer`` around ``inner`` around SGLang's function (one hook per
+    target: the walk plan's state records come before the eviction counter's walk record,
+    which ``conformance/checks/eviction_order.py`` relies on)."""
+    def nested(original: Callable, *args: Any, **kwargs: Any) -> Any:
+        return outer(lambda *a, **k: inner(original, *a, **k), *args, **kwargs)
+
+    nested.__name__ = f"{outer.__name__}_around_{inner.__name__}"
+    return nested
+
+
+def register_state_hooks(registry: Any, around: Any, outer: dict[str, Callable] | None = None) -> Callable[[], list[str]]:
     """Register this release's per-node hooks (:func:`state_hook_plan`) with SGLang's hook
-    registry; the returned function, called after ``apply_hooks``, writes the start line
+    registry; ``outer``: AROUND hooks the caller has for the same targets (the eviction
+    counter on a tree's public ``evict``), nested around the state hook there and removed from
+    ``outer``.  The returned function, called after ``apply_hooks``, writes the start line
     (``state_evictions`` true only when every tree class got every hook and each took effect)
     and returns the targets hooked."""
     import pkgutil
@@ -576,6 +589,8 @@ def register_state_hooks(registry: Any, around: Any) -> Callable[[], list[str]]:
     hooks, plans, missing = state_hook_plan()
     before = {t: _resolve(pkgutil, t) for t in hooks}
     for target, hook in hooks.items():
+        if outer and target in outer:
+            hook = _nest(hook, outer.pop(target))
         registry.register(target, hook, around)
 
     def start_line() -> list[str]:
@@ -610,9 +625,10 @@ def install(role: str) -> dict[str, Any]:
         idle_target = LEGACY_TARGET
     HookRegistry.register(idle_target, idle_publish, HookType.AROUND)
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
-    for target in evict_before:
-        HookRegistry.register(target, evict_counted, HookType.AROUND)
-    state_line = register_state_hooks(HookRegistry, HookType.AROUND)
+    counters = dict.fromkeys(evict_before, evict_counted)
+    state_line = register_state_hooks(HookRegistry, HookType.AROUND, outer=counters)
+    for target, hook in counters.items():  # the counters no state hook shares a target with
+        HookRegistry.register(target, hook, HookType.AROUND)
     lazy_owner, lazy_attr = LAZY_TARGET.rsplit(".", 1)
     lazy_before = getattr(pkgutil.resolve_name(lazy_owner), lazy_attr, None)
     if lazy_before is not None:  # releases with the lazy strategy
