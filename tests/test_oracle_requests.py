@@ -402,3 +402,55 @@ def test_a_lazy_alloc_fail_finish_keeps_its_last_track_only_when_sglang_stored_i
     assert unseen and "cached_tokens 512" in unseen  # before: also with the store seen (a clean nightly false alarm)
     (tmp_path / "seen").mkdir()
     assert _finish_before_boundary(tmp_path / "seen", {"ev": "state_stored", "len": 512}) is None
+
+
+# ------------------------------------------------------------------ a finish under overlap whose in-flight step crossed a boundary
+def _finish_one_before_boundary_under_overlap(tmp_path, *records: dict, lazy_alloc_fail: bool = False) -> str | None:
+    """Shrunk from a clean fuzz run on SGLang 0.5.15 (extra_buffer, overlap, track 256; replay
+    /work/wt/notes/i24-session7/fz-0.5.15-seed2-r9.json): r8, 464 tokens (hit 256), decodes 48
+    (prompt + output = 512, a track boundary: the step in flight at the finish ran the last
+    output token), then r9 = r8's sequence + 5 hits 512 and answers as its cold twin.  The
+    oracle's finish store is the last boundary before ``committed`` = 511, i.e. none past the
+    prefill's; SGLang's tree took the in-flight step's 512 state."""
+    from conformance.token_digest import token_digest
+
+    path = tmp_path / "cell.requests.jsonl"
+    prompt, out = tuple(range(10, 474)), tuple(range(2000, 2048))
+    seq = prompt + out
+    head = [{"ev": "start", "state_evictions": True}, {"ev": "prefill", "rid": "tag-r8", "prefix": 0, "extend": 464, "cut": False, "track": 256}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in (*head, *[{**r, "key": token_digest(seq[:r["len"]])} if r.get("ev") == "state_stored" else r for r in records])))
+    log = RequestLog(path)
+    log.refresh()
+    grid = StrategyGrid(64, 1, 256, strategy_named("extra_buffer"), lazy_alloc_fail=lazy_alloc_fail, lookahead=1)
+    book = HitBook(grid, Limits(context_len=100000, kv_total=1e6, mamba_total=1000), _evidence(log), server_rid=lambda rid: f"tag-{rid}")
+    first, again = _served("r8", prompt, out, 0, 1, 2), _served("r9", seq + (7, 8, 9, 10, 11), (3,), 512, 3, 4)
+    for s in (first, again):
+        book.add(s)
+    book.ready([])
+    assert book.judge(first) is None
+    return book.judge(again)
+
+
+def test_a_finish_under_overlap_may_store_its_in_flight_boundary_state_only_when_sglang_stored_it(tmp_path) -> None:
+    unseen = _finish_one_before_boundary_under_overlap(tmp_path)
+    assert unseen and "cached_tokens 512" in unseen  # before: also with the store seen (the 0.5.15 fuzz false alarm)
+    (tmp_path / "other").mkdir()  # a 512 state of another sequence seen stored: still no permission
+    other = _finish_one_before_boundary_under_overlap(tmp_path / "other", {"ev": "state_stored", "len": 256})
+    assert other and "cached_tokens 512" in other
+    (tmp_path / "seen").mkdir()
+    assert _finish_one_before_boundary_under_overlap(tmp_path / "seen", {"ev": "state_stored", "len": 512}) is None
+    (tmp_path / "laf").mkdir()  # lazy_alloc_fail: that boundary's allocation fails, nothing tracked there
+    laf = _finish_one_before_boundary_under_overlap(tmp_path / "laf", {"ev": "state_stored", "len": 512}, lazy_alloc_fail=True)
+    assert laf is None or "cached_tokens 512" in laf
+
+
+def test_the_in_flight_boundary_store_is_only_the_overlap_boundary_case() -> None:
+    from conformance.checks.hit_bounds import in_flight_boundary_finish_store
+
+    eb = strategy_named("extra_buffer")
+    prompt, out = tuple(range(464)), tuple(range(1000, 1048))
+    assert in_flight_boundary_finish_store(prompt, out, StrategyGrid(64, 1, 256, eb, lookahead=1)) == prompt + out
+    assert in_flight_boundary_finish_store(prompt, out, StrategyGrid(64, 1, 256, eb, lookahead=0)) is None  # no step in flight
+    assert in_flight_boundary_finish_store(prompt, out[:-1], StrategyGrid(64, 1, 256, eb, lookahead=1)) is None  # 511: no boundary
+    assert in_flight_boundary_finish_store(prompt, out, StrategyGrid(64, 1, 256, strategy_named("no_buffer"), lookahead=1)) is None
+    assert in_flight_boundary_finish_store(prompt, out, StrategyGrid(64, 1, 256, eb, lazy_alloc_fail=True, lookahead=1)) is None
