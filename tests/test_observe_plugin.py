@@ -207,3 +207,170 @@ def test_the_per_node_hooks_never_break_the_server(monkeypatch):
     assert observe.state_stored(lambda c, p: "r", SimpleNamespace(), weird) == "r"
     assert observe.state_freed(lambda c, r: "d", SimpleNamespace(), SimpleNamespace()) == "d"
     assert observe._TREE_STATES == {}
+
+
+class _Registry:
+    """SGLang's hook registry as the per-node planner uses it: AROUND hooks patched onto class
+    attributes at ``apply`` (``skip``: targets it fails to patch, as SGLang logs and carries on)."""
+
+    def __init__(self, skip=()):
+        self.hooks, self.skip = {}, set(skip)
+
+    def register(self, target, hook, kind):
+        assert kind == "around"
+        self.hooks[target] = hook
+
+    def apply(self):
+        import pkgutil
+
+        for target, hook in self.hooks.items():
+            if target in self.skip:
+                continue
+            owner, attr = target.rsplit(".", 1)
+            cls = pkgutil.resolve_name(owner)
+            original = getattr(cls, attr)
+            setattr(cls, attr, lambda *a, _o=original, _h=hook, **k: _h(_o, *a, **k))
+
+
+def _trees(monkeypatch, **classes):
+    import sys
+    import types
+
+    module = types.ModuleType("fake_trees")
+    for name, cls in classes.items():
+        setattr(module, name, cls)
+        cls.__module__, cls.__qualname__ = "fake_trees", name
+    monkeypatch.setitem(sys.modules, "fake_trees", module)
+    monkeypatch.setattr(observe, "STATE_TREES", tuple(f"fake_trees.{n}" for n in (*classes, "Gone")))
+
+
+def _start(tmp_path, monkeypatch, registry):
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
+    start_line = observe.register_state_hooks(registry, "around")
+    registry.apply()
+    hooked = start_line()
+    return hooked, json.loads((tmp_path / "cell.requests.jsonl").read_text().splitlines()[-1])
+
+
+def test_per_node_plans_are_chosen_per_tree_class_by_what_the_release_has(tmp_path, monkeypatch):
+    """Newest removal point first (the step result, then the frees drain, then the public walk
+    with the tree's own state list); a subclass's inherited method is hooked where it is
+    defined; a tree class the release lacks (``Gone``) asks for nothing."""
+    class Mamba:  # MambaRadixCache up to 0.5.20: the walk plan
+        def insert(self, params): ...
+        def reset(self): ...
+        def evict(self, params): ...
+        def all_mamba_values_flatten(self): ...
+
+    class HiMamba(Mamba):  # its own evict and reset, the parent's insert
+        def evict(self, params): ...
+        def reset(self): ...
+
+    class Unified:  # 0.5.17-0.5.22: the drain plan (evict is there too, the drain is preferred)
+        def insert(self, params): ...
+        def reset(self): ...
+        def evict(self, params): ...
+        def all_mamba_values_flatten(self): ...
+        def _drain_device_frees(self, frees): ...
+
+    _trees(monkeypatch, Unified=Unified, Mamba=Mamba, HiMamba=HiMamba)
+    hooks, plans, missing = observe.state_hook_plan()
+    assert plans == {"Unified": "drain", "Mamba": "walk", "HiMamba": "walk"} and missing == []
+    assert {t: h.__name__ for t, h in hooks.items()} == {
+        "fake_trees.Unified.insert": "state_stored", "fake_trees.Unified.reset": "tree_reset",
+        "fake_trees.Unified._drain_device_frees": "state_freed",
+        "fake_trees.Mamba.insert": "state_stored", "fake_trees.Mamba.reset": "tree_reset", "fake_trees.Mamba.evict": "states_left",
+        "fake_trees.HiMamba.reset": "tree_reset", "fake_trees.HiMamba.evict": "states_left",
+    }
+    hooked, start = _start(tmp_path, monkeypatch, _Registry())
+    assert sorted(hooked) == sorted(hooks)
+    assert start == {"ev": "start", "state_evictions": True, "state_plans": plans, "state_missing": []}
+
+
+def test_a_tree_class_missing_a_hook_leaves_per_node_off_and_says_why(tmp_path, monkeypatch):
+    """One tree class of the release without a removal point (here: a walk but no list of the
+    tree's states), or one hook SGLang's registry did not apply: per_node stays False (the
+    oracle's per-node permissions stay closed) and the start line names the gap."""
+    class Mamba:
+        def insert(self, params): ...
+        def reset(self): ...
+        def evict(self, params): ...  # no all_mamba_values_flatten: what a walk removed cannot be seen
+
+    class Unified:
+        def insert(self, params): ...
+        def reset(self): ...
+        def _drain_device_frees(self, frees): ...
+
+    _trees(monkeypatch, Unified=Unified, Mamba=Mamba)
+    hooks, plans, missing = observe.state_hook_plan()
+    assert hooks == {} and plans == {"Unified": "drain"}
+    assert missing == ["Mamba lacks a removal point (_apply_eviction_result, _drain_device_frees, or evict with all_mamba_values_flatten)"]
+    hooked, start = _start(tmp_path, monkeypatch, _Registry())
+    assert hooked == [] and start["state_evictions"] is False and start["state_missing"] == missing
+
+    Mamba.all_mamba_values_flatten = lambda self: None  # now complete, but the registry fails one target
+    (tmp_path / "cell.requests.jsonl").unlink()
+    hooked, start = _start(tmp_path, monkeypatch, _Registry(skip={"fake_trees.Unified.reset"}))
+    assert "fake_trees.Unified.reset" not in hooked and len(hooked) == 5
+    assert start["state_evictions"] is False and start["state_missing"] == ["hook on fake_trees.Unified.reset was not applied"]
+
+
+def test_a_walk_records_the_remembered_states_the_tree_no_longer_holds(tmp_path, monkeypatch):
+    """The walk plan (no drain to read): after a walk that evicted anything, a remembered slot
+    missing from the tree's own state list is recorded evicted; a walk that evicted nothing
+    costs no tree scan and records nothing."""
+    import torch
+
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
+    monkeypatch.setattr(observe, "_TREE_STATES", {3: (64, "aa"), 5: (96, "bb")})
+    scans = []
+    tree = SimpleNamespace(all_mamba_values_flatten=lambda: scans.append(1) or torch.tensor([3, 7]))
+    idle = SimpleNamespace(num_tokens_evicted=0, swa_num_tokens_evicted=0, mamba_num_evicted=0)
+    assert observe.states_left(lambda c, p: idle, tree, "params") is idle and scans == []
+    walk = SimpleNamespace(num_tokens_evicted=32, swa_num_tokens_evicted=0, mamba_num_evicted=1)
+    assert observe.states_left(lambda c, p: walk, tree, "params") is walk
+    assert observe._TREE_STATES == {3: (64, "aa")}
+    assert [json.loads(l) for l in (tmp_path / "cell.requests.jsonl").read_text().splitlines()] == [{"ev": "state_evicted", "len": 96, "key": "bb"}]
+    broken = SimpleNamespace(all_mamba_values_flatten=lambda: 1 / 0)
+    assert observe.states_left(lambda c, p: walk, broken, "params") is walk  # an observer never breaks the server
+
+
+def test_a_walk_hook_shares_its_target_with_the_eviction_counter_as_one_hook(tmp_path, monkeypatch):
+    """Where the walk plan and the eviction counter hook the same ``evict`` (MambaRadixCache,
+    UnifiedRadixCache up to 0.5.16), one AROUND hook does both, the walk's ``state_evicted``
+    records first, then its ``evict`` record (conformance/checks/eviction_order.py reads a
+    walk's victims as the state records before its walk record)."""
+    import torch
+
+    from conformance.checks.eviction_order import kv_walk_victims
+
+    class Mamba:
+        def insert(self, params): ...
+        def reset(self): ...
+        def evict(self, params):
+            self.held = [3]
+            return SimpleNamespace(num_tokens_evicted=64, swa_num_tokens_evicted=0, mamba_num_evicted=1)
+        def all_mamba_values_flatten(self):
+            return torch.tensor(self.held)
+
+    _trees(monkeypatch, Mamba=Mamba)
+    monkeypatch.setattr(observe, "_EXPORTER", exporter(monkeypatch)[0])
+    counters = {"fake_trees.Mamba.evict": observe.evict_counted}
+    registry = _Registry()
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
+    start_line = observe.register_state_hooks(registry, "around", outer=counters)
+    assert counters == {} and list(registry.hooks) == ["fake_trees.Mamba.insert", "fake_trees.Mamba.reset", "fake_trees.Mamba.evict"]
+    registry.apply()
+    assert start_line() and observe._TREE_STATES == {}
+    monkeypatch.setattr(observe, "_TREE_STATES", {3: (64, "aa"), 5: (96, "bb")})
+    tree = Mamba()
+    tree.evict(SimpleNamespace(num_tokens=50, swa_num_tokens=0, mamba_num=0))
+    records = [json.loads(l) for l in (tmp_path / "cell.requests.jsonl").read_text().splitlines()]
+    assert [r["ev"] for r in records] == ["start", "state_evicted", "evict"]
+    assert kv_walk_victims(records) == ([(96, "bb")], 1, 0)

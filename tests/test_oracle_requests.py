@@ -372,22 +372,18 @@ def test_an_eviction_inside_a_burst_is_placed_by_the_per_request_log(tmp_path) -
 
 
 # ------------------------------------------------------------------ lazy_alloc_fail finish under overlap
-def _finish_before_boundary(tmp_path, *records: dict) -> str | None:
-    """Seen on clean SGLang 0.5.23 (lazy + SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL=1, overlap, nightly
-    programs): a 247-token prompt decodes 521 tokens (committed 767, one before the 768
-    boundary), then its prompt + output + 5 hits 512, answering as the cold twin does.  The
-    boundary step after the finish was not prepared, so the state tracked in place at 512 stayed
-    valid and was inserted; had it been prepared, SGLang drops it and inserts nothing."""
+def _finish_then_again(tmp_path, prompt: tuple, out: tuple, grid: StrategyGrid, track: int, records: tuple) -> str | None:
+    """r1 (``prompt``, decoding ``out``), then its sequence + 5 tokens served with a 512-token hit,
+    judged against a log holding r1's prefill (tracked at ``track``) and ``records`` (a
+    ``state_stored`` record's key is the digest of that many tokens of r1's sequence)."""
     from conformance.token_digest import token_digest
 
     path = tmp_path / "cell.requests.jsonl"
-    prompt, out = tuple(range(10, 257)), tuple(range(2000, 2521))
     seq = prompt + out
-    head = [{"ev": "start", "state_evictions": True}, {"ev": "prefill", "rid": "tag-r1", "prefix": 0, "extend": 247, "cut": False, "track": 192}]
+    head = [{"ev": "start", "state_evictions": True}, {"ev": "prefill", "rid": "tag-r1", "prefix": 0, "extend": len(prompt), "cut": False, "track": track}]
     path.write_text("".join(json.dumps(r) + "\n" for r in (*head, *[{**r, "key": token_digest(seq[:r["len"]])} if r.get("ev") == "state_stored" else r for r in records])))
     log = RequestLog(path)
     log.refresh()
-    grid = StrategyGrid(64, 1, 256, LAZY, lazy_alloc_fail=True, lookahead=1)
     book = HitBook(grid, Limits(context_len=100000, kv_total=1e6, mamba_total=1000), _evidence(log), server_rid=lambda rid: f"tag-{rid}")
     first, again = _served("r1", prompt, out, 0, 1, 2), _served("r2", seq + (7, 8, 9, 10, 11), (3,), 512, 3, 4)
     for s in (first, again):
@@ -395,6 +391,16 @@ def _finish_before_boundary(tmp_path, *records: dict) -> str | None:
     book.ready([])
     assert book.judge(first) is None
     return book.judge(again)
+
+
+def _finish_before_boundary(tmp_path, *records: dict) -> str | None:
+    """Seen on clean SGLang 0.5.23 (lazy + SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL=1, overlap, nightly
+    programs): a 247-token prompt decodes 521 tokens (committed 767, one before the 768
+    boundary), then its prompt + output + 5 hits 512, answering as the cold twin does.  The
+    boundary step after the finish was not prepared, so the state tracked in place at 512 stayed
+    valid and was inserted; had it been prepared, SGLang drops it and inserts nothing."""
+    grid = StrategyGrid(64, 1, 256, LAZY, lazy_alloc_fail=True, lookahead=1)
+    return _finish_then_again(tmp_path, tuple(range(10, 257)), tuple(range(2000, 2521)), grid, 192, records)
 
 
 def test_a_lazy_alloc_fail_finish_keeps_its_last_track_only_when_sglang_stored_it(tmp_path) -> None:
@@ -447,3 +453,40 @@ def test_a_retracted_request_is_judged_at_its_last_admission(tmp_path) -> None:
                {"ev": "prefill", "rid": "r", "prefix": 64, "extend": 36, "cut": False, "track": None},
                {"ev": "prefill", "rid": "r", "prefix": 64, "extend": 40, "cut": False, "track": None})
     assert log.admitted_at["r"] == 4 and log.first_prefill_at["r"] == 2  # the continuation chunk is not an admission
+
+
+# ------------------------------------------------------------------ a finish under overlap whose in-flight step crossed a boundary
+def _finish_one_before_boundary_under_overlap(tmp_path, *records: dict, lazy_alloc_fail: bool = False) -> str | None:
+    """Shrunk from a clean fuzz run on SGLang 0.5.15 (extra_buffer, overlap, track 256; replay
+    /work/wt/notes/i24-session7/fz-0.5.15-seed2-r9.json): r8, 464 tokens (hit 256), decodes 48
+    (prompt + output = 512, a track boundary: the step in flight at the finish ran the last
+    output token), then r9 = r8's sequence + 5 hits 512 and answers as its cold twin.  The
+    oracle's finish store is the last boundary before ``committed`` = 511, i.e. none past the
+    prefill's; SGLang's tree took the in-flight step's 512 state."""
+    grid = StrategyGrid(64, 1, 256, strategy_named("extra_buffer"), lazy_alloc_fail=lazy_alloc_fail, lookahead=1)
+    return _finish_then_again(tmp_path, tuple(range(10, 474)), tuple(range(2000, 2048)), grid, 256, records)
+
+
+def test_a_finish_under_overlap_may_store_its_in_flight_boundary_state_only_when_sglang_stored_it(tmp_path) -> None:
+    unseen = _finish_one_before_boundary_under_overlap(tmp_path)
+    assert unseen and "cached_tokens 512" in unseen  # before: also with the store seen (the 0.5.15 fuzz false alarm)
+    (tmp_path / "other").mkdir()  # a 512 state of another sequence seen stored: still no permission
+    other = _finish_one_before_boundary_under_overlap(tmp_path / "other", {"ev": "state_stored", "len": 256})
+    assert other and "cached_tokens 512" in other
+    (tmp_path / "seen").mkdir()
+    assert _finish_one_before_boundary_under_overlap(tmp_path / "seen", {"ev": "state_stored", "len": 512}) is None
+    (tmp_path / "laf").mkdir()  # lazy_alloc_fail: that boundary's allocation fails, nothing tracked there
+    laf = _finish_one_before_boundary_under_overlap(tmp_path / "laf", {"ev": "state_stored", "len": 512}, lazy_alloc_fail=True)
+    assert laf is None or "cached_tokens 512" in laf
+
+
+def test_the_in_flight_boundary_store_is_only_the_overlap_boundary_case() -> None:
+    from conformance.checks.hit_bounds import in_flight_boundary_finish_store
+
+    eb = strategy_named("extra_buffer")
+    prompt, out = tuple(range(464)), tuple(range(1000, 1048))
+    assert in_flight_boundary_finish_store(prompt, out, StrategyGrid(64, 1, 256, eb, lookahead=1)) == prompt + out
+    assert in_flight_boundary_finish_store(prompt, out, StrategyGrid(64, 1, 256, eb, lookahead=0)) is None  # no step in flight
+    assert in_flight_boundary_finish_store(prompt, out[:-1], StrategyGrid(64, 1, 256, eb, lookahead=1)) is None  # 511: no boundary
+    assert in_flight_boundary_finish_store(prompt, out, StrategyGrid(64, 1, 256, strategy_named("no_buffer"), lookahead=1)) is None
+    assert in_flight_boundary_finish_store(prompt, out, StrategyGrid(64, 1, 256, eb, lazy_alloc_fail=True, lookahead=1)) is None

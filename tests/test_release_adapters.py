@@ -311,8 +311,9 @@ def test_observe_eviction_targets_resolve_per_release_or_are_none():
     assert observe._resolve(pkgutil, "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.no_such_method") is None
     found = [t for t in (observe.EVICT_TARGET, *observe.LEGACY_EVICT_TARGETS) if observe._resolve(pkgutil, t) is not None]
     assert found, "no eviction path of the installed sglang is known to the observe plugin"
-    if observe._resolve(pkgutil, observe.EVICT_TARGET) is not None:  # 0.5.22+: the per-node evidence hooks exist too
-        assert all(observe._resolve(pkgutil, t) is not None for t in (observe.INSERT_TARGET, observe.STATE_FREE_TARGET, observe.TREE_RESET_TARGET))
+    hooks, plans, missing = observe.state_hook_plan()  # per-node evidence: every tree class of the release fully hooked
+    assert plans and not missing and hooks, (plans, missing)
+    assert all(observe._resolve(pkgutil, t) is not None for t in hooks)
 
 
 def test_all_layer_track_copy_stand_in_copies_every_layer_and_skips_freed_slots():

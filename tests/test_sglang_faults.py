@@ -77,7 +77,7 @@ def test_no_fault_hooks_a_target_of_the_observe_plugins_per_node_evidence() -> N
     server's start line said state_evictions false, and the eviction-order check judged nothing)."""
     from conformance.sglang_plugins import observe
 
-    per_node = {observe.INSERT_TARGET, observe.STATE_FREE_TARGET, observe.TREE_RESET_TARGET}
+    per_node = {observe.INSERT_TARGET, observe.STATE_FREE_TARGET, observe.TREE_RESET_TARGET, *observe.state_hook_plan()[0]}
     shared = [(name, h.target) for name, f in catalogue.faults().items() for h in f.hooks if h.target in per_node]
     assert not shared, shared
 

@@ -270,6 +270,23 @@ def unprepared_boundary_finish_store(prompt: Key, output: Key, grid: StrategyGri
     return _prefix(seq, n) if n > 0 else None
 
 
+def in_flight_boundary_finish_store(prompt: Key, output: Key, grid: StrategyGrid) -> Key | None:
+    """The state a buffered request finishing under overlap may insert when the step in flight
+    at its finish crossed a track boundary (``committed + 1``, i.e. prompt + every output token,
+    on the track grid): that step ran the last output token and tracked the state after it,
+    and the finish inserted that state, one token past ``finish_store``'s.  Whether the step
+    ran before the finish was processed depends on the scheduler's timing, so the oracle admits
+    this key only when SGLang's tree was seen taking it.  None outside that case (and under
+    lazy_alloc_fail, where that boundary's allocation fails:
+    :func:`unprepared_boundary_finish_store`)."""
+    seq = prompt + output
+    n = len(seq)
+    if not (grid.buffered and output and grid.lookahead == 1 and not grid.lazy_alloc_fail and n % grid.track_grid == 0):
+        return None
+    n = floor_to(n, grid.page_size)
+    return _prefix(seq, n) if n > 0 else None
+
+
 def possible_finish_stores(prompt: Key, output: Key, grid: StrategyGrid, *, extra: int = 2) -> set[Key]:
     """Every state an irregular finish (abort, a session's hand-over) may insert: any decode
     track position up to ``extra`` tokens past what was returned, or (no_buffer) any

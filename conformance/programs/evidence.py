@@ -12,7 +12,8 @@ Per request (real SGLang: the observe plugin's ``<log>.requests.jsonl``), the
 which requests' kept checkpoint a failed lazy allocation dropped: the oracle's cut and
 lazy-drop relaxations are then granted to those requests only, at those places.  It also
 places each eviction walk among the prefills, which orders an eviction after a store the
-client's clock cannot place (a burst member's).  Per node (0.5.22+): which mamba states
+client's clock cannot place (a burst member's).  Per node (every release 0.5.11 on, where
+the plugin's start line says ``state_evictions``): which mamba states
 SGLang's tree took and which of them an eviction step freed, each named by its prefix's
 length and digest (``conformance/token_digest.py``), so "was THIS stored prefix evicted"
 has an answer (:meth:`RequestLog.state_evicted_between`), not only "did any eviction run".
@@ -136,7 +137,7 @@ class RequestLog:
         """Per node: did an eviction step free the mamba state SGLang's tree held for exactly
         the prefix ``key`` (token ids) after the first prefill of every one of ``storers`` and
         before ``rid``'s first prefill?  None: no per-node answer -- this server records no
-        per-node evidence (an older release, or the hooks were not applied), its tree never
+        per-node evidence (a release whose tree lacks a hook point, or the hooks were not applied), its tree never
         took a state for exactly ``key`` (the oracle's key is not SGLang's: a different
         length or tokens), or a storer or ``rid`` has no prefill record: ask
         :meth:`evicted_between` instead.  What the oracle's "may have evicted" should

@@ -38,9 +38,10 @@ from conformance.checks.hit_bounds import (
     prefill_stores,
     seen_cut_stores,
     trie_size,
+    in_flight_boundary_finish_store,
     unprepared_boundary_finish_store,
 )
-from conformance.checks.strip_thinking import finish_store_of, possible_finish_stores_of
+from conformance.checks.strip_thinking import finish_store_of, possible_finish_stores_of, reasoned
 
 PREFILL_LINE = re.compile(r"Prefill batch.*?#cached-token:\s*(\d+)")
 
@@ -232,7 +233,7 @@ class HitBook:
         elif cut and self._could_be_cut(q):
             for h in self._hits(q):
                 alts |= cut_prefill_stores(q.input_ids, h, self.grid, budget=self.limits.prefill_budget)
-        kept = None
+        kept = ahead = None
         if q.regular:
             key = finish_store_of(q.input_ids, q.output_ids, self.grid, q.options)
             if key:
@@ -240,10 +241,14 @@ class HitBook:
             elif log is not None and (kept := unprepared_boundary_finish_store(q.input_ids, q.output_ids, self.grid)) is not None:
                 if log.state_stored(kept):  # seen: SGLang did not prepare the boundary step after the finish
                     alts.add(kept)
+            if log is not None and not reasoned(q.options) and (
+                    ahead := in_flight_boundary_finish_store(q.input_ids, q.output_ids, self.grid)) is not None:
+                if log.state_stored(ahead):  # seen: the step in flight at the finish tracked the boundary state
+                    alts.add(ahead)
         else:
             alts |= possible_finish_stores_of(q.input_ids, q.output_ids, self.grid, q.options)
         out = frozenset(alts)
-        if q.done_seq and (log is None or not self._prefill_unseen(q, log)) and (kept is None or kept in alts):
+        if q.done_seq and (log is None or not self._prefill_unseen(q, log)) and all(k is None or k in alts for k in (kept, ahead)):
             self._fixed[(q.rid, cut)] = out
         return out
 

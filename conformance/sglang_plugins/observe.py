@@ -39,16 +39,22 @@ batch's preparation before ``run_batch``); and, under ``SGLANG_TEST_MAMBA_LAZY_A
 every request whose kept checkpoint SGLang dropped at a track boundary (an AROUND hook
 on :data:`LAZY_TARGET`: ``mamba_last_track_seqlen`` went from a length to None).
 
-Per-node eviction evidence (0.5.22+, the unified radix cache): an AROUND hook on the tree's
-insert (:data:`INSERT_TARGET`) records each mamba state the tree took (``state_stored``:
-the inserted prefix's length and :func:`conformance.token_digest.token_digest`, for an insert
-that did not find a state already there, ``mamba_exist`` False), and keeps which pool slot
-holds it; an AROUND hook on the step that frees what an eviction step took from the tree
-(:data:`STATE_FREE_TARGET`: eviction walks, SGLang's per-path state cap, demotes; it reads the
-step's mamba ``device_frees`` before they are drained) records each such state freed
+Per-node eviction evidence (every release 0.5.11 on, both tree generations): an AROUND hook
+on each tree's insert records each mamba state the tree took (``state_stored``: the inserted
+prefix's length and :func:`conformance.token_digest.token_digest`, for an insert that did not
+find a state already there, ``mamba_exist`` False), and keeps which pool slot holds it; a hook
+on the place where the tree's removed states are seen records each such state
 (``state_evicted``, same length and digest); a hook on the tree's reset (a flush) forgets the
-slots.  The start line says whether all three hooks are in place (``state_evictions``): only
-then does "no record" mean "not evicted".
+slots.  Where the removed states are seen differs per release (feature probes,
+:data:`STATE_FREE_PLANS`, first match per tree class of :data:`STATE_TREES`): the eviction
+step's result (``_apply_eviction_result``, 0.5.23), the device-frees drain every tree step goes
+through (``_drain_device_frees``: walks, SGLang's per-path state cap, demotes; 0.5.17-0.5.22),
+or, where a tree has no such drain (``MambaRadixCache``, the hybrid default up to 0.5.15, and
+``UnifiedRadixCache`` up to 0.5.16), its public eviction walk ``evict``, after which every
+remembered state no longer among the tree's own (``all_mamba_values_flatten``) was evicted.
+The start line says whether every tree class of the release got all three hooks
+(``state_evictions``; only then does "no record" mean "not evicted"), which plan each took
+(``state_plans``) and what is missing where one did not (``state_missing``).
 
 Nothing here changes what SGLang schedules, allocates, caches or checks.
 """
@@ -72,13 +78,26 @@ LEGACY_EVICT_TARGETS = (
     "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache.evict",
     "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.evict",
 )
-#: Where a request's mamba state becomes the tree's (per-node eviction evidence, 0.5.22+).
+#: Where a request's mamba state becomes the tree's (per-node eviction evidence, 0.5.23 names).
 INSERT_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.insert"
 #: Every eviction step's result is drained here (walk, path cap, demote): its mamba
 #: ``device_frees`` are the tree's states it removed.
 STATE_FREE_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._apply_eviction_result"
 #: A flush drops the whole tree without an eviction step: the slot map starts over.
 TREE_RESET_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.reset"
+#: Every radix tree that can hold mamba states, per release: each one the release has must get
+#: the per-node hooks (``HiMambaRadixCache``: 0.5.11-0.5.12's HiCache tree for hybrid models,
+#: its own ``evict`` and ``reset``).
+STATE_TREES = (
+    "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache",
+    "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache",
+    "sglang.srt.mem_cache.hi_mamba_radix_cache.HiMambaRadixCache",
+)
+#: Where a tree's removed states are seen, newest release first: (method, plan).  ``step``: the
+#: eviction step's result (0.5.23); ``drain``: the device-frees dict every tree step drains
+#: (0.5.17-0.5.22); ``walk``: the public eviction walk, then the remembered states no longer in
+#: the tree (``all_mamba_values_flatten``; MambaRadixCache, UnifiedRadixCache up to 0.5.16).
+STATE_FREE_PLANS = (("_apply_eviction_result", "step"), ("_drain_device_frees", "drain"), ("evict", "walk"))
 #: The lazy strategy's boundary pre-allocation (a failed one drops the kept checkpoint).
 LAZY_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.mamba_lazy_prealloc_at_boundary"
 #: ``<log>.plugins.jsonl`` -> ``<log>.requests.jsonl``: the per-request evidence file.
@@ -425,6 +444,28 @@ def _slots(value: Any) -> list[int]:
     return [int(x) for x in value.reshape(-1).tolist()]
 
 
+def _key_tokens(key: Any) -> list[int]:
+    """The token ids a radix key stands for (its ``limit`` honoured where the release has one)."""
+    raw = getattr(key, "raw_token_ids", None)
+    return [int(t) for t in (raw() if raw is not None else key.token_ids)]
+
+
+def _remember(value: Any, tokens: list[int]) -> None:
+    """A mamba state the tree took: remember its slot(s) and record it."""
+    from conformance.token_digest import token_digest
+
+    stored = (len(tokens), token_digest(tokens))
+    for slot in _slots(value):
+        _TREE_STATES[slot] = stored
+    write_requests([{"ev": "state_stored", "len": stored[0], "key": stored[1]}])
+
+
+def _forget(slots: list[int]) -> None:
+    """The tree's states in ``slots`` left it: record each (slots it never held are ignored)."""
+    gone = [_TREE_STATES.pop(s) for s in slots if s in _TREE_STATES]
+    write_requests([{"ev": "state_evicted", "len": n, "key": d} for n, d in gone])
+
+
 def state_stored(original: Callable, cache: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook on the tree's insert: a mamba state the tree took (no state there before)
     is recorded with its prefix, and its slot remembered (result unchanged)."""
@@ -432,34 +473,44 @@ def state_stored(original: Callable, cache: Any, params: Any, *args: Any, **kwar
     try:
         value, key = getattr(params, "mamba_value", None), getattr(params, "key", None)
         if value is not None and key is not None and not getattr(cache, "disable", False) and not result.mamba_exist:
-            from conformance.token_digest import token_digest
-
-            tokens = list(key.token_ids)
-            stored = (len(tokens), token_digest(tokens))
-            for slot in _slots(value):
-                _TREE_STATES[slot] = stored
-            write_requests([{"ev": "state_stored", "len": stored[0], "key": stored[1]}])
+            _remember(value, _key_tokens(key))
     except Exception:  # an observer never breaks the server; a missing record is visible to the kit
         pass
     return result
 
 
 def state_freed(original: Callable, cache: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND hook on draining an eviction step: each tree state among its mamba device frees
-    (read before the drain consumes them) is recorded as evicted (result unchanged)."""
+    """AROUND hook on draining a tree step's frees: each tree state among its mamba device
+    frees (read before the drain consumes them) is recorded as evicted (result unchanged).
+    ``result`` is the step's result (``_apply_eviction_result``, 0.5.23) or its device-frees
+    dict itself (``_drain_device_frees``, 0.5.17-0.5.22)."""
     try:
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
-        slots = [s for value in (result.device_frees.get(ComponentType.MAMBA) or ()) for s in _slots(value)]
+        frees = getattr(result, "device_frees", result)
+        slots = [s for value in (frees.get(ComponentType.MAMBA) or ()) for s in _slots(value)]
     except Exception:  # an observer never breaks the server
         slots = []
     out = original(cache, result, *args, **kwargs)
     try:
-        gone = [_TREE_STATES.pop(s) for s in slots if s in _TREE_STATES]
-        write_requests([{"ev": "state_evicted", "len": n, "key": d} for n, d in gone])
+        _forget(slots)
     except Exception:  # an observer never breaks the server
         pass
     return out
+
+
+def states_left(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on a tree's public eviction walk where the release has no drain to read
+    (``walk`` plan): after a walk that evicted anything, each remembered state the tree no
+    longer holds (``all_mamba_values_flatten``) is recorded as evicted (result unchanged)."""
+    result = original(cache, *args, **kwargs)
+    try:
+        if _TREE_STATES and any(int(getattr(result, f, 1) or 0) for f in EVICT_FIELDS):
+            held = set(_slots(cache.all_mamba_values_flatten()))
+            _forget([s for s in list(_TREE_STATES) if s not in held])
+    except Exception:  # an observer never breaks the server
+        pass
+    return result
 
 
 def tree_reset(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
@@ -468,6 +519,91 @@ def tree_reset(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any
     result = original(cache, *args, **kwargs)
     _TREE_STATES.clear()
     return result
+
+
+#: plan -> the hook on its removal point
+_FREE_HOOKS = {"step": state_freed, "drain": state_freed, "walk": states_left}
+
+
+def _tree_class(tree: str) -> Any:
+    """The tree class at dotted ``tree``, None when the release lacks it (or cannot import it)."""
+    import pkgutil
+
+    try:
+        return pkgutil.resolve_name(tree)
+    except Exception:  # a module the release lacks or cannot import: no such tree in this server
+        return None
+
+
+def state_hook_plan() -> tuple[dict[str, Callable], dict[str, str], list[str]]:
+    """The per-node hooks this release takes (feature probes over :data:`STATE_TREES` and
+    :data:`STATE_FREE_PLANS`): ``(hooks, plans, missing)`` -- dotted target -> hook, tree class
+    name -> the plan it took, and one line per tree class that cannot be fully hooked (then
+    no per-node evidence at all: ``hooks`` is empty).  A method a class inherits is hooked
+    on the class that defines it (itself in the table)."""
+    hooks: dict[str, Callable] = {}
+    plans: dict[str, str] = {}
+    missing: list[str] = []
+    for tree in STATE_TREES:
+        cls = _tree_class(tree)
+        if cls is None:
+            continue
+        name = tree.rsplit(".", 1)[1]
+        free = next(((m, plan) for m, plan in STATE_FREE_PLANS
+                     if hasattr(cls, m) and (plan != "walk" or hasattr(cls, "all_mamba_values_flatten"))), None)
+        lacks = [m for m in ("insert", "reset") if not hasattr(cls, m)]
+        if free is None:
+            lacks.append("a removal point (_apply_eviction_result, _drain_device_frees, or evict with all_mamba_values_flatten)")
+        if lacks:
+            missing.append(f"{name} lacks {', '.join(lacks)}")
+            continue
+        plans[name] = free[1]
+        for method, hook in (("insert", state_stored), ("reset", tree_reset), (free[0], _FREE_HOOKS[free[1]])):
+            owner = next(k for k in cls.__mro__ if method in vars(k))
+            hooks[f"{owner.__module__}.{owner.__qualname__}.{method}"] = hook
+    if missing:
+        return {}, plans, missing
+    return hooks, plans, missing
+
+
+def _nest(inner: Callable, outer: Callable) -> Callable:
+    """One AROUND hook running ``outer`` around ``inner`` around SGLang's function (one hook per
+    target: the walk plan's state records come before the eviction counter's walk record,
+    which ``conformance/checks/eviction_order.py`` relies on)."""
+    def nested(original: Callable, *args: Any, **kwargs: Any) -> Any:
+        return outer(lambda *a, **k: inner(original, *a, **k), *args, **kwargs)
+
+    nested.__name__ = f"{outer.__name__}_around_{inner.__name__}"
+    return nested
+
+
+def register_state_hooks(registry: Any, around: Any, outer: dict[str, Callable] | None = None) -> Callable[[], list[str]]:
+    """Register this release's per-node hooks (:func:`state_hook_plan`) with SGLang's hook
+    registry; ``outer``: AROUND hooks the caller has for the same targets (the eviction
+    counter on a tree's public ``evict``), nested around the state hook there and removed from
+    ``outer``.  The returned function, called after ``apply_hooks``, writes the start line
+    (``state_evictions`` true only when every tree class got every hook and each took effect)
+    and returns the targets hooked."""
+    import pkgutil
+
+    hooks, plans, missing = state_hook_plan()
+    before = {t: _resolve(pkgutil, t) for t in hooks}
+    for target, hook in hooks.items():
+        if outer and target in outer:
+            hook = _nest(hook, outer.pop(target))
+        registry.register(target, hook, around)
+
+    def start_line() -> list[str]:
+        hooked = [t for t, b in before.items() if b is not None and _resolve(pkgutil, t) is not b]
+        lacking = missing + [f"hook on {t} was not applied" for t in hooks if t not in hooked]
+        if not plans and not lacking:
+            lacking = ["no radix tree that holds mamba states"]
+        per_node = bool(hooked) and not lacking
+        # the kit refuses per-request evidence without this line; "no state_evicted record" means "none evicted" only with per_node
+        write_requests([{"ev": "start", "state_evictions": per_node, "state_plans": plans, "state_missing": lacking}])
+        return hooked
+
+    return start_line
 
 
 def install(role: str) -> dict[str, Any]:
@@ -489,14 +625,10 @@ def install(role: str) -> dict[str, Any]:
         idle_target = LEGACY_TARGET
     HookRegistry.register(idle_target, idle_publish, HookType.AROUND)
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
-    for target in evict_before:
-        HookRegistry.register(target, evict_counted, HookType.AROUND)
-    hooks = {INSERT_TARGET: state_stored, STATE_FREE_TARGET: state_freed, TREE_RESET_TARGET: tree_reset}
-    state_before = {t: b for t in hooks if (b := _resolve(pkgutil, t)) is not None}
-    if len(state_before) < len(hooks):  # an older tree: no per-node evidence (the kit falls back to the walk records)
-        state_before = {}
-    for target in state_before:
-        HookRegistry.register(target, hooks[target], HookType.AROUND)
+    counters = dict.fromkeys(evict_before, evict_counted)
+    state_line = register_state_hooks(HookRegistry, HookType.AROUND, outer=counters)
+    for target, hook in counters.items():  # the counters no state hook shares a target with
+        HookRegistry.register(target, hook, HookType.AROUND)
     lazy_owner, lazy_attr = LAZY_TARGET.rsplit(".", 1)
     lazy_before = getattr(pkgutil.resolve_name(lazy_owner), lazy_attr, None)
     if lazy_before is not None:  # releases with the lazy strategy
@@ -511,11 +643,8 @@ def install(role: str) -> dict[str, Any]:
     gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES)) + [PREFIX + "idle_publish_seq"]
     if lazy_before is not None and getattr(pkgutil.resolve_name(lazy_owner), lazy_attr) is lazy_before:
         raise RuntimeError(f"hook on {LAZY_TARGET} was not applied")
-    state_hooked = [t for t, b in state_before.items() if _resolve(pkgutil, t) is not b]
-    per_node = bool(state_before) and len(state_hooked) == len(state_before)
-    # the kit refuses per-request evidence without this line; "no state_evicted record" means "none evicted" only with per_node
-    write_requests([{"ev": "start", "state_evictions": per_node}])
-    around = [idle_target, *evict_hooked, *state_hooked] + ([LAZY_TARGET] if lazy_before is not None else [])
+    state_hooked = state_line()
+    around = list(dict.fromkeys([idle_target, *evict_hooked, *state_hooked] + ([LAZY_TARGET] if lazy_before is not None else [])))
     return {"around": around, "before": [STEP_TARGET], "gauges": gauges, "requests": requests_path()}
 
 
