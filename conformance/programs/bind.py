@@ -93,6 +93,7 @@ def target_for(ep: Endpoint, cold: Endpoint) -> Target:
         client=ep.client, cold=cold.client, grid=grid_for(ep), limits=limits, tol=tol, noise=noise, exact=exact,
         idle_deadline_s=idle_deadline(ep), log_text=ep.log_text if ep.process else None,
         alive=ep.process.exit_reason if ep.process else None, info=info, requests=requests,
+        mixed=axes.enabled(ep.cell, axes.MIXED_BATCHES),
     )
 
 

@@ -15,7 +15,10 @@ Every request -- sends, burst members and session turns, in exact mode too -- as
 output logprobs and a top-5: the oracle compares the served distribution, not only the
 greedy token (a logprob error of 7.6e-2 once kept the token).  That changes no prefix matching: SGLang resolves
 ``logprob_start_len=-1`` with ``return_logprob`` to the input length
-(``Scheduler.handle_generate_request``), past its match limit.
+(``Scheduler.handle_generate_request``), past its match limit.  Except on a mixed-chunk
+server: SGLang mixes a prefill into the running decodes only when neither returns logprobs,
+so there burst members ask none (their answers are judged by their tokens against the cold
+argmax) and their checkpoints are stored from mixed batches for the follow-ups to judge.
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ class _Session:
 
 
 class Resolver:
-    def __init__(self, program: Program, grid: StrategyGrid, limits: Limits, *, exact: bool, tag: str) -> None:
+    def __init__(self, program: Program, grid: StrategyGrid, limits: Limits, *, exact: bool, tag: str, mixed: bool = False) -> None:
         self.p, self.grid, self.limits, self.exact, self.tag = program, grid, limits, exact, tag
+        self.mixed = mixed  # a mixed-chunk server: bursts ask no logprobs, so SGLang may mix their prefills into decodes
         self.sessions: dict[str, _Session] = {}
 
     def server_rid(self, rid: str) -> str:
@@ -128,7 +132,8 @@ class Resolver:
             "rid": [self.server_rid(r) for r in step.rids()],
             "sampling_params": [{"temperature": 0.0, "max_new_tokens": step.max_new, "ignore_eos": True} for _ in prompts],
         }
-        payload.update({"return_logprob": True, "top_logprobs_num": 5, "return_text_in_logprobs": False})
+        if not self.mixed:  # SGLang never mixes a batch that returns logprobs: a burst's answer is then judged by its tokens
+            payload.update({"return_logprob": True, "top_logprobs_num": 5, "return_text_in_logprobs": False})
         return prompts, payload
 
     # ------------------------------------------------------------ sessions

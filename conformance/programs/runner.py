@@ -62,6 +62,9 @@ class Target:
     info: dict[str, Any] = field(default_factory=dict)
     requests: Any = None  # evidence.RequestLog: the server's per-request evidence (real SGLang), or None
     noise: dict[str, Any] = field(default_factory=dict)  # non-exact mode: the measured noise ``tol`` comes from (programs.noise)
+    #: the server mixes prefill chunks into running decodes, only for requests without logprobs
+    #: (``conformance.axes.MIXED_BATCHES``): bursts then ask none, so their prefills mix
+    mixed: bool = False
 
 
 @dataclass
@@ -112,7 +115,7 @@ class ProgramRun:
         self.tag = uuid.uuid4().hex[:8]
         self.clock = Clock()
         self.deck = FlightDeck(target.client.base_url, self.clock)
-        self.resolver = Resolver(program, target.grid, target.limits, exact=target.exact, tag=self.tag)
+        self.resolver = Resolver(program, target.grid, target.limits, exact=target.exact, tag=self.tag, mixed=target.mixed)
         self.evidence = Evidence(target.requests)
         self.book = HitBook(target.grid, target.limits, self.evidence, server_rid=self.resolver.server_rid)
         self.flights: dict[str, Flight] = {}  # rid -> its flight (bursts share one)
@@ -234,7 +237,7 @@ class ProgramRun:
         self.pending.append(flight)
         for rid, ids in zip(rids, prompts):
             self.flights[rid] = flight
-            self.served[rid] = Served(rid, self.step_no, ids, step.max_new, LOGPROB_OPTIONS, flight.sent_seq, kind="burst")
+            self.served[rid] = Served(rid, self.step_no, ids, step.max_new, {} if self.t.mixed else LOGPROB_OPTIONS, flight.sent_seq, kind="burst")
         self._note_load()
 
     def _turn(self, step: Turn) -> None:
