@@ -32,11 +32,14 @@ def test_agreement_with_reference_engine(endpoint, conformance_options, tmp_path
         settle(record_verdict(Verdict("agreement", "skip", {}, f"not applicable on target {endpoint.target}: agreement compares real SGLang on CPU with the reference engine")))
     if not exact_mode(endpoint):
         settle(record_verdict(Verdict("agreement", "skip", {}, "not applicable in bfloat16: agreement with the float32 reference engine is defined for --dtype float32")))
+    ref_options = dataclasses.replace(conformance_options, target=twin)
+    unsupported = target_for(ref_options).launcher(ref_options).supports(cell)
+    if unsupported:
+        settle(record_verdict(Verdict("agreement", "skip", {}, f"not applicable: the {twin} engine cannot serve this cell: {unsupported}")))
     chunk, grid = grids(cell)
     script = agreement_script(chunk=chunk, grid=grid, vocab_size=vocab_size(endpoint))
     served_sglang = run_agreement(endpoint.client, script)
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
-    ref_options = dataclasses.replace(conformance_options, target=twin)
     with serve_cell(cell, ref_options, log_dir=log_dir / "agreement-reference") as ref:
         served_ref = run_agreement(ref.client, script)
     steps = [

@@ -55,7 +55,10 @@ class ReferenceTarget:
 
     def supports(self, cell: Cell) -> str | None:
         if self.name not in cell.targets:
-            return f"cache variant {cell.cache_variant.name!r} is served by real SGLang only"
+            if cell.cache_variant.name != "radix":
+                return f"cache variant {cell.cache_variant.name!r} is served by real SGLang only"
+            what = f"its server options ({', '.join(f'{a}={v}' for a, v in cell.options)})" if cell.options else "its block of the matrix"
+            return f"{what} run on {', '.join(cell.targets)} only (the reference engine does not model them)"
         return None
 
     def launch_spec(self, cell: Cell, *, port: int, gpus: list[int] | None = None) -> LaunchSpec:
