@@ -57,8 +57,10 @@ class ReferenceTarget:
         if self.name not in cell.targets:
             if cell.cache_variant.name != "radix":
                 return f"cache variant {cell.cache_variant.name!r} is served by real SGLang only"
-            what = f"its server options ({', '.join(f'{a}={v}' for a, v in cell.options)})" if cell.options else "its block of the matrix"
-            return f"{what} run on {', '.join(cell.targets)} only (the reference engine does not model them)"
+            where = f"the matrix runs it on {', '.join(cell.targets)} only"
+            if cell.options:
+                return f"its server options ({', '.join(f'{a}={v}' for a, v in cell.options)}) are real SGLang's; {where}"
+            return where
         return None
 
     def launch_spec(self, cell: Cell, *, port: int, gpus: list[int] | None = None) -> LaunchSpec:
