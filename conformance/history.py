@@ -337,7 +337,9 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
             return rows + [Row(release, check, "fail", f"exit {out.returncode}, no report.json: {_last_line(out.stderr or out.stdout)}")]
         report = json.loads(report_file.read_text())
         rows += report_rows(release, report, replay_dir=(out_dir / "replays" / release) if out_dir else None)
-        if not report.get("complete", True):
+        from conformance.runreport import NOTHING_APPLIES
+
+        if not report.get("complete", True) and report.get("incomplete_reasons") != [NOTHING_APPLIES]:  # n/a rows say it all
             why = "; ".join(report.get("incomplete_reasons") or []) or "incomplete"
             rows.append(Row(release, f"{check} run", "fail", f"exit {out.returncode}: the run is incomplete: {why}"[:400]))
     return rows

@@ -102,8 +102,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state.exitstatus = int(exitstatus)
     if state.options.report_dir is None:
         return
-    from conformance.runreport import NOTHING_JUDGED, write_run_report
+    from conformance.runreport import NOTHING_JUDGED_PREFIX, write_run_report
 
     report = write_run_report(state, wall_s=time.time() - state.started)
-    if NOTHING_JUDGED in report.get("incomplete_reasons", ()) and session.exitstatus == 0:
+    if any(r.startswith(NOTHING_JUDGED_PREFIX) for r in report.get("incomplete_reasons", ())) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a run that judged nothing is red, not green

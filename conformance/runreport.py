@@ -174,14 +174,22 @@ def _sha256(paths: list[Path]) -> str:
     return h.hexdigest()
 
 
-#: The incomplete reason of a run whose every check skipped: it tested nothing, so it is red.
-NOTHING_JUDGED = "nothing was judged: every check of every cell skipped"
+#: The incomplete reasons of a run that tested nothing (every check skipped, or every
+#: selected cell not applicable): it is red, never green.  Both start with NOTHING_JUDGED_PREFIX.
+NOTHING_JUDGED_PREFIX = "nothing was judged"
+NOTHING_JUDGED = f"{NOTHING_JUDGED_PREFIX}: every check of every cell skipped"
+NOTHING_APPLIES = f"{NOTHING_JUDGED_PREFIX}: every selected cell is not applicable"
 
 
-def nothing_judged(cells: list[dict[str, Any]]) -> bool:
-    """Cells ran checks and every one of them skipped (not-applicable cells aside)."""
+def nothing_judged(cells: list[dict[str, Any]]) -> str | None:
+    """Why no verdict was reached, when cells were selected and none has a pass, fail or
+    error (not-applicable cells have no checks); None when something was judged."""
+    if not cells:
+        return None  # no cell at all: "no test was selected" / "no matrix cell matches" say so
     statuses = [v.get("status") for c in cells for v in (c.get("checks") or {}).values()]
-    return bool(statuses) and all(s == "skip" for s in statuses)
+    if any(s != "skip" for s in statuses):
+        return None
+    return NOTHING_JUDGED if statuses else NOTHING_APPLIES
 
 
 def completeness(state: Any, cells: list[dict[str, Any]]) -> dict[str, Any]:
@@ -201,8 +209,9 @@ def completeness(state: Any, cells: list[dict[str, Any]]) -> dict[str, Any]:
         reasons.append(f"{len(outcomes.collection_errors)} collection error(s)")
     if outcomes.collected and not any(outcomes.collected.values()):
         reasons.append("no matrix cell matches the selection")
-    if nothing_judged(cells):
-        reasons.append(NOTHING_JUDGED)
+    idle = nothing_judged(cells)
+    if idle:
+        reasons.append(idle)
     none_ran, partly = outcomes.cells_not_run()
     out: dict[str, Any] = {"complete": not reasons, "cells_not_run": none_ran, "cells_partly_run": partly}
     if reasons:

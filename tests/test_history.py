@@ -152,6 +152,27 @@ def test_sglang_cpu_rows_of_some_models_run_only_their_cells(monkeypatch, tmp_pa
     assert "--models" not in seen[0] and any(r.cell.startswith("nemotron") for r in rows if r.status == "na")
 
 
+def test_a_release_part_whose_every_cell_is_na_has_na_rows_and_no_run_failure(monkeypatch, tmp_path):
+    """The inner run of a part whose every cell SGLang cannot serve is red ("nothing was
+    judged"), but history's rows already say n/a per cell with SGLang's line: no FAIL row for
+    the run; any other incompleteness is still one."""
+    reasons = [["nothing was judged: every selected cell is not applicable"]]
+
+    def fake_run(argv, *, timeout, env=None, cwd=None):
+        report_dir = Path(argv[argv.index("--report-dir") + 1])
+        cells = [{"id": "qwen3-next-80b-extra_buffer-p1-t256", "not_applicable": "sglang 0.5.12: no", "checks": {}}]
+        (report_dir / "report.json").write_text(json.dumps({"cells": cells, "complete": False, "incomplete_reasons": reasons[0]}))
+        return subprocess.CompletedProcess(argv, 1, "", "")
+
+    monkeypatch.setattr(history, "_run", fake_run)
+    features = {"version": "0.5.12", "strategies": ["no_buffer", "extra_buffer"], "sglang_cpu_gap": None}
+    rows = history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",))
+    assert rows and all(r.status == "na" for r in rows), rows
+    reasons[0] = ["nothing was judged: every selected cell is not applicable", "interrupted"]
+    rows = history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",))
+    assert [r.check for r in rows if r.status == "fail"] == ["sglang-cpu run"]
+
+
 def test_rows_of_suites_that_found_the_server_killed_by_a_known_bug_name_it():
     """A known SGLang bug that kills the scheduler (leaks) leaves the cell's later suites
     facing a dead server: their rows stay fail and say which known bug killed it; a dead

@@ -186,6 +186,28 @@ def test_a_run_that_judged_nothing_is_incomplete_and_red(pytester: pytest.Pytest
     assert report["complete"] is True and result.ret == 0
 
 
+ALL_NOT_APPLICABLE = """
+import pytest
+
+@pytest.mark.kl
+def test_not_applicable(cell):
+    pytest.skip("not applicable: sglang 0.5.99: error: unrecognized arguments: --some-flag")
+"""
+
+
+def test_a_run_whose_every_cell_is_not_applicable_is_incomplete_and_red(pytester: pytest.Pytester) -> None:
+    """Before, a run whose every selected cell was not applicable (an option or a strategy the
+    release lacks) wrote ``complete: true`` and exited 0: it tested nothing."""
+    pytester.makepyfile(test_x=ALL_NOT_APPLICABLE)
+    rep = pytester.path / "rep"
+    result = pytester.runpytest_subprocess(*SELECT, f"--report-dir={rep}", "-p", "no:cacheprovider")
+    report = json.loads((rep / "report.json").read_text())
+    [cell] = report["cells"]
+    assert cell["not_applicable"] == "sglang 0.5.99: error: unrecognized arguments: --some-flag" and cell["checks"] == {}
+    assert report["complete"] is False and "nothing was judged: every selected cell is not applicable" in report["incomplete_reasons"]
+    assert result.ret == 1
+
+
 TWO_CELLS_SUITE = """
 import pytest
 from conformance.records import Verdict

@@ -61,6 +61,7 @@ class Features:
     choices: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (flag, its choices) for the PARSER_FLAGS that have choices
     pd_transfer_refusal: str | None = None  # SGLang's own line when its default PD transfer engine cannot be built here
     missing_hook_targets: tuple[tuple[str, str], ...] = ()  # (seeded fault's hook target, SGLang's line) that do not resolve here
+    paged_alloc_triton_only: bool = False  # PagedTokenToKVPoolAllocator.alloc_extend launches its Triton kernel with no other path
 
     def hook_target_missing(self, targets) -> str | None:
         """SGLang's own line for the first of ``targets`` this release lacks (None: all resolve)."""
@@ -155,6 +156,8 @@ class Features:
             f"sglang-cpu {'runs through general plugins + hook registry' if self.sglang_cpu_capable else 'not applicable (' + str(self.sglang_cpu_gap) + ')'}"
             f", extra_buffer device gate {self._gate_text()}",
             f"seeded-fault hook targets {'all resolve' if not self.missing_hook_targets else f'{len(self.missing_hook_targets)} missing -> their faults not applicable'}",
+            *((f"paged allocator launches {PAGED_ALLOC_KERNEL} only -> sglang-cpu runs page sizes above 1 under TRITON_INTERPRET=1",)
+              if self.paged_alloc_triton_only else ()),
         ]
         return f"sglang {self.version}: " + "; ".join(parts)
 
@@ -387,7 +390,26 @@ def _probe() -> Features:
         choices=choices,
         pd_transfer_refusal=_pd_transfer_refusal(),
         missing_hook_targets=_unresolved(_fault_hook_targets()),
+        paged_alloc_triton_only=_paged_alloc_triton_only(),
     )
+
+
+#: The Triton kernel SGLang's paged KV allocator launches for a prefill (page size > 1).
+PAGED_ALLOC_KERNEL = "alloc_extend_kernel"
+
+
+def _paged_alloc_triton_only() -> bool:
+    """SGLang's paged allocator launches ``alloc_extend_kernel`` unconditionally (up to 0.5.22:
+    no device question a platform answers), so page sizes above 1 need Triton's CPU
+    interpreter here (``SGLangCpuTarget.env``).  0.5.23 asks
+    ``current_platform.capabilities.supports_triton`` and has a torch path."""
+    paged = _module("sglang.srt.mem_cache.allocator.paged") or _module("sglang.srt.mem_cache.allocator")
+    cls = getattr(paged, "PagedTokenToKVPoolAllocator", None)
+    try:
+        source = inspect.getsource(cls.alloc_extend)
+    except (AttributeError, OSError, TypeError):
+        return False
+    return f"{PAGED_ALLOC_KERNEL}[" in source and "use_triton_kernels" not in source
 
 
 def _cache_file():

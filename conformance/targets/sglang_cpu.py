@@ -59,6 +59,21 @@ def _platform_answers_extra_buffer() -> bool:
     return features.platform_extra_buffer_answer or not features.importable
 
 
+#: Triton's switch that runs ``@triton.jit`` kernels in its CPU interpreter (read when a
+#: kernel is defined, so the zygote imports under it: it is part of the import env).
+TRITON_INTERPRET = "TRITON_INTERPRET"
+
+
+def _paged_kernels_need_interpreter(cell: Cell) -> bool:
+    """Page size above 1 on a release whose paged KV allocator has only its Triton kernels
+    (no device question to answer): SGLang's own kernels then run in Triton's interpreter."""
+    if cell.page_size <= 1:
+        return False
+    from conformance.sglang_api.probes import probe
+
+    return probe().paged_alloc_triton_only
+
+
 @dataclass
 class SGLangCpuTarget:
     """Real ``python -m sglang.launch_server`` serving a twin on CPU."""
@@ -122,6 +137,8 @@ class SGLangCpuTarget:
         }
         if _platform_answers_extra_buffer():
             env["SGLANG_PLATFORM"] = activation.PLATFORM_NAME
+        if _paged_kernels_need_interpreter(cell):
+            env[TRITON_INTERPRET] = "1"
         fault = fault_for_launch(cell.env)
         if fault:
             env[activation.FAULT_ENV] = fault
