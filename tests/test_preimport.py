@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.errors import ServerStartError
+from conformance.errors import KitError, ServerStartError
 from conformance.faults import SGLANG_FAULT_ENV
 from conformance.targets import preimport
 from conformance.targets.launcher import ServerProcess, free_port
@@ -94,6 +94,30 @@ def test_forked_server_gets_its_exact_argv_and_env_and_late_switches_share_a_zyg
     # a and b differ only in a run-time switch: one zygote; c's import environment differs: its own
     assert got["a"]["ppid"] == got["b"]["ppid"] != got["c"]["ppid"]
     assert len(preimport._ZYGOTES) == 2
+
+
+def test_idle_zygotes_beyond_the_kept_count_are_stopped_and_a_busy_one_never_is(tmp_path: Path, modules: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each import environment has its own zygote (~0.7 GB with SGLang's stack): when a new
+    one is needed, those with no live server are stopped except the most recently used."""
+    monkeypatch.setenv(preimport.IDLE_KEEP_ENV, "1")
+    busy, _ = server(tmp_path, modules, "busy", fixed={"STANDIN_FIXED": "busy"})
+    with busy:
+        for name in ("x", "y", "z"):  # one after the other: each leaves its zygote idle
+            sp, _ = server(tmp_path, modules, name, fixed={"STANDIN_FIXED": name})
+            with sp:
+                assert sp.launch == "pre-imported"
+        kept = {dict(k[2])["STANDIN_FIXED"] for k in preimport._ZYGOTES}
+        # busy still serves; z's start stopped x (y, the newest idle one then, was kept)
+        assert kept == {"busy", "y", "z"}, kept
+        again, _ = server(tmp_path, modules, "x-again", fixed={"STANDIN_FIXED": "x"})
+        with again:
+            assert again.launch == "pre-imported"
+        assert {dict(k[2])["STANDIN_FIXED"] for k in preimport._ZYGOTES} == {"busy", "z", "x"}
+    monkeypatch.setenv(preimport.IDLE_KEEP_ENV, "some")
+    bad, _ = server(tmp_path, modules, "bad", fixed={"STANDIN_FIXED": "bad"})
+    with pytest.raises(KitError, match="HYBRID_CONFORMANCE_ZYGOTES_IDLE='some': not a count"):
+        bad.start()
 
 
 def test_start_failure_from_a_zygote_names_the_exit_code(tmp_path: Path, modules: Path) -> None:

@@ -53,6 +53,12 @@ LAUNCH_MODES = ("preimported", "preimported-fork", "plain")
 DEFAULT_MODE = "preimported"
 READY_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 120.0
+#: How many zygotes with no live server are kept when another import environment needs a
+#: new one (each holds SGLang's imported server stack, ~0.7 GB: a run over cells with
+#: several environments -- the lazy fault, the page-size interpreter, a cold twin's -- kept
+#: them all and ran a 24 GiB machine out of memory with three runs side by side).
+IDLE_KEEP_ENV = "HYBRID_CONFORMANCE_ZYGOTES_IDLE"
+DEFAULT_IDLE_KEEP = 1
 
 
 class ZygoteError(RuntimeError):
@@ -72,6 +78,13 @@ class Zygote:
     import_s: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
     _seq: int = 0
+    #: the servers it forked (pids) and when it last forked one
+    children: set[int] = field(default_factory=set)
+    last_used: float = field(default_factory=time.monotonic)
+
+    def idle(self) -> bool:
+        """No server it forked is still running (a zombie it has not reaped counts as gone)."""
+        return not any(_exists(pid) for pid in self.children)
 
     def start(self) -> "Zygote":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -220,10 +233,29 @@ def zygote_for(python: str, spec_env: Mapping[str, str], log_dir: Path, preload:
     with _ZYGOTES_LOCK:
         zygote = _ZYGOTES.get(key)
         if zygote is None:
+            _retire_idle(keep=idle_keep())
             env = {**import_env(os.environ), **fixed}
             zygote = _ZYGOTES[key] = Zygote(python, env, Path(log_dir) / f"zygote-{len(_ZYGOTES)}.log", preload)
             zygote.start()
         return zygote
+
+
+def idle_keep() -> int:
+    value = os.environ.get(IDLE_KEEP_ENV, "")
+    if not value:
+        return DEFAULT_IDLE_KEEP
+    if not value.isdigit():
+        raise KitError(f"{IDLE_KEEP_ENV}={value!r}: not a count of zygotes (0, 1, 2, ...)")
+    return int(value)
+
+
+def _retire_idle(*, keep: int) -> None:
+    """Stop the zygotes that have no live server, all but the ``keep`` most recently used
+    (caller holds ``_ZYGOTES_LOCK``); a later cell of their environment starts a new one."""
+    idle = sorted(((k, z) for k, z in _ZYGOTES.items() if z.idle()), key=lambda kz: kz[1].last_used, reverse=True)
+    for key, zygote in idle[keep:]:
+        del _ZYGOTES[key]
+        zygote.stop()
 
 
 @dataclass(frozen=True)
@@ -249,10 +281,12 @@ def spawn(argv: Sequence[str], spec_env: Mapping[str, str], env: Mapping[str, st
             return PlainLaunch(zygote.unavailable)
         request = {"op": "start", "module": argv[2], "argv": list(argv[3:]), "env": dict(env), "log": str(log_path), "cwd": os.getcwd(),
                    "fork_children": mode() == "preimported-fork"}
-        pid = zygote.ask(request)["pid"]
+        pid = int(zygote.ask(request)["pid"])
     except ZygoteError as e:
         return PlainLaunch(str(e))
-    return ForkedServer(zygote, int(pid))
+    zygote.children.add(pid)
+    zygote.last_used = time.monotonic()
+    return ForkedServer(zygote, pid)
 
 
 def say_plain_once(plain: PlainLaunch, out: IO[str] | None = None) -> None:
