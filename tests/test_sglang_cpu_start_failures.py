@@ -61,3 +61,28 @@ def test_start_failure_is_one_line_with_cause_and_log(case, tmp_path, monkeypatc
     assert "\n" not in msg and cause in msg, msg
     assert str(tmp_path / f"{CELL.id}.log") in msg
     assert _children() <= before  # every process of the failed server is gone
+
+
+def test_a_checkpoint_weight_sglang_skips_refuses_the_start(tmp_path, monkeypatch):
+    """A twin folder whose checkpoint spells a weight otherwise than SGLang's loader expects
+    (Nemotron-H's embedding as transformers 5.8.1 saves it) started a healthy server that
+    answered garbage (SGLang only logs "Parameter ... not found in params_dict"): the start
+    is refused in one line naming the weight."""
+    from safetensors.torch import load_file, save_file
+
+    from conformance.reference import twins
+
+    monkeypatch.setenv(twins.CACHE_ENV, str(tmp_path / "twins"))
+    folder = twins.ensure_twin("tiny-nemotron-h")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["backbone.embedding.weight"] = tensors.pop("backbone.embeddings.weight")
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    monkeypatch.setattr(twins, "PUBLISHED_KEYS", {})  # serve the folder as the 5.8.1 venv left it
+    cell = load_matrix().select(target="sglang-cpu", models=["nemotron-h"], strategies=["no_buffer"], tier="premerge")[0]
+    before = _children()
+    with pytest.raises(KitError) as info:
+        with serve_cell(cell, OPTIONS, log_dir=tmp_path):
+            pass
+    msg = str(info.value)
+    assert "\n" not in msg and "did not load 1 weight(s)" in msg and "model.embedding.weight" in msg, msg
+    assert _children() <= before

@@ -57,6 +57,38 @@ def test_make_twins_generates_all_once(fresh_cache):
     assert all((p / "model.safetensors").stat().st_size < 24_000_000 for p in paths)  # 32k x 64 embedding and head
 
 
+def test_a_nemotron_twin_is_written_in_the_published_layout_whatever_transformers_saved(fresh_cache):
+    """transformers 5.8.1 (the venvs of SGLang 0.5.13-0.5.17) saves Nemotron-H's embedding as
+    ``backbone.embedding.weight``; SGLang's loader skipped it and served an uninitialised
+    embedding.  A folder with that key is renamed to the published one at generation and a
+    cached folder written that way is made again."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    folder = twins.ensure_twin("tiny-nemotron-h")
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert "backbone.embeddings.weight" in keys and "backbone.embedding.weight" not in keys
+    assert twins.off_layout_keys(folder, "nemotron-h") == []
+    published = (folder / "model.safetensors").read_bytes()
+    # as the 5.8.1 venv wrote it: the singular key
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["backbone.embedding.weight"] = tensors.pop("backbone.embeddings.weight")
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    assert twins.off_layout_keys(folder, "nemotron-h") == ["backbone.embedding.weight"]
+    again = twins.ensure_twin("tiny-nemotron-h")
+    assert again == folder and twins.off_layout_keys(again, "nemotron-h") == []
+    assert load_file(str(again / "model.safetensors")).keys() == load_file(str(folder / "model.safetensors")).keys()
+    assert (again / "model.safetensors").read_bytes() == published
+    # the rename itself, on a folder as the 5.8.1 save leaves it
+    odd = fresh_cache / "odd"
+    odd.mkdir()
+    save_file({"backbone.embedding.weight": torch.ones(2, 2), "lm_head.weight": torch.zeros(2, 2)}, str(odd / "model.safetensors"))
+    twins._publish_layout(odd, "nemotron-h")
+    assert sorted(load_file(str(odd / "model.safetensors"))) == ["backbone.embeddings.weight", "lm_head.weight"]
+    assert twins.off_layout_keys(odd, "qwen3-next") == []  # no rename known for the other families
+
+
 def test_spec_hash_covers_the_spec_but_not_the_record():
     spec = twins.load_spec("tiny-granite-h")
     import dataclasses

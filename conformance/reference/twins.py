@@ -155,6 +155,43 @@ def _write_sglang_keys(folder: Path, spec: TwinSpec) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+#: Checkpoint key names as the family's published checkpoints spell them, where some
+#: transformers release writes them otherwise: transformers 5.8.1 (the pin of SGLang
+#: 0.5.13-0.5.17's venvs) saves Nemotron-H's embedding as ``backbone.embedding.weight``
+#: (huggingface/transformers PR 48075), which SGLang's Nemotron-H loader skips ("Parameter
+#: model.embedding.weight not found in params_dict": an uninitialised embedding, garbage
+#: from the first token) and transformers 5.19 reports missing.  The twin's folder must not
+#: depend on which environment happened to write it first.
+PUBLISHED_KEYS: dict[str, dict[str, str]] = {
+    "nemotron-h": {"backbone.embedding.weight": "backbone.embeddings.weight"},
+}
+CHECKPOINT = "model.safetensors"
+
+
+def off_layout_keys(folder: Path, family: str) -> list[str]:
+    """The checkpoint keys of a twin folder that are not spelled as published (none: fine)."""
+    renames = PUBLISHED_KEYS.get(family)
+    path = folder / CHECKPOINT
+    if not renames or not path.is_file():
+        return []
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return sorted(k for k in f.keys() if k in renames)
+
+
+def _publish_layout(folder: Path, family: str) -> None:
+    """Rename the keys this transformers wrote off the published layout (in place)."""
+    if not off_layout_keys(folder, family):
+        return
+    from safetensors.torch import load_file, save_file
+
+    path = folder / CHECKPOINT
+    renames = PUBLISHED_KEYS[family]
+    tensors = {renames.get(k, k): v for k, v in load_file(str(path)).items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
 def generate(spec: TwinSpec, dest: Path) -> None:
     """Write the full HF folder of ``spec`` into ``dest`` (which must not exist yet)."""
     from conformance.reference.tokenizer import save_tokenizer
@@ -165,6 +202,7 @@ def generate(spec: TwinSpec, dest: Path) -> None:
     model = build_model(spec)
     dest.mkdir(parents=True)
     model.save_pretrained(dest, safe_serialization=True)
+    _publish_layout(dest, spec.family)
     _write_sglang_keys(dest, spec)
     save_tokenizer(dest, vocab_size=spec.config["vocab_size"], max_context=spec.max_context)
     (dest / "twin.json").write_text(json.dumps(
@@ -176,8 +214,9 @@ def ensure_twin(name: str, force: bool = False) -> Path:
     spec = load_spec(name)
     folder = twin_folder(spec)
     complete = (folder / "twin.json").is_file()  # written last, inside the atomic rename
-    if complete and not force:
+    if complete and not force and not off_layout_keys(folder, spec.family):
         return folder
+    force = force or complete  # a folder written off the published layout is made again
     if folder.exists() and not complete:  # left by hand-editing; never by a crashed run
         shutil.rmtree(folder, ignore_errors=True)
     folder.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ that runs the model, the pools and the radix cache) and none reported an error.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,3 +32,22 @@ def check_plugins(name: str, report: Path, expected: tuple[str, ...], log_path: 
                 f"is hybrid-conformance installed in the server's environment (entry points)?{where}"
             )
     return records
+
+
+#: SGLang's model loaders log a checkpoint weight they have no parameter for and carry on;
+#: the parameter then keeps its uninitialised memory and every answer is garbage.
+_SKIPPED_WEIGHT = re.compile(r"Parameter (\S+) not found in params_dict")
+
+
+def check_weights_loaded(name: str, log_path: Path) -> None:
+    """:class:`ServerStartError` when SGLang's log says it skipped a weight of the twin's
+    checkpoint (the served model is then not the twin, whatever the checks say after)."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return
+    skipped = sorted(set(_SKIPPED_WEIGHT.findall(text)))
+    if skipped:
+        raise ServerStartError(
+            f"{name}: SGLang did not load {len(skipped)} weight(s) of the checkpoint ({', '.join(skipped[:3])}: "
+            f"'not found in params_dict'), so the served model is not the twin; log {log_path}")

@@ -18,7 +18,7 @@ from conformance.errors import KitError, PortTakenError, ServerStartError
 from conformance.matrix import Cell
 from conformance.targets.base import Endpoint, LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
-from conformance.targets.plugin_proof import check_plugins
+from conformance.targets.plugin_proof import check_plugins, check_weights_loaded
 from conformance.targets.registry import target_for
 from conformance.targets.sglang import gpus_for_worker
 
@@ -132,6 +132,7 @@ def _yield_endpoint(started: StartedCell) -> Iterator[Endpoint]:
         if spec.plugins:
             try:
                 check_plugins(started.name, started.plugin_report, spec.plugins, started.log_path)
+                check_weights_loaded(started.name, started.log_path)
             except BaseException:
                 proc.stop()
                 raise
