@@ -13,7 +13,9 @@ setting the variable only where both hold.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -48,9 +50,7 @@ def test_an_old_releases_paged_kernel_needs_the_interpreter_and_allocates_pages_
 
 
 def test_the_installed_release_asks_the_platform_and_needs_no_interpreter():
-    import sys
-
-    assert _run_probe(sys.executable, {**__import__("os").environ})["triton_only"] is False
+    assert _run_probe(sys.executable, dict(os.environ))["triton_only"] is False
 
 
 @pytest.mark.parametrize(("page_size", "triton_only", "expected"), [(64, True, "1"), (1, True, None), (64, False, None)])
