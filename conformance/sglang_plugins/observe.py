@@ -209,8 +209,7 @@ def track_slots(req: Any) -> int:
     KV lengths).  An entry is held unless its emptiness flag says so
     (``mamba_ping_pong_empty``) or, where the release has no flags, it is -1 (the lazy
     strategy's empty mark of 0.5.13-0.5.21); a release without lazy holds every entry."""
-    kv = getattr(req, "kv", None)
-    holder = kv if kv is not None and hasattr(kv, "mamba_ping_pong_track_buffer") else req
+    holder = _holder(req, "mamba_ping_pong_track_buffer")
     buffer = getattr(holder, "mamba_ping_pong_track_buffer", None)
     if buffer is None:
         return 0
@@ -242,9 +241,19 @@ def write_requests(records: list[dict[str, Any]]) -> None:
         f.write("".join(json.dumps(r) + "\n" for r in records))
 
 
-def _kv(req: Any) -> Any:
-    """Where a request's cache state lives (``req.kv``; the request itself on 0.5.12 and older)."""
-    return getattr(req, "kv", None) or req
+def _holder(req: Any, attr: str) -> Any:
+    """Where a request's mamba cache field ``attr`` lives: ``req.kv`` once the cache state
+    moved there (0.5.19+), else the request.  Not every ``req.kv`` holds it: on 0.5.16-0.5.18
+    ``req.kv`` is a ``ReqKvInfo`` of KV lengths only, set at allocation, while
+    ``mamba_last_track_seqlen`` and the ping-pong buffer stay on the request (asking ``req.kv``
+    there read every tracked checkpoint as None)."""
+    kv = getattr(req, "kv", None)
+    return kv if kv is not None and hasattr(kv, attr) else req
+
+
+def _track_seqlen(req: Any) -> int | None:
+    """The length the request's mamba checkpoint is tracked at (None: none)."""
+    return getattr(_holder(req, "mamba_last_track_seqlen"), "mamba_last_track_seqlen", None)
 
 
 def _prefill_lengths(req: Any) -> tuple[int, int]:
@@ -277,7 +286,7 @@ def prefill_records(scheduler: Any, batch: Any) -> list[dict[str, Any]]:
         if mixed and getattr(r, "output_ids", None):
             continue  # a mixed batch's decoding requests: no prefill of theirs
         prefix, extend = _prefill_lengths(r)
-        track = getattr(_kv(r), "mamba_last_track_seqlen", None)
+        track = _track_seqlen(r)
         out.append({"ev": "prefill", "rid": str(r.rid), "prefix": prefix, "extend": extend,
                     "cut": r is chunked, "track": None if track is None else int(track)})
     return out
@@ -287,14 +296,14 @@ def lazy_prealloc_observed(original: Callable, batch: Any, *args: Any, **kwargs:
     """AROUND hook on the lazy boundary pre-allocation: a request whose kept checkpoint
     (``mamba_last_track_seqlen``) it dropped is recorded with the length it was at (result unchanged)."""
     try:
-        before = [(r, getattr(_kv(r), "mamba_last_track_seqlen", None)) for r in batch.reqs]
+        before = [(r, _track_seqlen(r)) for r in batch.reqs]
     except Exception:  # an observer never breaks the server
         before = []
     result = original(batch, *args, **kwargs)
     try:
         seq_lens = batch.seq_lens_cpu.tolist()
         write_requests([{"ev": "lazy_drop", "rid": str(r.rid), "was": int(old), "seq_len": int(seq_lens[i])}
-                        for i, (r, old) in enumerate(before) if old is not None and _kv(r).mamba_last_track_seqlen is None])
+                        for i, (r, old) in enumerate(before) if old is not None and _track_seqlen(r) is None])
     except Exception:  # an observer never breaks the server
         pass
     return result
