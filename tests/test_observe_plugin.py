@@ -61,6 +61,38 @@ def test_decode_steps_accumulate_and_peaks_reset_after_an_idle_publish(monkeypat
     assert g["track_slot_req_steps"].value == 6  # sums stay cumulative
 
 
+class ExtendMode(Mode):
+    def is_extend(self) -> bool:
+        return True
+
+
+def prefill(r, *, rid="a"):
+    r.rid, r.prefix_len, r.extend_len = rid, 0, 300
+    return observe.prefill_records(SimpleNamespace(chunked_req=None), SimpleNamespace(forward_mode=ExtendMode(False), reqs=[r]))
+
+
+def test_a_prefill_record_reads_the_tracked_checkpoint_where_the_release_keeps_it():
+    # 0.5.19+: the cache state, checkpoint included, lives on req.kv
+    assert prefill(SimpleNamespace(kv=SimpleNamespace(mamba_last_track_seqlen=256)))[0]["track"] == 256
+    # 0.5.16-0.5.18: req.kv is SGLang's ReqKvInfo of KV lengths only (set at allocation), the
+    # checkpoint stays on the request (asking req.kv recorded every checkpoint as None)
+    old = SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=300, swa_evicted_seqlen=0), mamba_last_track_seqlen=256)
+    assert prefill(old)[0]["track"] == 256
+    assert prefill(SimpleNamespace(kv=None, mamba_last_track_seqlen=None))[0]["track"] is None  # 0.5.15: no kv; nothing tracked
+
+
+def test_a_lazy_drop_is_seen_on_a_request_whose_kv_holds_only_kv_lengths(tmp_path, monkeypatch):
+    monkeypatch.setattr(observe, "requests_path", lambda: str(tmp_path / "r.jsonl"))
+    r = SimpleNamespace(rid="a", kv=SimpleNamespace(kv_allocated_len=300, swa_evicted_seqlen=0), mamba_last_track_seqlen=256)
+
+    def prealloc(batch):
+        r.mamba_last_track_seqlen = None  # SGLang dropped the kept checkpoint
+
+    observe.lazy_prealloc_observed(prealloc, SimpleNamespace(reqs=[r], seq_lens_cpu=SimpleNamespace(tolist=lambda: [512])))
+    assert [json.loads(l) for l in (tmp_path / "r.jsonl").read_text().splitlines()] == [
+        {"ev": "lazy_drop", "rid": "a", "was": 256, "seq_len": 512}]
+
+
 def test_the_before_hook_never_raises_into_sglang(monkeypatch):
     ex, _ = exporter(monkeypatch)
     monkeypatch.setattr(observe, "_EXPORTER", ex)
