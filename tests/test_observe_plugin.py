@@ -225,7 +225,7 @@ def test_a_state_the_tree_took_and_an_eviction_step_freed_is_recorded_per_node(t
     assert log.evicted_between(["a"], "c")  # old: the walk ran, so a's prefix "may have been evicted"
     assert log.state_evicted_between(kept, ["a"], "c") is False  # new: a's state is still in the tree
     assert log.state_evicted_between(lost, ["b"], "c") is True
-    assert log.state_evicted_between(lost, ["b"], "a") is False  # freed after a's prefill, not before
+    assert log.state_evicted_between(lost, ["b"], "a") is None  # taken only after a's prefill: no state a could have missed
     assert log.state_evicted_between(kept[:32], ["a"], "c") is None  # a prefix the tree never took a state for: no answer
     legacy = RequestLog(tmp_path / "legacy.requests.jsonl")
     legacy.add({"ev": "start"})  # a server without the per-node hooks: no answer, not "not evicted"

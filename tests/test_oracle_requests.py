@@ -137,18 +137,20 @@ def test_a_partial_read_of_the_log_fixes_nothing(tmp_path) -> None:
     assert book.judge(b) is None and b.permission == "cut_prefill"
 
 
-def _evicted_follow_up(tmp_path, *between: dict) -> str | None:
+def _evicted_follow_up(tmp_path, *between: dict, stored_at: str = "a") -> str | None:
     """Request a (130 tokens, its prefill checkpoint at 128 certain) beside a second root
     on a 1-slot pool, SGLang's eviction counter grown since, then a's first 128 tokens + 3
-    hitting 0.  The log records per-node states (``state_stored`` / ``state_evicted``)."""
+    hitting 0.  The log records per-node states (``state_stored`` / ``state_evicted``); a's
+    state is taken after a's prefill (``stored_at="a"``), after c's, or never (``""``)."""
     from conformance.token_digest import token_digest
 
     a, other = _served("a", tuple(range(1000, 1130)), (5,), 0, 1, 2), _served("o", tuple(range(3000, 3130)), (5,), 0, 3, 4)
     again = _served("c", a.input_ids[:128] + (7, 8, 9), (3,), 0, 5, 6)
     stored = {"ev": "state_stored", "len": 128, "key": token_digest(a.input_ids[:128])}
+    at = {k: [stored] if stored_at == k else [] for k in ("a", "c")}
     log = _log(tmp_path, {"ev": "start", "state_evictions": True}, {"ev": "prefill", "rid": "a", "prefix": 0, "extend": 130, "cut": False, "track": 128},
-               stored, {"ev": "prefill", "rid": "o", "prefix": 0, "extend": 130, "cut": False, "track": 128}, *between,
-               {"ev": "prefill", "rid": "c", "prefix": 0, "extend": 131, "cut": False, "track": 128})
+               *at["a"], {"ev": "prefill", "rid": "o", "prefix": 0, "extend": 130, "cut": False, "track": 128}, *between,
+               {"ev": "prefill", "rid": "c", "prefix": 0, "extend": 131, "cut": False, "track": 128}, *at["c"])
     ev = Evidence(log)
     ev.reset(0, {EVICTIONS: 0.0, CUTS: 0.0})
     ev.note(5, {EVICTIONS: 2.0, CUTS: 0.0})
@@ -175,6 +177,16 @@ def test_a_lost_hit_is_an_eviction_only_when_sglang_freed_that_state(tmp_path) -
     (tmp_path / "other").mkdir()
     other = {"ev": "state_evicted", "len": 128, "key": token_digest(tuple(range(3000, 3128)))}
     assert "still held" in (_evicted_follow_up(tmp_path / "other", other) or "")  # a walk freed the other root's, not a's
+
+
+def test_a_checkpoint_the_tree_never_took_before_the_hit_is_lost_not_held(tmp_path) -> None:
+    """Seen on 0.5.15 (p16 lead): the state of a's prefix was first taken by the follow-up
+    itself, after its admission; "still held" rested on that later record.  No eviction can
+    explain a miss of a state the tree never held: the checkpoint was lost, and said so."""
+    for where in ("c", ""):
+        (tmp_path / f"at-{where}").mkdir()
+        lost = _evicted_follow_up(tmp_path / f"at-{where}", stored_at=where)
+        assert lost and "never took the state for the prefix of 128 tokens before it admitted this request" in lost, (where, lost)
 
 
 # ------------------------------------------------------------------ lazy drops

@@ -138,16 +138,17 @@ class RequestLog:
         the prefix ``key`` (token ids) after the first prefill of every one of ``storers`` and
         before ``rid``'s first prefill?  None: no per-node answer -- this server records no
         per-node evidence (a release whose tree lacks a hook point, or the hooks were not applied), its tree never
-        took a state for exactly ``key`` (the oracle's key is not SGLang's: a different
-        length or tokens), or a storer or ``rid`` has no prefill record: ask
+        took a state for exactly ``key`` before ``rid``'s first prefill (the oracle's key is not
+        SGLang's: a different length or tokens; or the state was lost), or a storer or ``rid``
+        has no prefill record: ask
         :meth:`evicted_between` instead.  What the oracle's "may have evicted" should
         rest on: the stored prefix a hit fell short of was evicted, not "some eviction ran"."""
         named = (len(key), token_digest(key))
         if not self.per_node or named not in self.states_stored:
             return None
         window = self._window(storers, rid)
-        if window is None:
-            return None
+        if window is None or not any(n < window[1] for n in self.states_stored[named]):
+            return None  # taken only later (by ``rid`` itself, say): nothing it held could have been freed
         return any(window[0] < e < window[1] for e in self.states_evicted.get(named, ()))
 
     def stored_before_admission(self, key: Sequence[int], rid: str) -> bool | None:

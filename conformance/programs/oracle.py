@@ -468,13 +468,19 @@ class HitBook:
         (``owed``: its storer and key, longer than the hit) may be gone only when SGLang freed
         exactly that state after its storer's prefill and before ``r``'s; when every such state
         was answered for and none was freed, SGLang's tree still held them (a stored prefix
-        not reused).  None: some state without a per-node answer (judge on the counters and walks)."""
+        not reused); when one was never taken before ``r`` was admitted, SGLang lost it (an
+        eviction cannot explain it).  None: some state without a per-node answer (judge on the
+        counters and walks)."""
         log = self._requests()
         if log is None or not log.per_node:
             return None
-        answers = [(len(k), log.state_evicted_between(k, [self.server_rid(q.rid)], self.server_rid(r.rid))) for q, k in owed]
+        rid = self.server_rid(r.rid)
+        answers = [(len(k), log.state_evicted_between(k, [self.server_rid(q.rid)], rid)) for q, k in owed]
         if any(a for _, a in answers):
             return True, "after SGLang's eviction freed the state stored for that prefix"
+        never = [len(k) for (_, k), (_, a) in zip(owed, answers) if a is None and log.stored_before_admission(k, rid) is False]
+        if never:  # no eviction can have freed a state the tree never held: the checkpoint was lost
+            return False, f"SGLang's tree never took the state for the prefix of {max(never)} tokens before it admitted this request (per-node records)"
         if not answers or any(a is None for _, a in answers):
             return None
         return False, f"SGLang's tree still held the state stored for the prefix of {max(n for n, _ in answers)} tokens (no eviction step freed it)"
