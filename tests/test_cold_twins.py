@@ -133,3 +133,19 @@ def test_fuzz_two_workers_share_one_twin(tmp_path: Path) -> None:
     twins = {c["details"]["cold_twin"] for c in checks}
     assert len(twins) == 1 and re.fullmatch(r"http://127\.0\.0\.1:\d+ pid \d+", twins.pop())
     assert sorted(c["server"]["worker"] for c in report["cells"]) == ["gw0", "gw1"]  # two workers, one twin
+
+
+def test_the_cold_twin_keeps_the_cells_server_options_but_not_the_radix_trees() -> None:
+    """SGLang 0.5.21 refused to start the twin of an ``eviction-tlru`` cell ("--radix-eviction-policy
+    tlru requires UnifiedRadixCache, but tree_cache is ChunkCache"): a policy of a tree the
+    twin does not have.  Options that change the computation (mixed chunk, chunked prefill)
+    stay: the twin must compute as the cell does."""
+    from conformance import axes
+
+    cells = [c for c in load_matrix().cells if dict(c.options).get("eviction") and len(c.options) > 1]
+    assert cells, "the nightly matrix has a cell with an eviction policy and another option"
+    for cell in cells:
+        cold = cold_cell(cell)
+        assert "eviction" not in dict(cold.options) and dict(cold.options) == {a: v for a, v in cell.options if a != "eviction"}
+        assert "--radix-eviction-policy" not in axes.server_args(cold), (cell.id, axes.server_args(cold))
+        assert "--radix-eviction-policy" in axes.server_args(cell) or dict(cell.options)["eviction"] == "lru"

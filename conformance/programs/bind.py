@@ -34,10 +34,18 @@ COLD_VARIANT = CacheVariant("cold", "radix cache disabled: the programs' cache-o
 NO_BUFFER = dataclasses.replace(STRATEGIES[BASELINE], description="cache-off twin")
 
 
+#: Server-option axes that only configure the radix tree, which the cache-off twin has none of
+#: (SGLang 0.5.21 refuses to start with ``--radix-eviction-policy tlru`` and no radix tree).
+TREE_ONLY_AXES = ("eviction",)
+
+
 def cold_cell(cell: Cell) -> Cell:
-    """The cache-off twin of ``cell``: same model, no_buffer, page 1, no fault, cache off."""
+    """The cache-off twin of ``cell``: same model and server options (those of the radix
+    tree dropped), no_buffer, page 1, no fault, cache off."""
     clean = Fault("none", "the cache-off twin runs no fault", env=tuple((k, "") for k in FAULT_SWITCHES))
-    return dataclasses.replace(cell, strategy=NO_BUFFER, page_size=1, track_interval=256, fault=clean, cache_variant=COLD_VARIANT)
+    options = tuple((axis, value) for axis, value in cell.options if axis not in TREE_ONLY_AXES)
+    return dataclasses.replace(cell, strategy=NO_BUFFER, page_size=1, track_interval=256, fault=clean, cache_variant=COLD_VARIANT,
+                               options=options)
 
 
 def prepare_twin(cell: Cell) -> None:
