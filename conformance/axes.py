@@ -3,8 +3,8 @@ server arguments it maps to, in this one place.
 
 An :class:`Axis` is one server option family (mixed chunk, the overlap scheduler, the
 chunked-prefill size, the Mamba and KV pool sizes, the radix eviction policy, streaming
-sessions, reasoning with ``--strip-thinking-cache``); an :class:`AxisValue` is one setting
-of it.  A cell carries the values it sets (``Cell.options``); every other axis is at its
+sessions, reasoning with ``--strip-thinking-cache``, the cap on Mamba states per tree path);
+an :class:`AxisValue` is one setting of it.  A cell carries the values it sets (``Cell.options``); every other axis is at its
 default for the cell (:func:`value_of`).  ``server_args`` is the only place an axis value
 becomes SGLang flags (the targets add them to the cell's command); ``needs`` names the
 parser flag and choice a release must offer for the value (``conformance.sglang_api.probes``
@@ -49,6 +49,8 @@ KV_PRESSURE = "kv_pressure"
 EVICTION_ORDER = "eviction_order"
 #: The eviction policies whose KV victim order ``conformance/checks/eviction_order.py`` models.
 ORDERED_POLICIES = ("lfu", "slru", "priority", "tlru")
+#: SGLang's cap on the Mamba states kept per root-to-leaf path (from 0.5.18).
+PATH_CAP_FLAG = "--mamba-max-states-per-path"
 #: The reasoning parser of the think-token twins (qwen3's ``<think>`` ... ``</think>``).
 REASONING_PARSER = "qwen3"
 
@@ -95,6 +97,9 @@ class Axis:
     description: str
     values: Mapping[str, AxisValue]
     default: Callable[[Strategy], str]
+    #: It configures only the radix tree, which a cache-off server has none of (the programs'
+    #: cache-off twin drops it: SGLang 0.5.21 refuses tlru without a radix tree).
+    tree_only: bool = False
 
     def value(self, name: str) -> AxisValue:
         return self.values[name]
@@ -193,7 +198,7 @@ _AXES = (
         AxisValue("eviction", "tlru", f"--radix-eviction-policy tlru with {TLRU_CONFIG}",
                   _flag("--radix-eviction-policy", "tlru", "--radix-eviction-policy-config", TLRU_CONFIG), needs=("--radix-eviction-policy", "tlru"),
                   enables=(EVICTION_ORDER,)),
-    ), _default("lru")),
+    ), _default("lru"), tree_only=True),
     Axis("sessions", "streaming sessions (--enable-streaming-session) or plain sessions", _values(
         "sessions",
         AxisValue("sessions", "streaming", "--enable-streaming-session", _flag("--enable-streaming-session"),
@@ -207,6 +212,14 @@ _AXES = (
                   _flag("--reasoning-parser", REASONING_PARSER, "--strip-thinking-cache"), needs=("--strip-thinking-cache", None),
                   enables=(REASONING_REQUESTS,)),
     ), _default("off")),
+    Axis("path_cap", "the Mamba states the radix tree keeps per root-to-leaf path (--mamba-max-states-per-path)", _values(
+        "path_cap",
+        AxisValue("path_cap", "off", "no cap (SGLang's -1)"),
+        # after each insert SGLang removes the shallowest interior states beyond the cap (their
+        # KV stays); the tail, forks and locked nodes are kept
+        AxisValue("path_cap", "1", f"{PATH_CAP_FLAG} 1: one state per path, the older ones dropped on insert",
+                  _flag(PATH_CAP_FLAG, "1"), needs=(PATH_CAP_FLAG, None)),
+    ), _default("off"), tree_only=True),
 )
 
 #: Every axis by name.

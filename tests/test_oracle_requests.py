@@ -502,3 +502,42 @@ def test_the_in_flight_boundary_store_is_only_the_overlap_boundary_case() -> Non
     assert in_flight_boundary_finish_store(prompt, out[:-1], StrategyGrid(64, 1, 256, eb, lookahead=1)) is None  # 511: no boundary
     assert in_flight_boundary_finish_store(prompt, out, StrategyGrid(64, 1, 256, strategy_named("no_buffer"), lookahead=1)) is None
     assert in_flight_boundary_finish_store(prompt, out, StrategyGrid(64, 1, 256, eb, lazy_alloc_fail=True, lookahead=1)) is None
+
+
+# ------------------------------------------------------------------ the per-path cap
+def _capped_follow_up(tmp_path, *between: dict, cap: int | None = 1) -> str | None:
+    """Request a (130 tokens, its checkpoint at 128 taken) on a pool that never fills, then
+    a's first 128 tokens + 3 hitting 0: with ``--mamba-max-states-per-path`` SGLang may have
+    dropped the state on a later insert -- only its per-node record of that state says so."""
+    from conformance.token_digest import token_digest
+
+    a, again = _served("a", tuple(range(1000, 1130)), (5,), 0, 1, 2), _served("c", tuple(range(1000, 1128)) + (7, 8, 9), (3,), 0, 3, 4)
+    log = _log(tmp_path, {"ev": "start", "state_evictions": True}, {"ev": "prefill", "rid": "a", "prefix": 0, "extend": 130, "cut": False, "track": 128},
+               {"ev": "state_stored", "len": 128, "key": token_digest(a.input_ids[:128])}, *between,
+               {"ev": "prefill", "rid": "c", "prefix": 0, "extend": 131, "cut": False, "track": 128})
+    book = HitBook(StrategyGrid(64, 1, 256, strategy_named("extra_buffer")),
+                   Limits(context_len=100000, kv_total=1e6, mamba_total=1000, path_cap=cap), _evidence(log))
+    for s in (a, again):
+        book.add(s)
+    book.ready([])
+    assert book.judge(a) is None
+    return book.judge(again)
+
+
+def test_a_capped_tree_drops_states_without_pressure_but_only_on_sglangs_record(tmp_path) -> None:
+    """Seen on 0.5.23 (no_buffer, --mamba-max-states-per-path 1): a session turn's 5-token state
+    dropped by the cap on the next turn's insert, the pools far from full; the old oracle said
+    "the pools never had to evict".  A capped tree may drop it, but only SGLang's record of that
+    very state freed permits the miss."""
+    from conformance.token_digest import token_digest
+
+    freed = {"ev": "state_evicted", "len": 128, "key": token_digest(tuple(range(1000, 1128)))}
+    assert "the pools never had to evict" in (_capped_follow_up(tmp_path, freed, cap=None) or "")  # no cap: the bound rules it out
+    (tmp_path / "cap").mkdir()
+    assert _capped_follow_up(tmp_path / "cap", freed) is None
+    (tmp_path / "held").mkdir()
+    held = _capped_follow_up(tmp_path / "held")
+    assert held and "still held the state stored for the prefix of 128 tokens" in held
+    (tmp_path / "other").mkdir()
+    other = {"ev": "state_evicted", "len": 128, "key": token_digest(tuple(range(3000, 3128)))}
+    assert "still held" in (_capped_follow_up(tmp_path / "other", other) or "")

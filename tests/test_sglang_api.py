@@ -225,6 +225,17 @@ def test_probe_answers_are_kept_per_installation(monkeypatch, tmp_path):
         probes.probe.cache_clear()
 
 
+def test_probe_answers_are_asked_again_when_an_axis_asks_a_new_flag(monkeypatch, tmp_path):
+    """The parser flags asked come from conformance.axes: a kept answer that never asked a new
+    axis value's flag would call it unrecognized (it did, for --mamba-max-states-per-path)."""
+    monkeypatch.setenv("HYBRID_CONFORMANCE_PROBE_CACHE", str(tmp_path))
+    if probes._cache_file() is None:
+        pytest.skip("sglang is not installed here: nothing to key the answers on")
+    before = probes._cache_file()
+    monkeypatch.setattr(probes, "PARSER_FLAGS", (*probes.PARSER_FLAGS, "--a-new-axis-flag"))
+    assert probes._cache_file() != before
+
+
 def test_a_pool_run_that_ran_nothing_exits_non_zero(tmp_path):
     if not probes.probe().importable:
         pytest.skip("sglang not importable here")

@@ -123,6 +123,11 @@ PROBES: dict[str, Probe] = {
     # first once the tree keeps its priority negated (clean: kept, hit ~1024; the last stored prompt hits either way)
     "evict_priority_inverted": Probe(EXTRA, priority_fill_held_hit, lambda hits: hits[0] == 0 and hits[1] > 0,
                                      options=(("eviction", "priority"),)),
+    # --mamba-max-states-per-path 1: each insert's cap step hands the new tail's slot back while the
+    # tree keeps it, so at idle the slot is both free and cached (the gauge reads below 0).  (Its hits
+    # were measured equal to cold on this and on cap_hits' burst: the allocator hands slots out
+    # first-in first-out, so a slot freed to the back of 48 is reused only after the others.)
+    "path_cap_frees_tail_slot": Probe(EXTRA, used(hits_then_idle), lambda n: n < 0, options=(("path_cap", "1"),)),
 }
 FAST = ("cow_skipped",)
 
@@ -220,6 +225,25 @@ def test_overlap_fault_is_missed_with_overlap_off(tmp_path: Path) -> None:
         rows = overlap_edge_hits(s.client)
         fired = s.fired("overlap_track_slot_reused")
     assert fired == 0 and [r.cached_tokens for r in rows] == [192, 448] and not diverged(rows), (fired, summary(rows))
+
+
+def test_control_path_cap_clean(tmp_path: Path) -> None:
+    """The scenarios on a clean server that keeps one Mamba state per path: no slot at idle, and
+    the hits land on the tails the cap keeps and equal cold."""
+    with probe_server(cell_for(*EXTRA, options=(("path_cap", "1"),)), tmp_path, fault=None, strict=False) as s:
+        idle = hits_then_idle(s.client)
+        rows = cap_hits(s.client)
+    assert idle[MAMBA_GAUGE] == 0 and not idle_invariant(idle), idle
+    assert all(r.cached_tokens > 0 for r in rows) and not diverged(rows), summary(rows)
+
+
+def test_path_cap_fault_is_missed_with_the_cap_off(tmp_path: Path) -> None:
+    """The same scenario and fault without the cap: SGLang emits no cap step, the hook never
+    fires, no slot at idle."""
+    with probe_server(cell_for(*EXTRA), tmp_path, fault="path_cap_frees_tail_slot", strict=False) as s:
+        idle = hits_then_idle(s.client)
+        fired = s.fired("path_cap_frees_tail_slot")
+    assert fired == 0 and idle[MAMBA_GAUGE] == 0 and not idle_invariant(idle), (fired, idle)
 
 
 def test_control_pressure_clean(tmp_path: Path) -> None:

@@ -34,16 +34,11 @@ COLD_VARIANT = CacheVariant("cold", "radix cache disabled: the programs' cache-o
 NO_BUFFER = dataclasses.replace(STRATEGIES[BASELINE], description="cache-off twin")
 
 
-#: Server-option axes that only configure the radix tree, which the cache-off twin has none of
-#: (SGLang 0.5.21 refuses to start with ``--radix-eviction-policy tlru`` and no radix tree).
-TREE_ONLY_AXES = ("eviction",)
-
-
 def cold_cell(cell: Cell) -> Cell:
     """The cache-off twin of ``cell``: same model and server options (those of the radix
     tree dropped), no_buffer, page 1, no fault, cache off."""
     clean = Fault("none", "the cache-off twin runs no fault", env=tuple((k, "") for k in FAULT_SWITCHES))
-    options = tuple((axis, value) for axis, value in cell.options if axis not in TREE_ONLY_AXES)
+    options = tuple((axis, value) for axis, value in cell.options if not axes.AXES[axis].tree_only)
     return dataclasses.replace(cell, strategy=NO_BUFFER, page_size=1, track_interval=256, fault=clean, cache_variant=COLD_VARIANT,
                                options=options)
 
@@ -77,6 +72,15 @@ def grid_for(ep: Endpoint) -> StrategyGrid:
     )
 
 
+def path_cap(info: dict, cell: Cell) -> int | None:
+    """The server's cap on Mamba states per tree path (SGLang's ``mamba_max_states_per_path``
+    in its server info; the cell's ``path_cap`` axis where the info lacks it), None: no cap."""
+    cap = info.get("mamba_max_states_per_path")
+    if cap is None and axes.value_of(cell, "path_cap").name != "off":
+        cap = int(axes.value_of(cell, "path_cap").name)
+    return int(cap) if cap is not None and int(cap) > 0 else None
+
+
 def target_for(ep: Endpoint, cold: Endpoint) -> Target:
     from conformance.programs.evidence import refuse_missing, request_log
     from conformance.programs.noise import calibrate
@@ -94,6 +98,7 @@ def target_for(ep: Endpoint, cold: Endpoint) -> Target:
         kv_total=float(kv_total) if kv_total else None,
         mamba_total=metrics.get("hybrid_conformance:mamba_total") or metrics.get("sglang:mamba_total_tokens"),
         prefill_budget=int(info["chunked_prefill_size"]) if (info.get("chunked_prefill_size") or 0) > 0 else None,
+        path_cap=path_cap(info, ep.cell),
     )
     exact = exact_mode(ep)
     tol, noise = (Tolerance.for_mode(True), {}) if exact else calibrate(ep.client, cold.client, vocab_size=vocab_size(ep))

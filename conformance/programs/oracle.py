@@ -137,6 +137,9 @@ class Limits:
     #: SGLang's ``chunked_prefill_size``: a prefill batch packs requests up to this many new
     #: tokens and cuts the last one where the budget ends (None: the server never chunks)
     prefill_budget: int | None = None
+    #: SGLang's ``mamba_max_states_per_path`` (None: no cap): after each insert the tree drops
+    #: interior states beyond it, with no pool running short
+    path_cap: int | None = None
 
     def fits(self, input_len: int, max_new: int) -> tuple[bool, str]:
         if input_len + max_new > self.context_len:
@@ -442,10 +445,13 @@ class HitBook:
         SGLang's eviction counter grew after the last request that stored such a prefix
         and before ``r`` answered, or (per-request evidence: a burst member answers only when
         the whole burst has) SGLang's eviction walk ran after the storers' prefills and
-        before ``r``'s.  (bool, what was seen, for the finding)."""
-        if not self.evicted:
+        before ``r``'s.  With a per-path cap SGLang drops states on insert, pools full or
+        not: then, where the pools never had to evict, only SGLang's per-node record of that
+        very state freed is evidence.  (bool, what was seen, for the finding)."""
+        capped = self.limits.path_cap is not None
+        if not self.evicted and not capped:
             return False, "the pools never had to evict"
-        if self.evidence is None:
+        if self.evidence is None and self.evicted:
             return True, "after possible evictions"
         t = tuple(r.input_ids)
         owed = [(q, k) for q, keys in stored_by for k in keys if hit < len(k) <= limit and t[: len(k)] == k]
@@ -453,6 +459,11 @@ class HitBook:
         per_node = self._state_evicted(r, owed)
         if per_node is not None:
             return per_node
+        if not self.evicted:
+            return False, (f"the pools never had to evict, and no per-node record shows the per-path cap "
+                           f"({self.limits.path_cap}) freeing the state")
+        if self.evidence is None:
+            return True, "after possible evictions"
         seen = self.evidence.grew("evictions", max((q.done_seq for q in storers), default=0), r.done_seq)
         if seen is None:
             return True, "after possible evictions (no eviction counter)"

@@ -422,7 +422,8 @@ def _cache_file():
     import tempfile
     from pathlib import Path
 
-    parts = [Path(__file__).read_text(), *_fault_hook_targets()]
+    # the parser flags asked come from conformance.axes too: a new axis value probes again
+    parts = [Path(__file__).read_text(), *_fault_hook_targets(), *PARSER_FLAGS]
     for name in ("sglang", "transformers"):
         try:
             dist = md.distribution(name)

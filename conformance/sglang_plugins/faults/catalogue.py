@@ -52,6 +52,7 @@ FAULT_MODULES = (
     "sub_chunk_handoff_donates_untracked",
     "strip_thinking_state_past_key",
     "evict_priority_inverted",
+    "path_cap_frees_tail_slot",
     # PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP): the disagg suite
     "pd_state_index_off",             # PR 15829
     "pd_last_layer_state_unsent",
