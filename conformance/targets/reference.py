@@ -79,7 +79,9 @@ class ReferenceTarget:
             argv += ["--max-mamba-slots", str(self.max_mamba_slots)]
         argv += list(cell.cache_variant.args)  # e.g. --disable-radix-cache (the programs' cold twin)
         env = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **cell.env}
-        spec = LaunchSpec(argv=argv, env=env, port=port, start_timeout_s=120.0)
+        # 300 s: a history run's agreement check on a loaded 2-core machine saw one reference
+        # server print nothing in 120 s (two release halves in parallel, 2026-11-27)
+        spec = LaunchSpec(argv=argv, env=env, port=port, start_timeout_s=300.0)
         if self.forkserver and server == "conformance.reference.server":
             spec.entry = "conformance.reference.server:main"
             spec.entry_argv = argv[3:]
