@@ -4,8 +4,8 @@ server arguments it maps to, in this one place.
 An :class:`Axis` is one server option family (mixed chunk, the overlap scheduler, the
 chunked-prefill size, the Mamba and KV pool sizes, the radix eviction policy, streaming
 sessions, reasoning with ``--strip-thinking-cache``, the cap on Mamba states per tree path);
-an :class:`AxisValue` is one setting of it.  A cell carries the values it sets (``Cell.options``); every other axis is at its
-default for the cell (:func:`value_of`).  ``server_args`` is the only place an axis value
+an :class:`AxisValue` is one setting of it.  A cell carries the values it sets
+(``Cell.options``); every other axis is at its default for the cell (:func:`value_of`).  ``server_args`` is the only place an axis value
 becomes SGLang flags (the targets add them to the cell's command); ``needs`` names the
 parser flag and choice a release must offer for the value (``conformance.sglang_api.probes``
 answers it per release: ``na`` with the parser's own line); ``refuses`` says why SGLang or
