@@ -116,12 +116,12 @@ def test_every_sglang_fault_has_a_plan_on_few_cells() -> None:
     # one clean run per cell vouches for its faults; stop_finish_key_short breaks no_buffer's
     # finish path only, hence a fifth cell; the perf fault's run adds the no_buffer sibling, a sixth;
     # a fault that needs a server option runs on that option's standard-tier cell (one cell per axis fault,
-    # eight: mixed chunk, grid, off-grid and sub-chunk chunked prefill, small mamba and KV pools, strip-thinking reasoning,
-    # the priority eviction policy; overlap=on is the plain cell's own);
+    # nine: mixed chunk, grid, off-grid and sub-chunk chunked prefill, small mamba and KV pools, strip-thinking reasoning,
+    # the priority eviction policy, the per-path cap; overlap=on is the plain cell's own);
     # the PD faults on the PD cell, the decode-side one on its transfer-fail cell (SGLang's
     # SGLANG_TEST_DISAGG_FAILURE_PROB, standard tier); the HiCache faults on the hicache variant's nightly cell;
     # the fault only the paired A/B sees (step_slowdown) its own pair of servers
-    assert len({p.key for p in plans.values()}) <= 17
+    assert len({p.key for p in plans.values()}) <= 18
     decode = plans["pd_decode_failed_transfer_slot_kept"]
     assert decode.faults == "disagg_transfer_fail" and decode.tier == "standard" and "--tier=standard" in runs._pytest_argv(decode, Path("r"))
     hicache = plans["hicache_mamba_state_not_loaded"]
