@@ -76,8 +76,9 @@ def path_cap(info: dict, cell: Cell) -> int | None:
     """The server's cap on Mamba states per tree path (SGLang's ``mamba_max_states_per_path``
     in its server info; the cell's ``path_cap`` axis where the info lacks it), None: no cap."""
     cap = info.get("mamba_max_states_per_path")
-    if cap is None and axes.value_of(cell, "path_cap").name != "off":
-        cap = int(axes.value_of(cell, "path_cap").name)
+    if cap is None:
+        chosen = axes.value_of(cell, "path_cap").name
+        cap = None if chosen == "off" else chosen
     return int(cap) if cap is not None and int(cap) > 0 else None
 
 

@@ -462,8 +462,6 @@ class HitBook:
         if not self.evicted:
             return False, (f"the pools never had to evict, and no per-node record shows the per-path cap "
                            f"({self.limits.path_cap}) freeing the state")
-        if self.evidence is None:
-            return True, "after possible evictions"
         seen = self.evidence.grew("evictions", max((q.done_seq for q in storers), default=0), r.done_seq)
         if seen is None:
             return True, "after possible evictions (no eviction counter)"
