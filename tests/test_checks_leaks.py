@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from conformance.checks.leaks import (
     KV_GAUGE,
     MAMBA_GAUGE,
@@ -211,6 +213,26 @@ def test_the_observe_plugins_mamba_peak_is_load_evidence_and_zero_is_not():
     flat = [OccupancySample(0.0, {**IDLE, MAMBA_PEAK_GAUGE: 0.0})]
     v = leak_verdict([probe()], timeline=flat)
     assert v.status == "fail" and "never rose above 0" in v.reason
+
+
+def test_the_load_sampler_carries_the_mamba_peak_the_guard_reads():
+    """SGLang 0.5.11 declares ``sglang:mamba_used_tokens`` but never sets it: during a burst its
+    /metrics shows the Mamba pool at 0 and only the observe plugin's busy-window peak moves.  The
+    sampled timeline must carry that peak, or the load-evidence guard refuses a load the pool served."""
+    from conformance.checks.leaks import MAMBA_PEAK_GAUGE
+    from conformance.workloads.runners import sample_occupancy
+
+    class BurstOn0511:
+        def __init__(self) -> None:
+            self.scrapes = 0
+
+        def metrics(self) -> dict[str, float]:
+            self.scrapes += 1
+            return {**IDLE, MAMBA_PEAK_GAUGE: 4.0 if self.scrapes > 1 else 0.0}
+
+    timeline, _ = sample_occupancy(BurstOn0511(), lambda: time.sleep(0.05), interval_s=0.005)
+    assert max(s.values.get(MAMBA_PEAK_GAUGE, 0.0) for s in timeline) == 4.0
+    assert leak_verdict([probe()], timeline=timeline).status == "pass"
 
 
 def test_a_death_without_an_error_names_sglangs_last_word_about_it() -> None:
