@@ -147,6 +147,17 @@ def _overlap_on_refuses(cell: _CellLike) -> str | None:
     return cell.strategy.refuses_settings(overlap=True, pd=False)
 
 
+#: SGLang's refusal of the lazy strategy without the overlap scheduler, at start
+#: (``_calculate_mamba_ratio`` of the KV-cache sizing, every release with the lazy strategy).
+LAZY_NEEDS_OVERLAP = "Lazy extra buffer requires overlap schedule (--disable-overlap-schedule is incompatible)"
+
+
+def _overlap_off_refuses(cell: _CellLike) -> str | None:
+    if cell.strategy.lazy:
+        return f"SGLang refuses {cell.strategy.name} without the overlap scheduler at start: {LAZY_NEEDS_OVERLAP!r}"
+    return None
+
+
 def _values(axis: str, *values: AxisValue) -> dict[str, AxisValue]:
     assert all(v.axis == axis for v in values)
     return {v.name: v for v in values}
@@ -169,7 +180,8 @@ _AXES = (
     Axis("overlap", "SGLang's overlap scheduler (event_loop_overlap) on or off", _values(
         "overlap",
         AxisValue("overlap", "on", "the overlap scheduler (one batch in flight while the next is scheduled)", refuses=_overlap_on_refuses),
-        AxisValue("overlap", "off", "--disable-overlap-schedule", _flag(DISABLE_OVERLAP_FLAG), needs=(DISABLE_OVERLAP_FLAG, None)),
+        AxisValue("overlap", "off", "--disable-overlap-schedule", _flag(DISABLE_OVERLAP_FLAG), needs=(DISABLE_OVERLAP_FLAG, None),
+                  refuses=_overlap_off_refuses),
     ), lambda strategy: "on" if strategy.overlap else "off"),
     Axis("mixed_chunk", "prefill chunks batched with running decodes", _values(
         "mixed_chunk",

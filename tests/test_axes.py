@@ -104,6 +104,7 @@ options = {{ {options} }}
 
 @pytest.mark.parametrize("strategy,page,options,rule", [
     ("no_buffer", 1, 'overlap = ["on"]', "SGLang refuses no_buffer with overlap scheduling"),
+    ("extra_buffer_lazy", 1, 'overlap = ["off"]', "SGLang refuses extra_buffer_lazy without the overlap scheduler at start: 'Lazy extra buffer requires overlap schedule"),
     ("extra_buffer", 64, 'chunked_prefill = ["off-grid"]', "chunked prefill 'off-grid' needs a size that is a multiple of the page (96 with page 64)"),
     ("extra_buffer", 1, 'bogus = ["on"]', "axis 'bogus' is not declared in [axes]"),
     ("extra_buffer", 1, 'eviction = ["fifo"]', "value 'fifo' is not in [axes.eviction] values"),
@@ -218,6 +219,8 @@ def test_nightly_holds_every_feasible_pair_of_axis_values() -> None:
     # the pairs SGLang refuses together are left out, never covered
     assert (("strategy", "no_buffer"), ("page_size", 64)) not in feasible
     assert (("strategy", "no_buffer"), ("overlap", "on")) not in feasible
+    assert (("strategy", "extra_buffer_lazy"), ("overlap", "off")) not in feasible
+    assert not [c.id for c in nightly if c.strategy.lazy and dict(c.options).get("overlap") == "off"]
 
 
 def test_covering_array_is_deterministic_and_honours_constraints() -> None:
