@@ -73,6 +73,9 @@ def test_observed_cut_stores_are_the_tracked_lengths_or_the_cut_points() -> None
     assert {len(k) for k in observed_cut_stores(prompt, chunks, StrategyGrid(64, 1, 256, LAZY))} == {192, 320}
     assert {len(k) for k in observed_cut_stores(prompt, chunks, StrategyGrid(64, 1, 256, strategy_named("no_buffer")))} == {236}
     assert observed_cut_stores(prompt, [Prefill(0, 400, False, 384)], StrategyGrid(64, 1, 256, LAZY)) == set()  # not cut: nothing
+    # without a buffer the last chunk stores the prompt's end once it completes it (not a chunk short of it, above)
+    done = [Prefill(0, 192, True, None), Prefill(192, 59, False, None)]
+    assert {len(k) for k in observed_cut_stores(prompt[:251], done, StrategyGrid(1, 1, 128, strategy_named("no_buffer")))} == {192, 251}
 
 
 def test_a_seen_cut_stores_where_sglangs_rule_puts_each_chunk_not_where_it_claims() -> None:

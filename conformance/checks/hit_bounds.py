@@ -193,11 +193,15 @@ def cut_prefill_stores(prompt: Key, hit: int, grid: StrategyGrid, *, budget: int
 def observed_cut_stores(prompt: Key, chunks: Sequence[Any], grid: StrategyGrid) -> set[Key]:
     """The states a prefill SGLang was seen cutting may have stored, at the observed places
     only: each chunk's tracked checkpoint (buffered strategies, ``Prefill.track``) or,
-    without a buffer, the request's own state where each cut fell (``prefix + extend``).
-    Nothing for a request SGLang did not cut."""
+    without a buffer, the request's own state where each cut fell (``prefix + extend``) and
+    where the last chunk completed the prompt (a no_buffer prefill stores its end,
+    :func:`conformance.checks.prefix_oracle.prefill_checkpoint_len`; measured on 0.5.23: a
+    251-token prompt cut at 192 logs ``state_stored`` 192, then 251 after its last chunk,
+    before its first token is out).  Nothing for a request SGLang did not cut."""
     if not any(c.cut for c in chunks):
         return set()
-    ends = {c.track for c in chunks if c.track is not None} if grid.buffered else {c.prefix + c.extend for c in chunks if c.cut}
+    ends = ({c.track for c in chunks if c.track is not None} if grid.buffered
+            else {c.prefix + c.extend for c in chunks if c.cut or c.prefix + c.extend == len(prompt)})
     return {_prefix(prompt, n) for n in (floor_to(e, grid.page_size) for e in ends) if 0 < n <= len(prompt)}
 
 
