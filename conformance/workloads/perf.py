@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, peak, track_slot_use
+from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, MAMBA_PEAK_GAUGE, peak, track_slot_use
 from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.recordings import OccupancySample, PerfRecording, RequestTiming
@@ -36,7 +36,6 @@ from conformance.workloads.prompts import extension, token_prompts
 from conformance.workloads.runners import OCCUPANCY_GAUGES, cache_enabled
 
 KIT = "hybrid_conformance:"
-MAMBA_PEAK_GAUGE = KIT + "mamba_used_peak"
 KV_PEAK_GAUGE = KIT + "kv_used_peak"
 
 
