@@ -301,12 +301,13 @@ _CPU_STATUS = {"pass": "pass", "fail": "fail", "error": "fail", "skip": "na"}
 
 
 def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool, tier: str, out_dir: Path | None = None,
-                    models: Sequence[str] = ()) -> list[Row]:
+                    models: Sequence[str] = (), workers: int = 1) -> list[Row]:
     """The sglang-cpu premerge set and the request programs on this release: one row per
     (cell, check) from the run's report.json; n/a rows (SGLang's own line) for the cells of a
     strategy the release's parser refuses; one row when it cannot run at all.  ``models``
     (ids, families or twins) keeps only those models' cells, so one release's rows can be
-    produced in parts that each fit a time slot."""
+    produced in parts that each fit a time slot.  ``workers``: the run's pytest-xdist workers
+    (a cell's tests stay on one; each worker runs one server at a time)."""
     check = SGLANG_CPU
     if not (ROOT / "conformance" / "targets" / "sglang_cpu.py").exists():
         return [Row(release, check, "na", "the sglang-cpu target is not in this kit")]
@@ -330,7 +331,7 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
             shutil.rmtree(tmp, ignore_errors=True)
             Path(tmp).mkdir(parents=True)
         argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", SGLANG_CPU, "--tier", tier, "--report-dir", tmp,
-                "-n", "1", "--suite", ",".join(CPU_SUITES), "--strategies", ",".join(accepted)] + (["--models", ",".join(models)] if models else [])
+                "-n", str(workers), "--suite", ",".join(CPU_SUITES), "--strategies", ",".join(accepted)] + (["--models", ",".join(models)] if models else [])
         out = _run(argv, timeout=CPU_TIMEOUT_S, env=venv_env(venv))
         report_file = Path(tmp) / "report.json"
         if not report_file.exists():
@@ -408,7 +409,7 @@ def _known_bug_of(cell: dict) -> str | None:
 
 def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Sequence[str] = CHECKS, with_sglang_cpu: bool = False,
             reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None,
-            sources: Sequence[str] = (), models: Sequence[str] = ()) -> tuple[list[Row], dict[str, str]]:
+            sources: Sequence[str] = (), models: Sequence[str] = (), workers: int = 1) -> tuple[list[Row], dict[str, str]]:
     """Rows for each release, then for each source checkout (column ``src-<commit>``)."""
     from conformance.sglang_source import checkout
 
@@ -441,9 +442,18 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
         if "pool" in checks:
             rows += pool_rows(release, venv, tier, machine="machine" in checks)
         if "sglang-cpu" in checks:
-            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir, models=models)
+            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir, models=models, workers=workers)
         log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
     return rows, probes
+
+
+def parse_workers(text: str | None) -> int:
+    """``-n``: a positive worker count (default min(2, cores)); one-line KitError otherwise."""
+    if text is None:
+        return max(1, min(2, os.cpu_count() or 1))
+    if not text.isdigit() or int(text) < 1:
+        raise KitError(f"history -n: expected a positive number of workers, got {text!r}")
+    return int(text)
 
 
 def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:
@@ -484,7 +494,8 @@ def run_history(args) -> int:
     models = parse_models(args.models)
     out_dir = Path(args.out)
     rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu,
-                           reinstall=args.reinstall, log=log, out_dir=out_dir, sources=sources, models=models)
+                           reinstall=args.reinstall, log=log, out_dir=out_dir, sources=sources, models=models,
+                           workers=parse_workers(args.workers))
     failed = failed_releases(rows)
     doc = {"rows": [asdict(r) for r in rows], "probes": probes}
     if sources:
@@ -511,6 +522,8 @@ def add_parser(sub) -> None:
     p.add_argument("--with-sglang-cpu", action="store_true", help="also run the sglang-cpu target's premerge set where it can run")
     p.add_argument("--models", help="with --with-sglang-cpu: only these models' cells (comma list of ids, families or twins; "
                    "default: all), so one release's server rows can run in parts")
+    p.add_argument("-n", dest="workers", default=None, help="with --with-sglang-cpu: pytest-xdist workers of each release's server run "
+                   "(default: min(2, cores); each runs one server at a time)")
     p.add_argument("--reinstall", action="store_true", help="rebuild each release's venv")
     p.add_argument("--out", default="reports/history", help="where history.json, history.html and FAILs' replay files go (default: %(default)s)")
 

@@ -292,3 +292,27 @@ def test_release_venv_keeps_the_kits_python_for_the_reference_engine(monkeypatch
     spec = kept.launch_spec(cell, port=1)
     assert spec.argv[0] == "/opt/kit/bin/python"
     assert not kept.forkserver and spec.entry is None
+
+
+def test_history_workers_reach_the_server_run(monkeypatch, tmp_path):
+    """``history -n``: each release's server run gets that many pytest-xdist workers (default
+    min(2, cores), so a 2-core machine runs two cells at once); a bad count is one line."""
+    seen = []
+
+    def fake_run(argv, *, timeout, env=None, cwd=None):
+        seen.append(list(argv))
+        (Path(argv[argv.index("--report-dir") + 1]) / "report.json").write_text(json.dumps({"cells": []}))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(history, "_run", fake_run)
+    features = {"version": "0.5.23", "strategies": ["no_buffer", "extra_buffer"], "sglang_cpu_gap": None}
+    history.sglang_cpu_rows("0.5.23", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",), workers=2)
+    assert seen[-1][seen[-1].index("-n") + 1] == "2"
+    monkeypatch.setattr(history.os, "cpu_count", lambda: 8)
+    assert history.parse_workers(history_args("--releases", "0.5.23").workers) == 2
+    monkeypatch.setattr(history.os, "cpu_count", lambda: 1)
+    assert history.parse_workers(None) == 1
+    assert history.parse_workers(history_args("--releases", "0.5.23", "-n", "3").workers) == 3
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(KitError, match="history -n: expected a positive number of workers"):
+            history.parse_workers(bad)
