@@ -191,11 +191,9 @@ def test_rows_of_suites_that_found_the_server_killed_by_a_known_bug_name_it():
     assert {r.check: r for r in history.report_rows("0.5.20", {"cells": [cell]})}["sglang-cpu:test"].reason == dead
 
 
-def test_sglang_cpu_rows_mark_extra_buffer_cells_na_when_no_device_gate_is_answerable(monkeypatch, tmp_path):
-    """A release that gates extra_buffer on the device with nothing the CPU plugin answers:
-    its buffered cells are na rows naming the missing capability and the run is asked for
-    no_buffer only (no server starts to die on SGLang's assert); a found gate changes nothing."""
-    seen = []
+def record_empty_runs(monkeypatch) -> list[list[str]]:
+    """Make history's server runs answer an empty report; the argv of each run, in order."""
+    seen: list[list[str]] = []
 
     def fake_run(argv, *, timeout, env=None, cwd=None):
         seen.append(list(argv))
@@ -203,6 +201,14 @@ def test_sglang_cpu_rows_mark_extra_buffer_cells_na_when_no_device_gate_is_answe
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(history, "_run", fake_run)
+    return seen
+
+
+def test_sglang_cpu_rows_mark_extra_buffer_cells_na_when_no_device_gate_is_answerable(monkeypatch, tmp_path):
+    """A release that gates extra_buffer on the device with nothing the CPU plugin answers:
+    its buffered cells are na rows naming the missing capability and the run is asked for
+    no_buffer only (no server starts to die on SGLang's assert); a found gate changes nothing."""
+    seen = record_empty_runs(monkeypatch)
     features = {"version": "0.5.99", "strategies": ["no_buffer", "extra_buffer", "extra_buffer_lazy"], "sglang_cpu_gap": None,
                 "extra_buffer_gate": None}
     rows = history.sglang_cpu_rows("0.5.99", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",))
@@ -297,14 +303,7 @@ def test_release_venv_keeps_the_kits_python_for_the_reference_engine(monkeypatch
 def test_history_workers_reach_the_server_run(monkeypatch, tmp_path):
     """``history -n``: each release's server run gets that many pytest-xdist workers (default
     min(2, cores), so a 2-core machine runs two cells at once); a bad count is one line."""
-    seen = []
-
-    def fake_run(argv, *, timeout, env=None, cwd=None):
-        seen.append(list(argv))
-        (Path(argv[argv.index("--report-dir") + 1]) / "report.json").write_text(json.dumps({"cells": []}))
-        return subprocess.CompletedProcess(argv, 0, "", "")
-
-    monkeypatch.setattr(history, "_run", fake_run)
+    seen = record_empty_runs(monkeypatch)
     features = {"version": "0.5.23", "strategies": ["no_buffer", "extra_buffer"], "sglang_cpu_gap": None}
     history.sglang_cpu_rows("0.5.23", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",), workers=2)
     assert seen[-1][seen[-1].index("-n") + 1] == "2"
