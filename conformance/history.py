@@ -448,12 +448,13 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
 
 
 def parse_workers(text: str | None) -> int:
-    """``-n``: a positive worker count (default min(2, cores)); one-line KitError otherwise."""
-    if text is None:
-        return max(1, min(2, os.cpu_count() or 1))
-    if not text.isdigit() or int(text) < 1:
-        raise KitError(f"history -n: expected a positive number of workers, got {text!r}")
-    return int(text)
+    """``-n`` as ``run`` reads it for the sglang-cpu target (default min(2, cores); ``auto``;
+    ``0`` for none), checked before any release is installed: one-line KitError otherwise."""
+    import argparse
+
+    from conformance.commands.selection import workers
+
+    return workers(argparse.Namespace(workers=text, target=SGLANG_CPU))
 
 
 def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:
@@ -523,7 +524,7 @@ def add_parser(sub) -> None:
     p.add_argument("--models", help="with --with-sglang-cpu: only these models' cells (comma list of ids, families or twins; "
                    "default: all), so one release's server rows can run in parts")
     p.add_argument("-n", dest="workers", default=None, help="with --with-sglang-cpu: pytest-xdist workers of each release's server run "
-                   "(default: min(2, cores); each runs one server at a time)")
+                   "(as run's -n; default: min(2, cores); each runs one server at a time)")
     p.add_argument("--reinstall", action="store_true", help="rebuild each release's venv")
     p.add_argument("--out", default="reports/history", help="where history.json, history.html and FAILs' replay files go (default: %(default)s)")
 
