@@ -100,10 +100,16 @@ class SGLangClient:
         except httpx.HTTPError as e:
             raise ServerDiedError(f"{method} {self.base_url}{path}: {type(e).__name__}: {e}{self._dead_reason()}") from None
         if resp.status_code not in set(ok):
-            body = resp.text.strip().replace("\n", " ")[:300]
-            cls = ServerDiedError if resp.status_code >= 500 else KitError
-            raise cls(f"{method} {self.base_url}{path}: HTTP {resp.status_code}: {body}{self._dead_reason()}")
+            raise self._refused(f"{method} {self.base_url}{path}", resp.status_code, resp.text)
         return resp
+
+    def _refused(self, where: str, status: int, text: str) -> KitError:
+        """The error of an answer with a failing status: a dead server's cause (its exit and
+        last exception, from ``liveness``) comes before the answer's body, so a one-line
+        report shows why, not only the router's or server's long JSON."""
+        body = text.strip().replace("\n", " ")[:300]
+        cls = ServerDiedError if status >= 500 else KitError
+        return cls(f"{where}: HTTP {status}{self._dead_reason()}; answer: {body}")
 
     # -- SGLang's native API ----------------------------------------------------
     def generate(self, payload: Mapping[str, Any], *, timeout: float | None = None) -> Any:
@@ -117,9 +123,7 @@ class SGLangClient:
         try:
             with self._http.stream("POST", "/generate", json=body, timeout=timeout or self.timeout) as resp:
                 if resp.status_code != 200:
-                    text = resp.read().decode(errors="replace").strip().replace("\n", " ")[:300]
-                    cls = ServerDiedError if resp.status_code >= 500 else KitError
-                    raise cls(f"{where}: HTTP {resp.status_code}: {text}{self._dead_reason()}")
+                    raise self._refused(where, resp.status_code, resp.read().decode(errors="replace"))
                 for line in resp.iter_lines():
                     if not line.startswith("data:"):
                         continue
