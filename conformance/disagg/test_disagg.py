@@ -17,7 +17,9 @@ cell's NON-PD server (the plugin's ``endpoint``, started for the cell if no othe
   requests fail on purpose), elsewhere this one is.
 
 Each test files a ``disagg`` verdict; the report merges them per cell.  ``extra_buffer_lazy``
-cells are refused under PD by SGLang 0.5.23: recorded as a stated skip, never a pass.
+cells are outside SGLang 0.5.23's PD contract: on the reference engine a stated skip without a
+launch; on real SGLang the release answers (0.5.19 and later refuse it at start: a stated
+skip with SGLang's line; 0.5.13-0.5.18 serve it and the tests judge it), never a pass.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from conformance.errors import KitError
 from conformance.faults import DISAGG_FAILURE_ENV
 from conformance.records import Verdict
 from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
-from conformance.targets.disagg import not_applicable, serve_pd, target_refusal, transport
+from conformance.targets.disagg import not_applicable, pd_launch_refusal, serve_pd, target_refusal, transport
 from conformance.targets.registry import target_for
 from conformance.workloads.gsm8k import pick_items
 from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
@@ -72,6 +74,9 @@ def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
         pd = stack.enter_context(serve_pd(cell, conformance_options, log_dir=log_dir))
     except KitError as e:
         problem = str(e)
+        refused = pd_launch_refusal(cell, log_dir)
+        if refused:  # the release's own answer for a cell outside 0.5.23's PD contract
+            raise PDRefused(refused) from None
     else:
         with stack:
             note_launch(request, cell, kind="pd")  # three processes, one launch of the cell
@@ -81,8 +86,14 @@ def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
     pytest.fail(problem, pytrace=False)
 
 
+class PDRefused(KitError):
+    """SGLang refused the cell's PD servers at start (its own line): the cell has no PD variant
+    on this release, a stated skip for every test of the cell (the fixture keeps the error)."""
+
+
 def _pd_refusal(cell, request) -> str | None:
-    return not_applicable(cell) or target_refusal(request.getfixturevalue("conformance_options").target)
+    target = request.getfixturevalue("conformance_options").target
+    return not_applicable(cell, target) or target_refusal(target)
 
 
 def _bind(cell, request, record_verdict):
@@ -93,7 +104,10 @@ def _bind(cell, request, record_verdict):
         reason = f"not applicable: this cell fails transfers on purpose ({DISAGG_FAILURE_ENV}={cell.env[DISAGG_FAILURE_ENV]}); test_pd_transfer_failures judges it"
     if reason:
         settle(record_verdict(Verdict(CHECK, "skip", reason=reason)))
-    pd = request.getfixturevalue("pd_endpoint")
+    try:
+        pd = request.getfixturevalue("pd_endpoint")
+    except PDRefused as e:
+        settle(record_verdict(Verdict(CHECK, "skip", reason=f"not applicable: {e}")))
     return pd, request.getfixturevalue("endpoint")
 
 

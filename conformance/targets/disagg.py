@@ -47,9 +47,35 @@ PORT_ATTEMPTS = 3
 REFERENCE_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def not_applicable(cell: Cell) -> str | None:
-    """The one-line reason a cell has no PD variant, or None."""
-    return None if cell.strategy.pd else LAZY_REFUSAL
+def not_applicable(cell: Cell, target: str | None = None) -> str | None:
+    """The one-line reason a cell has no PD variant, or None.  Without ``target`` (``plan``)
+    and on the kit's own engines: SGLang 0.5.23's contract, which refuses extra_buffer_lazy
+    under PD.  On real SGLang the installed release answers: the cell is started under PD,
+    and a refusal at start (0.5.19 and later: "extra_buffer_lazy unsupported under PD
+    disaggregation") is ``na`` with SGLang's own line (:func:`pd_launch_refusal`), while
+    0.5.13-0.5.18 accept the strategy and serve it."""
+    if cell.strategy.pd or (target is not None and not target_for(target).kit_engine):
+        return None
+    return LAZY_REFUSAL
+
+
+def pd_launch_refusal(cell: Cell, log_dir: Path) -> str | None:
+    """SGLang's refusal, from its PD server logs, of a cell outside the 0.5.23 PD contract
+    (a server stopped while resolving its arguments); None for any other start failure,
+    which stays a failure, and for every cell inside the contract."""
+    from conformance.targets.option_refusal import resolution_refusal
+
+    if cell.strategy.pd:
+        return None
+    for role in ("prefill", "decode"):
+        try:
+            text = (Path(log_dir) / f"{cell.id}-pd-{role}.log").read_text(errors="replace")
+        except OSError:
+            continue
+        line = resolution_refusal(text)
+        if line:
+            return f"SGLang refuses {cell.strategy.name} under PD disaggregation at start ({role} server): {line}"
+    return None
 
 
 def env_for_role(cell: Cell, role: str, env: dict[str, str]) -> dict[str, str]:
@@ -287,7 +313,7 @@ def reference_pd_spec(
 
 def pd_spec_for(cell: Cell, options: Any, *, ports: PDPorts | None = None) -> PDSpec:
     """The PD commands for ``cell`` on the selected target (KitError when n/a)."""
-    reason = not_applicable(cell)
+    reason = not_applicable(cell, target_for(options).name)
     if reason:
         raise KitError(f"cell {cell.id}: {reason}")
     ports = ports or PDPorts.pick()

@@ -52,17 +52,21 @@ def launch_refusal(cell: Cell, log_text: str) -> str | None:
     any other refusal of a core cell stays a failure."""
     from conformance.sglang_api.validate import UNSUPPORTED_FOR_MODEL
 
-    tracebacks = log_text.split("Traceback (most recent call last):")
-    if len(tracebacks) < 2:
-        return None
-    last = tracebacks[-1]
-    if not _RESOLUTION_FRAMES.search(last):
-        return None
-    lines = [ln.strip() for ln in last.splitlines() if _EXCEPTION_LINE.match(ln.strip())]
-    line = lines[-1] if lines else None
+    line = resolution_refusal(log_text)
     if line is None or cell.options or UNSUPPORTED_FOR_MODEL.search(line):
         return line
     return None
+
+
+def resolution_refusal(log_text: str) -> str | None:
+    """The exception line of the log's last traceback when it runs through SGLang's argument
+    resolution (``arg_groups/``, ``server_args.py``): SGLang refused the command at start;
+    None for any other failure."""
+    tracebacks = log_text.split("Traceback (most recent call last):")
+    if len(tracebacks) < 2 or not _RESOLUTION_FRAMES.search(tracebacks[-1]):
+        return None
+    lines = [ln.strip() for ln in tracebacks[-1].splitlines() if _EXCEPTION_LINE.match(ln.strip())]
+    return lines[-1] if lines else None
 
 
 def log_refusal(cell: Cell, log_path: Path) -> str | None:
