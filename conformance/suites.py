@@ -126,3 +126,19 @@ def pool_tier_asked(config: Any) -> bool:
     markexpr = str(getattr(config.option, "markexpr", "") or "")
     target = getattr(config.option, "target", None)
     return bool(target and target_for(target).pool_only) or "pool" in markexpr.replace("(", " ").replace(")", " ").split()
+
+
+def no_prefill_stores(endpoint) -> str | None:
+    """Why no prefill on this server can store a Mamba state (the prefill_hit scenario then has
+    nothing to hit: a skip saying so, never a pass), or None.  Read off the server's own
+    ``chunked_prefill_size`` (the ``chunked_prefill = sub-chunk`` axis cell: 32 < grid 64)."""
+    from conformance.checks.hit_bounds import StrategyGrid, prefill_never_tracked
+
+    cell, g = endpoint.cell, endpoint.cell.grid
+    info = endpoint.info or {}
+    budget = int(info.get("chunked_prefill_size") or 0)
+    if budget > 0 and prefill_never_tracked(StrategyGrid(g.chunk, g.page_size, g.track_interval, strategy=cell.strategy), budget):
+        return (f"prefill_hit: no prefill on this server stores a Mamba state: --chunked-prefill-size {budget} is below the "
+                f"checkpoint grid {g.checkpoint_grid} (SGLang warns at start that such chunks skip Mamba state checkpoints); "
+                "its decode hits are compared where the suite has them")
+    return None

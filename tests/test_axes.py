@@ -388,7 +388,7 @@ def test_kl_prefill_hit_is_skipped_where_no_prefill_stores_a_state() -> None:
     without a buffer (no_buffer caches each cut's own state)."""
     from types import SimpleNamespace
 
-    from conformance.kl.test_kl import no_prefill_stores
+    from conformance.suites import no_prefill_stores
 
     def ep(options, budget, strategy="extra_buffer"):
         cell = next(c for c in SHIPPED.select(target="sglang-cpu", models=["qwen3-next"], strategies=[strategy], page_sizes=[1])

@@ -37,7 +37,7 @@ from conformance.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError
 from conformance.faults import DISAGG_FAILURE_ENV
 from conformance.records import Verdict
-from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
+from conformance.suites import exact_mode, grids, no_prefill_stores, settle, sizes_for, vocab_size
 from conformance.targets.disagg import not_applicable, pd_launch_refusal, serve_pd, target_refusal, transport
 from conformance.targets.registry import target_for
 from conformance.workloads.gsm8k import pick_items
@@ -113,6 +113,8 @@ def _bind(cell, request, record_verdict):
 
 def test_pd_logprobs(cell, request, record_verdict):
     pd, base = _bind(cell, request, record_verdict)
+    if why := no_prefill_stores(base):  # the prefill server runs the same options: nothing to hit there
+        settle(record_verdict(Verdict(CHECK, "skip", reason=f"not applicable: pd_{why}")))
     size = sizes_for(pd)
     chunk, grid = grids(cell)
     vocab = vocab_size(base)

@@ -10,28 +10,13 @@ from __future__ import annotations
 import pytest
 
 from conformance import axes
-from conformance.checks.hit_bounds import StrategyGrid, prefill_never_tracked
 from conformance.checks.kl import NOISE_FACTOR, kl_verdict
-from conformance.suites import exact_mode, grids, settle, sizes_for, vocab_size
+from conformance.suites import exact_mode, grids, no_prefill_stores, settle, sizes_for, vocab_size
 from conformance.workloads.prompts import decode_cross_lengths, multi_boundary_decode, prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import record_kl
 
 pytestmark = pytest.mark.kl
 SEEDS = {"prefill_hit": 11, "decode_hit": 12}
-
-
-def no_prefill_stores(endpoint) -> str | None:
-    """Why no prefill on this server can store a Mamba state (the prefill_hit scenario then has
-    nothing to hit: a skip saying so, never a pass), or None.  Read off the server's own
-    ``chunked_prefill_size`` (the ``chunked_prefill = sub-chunk`` axis cell: 32 < grid 64)."""
-    cell, g = endpoint.cell, endpoint.cell.grid
-    info = endpoint.info or {}
-    budget = int(info.get("chunked_prefill_size") or 0)
-    if budget > 0 and prefill_never_tracked(StrategyGrid(g.chunk, g.page_size, g.track_interval, strategy=cell.strategy), budget):
-        return (f"prefill_hit: no prefill on this server stores a Mamba state: --chunked-prefill-size {budget} is below the "
-                f"checkpoint grid {g.checkpoint_grid} (SGLang warns at start that such chunks skip Mamba state checkpoints); "
-                "decode_hit compares this cell's hits")
-    return None
 
 
 @pytest.mark.parametrize("scenario", ["prefill_hit", "decode_hit"])
