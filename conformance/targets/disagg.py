@@ -59,6 +59,11 @@ def not_applicable(cell: Cell, target: str | None = None) -> str | None:
     return LAZY_REFUSAL
 
 
+def pd_log_path(log_dir: Path, cell: Cell, role: str) -> Path:
+    """Where the PD server ``role`` of ``cell`` logs (its start and :func:`pd_launch_refusal` read it)."""
+    return log_dir / f"{cell.id}-pd-{role}.log"
+
+
 def pd_launch_refusal(cell: Cell, log_dir: Path) -> str | None:
     """SGLang's refusal, from its PD server logs, of a cell outside the 0.5.23 PD contract
     (a server stopped while resolving its arguments); None for any other start failure,
@@ -69,7 +74,7 @@ def pd_launch_refusal(cell: Cell, log_dir: Path) -> str | None:
         return None
     for role in ("prefill", "decode"):
         try:
-            text = (Path(log_dir) / f"{cell.id}-pd-{role}.log").read_text(errors="replace")
+            text = pd_log_path(Path(log_dir), cell, role).read_text(errors="replace")
         except OSError:
             continue
         line = resolution_refusal(text)
@@ -470,7 +475,7 @@ def _start_pd(cell: Cell, options: Any, spec: PDSpec, log_dir: Path) -> tuple[di
     procs = {
         role: ServerProcess(
             name=f"{options.target} PD {role} for {cell.id}", argv=s.argv, env=_with_report(s.env, reports.get(role)),
-            health_url=s.base_url + s.health_path, log_path=log_dir / f"{cell.id}-pd-{role}.log", start_timeout_s=s.start_timeout_s,
+            health_url=s.base_url + s.health_path, log_path=pd_log_path(log_dir, cell, role), start_timeout_s=s.start_timeout_s,
         )
         for role, s in spec.specs().items()
     }
