@@ -21,11 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.matrix import load_matrix
-from conformance.options import resolve
+from conformance.matrix.cells import load_matrix
+from conformance.session.options import resolve
 from conformance.programs import noise
 from conformance.programs.bind import prepare_twin, serve_cold
-from conformance.suites import vocab_size
+from conformance.session.suite_support import vocab_size
 from conformance.targets import preimport
 from conformance.targets.serving import serve_cell
 from conformance.workloads.prompts import token_prompts

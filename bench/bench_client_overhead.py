@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from conformance.checks.perf import overhead_fractions, perf_verdict
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.plugin import Options
 from conformance.targets.serving import serve_cell
 from conformance.workloads.perf import CPU_PLAN, PerfPlan, engine_label, record_perf

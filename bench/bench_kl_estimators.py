@@ -27,7 +27,7 @@ import torch
 
 from conformance.checks.kl import kl_verdict
 from conformance.client import SGLangClient
-from conformance.faults import FAULT_ENV, LAZY_ALLOC_FAIL_ENV
+from conformance.matrix.faults import FAULT_ENV, LAZY_ALLOC_FAIL_ENV
 from conformance.recordings import KLRecording
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.workloads.prompts import decode_cross_lengths, prefill_hit_lengths, token_prompts

@@ -4,7 +4,7 @@
                                   [--grades 0,0.05,0.1,0.2] [--pairs 30] [--json out.json]
 
 Each repeat starts a fresh pair of servers of the cell (both with the seeded fault
-``step_slowdown`` at grade 0, ``conformance/perf/ab.py``), then, for each grade in a random
+``step_slowdown`` at grade 0, ``conformance/suites/perf/ab.py``), then, for each grade in a random
 order, slows a randomly drawn side by that fraction of each step's work and runs one paired
 A/B (``--pairs`` prompts, each sent to both servers back to back in a random order, or
 with ``--together`` at the same moment; by default each block of two pairs slows each side
@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 
 from conformance.checks.perf_ab import ALPHA
-from conformance.matrix import load_matrix
-from conformance.options import resolve
-from conformance.perf.ab import AbPlan, graded_runs
+from conformance.matrix.cells import load_matrix
+from conformance.session.options import resolve
+from conformance.suites.perf.ab import AbPlan, graded_runs
 from conformance.targets import preimport
 
 

@@ -32,7 +32,7 @@ def main() -> None:
 
     from hypothesis.stateful import run_state_machine_as_test
 
-    from conformance.matrix import load_matrix
+    from conformance.matrix.cells import load_matrix
     from conformance.sglang_api.pool_runtime import PoolKey
     from conformance.targets.pool.harness import PoolHarness, PoolSizes
     from conformance.targets.pool.machine import pool_machine

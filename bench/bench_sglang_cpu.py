@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.plugin import Options
 from conformance.targets.serving import serve_cell
 from conformance.workloads.agreement import agreement_script, run_agreement

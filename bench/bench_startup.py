@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance.faults import SGLANG_FAULT_ENV
-from conformance.matrix import load_matrix
-from conformance.options import Options
+from conformance.matrix.faults import SGLANG_FAULT_ENV
+from conformance.matrix.cells import load_matrix
+from conformance.session.options import Options
 from conformance.sglang_plugins.activation import read_report
 from conformance.targets import preimport
 from conformance.targets.serving import serve_cell, spec_for

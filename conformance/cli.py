@@ -1,11 +1,11 @@
 """The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare | history | fuzz | replay | known-bugs | perf-ab.
 
 This module is the parser wiring and ``main``; the options are declared once in
-``conformance.options`` and the verbs' bodies live in ``conformance.commands``.
+``conformance.session.options`` and the verbs' bodies live in ``conformance.commands``.
 
 Bad arguments exit 2 with one line naming the bad value and the allowed ones;
 a :class:`KitError` anywhere exits 2 with its one line; no traceback walls.
-``run`` checks every need first (``conformance.preflight``, one line each on stdout):
+``run`` checks every need first (``conformance.session.preflight``, one line each on stdout):
 a selection that matches no cell exits 5, a run this machine cannot do exits 3, each
 with at most three lines on stderr and before any server starts.
 """
@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from conformance import __version__
 from conformance.errors import KitError
-from conformance.options import FUZZ_TARGET, GSM8K_DIR, MUTANT_TARGETS, PROGRAM_OPTIONS, REPORT_DIR, SEED, SELECTION, SHRINK, add_arguments
+from conformance.session.options import FUZZ_TARGET, GSM8K_DIR, MUTANT_TARGETS, PROGRAM_OPTIONS, REPORT_DIR, SEED, SELECTION, SHRINK, add_arguments
 from conformance.targets.registry import target_for
 
 
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     from conformance.commands.perf_ab import add_arguments as add_perf_ab_arguments
 
     add_perf_ab_arguments(sub.add_parser("perf-ab", help="paired A/B perf: two servers of a cell, one slowed by a graded seeded fault; a paired test per run"))
-    from conformance.history import add_parser as add_history_parser
+    from conformance.commands.history import add_parser as add_history_parser
 
     add_history_parser(sub)
 
@@ -155,7 +155,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from conformance.history import run_history
+    from conformance.commands.history import run_history
 
     return run_history(args)
 
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         if getattr(args, "rerun_in_source", False) and args.sglang_source:  # run / fuzz / mutants against a checkout: re-run in its venv
-            from conformance.history import rerun_in_source
+            from conformance.commands.history import rerun_in_source
 
             return rerun_in_source(argv, args.sglang_source)
         if args.command == "serve":

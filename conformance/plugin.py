@@ -1,8 +1,8 @@
 """The pytest plugin (entry point ``pytest11``): options, markers, cells, one server per cell.
 
 Order of this module: ``pytest_addoption`` (the options are declared once, in
-``conformance.options``), ``pytest_configure`` (markers), option resolution,
-parametrisation, fixtures. The run state lives in ``conformance.run_state``.
+``conformance.session.options``), ``pytest_configure`` (markers), option resolution,
+parametrisation, fixtures. The run state lives in ``conformance.session.run_state``.
 
 * A test that asks for ``cell`` is parametrised over the selected matrix cells
   (session scope, so pytest groups a cell's tests together and the cell's server
@@ -15,7 +15,7 @@ parametrisation, fixtures. The run state lives in ``conformance.run_state``.
   cell; at the end of the run the controller writes ``report.json`` (and friends)
   to ``--report-dir``. Verdicts travel as ``user_properties`` so xdist works.
   The hooks that gather every outcome and write the report are in
-  ``conformance.report_hooks`` (registered below through ``pytest_plugins``).
+  ``conformance.session.report_hooks`` (registered below through ``pytest_plugins``).
 """
 
 from __future__ import annotations
@@ -28,32 +28,22 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, Cell, Matrix
-from conformance.options import PLUGIN_OPTIONS, Options, add_pytest_options, resolve
-from conformance.outcomes import cell_json, cell_of_item, note_launch, note_server, note_server_end
+from conformance.matrix.cells import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, Cell, Matrix
+from conformance.session.options import PLUGIN_OPTIONS, Options, add_pytest_options, resolve
+from conformance.report.outcomes import cell_json, cell_of_item, note_launch, note_server, note_server_end
 from conformance.records import Verdict
-from conformance.cell_servers import CellServers
-from conformance.run_state import RUN_KEY, RunState, run_state
+from conformance.session.cell_servers import CellServers
+from conformance.session.run_state import RUN_KEY, RunState, run_state
+from conformance.matrix.suites import SUITES, suite_of_module
 from conformance.targets.registry import POOL, target_for
 
 #: The report hooks, perf selection and quiet mode, the request-program suite's options and marker, and its run-wide cache-off twins.
-pytest_plugins = ["conformance.report_hooks", "conformance.perf.selection", "conformance.perf.quiet", "conformance.programs.options",
+pytest_plugins = ["conformance.session.report_hooks", "conformance.suites.perf.selection", "conformance.suites.perf.quiet", "conformance.programs.options",
                   "conformance.programs.cold_twins"]
 
 #: This process's open cell servers (``endpoint``).
 _CELL_SERVERS = CellServers()
 _FAILED_CELLS: set[str] = set()  # cells (in this process) where a test failed
-
-_CHECK_MARKERS = {
-    "kl": "KL divergence between cached and uncached logprobs",
-    "gsm8k": "GSM8K accuracy / agreement",
-    "prefix_branching": "prefix-branching cache hits against the oracle",
-    "leaks": "pool-leak invariants",
-    "disagg": "PD disaggregation",
-    "agreement": "real SGLang on CPU against the reference engine (target sglang-cpu)",
-    "perf": "what the cell's strategy costs: TTFT, tok/s, pool peaks (standard tier, real targets)",
-}
-
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("hybrid-conformance", "hybrid-conformance: Mamba state caching conformance")
@@ -68,15 +58,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a GPU (target sglang)")
     config.addinivalue_line("markers", "cpu: runs on CPU (reference target, pool tier)")
     config.addinivalue_line("markers", "pool: the in-process pool tier over SGLang's real memory classes")
-    config.addinivalue_line("markers", "hicache: cells with --enable-hierarchical-cache")
     config.addinivalue_line("markers", "disagg_transfer_fail: PD cells with SGLANG_TEST_DISAGG_FAILURE_PROB on the decode server")
     config.addinivalue_line("markers", "release_range: runs hybrid-conformance history over SGLang releases in their own venvs (tests/test_release_range.py)")
     if target_for(config.getoption("target", None) or DEFAULT_TARGET).pool_only:  # a pool run that ran nothing is not green
         from conformance.targets.pool.gate import PoolGate
 
         config.pluginmanager.register(PoolGate(), "hybrid-conformance-pool-gate")
-    for name, text in _CHECK_MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: {text}")
+    for suite in SUITES.values():
+        config.addinivalue_line("markers", f"{suite.name}: {suite.help}")
     for s in STRATEGIES:
         config.addinivalue_line("markers", f"{s}: cells of the {s} strategy")
     config.stash[RUN_KEY] = RunState(options=_resolve_options(config))
@@ -85,7 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # ------------------------------------------------------------------ options
 
 def _resolve_options(config: pytest.Config) -> Options:
-    """CLI > env > ini (``conformance.options.resolve``); a bad value is one UsageError line."""
+    """CLI > env > ini (``conformance.session.options.resolve``); a bad value is one UsageError line."""
     try:
         return resolve(config.getoption, ini_target=config.getini("hybrid_conformance_target"))
     except KitError as e:
@@ -124,12 +113,6 @@ def _parametrizes_cell_itself(metafunc: pytest.Metafunc) -> bool:
     return False
 
 
-def _suite_of(module: str) -> str | None:
-    """The suite a test module belongs to (``conformance.<suite>.test_*``), or None."""
-    parts = module.split(".")
-    return parts[1] if len(parts) == 3 and parts[0] == "conformance" else None
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "cell" not in metafunc.fixturenames or _parametrizes_cell_itself(metafunc):
         return
@@ -137,7 +120,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     pool = _is_pool_test(metafunc.definition)
     target = POOL if pool else target_for(state.options)
     selected = select_cells(state, target.name)
-    suite = _suite_of(metafunc.module.__name__)
+    suite = suite_of_module(metafunc.module.__name__)
     cells = [c for c in selected if c.fault.binds_suite(suite)]
     params = []
     for cell in cells:
@@ -219,7 +202,7 @@ def matrix(pytestconfig: pytest.Config) -> Matrix:
 @pytest.fixture
 def endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A healthy server for ``cell`` on the selected target, started once per cell and kept
-    until the teardown of the cell's last test (``conformance.cell_servers``: a teardown
+    until the teardown of the cell's last test (``conformance.session.cell_servers``: a teardown
     finding is then that cell's).  A launch that cannot happen is one line, never a traceback."""
     start = lambda stack: _start_endpoint(cell, request, tmp_path_factory, stack)  # noqa: E731
     ep = _CELL_SERVERS.get(cell.id, start)
@@ -245,7 +228,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _start_endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, stack: contextlib.ExitStack) -> Any:
-    from conformance.perf import quiet
+    from conformance.suites.perf import quiet
     from conformance.targets.serving import serve_cell
 
     state = run_state(request.config)
@@ -302,7 +285,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def _not_applicable(state: RunState, cell: Cell, reason: str) -> None:
     """Record the cell as not applicable (report.json ``not_applicable``) and skip its test."""
-    from conformance.runreport import NOT_APPLICABLE_SKIP
+    from conformance.report.run_report import NOT_APPLICABLE_SKIP
 
     state.not_applicable[cell.id] = reason
     pytest.skip(f"{NOT_APPLICABLE_SKIP}{reason}")
@@ -343,7 +326,7 @@ def _teardown_idle_check(ep: Any) -> None:
     if dead:
         raise KitError(f"cell {ep.cell.id}: server is not serving at teardown: {dead}")
     probes = list(ep.extra.get("idle_probes", []))
-    from conformance.suites import idle_deadline
+    from conformance.session.suite_support import idle_deadline
 
     probes.append(idle_probe(ep.client, "cell teardown", requests=0, deadline_s=idle_deadline(ep)))
     bad = [p for p in probes if not p.reached]
@@ -371,7 +354,7 @@ def _scenario_idle_probe(request: pytest.FixtureRequest) -> Iterator[None]:
     from conformance.workloads.idle import idle_probe
 
     try:
-        from conformance.suites import idle_deadline
+        from conformance.session.suite_support import idle_deadline
 
         probe = idle_probe(ep.client, f"after {request.node.name}", requests=1, deadline_s=idle_deadline(ep))
     except KitError:
@@ -399,7 +382,7 @@ def record_verdict(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdic
     def record(verdict: Verdict) -> Verdict:
         options = run_state(request.config).options
         if verdict.status == "fail":  # a known SGLang bug is filed as such (fixtures/known_bugs.toml)
-            from conformance.known_bugs import expect, installed_release
+            from conformance.session.known_bugs import expect, installed_release
 
             verdict = expect(verdict, cell=cell_obj.id if cell_obj else None, target=options.target, release=installed_release())
         payload = {"cell": cell_json(cell_obj, options) if cell_obj else None, "check": verdict.check, "verdict": verdict.to_json()}

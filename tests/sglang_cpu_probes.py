@@ -21,7 +21,7 @@ import pytest
 
 from conformance.checks.leaks import MAMBA_GAUGE, SEQ_GAUGE, is_idle
 from conformance.client import SGLangClient
-from conformance.matrix import Cell, load_matrix
+from conformance.matrix.cells import Cell, load_matrix
 from conformance.sglang_plugins.activation import FAULT_ENV, FAULT_PLUGIN, REPORT_ENV, read_report
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.plugin_proof import check_plugins

@@ -3,6 +3,7 @@ named in it, and every module or package path it names exists."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -66,3 +67,65 @@ def test_the_doc_check_finds_an_unnamed_package_and_a_missing_module(tmp_path):
         "conformance/named/gone.py does not exist",
     ]
     assert doc_problems(tmp_path, text + " conformance/unnamed/") == doc_problems(tmp_path, text)[1:]
+
+
+# ------------------------------------------------------------------ the doc's claims
+
+def layers(text: str) -> dict[str, int]:
+    """The "Dependency direction" list: package node (``conformance.x``) -> its layer number."""
+    section = text.split("## Dependency direction", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        m = re.match(r"(\d+)\. (.*)", line.strip())
+        if m:
+            for name in re.findall(r"`([\w]+)/?`", m.group(2)):
+                out[f"conformance.{name}"] = int(m.group(1))
+    return out
+
+
+def layer_problems(text: str, edges: list) -> list[str]:
+    """Package edges that go down the list (or sideways), and packages the list leaves out."""
+    order = layers(text)
+    nodes = {e.source for e in edges} | {e.target for e in edges}
+    problems = [f"{n} is in no layer" for n in sorted(nodes - set(order) - {"conformance"})]
+    problems += [f"{e.source} (layer {order[e.source]}) imports {e.target} (layer {order[e.target]}) at {e.where}"
+                 for e in edges if e.source in order and e.target in order and order[e.target] >= order[e.source]]
+    return problems
+
+
+def test_every_package_import_goes_up_the_documented_layers():
+    from test_import_graph import import_edges, package_edges
+
+    problems = layer_problems(DOC.read_text(), package_edges(import_edges(ROOT)))
+    assert not problems, "docs/architecture.md's layers: " + "; ".join(problems)
+
+
+def test_the_layer_check_finds_an_edge_down_the_list():
+    from test_import_graph import Edge
+
+    text = "## Dependency direction\n\n1. `errors`\n2. `matrix/`\n\n## next"
+    up = Edge("conformance.matrix", "conformance.errors", "m.py:1")
+    down = Edge("conformance.errors", "conformance.matrix", "e.py:1")
+    assert layer_problems(text, [up]) == []
+    assert layer_problems(text, [up, down]) == ["conformance.errors (layer 1) imports conformance.matrix (layer 2) at e.py:1"]
+    assert layer_problems(text, [Edge("conformance.ghost", "conformance.errors", "g.py:1")]) == ["conformance.ghost is in no layer"]
+
+
+def sglang_importers(root: Path) -> set[str]:
+    """Modules of the kit whose code imports ``sglang`` or ``sglang_router`` (any import statement)."""
+    out = set()
+    for path in (root / "conformance").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(n.split(".")[0] in ("sglang", "sglang_router") for n in names):
+                out.add(str(path.relative_to(root)))
+    return out
+
+
+def test_only_the_documented_modules_import_sglang():
+    text = DOC.read_text()
+    claim = text.split("Only these modules import SGLang's Python packages:", 1)[1].split("\n\n", 1)[0]
+    allowed = set(re.findall(r"`(conformance/[\w/]+(?:\.py|/))`", claim))
+    outside = sorted(m for m in sglang_importers(ROOT) if not any(m == a or (a.endswith("/") and m.startswith(a)) for a in allowed))
+    assert not outside, f"modules import SGLang outside the documented list: {outside}"
+    assert "conformance/targets/zygote.py" in sglang_importers(ROOT), "the scan finds a known importer (not vacuous)"

@@ -1,4 +1,4 @@
-"""Server options as matrix axes (conformance/axes.py, conformance/pairwise.py): each value
+"""Server options as matrix axes (conformance/matrix/axes.py, conformance/matrix/pairwise.py): each value
 maps to SGLang's flags in one place, the matrix validates them, the tiers carry them (premerge
 unchanged, standard one cell per value, nightly a generated pairwise covering array), and a
 release or a start that refuses one makes the cell ``na`` with SGLang's own line."""
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import axes
-from conformance.matrix import MatrixError, load_matrix
-from conformance.pairwise import covering_array, feasible_pairs
+from conformance.matrix import axes
+from conformance.matrix.cells import MatrixError, load_matrix
+from conformance.matrix.pairwise import covering_array, feasible_pairs
 from conformance.sglang_api.probes import Features
 from conformance.targets.option_refusal import gate_refusal, launch_refusal, probed_refusal
 from conformance.targets.sglang_cpu import SGLangCpuTarget
@@ -166,7 +166,7 @@ def _brute_force_feasible(matrix) -> set:
     the whole product (the generator's own search is not trusted here)."""
     params = matrix.generated[PAIRWISE_BLOCK]
     names = [n for n, _ in params]
-    from conformance.matrix import _partial_validity, _Ctx  # the loader's own rules
+    from conformance.matrix.cells import _partial_validity, _Ctx  # the loader's own rules
 
     core = [(n, vs) for n, vs in params if n in ("model", "strategy", "page_size", "track_interval", "fault", "cache_variant")]
     rest = [(n, vs) for n, vs in params if n not in dict(core)]
@@ -193,7 +193,7 @@ def _brute_force_feasible(matrix) -> set:
 def _builder(matrix):
     import dataclasses
 
-    from conformance.matrix import Cell, _normalized
+    from conformance.matrix.cells import Cell, _normalized
 
     def build(row):
         cell = Cell(matrix.models[row["model"]], matrix.strategies[row["strategy"]], row["page_size"], row["track_interval"],
@@ -342,8 +342,8 @@ def test_a_release_with_no_answerable_device_gate_makes_extra_buffer_cells_na_be
 
 
 def test_report_marks_a_cell_whose_tests_were_skipped_as_not_applicable() -> None:
-    from conformance.outcomes import Outcomes
-    from conformance.runreport import NOT_APPLICABLE_SKIP, collect_cells
+    from conformance.report.outcomes import Outcomes
+    from conformance.report.run_report import NOT_APPLICABLE_SKIP, collect_cells
 
     o = Outcomes()
     o.synthesized["c1"] = {"kl": [{"status": "skip", "reason": f"Skipped: {NOT_APPLICABLE_SKIP}SGLang refuses: ValueError: x"}]}
@@ -368,7 +368,7 @@ def test_a_fault_needing_only_default_options_runs_on_the_plain_premerge_cell() 
     """overlap=on is extra_buffer's default: its mutants plan takes the premerge cell, not
     every standard axis cell that leaves overlap on; a non-default option keeps its axis cell."""
     from conformance.mutants.catalogue import sglang_cpu_plans
-    from conformance.strategy import strategy_named
+    from conformance.matrix.strategy import strategy_named
 
     eb = strategy_named("extra_buffer")
     assert axes.all_default(("overlap=on",), eb) and not axes.all_default(("overlap=off",), eb)
@@ -388,7 +388,7 @@ def test_kl_prefill_hit_is_skipped_where_no_prefill_stores_a_state() -> None:
     without a buffer (no_buffer caches each cut's own state)."""
     from types import SimpleNamespace
 
-    from conformance.suites import no_prefill_stores
+    from conformance.session.suite_support import no_prefill_stores
 
     def ep(options, budget, strategy="extra_buffer"):
         cell = next(c for c in SHIPPED.select(target="sglang-cpu", models=["qwen3-next"], strategies=[strategy], page_sizes=[1])

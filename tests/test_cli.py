@@ -11,7 +11,7 @@ import pytest
 
 from conformance.cli import build_parser
 from conformance.commands.run import pytest_argv_for_run
-from conformance.matrix import DEFAULT_TARGET, load_matrix
+from conformance.matrix.cells import DEFAULT_TARGET, load_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def test_bad_arguments_are_one_line(args: tuple[str, ...], needle: str) -> None:
 def test_run_builds_pytest_arguments(tmp_path: Path) -> None:
     args = build_parser().parse_args(["run", "--tier", "premerge", "-m", "lazy_alloc_fail", "-n", "2", "--report-dir", str(tmp_path)])
     argv = pytest_argv_for_run(args)
-    assert any(a.endswith("/conformance/kl") for a in argv)
+    assert any(a.endswith("/conformance/suites/kl") for a in argv)
     assert f"--target={DEFAULT_TARGET}" in argv and "--tier=premerge" in argv
     assert argv[argv.index("-m") + 1] == "(lazy_alloc_fail) and (not pool)"
     assert argv[argv.index("-n") + 1] == "2" and "loadgroup" in argv

@@ -1,6 +1,6 @@
 """How ``SGLangClient`` words a failing answer: the dead server's cause first (its exit and
 last exception, from ``liveness``), then the answer's body, so the one-line reports that keep
-300 characters (``conformance.outcomes.one_line``) name why a PD unit or a server failed."""
+300 characters (``conformance.report.outcomes.one_line``) name why a PD unit or a server failed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from conformance.client import SGLangClient
 from conformance.errors import KitError, ServerDiedError
-from conformance.outcomes import one_line
+from conformance.report.outcomes import one_line
 
 ROUTER_BODY = '{"error":{"type":"Bad Gateway","code":"prefill_server_error","message":"Prefill server error: ' + "x" * 400 + '"}}'
 CAUSE = ("PD prefill: server process exited with code -9; RuntimeError: Boolean value of Tensor with more than one value "

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.programs import cold_twins
 from conformance.programs.bind import cold_cell
 from conformance.programs.cold_twins import RemoteTwins, TwinBroker
@@ -140,7 +140,7 @@ def test_the_cold_twin_keeps_the_cells_server_options_but_not_the_radix_trees() 
     tlru requires UnifiedRadixCache, but tree_cache is ChunkCache"): a policy of a tree the
     twin does not have.  Options that change the computation (mixed chunk, chunked prefill)
     stay: the twin must compute as the cell does."""
-    from conformance import axes
+    from conformance.matrix import axes
 
     cells = [c for c in load_matrix().cells if dict(c.options).get("eviction") and len(c.options) > 1]
     assert cells, "the nightly matrix has a cell with an eviction policy and another option"

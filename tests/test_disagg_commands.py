@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.targets.disagg import (
     LAZY_REFUSAL,
     ROUTER_AS_IS_FLAGS,

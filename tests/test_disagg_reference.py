@@ -15,9 +15,9 @@ from conformance.checks.disagg import disagg_verdict
 from conformance.checks.kl import kl_verdict
 from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, leak_verdict
 from conformance.client import SGLangClient
-from conformance.disagg.record import probe_both, record_pd_logprobs
+from conformance.suites.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError, ServerStartError
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.reference.faults import FAULT_ENV
 from conformance.reference.pd import PD_FAULT_ENV, PENDING_GAUGE, Shipment, pack, read_faults, unpack
 from conformance.targets.disagg import PDPorts, reference_pd_spec, serve_pd

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import axes
+from conformance.matrix import axes
 from conformance.checks.eviction_order import Tlru, eviction_order_verdict, first_victim, kv_walk_victims, path_splits, scenario, tlru_stored_len
-from conformance.token_digest import token_digest
+from conformance.sglang_plugins.token_digest import token_digest
 from conformance.workloads.prompts import token_prompts
 
 STORED = scenario(8192, 1024)

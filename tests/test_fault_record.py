@@ -1,5 +1,5 @@
-"""One fault record for every layer: each registry holds :class:`conformance.faults.Fault`
-of its own layer, and each fault env var name is spelled once, in ``conformance/faults.py``."""
+"""One fault record for every layer: each registry holds :class:`conformance.matrix.faults.Fault`
+of its own layer, and each fault env var name is spelled once, in ``conformance/matrix/faults.py``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance import faults as record
+from conformance.matrix import faults as record
 from conformance.mutants.faults_doc import all_faults
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,10 +44,10 @@ def test_each_fault_env_name_is_spelled_once() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and node.value in names:
                 spelled.append(f"{path.relative_to(ROOT)}: {node.value}")
-    assert sorted(spelled) == sorted(f"conformance/faults.py: {n}" for n in names)
+    assert sorted(spelled) == sorted(f"conformance/matrix/faults.py: {n}" for n in names)
 
 
 def test_the_record_module_imports_nothing_of_the_kit_or_heavy() -> None:
-    code = "import sys, conformance.faults; print(sorted(m for m in sys.modules if m.startswith(('conformance.', 'torch', 'sglang'))))"
+    code = "import sys, conformance.matrix.faults; print(sorted(m for m in sys.modules if m.startswith(('conformance.', 'torch', 'sglang'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
-    assert out.strip() == "['conformance.faults']"
+    assert out.strip() == "['conformance.matrix.faults']"

@@ -4,8 +4,8 @@ baseline cell that runs later pairs every cell that stored unpaired answers befo
 from __future__ import annotations
 
 from conformance.recordings import GSM8KAnswer, GSM8KRecording
-from conformance.gsm8k.test_gsm8k import _pair_earlier_cells, _to_json
-from conformance.matrix import baseline_id, load_matrix
+from conformance.suites.gsm8k.test_gsm8k import _pair_earlier_cells, _to_json
+from conformance.matrix.cells import baseline_id, load_matrix
 from conformance.workloads.cell_store import CellStore
 
 ENGINE = "lm-eval 0.4.13"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import history
+from conformance.commands import history
 from conformance.errors import KitError
-from conformance.history import Row
+from conformance.commands.history import Row
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -253,7 +253,7 @@ def test_report_rows_one_per_cell_and_check_error_is_fail_skip_is_na(tmp_path):
 
 
 def test_table_and_html_fold_cells_fail_first_and_link_the_replay(tmp_path):
-    from conformance.history_html import render_html
+    from conformance.report.history_html import render_html
 
     rows = [Row("0.5.12", "sglang-cpu:programs", "pass", "", cell="a"),
             Row("0.5.12", "sglang-cpu:programs", "fail", "leak", cell="b", replay=str(tmp_path / "replays" / "0.5.12" / "f.json")),
@@ -282,7 +282,7 @@ def test_history_writes_json_and_html_through_the_console_script(tmp_path):
 def test_release_venv_keeps_the_kits_python_for_the_reference_engine(monkeypatch, tmp_path):
     """Inside a release's venv the reference server (agreement's other side) runs with the kit's
     interpreter, started fresh (the forkserver would fork the venv's python); outside, as before."""
-    from conformance.matrix import load_matrix
+    from conformance.matrix.cells import load_matrix
     from conformance.targets import reference
 
     monkeypatch.delenv(reference.PYTHON_ENV, raising=False)

@@ -1,4 +1,4 @@
-"""Known SGLang bugs as expectations (``conformance/known_bugs.py``, ``fixtures/known_bugs.toml``):
+"""Known SGLang bugs as expectations (``conformance/session/known_bugs.py``, ``fixtures/known_bugs.toml``):
 a matching failure is reported "known SGLang bug, still present" and xfails; an entry
 whose replay stops reproducing is red (both directions); a bad file is one line."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from conformance.errors import KitError
-from conformance.known_bugs import STILL_PRESENT, KnownBug, check_entries, expect, load
+from conformance.session.known_bugs import STILL_PRESENT, KnownBug, check_entries, expect, load
 from conformance.records import Verdict
-from conformance.runreport import known_bugs_seen
-from conformance.suites import settle
+from conformance.report.run_report import known_bugs_seen
+from conformance.session.suite_support import settle
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL = "qwen3-next-80b-extra_buffer-p1-t256"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.programs.program import load_program
 
 LEADS = Path(__file__).resolve().parents[1] / "fixtures" / "leads"

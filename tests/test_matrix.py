@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.matrix import DEFAULT_MATRIX, MatrixError, load_matrix
+from conformance.matrix.cells import DEFAULT_MATRIX, MatrixError, load_matrix
 
 SHIPPED = load_matrix()
 
@@ -123,7 +123,7 @@ def test_merge_keeps_measured_numbers_and_lets_failures_decide() -> None:
 
 
 def test_every_cell_has_its_paired_baseline_and_large_pages_pair_with_page_1():
-    from conformance.matrix import baseline_id
+    from conformance.matrix.cells import baseline_id
 
     m = load_matrix()
     nb = m.strategies["no_buffer"]

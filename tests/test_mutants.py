@@ -165,7 +165,7 @@ def test_a_server_killed_by_its_leak_check_is_named_in_one_line(tmp_path: Path) 
         "[mamba] total=48, available=46, evictable=0, protected=0, session_held=0, uncached=0, leaked_full_pages=None, leaked_mamba_pages={3, 4}\n"
         "[2026-11-23 01:05:41] SIGQUIT received. signum=None, frame=None. It usually means one child failed.\n"
     )
-    output = "ERROR conformance/leaks/test_leaks.py::test_load_returns_to_idle[cell] - Failed: cell c: server is not serving: server process exited with code -9; log tail: x"
+    output = "ERROR conformance/suites/leaks/test_leaks.py::test_load_returns_to_idle[cell] - Failed: cell c: server is not serving: server process exited with code -9; log tail: x"
     assert runs._caught_by(tmp_path, output, 1) == [
         "server died (exit -9): SGLang's idle check: memory leak detected: "
         "[mamba] total=48, available=46, evictable=0, protected=0, session_held=0, uncached=0, leaked_full_pages=None, leaked_mamba_pages={3, 4}"
@@ -243,7 +243,7 @@ def test_a_start_up_death_is_reported_not_scored_caught(tmp_path: Path, monkeypa
     """Before: caught = 'the run was not green', so a server that died at start-up scored."""
     import sys
 
-    died = "ERROR conformance/kl/test_kl.py::test_kl[c] - Failed: cell c: server exited during start-up with code 1; log tail: x"
+    died = "ERROR conformance/suites/kl/test_kl.py::test_kl[c] - Failed: cell c: server exited during start-up with code 1; log tail: x"
     monkeypatch.setattr(runs, "_pytest_argv", lambda plan, report_dir: [sys.executable, "-c", f"print({died!r}); raise SystemExit(1)"])
     plan = MutantPlan("cell", suites=("kl",))
     out = runs.run_plan(plan, "cached_tokens_overreport", tmp_path)
@@ -360,7 +360,7 @@ def test_a_perf_fault_only_the_paired_ab_sees_is_scored_through_it(tmp_path: Pat
     thresholds, which cannot see +10% ("missed"). Its record now says the paired A/B sees it:
     its plan is ``perf-ab --fault`` on one pair (clean run: ``--fault none``), caught only when
     the paired test flags the side with the fault, and named so."""
-    from conformance.faults import PAIRED_AB
+    from conformance.matrix.faults import PAIRED_AB
     from conformance.mutants import power
 
     plan = catalogue.sglang_cpu_plans(("step_slowdown", "track_path_slowdown"))["step_slowdown"]

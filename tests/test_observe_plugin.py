@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 
 from conformance.sglang_plugins import observe
-from conformance.token_digest import token_digest
+from conformance.sglang_plugins.token_digest import token_digest
 
 
 class Mode:

@@ -6,7 +6,7 @@ these hooks, every release before 0.5.23 wrote ``state_evictions: false`` and th
 evidence-gated permissions stayed closed there.  (A release lacking a piece: per_node stays
 off, tests/test_observe_plugin.py::test_a_tree_class_missing_a_hook_leaves_per_node_off_and_says_why.)
 
-The venvs are the release-range job's (``conformance.history.ensure_venv``: made once with
+The venvs are the release-range job's (``conformance.commands.history.ensure_venv``: made once with
 PyPI, then reused), so these run where ``tests/test_release_range.py`` runs.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.history import default_venv_dir, ensure_venv, venv_env
+from conformance.commands.history import default_venv_dir, ensure_venv, venv_env
 from conformance.programs.evidence import RequestLog
 
 ROOT = Path(__file__).resolve().parents[1]

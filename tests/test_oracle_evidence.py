@@ -23,9 +23,9 @@ from conformance.programs.program import Burst, Options, Program, Root, Send, Tu
 from conformance.programs.resolve import Resolver
 from conformance.programs.runner import RunStats
 from conformance.programs.strategies import GenSpec, programs
-from conformance.programs.test_programs import programs_verdict
+from conformance.suites.programs.test_programs import programs_verdict
 from conformance.reference.metrics import render_metrics
-from conformance.strategy import strategy_named
+from conformance.matrix.strategy import strategy_named
 
 GRID = StrategyGrid(64, 1, 256, strategy_named("extra_buffer"))
 SPEC = GenSpec(vocab_size=500, chunk=64, checkpoint_grid=64, track_grid=256, page_size=1, context_len=4096)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from conformance.checks.hit_bounds import StrategyGrid, branch_point
 from conformance.programs.evidence import COUNTERS, Evidence
 from conformance.programs.oracle import HitBook, Limits, Served
-from conformance.strategy import strategy_named
+from conformance.matrix.strategy import strategy_named
 
 EVICTIONS, CUTS = COUNTERS["evictions"], COUNTERS["prefill_cuts"]
 GRID = StrategyGrid(64, 1, 256, strategy_named("extra_buffer"))

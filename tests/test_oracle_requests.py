@@ -17,7 +17,7 @@ from conformance.errors import KitError
 from conformance.programs.evidence import COUNTERS, Evidence, Prefill, RequestLog, request_log
 from conformance.programs.oracle import HitBook, Limits, Served
 from conformance.sglang_plugins import observe
-from conformance.strategy import strategy_named
+from conformance.matrix.strategy import strategy_named
 from test_oracle_evidence import _cut_burst as shared_cut_burst
 
 LAZY = strategy_named("extra_buffer_lazy")
@@ -145,7 +145,7 @@ def _evicted_follow_up(tmp_path, *between: dict, stored_at: str = "a") -> str | 
     on a 1-slot pool, SGLang's eviction counter grown since, then a's first 128 tokens + 3
     hitting 0.  The log records per-node states (``state_stored`` / ``state_evicted``); a's
     state is taken after a's prefill (``stored_at="a"``), after c's, or never (``""``)."""
-    from conformance.token_digest import token_digest
+    from conformance.sglang_plugins.token_digest import token_digest
 
     a, other = _served("a", tuple(range(1000, 1130)), (5,), 0, 1, 2), _served("o", tuple(range(3000, 3130)), (5,), 0, 3, 4)
     again = _served("c", a.input_ids[:128] + (7, 8, 9), (3,), 0, 5, 6)
@@ -170,7 +170,7 @@ def _evicted_follow_up(tmp_path, *between: dict, stored_at: str = "a") -> str | 
 def test_a_lost_hit_is_an_eviction_only_when_sglang_freed_that_state(tmp_path) -> None:
     """Review finding 1: "may have evicted" rested on any eviction after the store; per node
     it rests on SGLang freeing exactly the state the hit fell short of."""
-    from conformance.token_digest import token_digest
+    from conformance.sglang_plugins.token_digest import token_digest
 
     held = _evicted_follow_up(tmp_path)  # the counter grew (the other root's state), a's state never freed
     assert held and "still held the state stored for the prefix of 128 tokens" in held
@@ -391,7 +391,7 @@ def _finish_then_again(tmp_path, prompt: tuple, out: tuple, grid: StrategyGrid, 
     """r1 (``prompt``, decoding ``out``), then its sequence + 5 tokens served with a 512-token hit,
     judged against a log holding r1's prefill (tracked at ``track``) and ``records`` (a
     ``state_stored`` record's key is the digest of that many tokens of r1's sequence)."""
-    from conformance.token_digest import token_digest
+    from conformance.sglang_plugins.token_digest import token_digest
 
     path = tmp_path / "cell.requests.jsonl"
     seq = prompt + out
@@ -429,7 +429,7 @@ def test_a_lazy_alloc_fail_finish_keeps_its_last_track_only_when_sglang_stored_i
 def _overlapping_hit(tmp_path, *between: dict, per_node: bool = True) -> tuple[str | None, Served]:
     """x (320 tokens) and y (x + 1 token, cached 320) overlap: the model admits y's hit as a
     concurrent store.  ``between``: records after x's prefill, before y's admission."""
-    from conformance.token_digest import token_digest
+    from conformance.sglang_plugins.token_digest import token_digest
 
     x = _served("x", tuple(range(10, 330)), (1,), 0, 1, 4)
     y = _served("y", x.input_ids + (7,), (1,), 320, 2, 3)
@@ -512,7 +512,7 @@ def _capped_follow_up(tmp_path, *between: dict, cap: int | None = 1) -> str | No
     """Request a (130 tokens, its checkpoint at 128 taken) on a pool that never fills, then
     a's first 128 tokens + 3 hitting 0: with ``--mamba-max-states-per-path`` SGLang may have
     dropped the state on a later insert -- only its per-node record of that state says so."""
-    from conformance.token_digest import token_digest
+    from conformance.sglang_plugins.token_digest import token_digest
 
     a, again = _served("a", tuple(range(1000, 1130)), (5,), 0, 1, 2), _served("c", tuple(range(1000, 1128)) + (7, 8, 9), (3,), 0, 3, 4)
     log = _log(tmp_path, {"ev": "start", "state_evictions": True}, {"ev": "prefill", "rid": "a", "prefix": 0, "extend": 130, "cut": False, "track": 128},
@@ -532,7 +532,7 @@ def test_a_capped_tree_drops_states_without_pressure_but_only_on_sglangs_record(
     dropped by the cap on the next turn's insert, the pools far from full; the old oracle said
     "the pools never had to evict".  A capped tree may drop it, but only SGLang's record of that
     very state freed permits the miss."""
-    from conformance.token_digest import token_digest
+    from conformance.sglang_plugins.token_digest import token_digest
 
     freed = {"ev": "state_evicted", "len": 128, "key": token_digest(tuple(range(1000, 1128)))}
     assert "the pools never had to evict" in (_capped_follow_up(tmp_path, freed, cap=None) or "")  # no cap: the bound rules it out

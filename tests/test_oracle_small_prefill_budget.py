@@ -17,7 +17,7 @@ from conformance.checks.hit_bounds import StrategyGrid, chunked_prefill_stores, 
 
 from conformance.programs.evidence import COUNTERS, Evidence
 from conformance.programs.oracle import HitBook, Limits, Served
-from conformance.strategy import strategy_named
+from conformance.matrix.strategy import strategy_named
 
 EVICTIONS, CUTS = COUNTERS["evictions"], COUNTERS["prefill_cuts"]
 BUFFERED = StrategyGrid(64, 1, 256, strategy_named("extra_buffer"))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.matrix import load_matrix
-from conformance.outcomes import Outcomes, cell_of_nodeid, check_of
+from conformance.matrix.cells import load_matrix
+from conformance.report.outcomes import Outcomes, cell_of_nodeid, check_of
 
 STANDIN = Path(__file__).parent / "standins" / "server.py"
 SELECT = ("--models", "falcon-h1", "--strategies", "extra_buffer", "--page-sizes", "1")
@@ -103,15 +103,15 @@ def test_an_empty_selection_fails_the_run(pytester: pytest.Pytester) -> None:
 def test_cell_of_nodeid_takes_the_longest_id_on_separators() -> None:
     ids = [c.id for c in load_matrix().cells]
     lazy = "qwen3-next-80b-extra_buffer_lazy-p1-t256"
-    assert cell_of_nodeid(f"conformance/kl/test_kl.py::test_kl[{lazy}-lazy_alloc_fail-prefill_hit]", ids) == f"{lazy}-lazy_alloc_fail"
-    assert cell_of_nodeid(f"conformance/kl/test_kl.py::test_kl[{lazy}-prefill_hit]", ids) == lazy
+    assert cell_of_nodeid(f"conformance/suites/kl/test_kl.py::test_kl[{lazy}-lazy_alloc_fail-prefill_hit]", ids) == f"{lazy}-lazy_alloc_fail"
+    assert cell_of_nodeid(f"conformance/suites/kl/test_kl.py::test_kl[{lazy}-prefill_hit]", ids) == lazy
     assert cell_of_nodeid("tests/test_x.py::test_y", ids) is None
 
 
 def test_check_of_prefers_pool_then_check_markers_then_the_suite_folder() -> None:
-    assert check_of({"pool", "leaks"}, "conformance/leaks/test_pool_invariants.py::t") == "pool"
+    assert check_of({"pool", "leaks"}, "conformance/suites/leaks/test_pool_invariants.py::t") == "pool"
     assert check_of({"gsm8k"}, "x.py::t") == "gsm8k"
-    assert check_of(set(), "conformance/disagg/test_disagg.py::test_pd_gsm8k[c]") == "disagg"
+    assert check_of(set(), "conformance/suites/disagg/test_disagg.py::test_pd_gsm8k[c]") == "disagg"
     assert check_of(set(), "tests/test_x.py::t") == "test"
 
 

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance.history import default_venv_dir, ensure_venv, venv_env
+from conformance.commands.history import default_venv_dir, ensure_venv, venv_env
 from conformance.sglang_api.probes import Features
 from conformance.targets import sglang_cpu
 
@@ -64,6 +64,6 @@ def test_the_target_starts_a_paged_cell_under_the_interpreter_only_where_the_rel
 
 
 def _cell(page_size: int):
-    from conformance.matrix import load_matrix
+    from conformance.matrix.cells import load_matrix
 
     return next(c for c in load_matrix().select(target="sglang-cpu", tier="nightly") if c.page_size == page_size)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.targets.disagg import LAZY_REFUSAL, not_applicable, pd_launch_refusal
 
 #: SGLang 0.5.23's refusal as its PD decode server logs it (arg_groups/mamba_hook.py).

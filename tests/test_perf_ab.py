@@ -15,8 +15,8 @@ import pytest
 
 from conformance.checks.perf_ab import ALPHA, MIN_PAIRS, PairTiming, ab_verdict
 from conformance.errors import KitError
-from conformance.faults import PAIRED_AB, SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV
-from conformance.perf import ab
+from conformance.matrix.faults import PAIRED_AB, SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV
+from conformance.suites.perf import ab
 from conformance.report.perf import DEFAULT_THRESHOLDS
 from conformance.sglang_plugins.faults import catalogue
 from conformance.sglang_plugins.faults import step_slowdown as slowdown
@@ -191,9 +191,9 @@ def test_step_slowdown_slows_the_graded_side_of_a_real_sglang_pair(tmp_path: Pat
     same pair is not flagged at the stated rate's test."""
     from sglang_cpu_probes import require_sglang
 
-    from conformance.matrix import load_matrix
-    from conformance.options import resolve
-    from conformance.suites import vocab_size
+    from conformance.matrix.cells import load_matrix
+    from conformance.session.options import resolve
+    from conformance.session.suite_support import vocab_size
     from conformance.targets import preimport
 
     require_sglang()
@@ -256,7 +256,7 @@ def test_a_fault_run_puts_the_fault_on_the_drawn_side_only(monkeypatch: pytest.M
     monkeypatch.setenv(SGLANG_FAULT_ENV, "cow_skipped")  # a stray switch in the caller's environment
     monkeypatch.setenv(STEP_SLOWDOWN_ENV, "0.5")
     monkeypatch.setattr(ab, "started_pair", fake_pair)
-    monkeypatch.setattr("conformance.suites.vocab_size", lambda endpoint: 100)
+    monkeypatch.setattr("conformance.session.suite_support.vocab_size", lambda endpoint: 100)
 
     def fake_measure(a, b, plan, *, vocab_size, seed, **_):
         slow = {"a": 1.0, "b": 1.0, **{side: 1.3 for side, env in seen[-1].items() if env[SGLANG_FAULT_ENV]}}
@@ -361,7 +361,7 @@ def test_a_crossover_moves_the_grade_before_each_measured_pair(monkeypatch: pyte
 
     monkeypatch.setattr(ab, "graded_pair", fake_pair)
     monkeypatch.setattr(ab, "stream_one", fake_stream)
-    monkeypatch.setattr("conformance.suites.vocab_size", lambda endpoint: 100)
+    monkeypatch.setattr("conformance.session.suite_support.vocab_size", lambda endpoint: 100)
     plan = ab.AbPlan(pairs=20, warmup=2)
     runs = list(ab.graded_runs(None, None, grades=[0.2], repeats=1, plan=plan, alpha=ALPHA, seed=3, work_dir=tmp_path))
     assert len(runs) == 1 and runs[0].slowed == ab.CROSSOVER and runs[0].verdict.flagged and runs[0].right

@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from conformance.perf import quiet
+from conformance.suites.perf import quiet
 
 
 def _hold(folder: str, exclusive: bool, hold_s: float, log: str, name: str, wait_s: float = 30.0) -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.commands.selection import suites_for as _suites
-from conformance.perf.selection import SUITE_DIR, asked_for, not_selected
+from conformance.suites.perf.selection import SUITE_DIR, asked_for, not_selected
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def _collect(*args: str) -> str:
 
 
 def test_pytest_deselects_perf_in_premerge_and_collects_it_in_standard() -> None:
-    premerge = _collect("conformance/perf", "conformance/kl", "--target", "sglang-cpu", "--tier", "premerge", "-m", "not pool")
+    premerge = _collect("conformance/suites/perf", "conformance/suites/kl", "--target", "sglang-cpu", "--tier", "premerge", "-m", "not pool")
     assert "test_perf[" in premerge  # a path inside the suite asks for it
     whole = _collect("conformance", "--target", "sglang-cpu", "--tier", "premerge", "-m", "not pool", "-k", "test_perf")
     assert "test_perf[" not in whole and "deselected" in whole

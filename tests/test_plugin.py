@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 
 STANDIN = Path(__file__).parent / "standins" / "server.py"
 REFERENCE_CELLS = load_matrix().select(target="reference", tier="standard")

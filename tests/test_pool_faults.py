@@ -4,7 +4,7 @@ In process: each fault of ``conformance.mutants.pool_faults`` is installed with 
 and the pool suite's own pieces (state machine without shrinking, scenarios) are run on
 the premerge pool keys of the strategies the fault applies to; at least one must fail,
 and a state-machine failure must carry hypothesis's step sequence.  End to end: one fault is loaded
-as a pytest plugin into a subprocess run of ``conformance/leaks/test_pool_invariants.py``,
+as a pytest plugin into a subprocess run of ``conformance/suites/leaks/test_pool_invariants.py``,
 which must fail and print the falsifying steps.
 """
 
@@ -82,7 +82,7 @@ def test_fault_plugin_fails_the_suite_with_shrunk_steps(tmp_path):
     sglang_api.require()
     env = dict(os.environ, HYBRID_CONFORMANCE_FAULT="mamba_double_free", HYBRID_CONFORMANCE_POOL_EXAMPLES="10")
     cmd = [
-        sys.executable, "-m", "pytest", str(ROOT / "conformance/leaks/test_pool_invariants.py"), "-p",
+        sys.executable, "-m", "pytest", str(ROOT / "conformance/suites/leaks/test_pool_invariants.py"), "-p",
         "conformance.mutants.pool_faults", "-x", "-k", "test_pool_machine and no_buffer and qwen3",
         "--tier", "premerge", "-p", "no:cacheprovider",
     ]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance import preflight
+from conformance.session import preflight
 from conformance.errors import KitError
-from conformance.matrix import load_matrix
-from conformance.preflight import Request, check_gsm8k, gpu_line, run_preflight, sglang_line
+from conformance.matrix.cells import load_matrix
+from conformance.session.preflight import Request, check_gsm8k, gpu_line, run_preflight, sglang_line
 from conformance.targets import sglang as sglang_target
 
 GSM8K = Path(os.environ.get("HYBRID_CONFORMANCE_GSM8K_DIR") or Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k")
@@ -194,7 +194,7 @@ def test_pytest_path_fails_tests_at_setup_in_one_line_without_launching(pytester
 
 
 def test_pd_line_names_the_transport_or_sglangs_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
-    from conformance.preflight import pd_transport_line
+    from conformance.session.preflight import pd_transport_line
 
     cpu = tuple(MATRIX.select(target="sglang-cpu", models=["qwen3-next"], tier="premerge"))
     monkeypatch.setattr(preflight, "probe_sglang", lambda: {"pd_transfer_refusal": None})

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conformance.errors import KitError, ServerStartError
-from conformance.faults import SGLANG_FAULT_ENV
+from conformance.matrix.faults import SGLANG_FAULT_ENV
 from conformance.targets import preimport
 from conformance.targets.launcher import ServerProcess, free_port
 

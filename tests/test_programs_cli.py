@@ -15,7 +15,7 @@ import pytest
 from conformance.programs.explore import Exploration, Finding
 from conformance.programs.program import Program
 from conformance.programs.runner import ProgramFailure, RunStats
-from conformance.programs.test_programs import programs_verdict
+from conformance.suites.programs.test_programs import programs_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "fuzzing.md"
@@ -198,7 +198,7 @@ def test_the_strict_off_rerun_of_an_option_fault_selects_its_own_cell() -> None:
     matches"); without the matrix's overlay the same selection is empty (not vacuous)."""
     import dataclasses
 
-    from conformance.matrix import load_matrix
+    from conformance.matrix.cells import load_matrix
     from conformance.mutants import catalogue, power
 
     plan = catalogue.sglang_cpu_plans(("pressure_evict_slot_still_cached",))["pressure_evict_slot_still_cached"]
@@ -220,7 +220,7 @@ def test_a_start_up_death_is_measured_again_with_sglangs_strict_check_off(tmp_pa
 
     from rich.console import Console
 
-    from conformance.matrix import load_matrix
+    from conformance.matrix.cells import load_matrix
     from conformance.mutants import catalogue, power
     from conformance.mutants.runs import Outcome
 

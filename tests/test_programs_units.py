@@ -23,7 +23,7 @@ from conformance.programs.oracle import (
 from conformance.programs.program import After, Burst, Gate, Options, Program, Root, Send, Stop, Turn, load_program, program_from_json
 from conformance.programs.resolve import cut_position
 from conformance.programs.strategies import GenSpec, programs
-from conformance.strategy import strategy_named
+from conformance.matrix.strategy import strategy_named
 
 SPEC = GenSpec(vocab_size=500, chunk=64, checkpoint_grid=64, track_grid=256, page_size=1, context_len=4096)
 GRID = StrategyGrid(64, 1, 256, strategy_named("extra_buffer"))

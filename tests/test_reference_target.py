@@ -5,7 +5,7 @@ server-option and page-size cell of the standard tier)."""
 
 from __future__ import annotations
 
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.targets.reference import ReferenceTarget
 
 

@@ -12,7 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from conformance import matrix, options
+from conformance.matrix import cells as matrix
+
+from conformance.session import options
 from conformance.errors import KitError
 from conformance.targets.registry import POOL, TARGETS, target_for
 
@@ -93,7 +95,7 @@ COMPARISON = re.compile(r"""target\)?\s*(==|!=|\bnot in\b|\bin\b)\s*[(\[{]?\s*["
                         r"""|["'](reference|sglang-cpu|sglang|pool)["']\s*(==|!=)\s*[\w.]*target"""
                         r"""|\{\s*["'](reference|sglang-cpu|sglang|pool)["']\s*:[^}]*,\s*["'](reference|sglang-cpu|sglang|pool)["']\s*:""")
 #: Where names may be compared: the registry and the option parser.
-ALLOWED = {"conformance/targets/registry.py", "conformance/options.py"}
+ALLOWED = {"conformance/targets/registry.py", "conformance/session/options.py"}
 
 
 def test_the_comparison_pattern_sees_each_form() -> None:

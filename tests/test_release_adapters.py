@@ -221,7 +221,7 @@ def test_torch_factories_drop_pin_memory_only():
 
 
 def test_source_checkout_is_named_by_its_commit(tmp_path):
-    from conformance import sglang_source
+    from conformance.commands import sglang_source
 
     with pytest.raises(KitError, match="not an SGLang checkout"):
         sglang_source.checkout(tmp_path)
@@ -241,12 +241,12 @@ def test_source_checkout_is_named_by_its_commit(tmp_path):
 
 
 def test_report_versions_record_the_checkout(monkeypatch):
-    from conformance import preflight, sglang_source
+    from conformance.report import versions
 
-    monkeypatch.delenv(sglang_source.SOURCE_ENV, raising=False)
-    assert "sglang_commit" not in preflight.versions()
-    monkeypatch.setenv(sglang_source.SOURCE_ENV, "/src/sglang@0123456789abcdef")
-    v = preflight.versions()
+    monkeypatch.delenv(versions.SOURCE_ENV, raising=False)
+    assert "sglang_commit" not in versions.versions()
+    monkeypatch.setenv(versions.SOURCE_ENV, "/src/sglang@0123456789abcdef")
+    v = versions.versions()
     assert v["sglang_source"] == "/src/sglang" and v["sglang_commit"] == "0123456789abcdef"
 
 
@@ -262,12 +262,13 @@ def test_sglang_source_bad_path_is_one_line_through_the_console_script(verb, tmp
 def test_history_keeps_sglang_source_as_a_column_and_run_re_runs(monkeypatch, tmp_path):
     """history adds the checkout as a column (never re-runs itself in the checkout's venv);
     run/fuzz/mutants re-run in it."""
-    from conformance import cli, history
+    from conformance import cli
+    from conformance.commands import history
 
     seen = {}
     monkeypatch.setattr(history, "history", lambda releases, **k: seen.update(releases=releases, sources=k["sources"]) or ([], {}))
     monkeypatch.setattr(history, "rerun_in_source", lambda argv, path: seen.update(rerun=(argv, path)) or 0)
-    monkeypatch.setattr("conformance.sglang_source.checkout", lambda p: type("C", (), {"label": "src-x", "path": p, "commit": "c", "version": "v"})())
+    monkeypatch.setattr("conformance.commands.sglang_source.checkout", lambda p: type("C", (), {"label": "src-x", "path": p, "commit": "c", "version": "v"})())
     monkeypatch.chdir(tmp_path)
     assert cli.main(["history", "--releases", "0.5.23", "--sglang-source", "ck", "--checks", "validate"]) == 0
     assert seen == {"releases": ["0.5.23"], "sources": ["ck"]}

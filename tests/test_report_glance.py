@@ -16,8 +16,8 @@ from conformance.report import write_report
 from conformance.report.markdown import render_markdown
 from conformance.report.plots import kl_figure, segments
 from conformance.report.schema import build_report, key_numbers, load_report
-from conformance.runreport import merge_check
-from conformance.summary import print_summary
+from conformance.report.run_report import merge_check
+from conformance.report.summary import print_summary
 
 DATA = Path(__file__).parent / "data" / "reports"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.records import Verdict
 from conformance.report.schema import CHECK_METRICS, ReportError, build_report, dump_report, load_report, validate_report
 

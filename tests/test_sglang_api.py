@@ -168,7 +168,7 @@ def test_unusable_sglang_fails_when_the_pool_tier_was_asked_for(monkeypatch):
     monkeypatch.setattr(pool, "_API", None)
     monkeypatch.setattr(pool, "_ERROR", "sglang 0.5.11 is not importable (ImportError: x)")
     monkeypatch.delenv(pool.REQUIRE_ENV, raising=False)
-    from conformance.suites import pool_tier_asked
+    from conformance.session.suite_support import pool_tier_asked
 
     reference = SimpleNamespace(option=SimpleNamespace(target="reference", markexpr=""))
     with pytest.raises(pytest.skip.Exception, match="pool tier needs sglang: sglang 0.5.11"):
@@ -190,7 +190,7 @@ def test_pool_tier_on_an_unimportable_sglang_exits_non_zero_with_one_line(tmp_pa
     (stub / "__init__.py").write_text("raise ValueError(\"'qwen3_asr' is already used by a Transformers config, pick another name.\")\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
     env.pop("HYBRID_CONFORMANCE_REQUIRE_SGLANG", None)
-    base = [sys.executable, "-m", "pytest", str(ROOT / "conformance/leaks/test_pool_invariants.py"), "--tier", "premerge",
+    base = [sys.executable, "-m", "pytest", str(ROOT / "conformance/suites/leaks/test_pool_invariants.py"), "--tier", "premerge",
             "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-k", "branch_at_chunk_boundary and no_buffer", f"--report-dir={tmp_path / 'r'}"]
     explicit = subprocess.run(base + ["--target", "pool"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert explicit.returncode == 1, explicit.stdout[-2000:]
@@ -226,7 +226,7 @@ def test_probe_answers_are_kept_per_installation(monkeypatch, tmp_path):
 
 
 def test_probe_answers_are_asked_again_when_an_axis_asks_a_new_flag(monkeypatch, tmp_path):
-    """The parser flags asked come from conformance.axes: a kept answer that never asked a new
+    """The parser flags asked come from conformance.matrix.axes: a kept answer that never asked a new
     axis value's flag would call it unrecognized (it did, for --mamba-max-states-per-path)."""
     monkeypatch.setenv("HYBRID_CONFORMANCE_PROBE_CACHE", str(tmp_path))
     if probes._cache_file() is None:
@@ -239,7 +239,7 @@ def test_probe_answers_are_asked_again_when_an_axis_asks_a_new_flag(monkeypatch,
 def test_a_pool_run_that_ran_nothing_exits_non_zero(tmp_path):
     if not probes.probe().importable:
         pytest.skip("sglang not importable here")
-    argv = [sys.executable, "-m", "pytest", str(ROOT / "conformance/leaks/test_pool_invariants.py"), "--target", "pool",
+    argv = [sys.executable, "-m", "pytest", str(ROOT / "conformance/suites/leaks/test_pool_invariants.py"), "--target", "pool",
             "--tier", "premerge", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", f"--report-dir={tmp_path}",
             "-k", "test_pool_scenario and session_reuse and no_buffer"]  # a selection the kit never runs
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=900)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.plugin import Options
 from conformance.targets.serving import serve_cell
 

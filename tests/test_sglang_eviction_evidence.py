@@ -13,7 +13,7 @@ import pytest
 from sglang_cpu_probes import cell_for, probe_server, prompts, tail
 
 from conformance.programs.evidence import RequestLog
-from conformance.token_digest import token_digest
+from conformance.sglang_plugins.token_digest import token_digest
 from conformance.workloads.runners import cached_tokens, generate_tokens
 
 pytestmark = [pytest.mark.fault_probe, pytest.mark.timeout(900)]

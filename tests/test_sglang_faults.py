@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.sglang_plugins import activation
 from conformance.sglang_plugins.faults import catalogue, spec
 

@@ -20,7 +20,7 @@ from sglang_cpu_probes import probe_server
 
 from conformance.checks.host_tier import host_reload_verdict
 from conformance.checks.kl import kl_verdict
-from conformance.matrix import Cell, load_matrix
+from conformance.matrix.cells import Cell, load_matrix
 from conformance.sglang_plugins.faults.catalogue import HICACHE_FAULTS
 from conformance.workloads.host_tier import HostTierSizes, record_host_reload
 from conformance.workloads.idle import idle_probe

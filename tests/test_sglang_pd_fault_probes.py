@@ -77,7 +77,7 @@ def _decode_damage(tmp_path: Path, fault: str | None) -> dict[str, object]:
     report: its strict idle check stops a leaking server)."""
     from conformance.checks.transfer_failures import is_transfer_failure
     from conformance.errors import KitError
-    from conformance.faults import DISAGG_FAILURE_ENV
+    from conformance.matrix.faults import DISAGG_FAILURE_ENV
     from conformance.workloads.transfer_failures import record_transfer_failures
 
     prompts = token_prompts([40 + 9 * i for i in range(12)], vocab_size=1000, seed=28)

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("sglang", reason="sglang is not installed: run ci/setup-cpu.sh (the pool tier's install)")
 
-from conformance.matrix import load_matrix  # noqa: E402
+from conformance.matrix.cells import load_matrix  # noqa: E402
 from conformance.targets.sglang import SGLangTarget, detect_strategy_flag, strip_launcher, validate_server_args  # noqa: E402
 
 warnings.filterwarnings("ignore")

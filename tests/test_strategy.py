@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conformance.errors import KitError
-from conformance.grid import Grid
-from conformance.matrix import load_matrix
-from conformance.strategy import BASELINE, BUFFERED, LAZY, STRATEGIES, strategy_named
+from conformance.matrix.grid import Grid
+from conformance.matrix.cells import load_matrix
+from conformance.matrix.strategy import BASELINE, BUFFERED, LAZY, STRATEGIES, strategy_named
 
 NO, EXTRA, LAZY_S = (STRATEGIES[n] for n in ("no_buffer", "extra_buffer", "extra_buffer_lazy"))
 

@@ -14,7 +14,7 @@ from conformance.programs.oracle import HitBook, Limits, Served
 from conformance.programs.program import Options, Program, Root, Send, step_from_json
 from conformance.programs.resolve import Resolver
 from conformance.programs.strategies import GenSpec, programs
-from conformance.strategy import strategy_named
+from conformance.matrix.strategy import strategy_named
 
 BUFFERED = StrategyGrid(64, 1, 256, strategy_named("extra_buffer"))
 NO_BUFFER = StrategyGrid(64, 1, 256, strategy_named("no_buffer"))

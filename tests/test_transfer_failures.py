@@ -19,8 +19,8 @@ import pytest
 from conformance.checks.transfer_failures import transfer_failure_verdict
 from conformance.client import SGLangClient
 from conformance.errors import KitError
-from conformance.faults import DISAGG_FAILURE_ENV
-from conformance.matrix import load_matrix
+from conformance.matrix.faults import DISAGG_FAILURE_ENV
+from conformance.matrix.cells import load_matrix
 from conformance.recordings import TransferFailureRecording, TransferOutcome
 from conformance.workloads.transfer_failures import record_transfer_failures
 
@@ -162,11 +162,11 @@ def test_a_bad_pd_role_or_suite_in_the_matrix_is_one_line(tmp_path: Path) -> Non
 
 
 def test_only_the_disagg_suite_binds_the_transfer_fail_cells() -> None:
-    cmd = [sys.executable, "-m", "pytest", "conformance/disagg", "conformance/leaks", "--collect-only", "-q", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", "conformance/suites/disagg", "conformance/suites/leaks", "--collect-only", "-q", "-p", "no:cacheprovider",
            "--target", "sglang-cpu", "--tier", "standard", "--faults", "disagg_transfer_fail"]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120).stdout
     ids = [line for line in out.splitlines() if "::" in line and "disagg_transfer_fail]" in line]
-    assert ids and all(line.startswith("conformance/disagg/") for line in ids), out[-2000:]
+    assert ids and all(line.startswith("conformance/suites/disagg/") for line in ids), out[-2000:]
     assert sum("test_pd_transfer_failures[" in line for line in ids) == 2
     assert "test_leaks.py::test_load_returns_to_idle[no-cell-of-this-suite]" in out  # a stated skip, not an empty selection
 

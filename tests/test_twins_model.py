@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conformance.errors import KitError
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.reference.model import Twin, TwinState, known_twins, load_twin
 from conformance.reference.twin_metrics import path_error, random_prompt
 

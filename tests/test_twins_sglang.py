@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conformance.errors import KitError
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.reference import twins
 from conformance.reference.model import load_twin
 from conformance.reference.twin_sglang import mismatches, sglang_view

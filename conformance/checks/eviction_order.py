@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from conformance.records import Verdict
-from conformance.token_digest import token_digest
+from conformance.sglang_plugins.token_digest import token_digest
 
 CHECK = "eviction_order"
 #: SGLang's SLRU protected threshold (``SLRUStrategy(protected_threshold=2)``, the adapter's default).

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from conformance.checks.prefix_oracle import chunk_ends, decode_track_positions, floor_to, prefill_checkpoint_len
-from conformance.grid import Grid
-from conformance.strategy import Strategy, strategy_named
+from conformance.matrix.grid import Grid
+from conformance.matrix.strategy import Strategy, strategy_named
 
 Key = tuple[int, ...]
 
@@ -47,7 +47,7 @@ def _prefix(seq: Key, n: int) -> Prefix:
 
 @dataclass(frozen=True)
 class StrategyGrid(Grid):
-    """A cell's :class:`~conformance.grid.Grid` under its strategy, with what the judge needs
+    """A cell's :class:`~conformance.matrix.grid.Grid` under its strategy, with what the judge needs
     of its schedule (the lazy-alloc-fail fault, steps in flight)."""
 
     strategy: Strategy

@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 from conformance.recordings import IdleProbe, OccupancySample, SessionRecording
 from conformance.records import Verdict
 from conformance.server_log import last_crash
-from conformance.strategy import Strategy, strategy_named
+from conformance.matrix.strategy import Strategy, strategy_named
 
 CHECK = "leaks"
 MAMBA_GAUGE = "sglang:mamba_used_tokens"

@@ -1,7 +1,7 @@
 """Paired A/B perf verdict: is server B slower than server A, beyond chance?
 
 Input: paired timings -- the same fresh prompt sent to A and to B back to back, in a random
-order per pair (``conformance/perf/ab.py``) -- each side's TTFT, decode time per output
+order per pair (``conformance/suites/perf/ab.py``) -- each side's TTFT, decode time per output
 token and the CPU time its server's processes spent on the request.  For each metric the
 pair's log ratio ``log(B / A)`` is taken, and a one-sided Wilcoxon signed-rank test
 (``scipy.stats.wilcoxon``, ``alternative="greater"``) asks whether those ratios lean above 1.

@@ -4,7 +4,7 @@ validates it against the real ``UnifiedRadixCache``), the server-tier prefix-bra
 check and the reference engine.
 
 Grids (``chunk`` is SGLang's ``mamba_cache_chunk_size`` = max(model chunk, page); both
-are :class:`conformance.grid.Grid`'s)::
+are :class:`conformance.matrix.grid.Grid`'s)::
 
     checkpoint_grid = lcm(chunk, page_size)                    # prefill checkpoints
     track_grid      = lcm(checkpoint_grid, track_interval)     # decode tracks
@@ -61,8 +61,8 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from conformance.errors import KitError
-from conformance.grid import Grid
-from conformance.strategy import Strategy, strategy_named
+from conformance.matrix.grid import Grid
+from conformance.matrix.strategy import Strategy, strategy_named
 
 
 class OracleError(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from conformance.commands.run import cmd_run
-from conformance.options import PROGRAM_OPTIONS, forward
+from conformance.session.options import PROGRAM_OPTIONS, forward
 from conformance.programs.explore import parse_budget
 
 

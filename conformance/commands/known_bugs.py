@@ -16,11 +16,11 @@ import tempfile
 from pathlib import Path
 
 from conformance.errors import KitError
-from conformance.known_bugs import KnownBug, check_entries, installed_release, known_bugs_file, load
+from conformance.session.known_bugs import KnownBug, check_entries, installed_release, known_bugs_file, load
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from conformance.options import DTYPE, FUZZ_TARGET, LAUNCHER, MATRIX, TWINS, add_arguments as add_options
+    from conformance.session.options import DTYPE, FUZZ_TARGET, LAUNCHER, MATRIX, TWINS, add_arguments as add_options
     from conformance.programs.replay import REPLAY_TARGET
 
     add_options(p, (REPLAY_TARGET, DTYPE, MATRIX, LAUNCHER, TWINS), target=FUZZ_TARGET)

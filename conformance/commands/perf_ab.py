@@ -1,7 +1,7 @@
 """``hybrid-conformance perf-ab --target sglang-cpu``: the paired A/B perf mode.
 
 Two servers of one cell in one run, both with the seeded fault ``step_slowdown`` at grade 0
-(``conformance/perf/ab.py``); per repeat a fresh pair, then per grade one paired run that
+(``conformance/suites/perf/ab.py``); per repeat a fresh pair, then per grade one paired run that
 slows a randomly drawn side by that fraction of each model step and asks the paired test
 (``conformance/checks/perf_ab.py``) whether that side got slower.  Grade 0 is the clean pair.
 Prints one verdict line per run and the flagged count per grade; exit 0 when every verdict
@@ -30,8 +30,8 @@ AB_TARGETS = ("sglang-cpu",)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from conformance.checks.perf_ab import ALPHA
-    from conformance.options import DTYPE, LAUNCHER, MATRIX, TARGET, add_arguments as add_options
-    from conformance.perf.ab import AbPlan
+    from conformance.session.options import DTYPE, LAUNCHER, MATRIX, TARGET, add_arguments as add_options
+    from conformance.suites.perf.ab import AbPlan
     from conformance.targets.registry import target_help
 
     target = dataclasses.replace(TARGET, choices=AB_TARGETS, help=f"{target_help(AB_TARGETS)} (default: {{default}})")
@@ -49,10 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_perf_ab(args: argparse.Namespace) -> int:
     from conformance.checks.perf_ab import MIN_PAIRS
-    from conformance.matrix import load_matrix
-    from conformance.options import resolve
-    from conformance.perf.ab import AbPlan, fault_runs, graded_runs
-    from conformance.preflight import preflight_only
+    from conformance.matrix.cells import load_matrix
+    from conformance.session.options import resolve
+    from conformance.suites.perf.ab import AbPlan, fault_runs, graded_runs
+    from conformance.session.preflight import preflight_only
     from conformance.sglang_plugins.faults.step_slowdown import parse_grade
     from conformance.sglang_plugins.faults.spec import FaultInstallError
     from conformance.targets import preimport

@@ -12,7 +12,7 @@ from typing import Any
 
 from conformance.commands.selection import selected_cells
 from conformance.errors import KitError
-from conformance.matrix import Cell
+from conformance.matrix.cells import Cell
 from conformance.sglang_api.probes import probe
 from conformance.targets.disagg import not_applicable, pd_spec_for, validate_pd_spec
 from conformance.targets.registry import target_for

@@ -8,8 +8,8 @@ import argparse
 import sys
 
 from conformance.commands.selection import selected_cells, selection_text, suites_for, workers
-from conformance.matrix import Cell
-from conformance.preflight import Preflight, Request, run_preflight
+from conformance.matrix.cells import Cell
+from conformance.session.preflight import Preflight, Request, run_preflight
 
 
 def preflight_for(args: argparse.Namespace, cells: list[Cell], suites: list[str]) -> Preflight:

@@ -11,7 +11,7 @@ import hashlib
 
 from conformance.commands.selection import selected_cells
 from conformance.errors import KitError
-from conformance.matrix import Cell
+from conformance.matrix.cells import Cell
 
 
 def rotation_key(key: str) -> str:

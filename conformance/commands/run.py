@@ -14,23 +14,22 @@ import pytest
 
 from conformance.commands.preflight import preflight_for, refuse
 from conformance.commands.selection import selected_cells, suites_for, workers
-from conformance.matrix import Cell
-from conformance.options import forward
-from conformance.preflight import PREFLIGHT_FILE_ENV, preflight_only
-from conformance.progress import ProgressPlugin, wanted
+from conformance.matrix.cells import Cell
+from conformance.session.options import forward
+from conformance.report.run_report import PREFLIGHT_FILE_ENV
+from conformance.session.preflight import preflight_only
+from conformance.report.progress import ProgressPlugin, wanted
 from conformance.report import build_report, write_report
-from conformance.runreport import run_facts
-from conformance.summary import print_summary
+from conformance.report.run_report import run_facts
+from conformance.report.summary import print_summary
+from conformance.matrix.suites import suite
 from conformance.targets.registry import target_for
-
-PKG_DIR = Path(__file__).resolve().parents[1]
-
 
 def pytest_argv_for_run(args: argparse.Namespace) -> list[str]:
     suites = suites_for(args)
     selected_cells(args)  # validates the selection with one clear line
     report_dir = Path(args.report_dir)
-    argv = [str(PKG_DIR / s) for s in suites]
+    argv = [str(suite(s).path) for s in suites]
     argv += ["-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={report_dir / 'junit.xml'}", f"--report-dir={report_dir}"]
     argv += [f"--target={args.target}", f"--timeout={args.timeout}", *forward(args)]
     marks = [e for e in (args.markexpr, None if (args.with_pool or target_for(args.target).pool_only) else "not pool") if e]

@@ -6,23 +6,23 @@ import argparse
 import os
 
 from conformance.errors import KitError
-from conformance.matrix import DEFAULT_TIER, Cell, load_matrix
-from conformance.options import DEFAULT_SUITES, SUITES, csv, page_sizes
-from conformance.perf.selection import not_selected
+from conformance.matrix.cells import DEFAULT_TIER, Cell, load_matrix
+from conformance.session.options import csv, page_sizes
+from conformance.matrix.suites import DEFAULT as DEFAULT_SUITES, suite
+from conformance.suites.perf.selection import not_selected
 from conformance.targets.registry import target_for
 from conformance.targets.sglang import visible_gpus
 
 
 def suites_for(args: argparse.Namespace) -> list[str]:
     """``--suite``, else the default suites with the target's own first (perf: from the
-    standard tier up, see ``conformance.perf.selection.not_selected``)."""
+    standard tier up, see ``conformance.suites.perf.selection.not_selected``)."""
     tier, target = getattr(args, "tier", None) or DEFAULT_TIER, getattr(args, "target", "")
     own = target_for(target).suites if target else ()
     default = [*(s for s in own if s != "perf" or not not_selected(target, tier, asked=False)), *DEFAULT_SUITES]
     suites = list(csv(getattr(args, "suite", None)) or default)
     for s in suites:
-        if s not in SUITES:
-            raise KitError(f"--suite: unknown value {s!r}; allowed: {', '.join(SUITES)}")
+        suite(s)  # an unknown name is one line naming the allowed ones
     return suites
 
 

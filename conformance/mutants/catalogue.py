@@ -1,6 +1,6 @@
 """Which cells each seeded fault runs on, for ``hybrid-conformance mutants``.
 
-The faults themselves (:class:`conformance.faults.Fault` records: name, layer, the real
+The faults themselves (:class:`conformance.matrix.faults.Fault` records: name, layer, the real
 bug, where injected, what catches it) live with their layers:
 ``conformance/reference/faults.py`` (reference engine, env ``HYBRID_CONFORMANCE_FAULT``),
 ``conformance/mutants/pool_faults.py`` (monkeypatches of SGLang's real functions) and
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from conformance.errors import KitError
-from conformance.faults import FAULT_ENV, PAIRED_AB, PD_FAULT_ENV, SGLANG_FAULT_ENV, Fault
-from conformance.strategy import BASELINE, strategy_named
+from conformance.matrix.faults import FAULT_ENV, PAIRED_AB, PD_FAULT_ENV, SGLANG_FAULT_ENV, Fault
+from conformance.matrix.strategy import BASELINE, strategy_named
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class MutantPlan:
     models: str | None = None
     strategies: str | None = None
     page_sizes: str | None = None
-    server_options: str | None = None  # axis=value,... (conformance.axes): the cell's server options
+    server_options: str | None = None  # axis=value,... (conformance.matrix.axes): the cell's server options
     tier: str | None = "premerge"
     faults: str | None = "none"
     keyword: str | None = None
@@ -152,7 +152,7 @@ PAIRED_AB_KEY = "perf-ab"
 def paired_ab_plan(f: Fault) -> MutantPlan:
     """A fault the paired A/B sees: one pair of servers of its first premerge cell (its first
     model family and strategy, plain), the fault on one drawn side (``perf-ab --fault``)."""
-    from conformance.matrix import load_matrix
+    from conformance.matrix.cells import load_matrix
 
     cells = [c for c in load_matrix().cells if c.model.family == f.families[0] and c.strategy.name == f.strategies[0]
              and c.tier == "premerge" and not c.fault.injected and not c.options and c.cache_variant.name == "radix"]
@@ -165,7 +165,7 @@ def paired_ab_plan(f: Fault) -> MutantPlan:
 
 def _fault_tier(cell_fault: str) -> str:
     """The smallest tier of the matrix with a cell of the matrix fault ``cell_fault``."""
-    from conformance.matrix import TIERS, load_matrix
+    from conformance.matrix.cells import TIERS, load_matrix
 
     tiers = {c.tier for c in load_matrix().cells if c.fault.name == cell_fault}
     return next((t for t in TIERS if t in tiers), TIERS[0])
@@ -173,7 +173,7 @@ def _fault_tier(cell_fault: str) -> str:
 
 def at_defaults(f: Fault) -> bool:
     """The fault's server options are all its strategy's defaults (its cell is a plain one)."""
-    from conformance import axes
+    from conformance.matrix import axes
 
     return axes.all_default(f.options, strategy_named(f.strategies[0]))
 

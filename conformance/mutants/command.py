@@ -95,7 +95,7 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
         if len(not_applicable) == len(plans):
             raise KitError(f"mutants: no selected fault applies to the installed SGLang ({next(iter(not_applicable.values()))})")
         plans = sglang_cpu_plans(tuple(n for n in plans if n not in not_applicable))
-    from conformance.preflight import preflight_only
+    from conformance.session.preflight import preflight_only
 
     if preflight_only():  # what would run, and nothing else (the docs test's "as typed" mode)
         for name, plan in plans.items():

@@ -1,5 +1,5 @@
 """Render docs/faults.md from the fault records of every layer (reference engine, its PD
-roles, the pool tier, and real SGLang): one :class:`conformance.faults.Fault` each.
+roles, the pool tier, and real SGLang): one :class:`conformance.matrix.faults.Fault` each.
 
 ``python -m conformance.mutants.faults_doc > docs/faults.md``; a test keeps the file in
 step with the registries.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from conformance.faults import LAYERS, Fault
+from conformance.matrix.faults import LAYERS, Fault
 
 
 def all_faults() -> list[Fault]:

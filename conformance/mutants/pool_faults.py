@@ -3,7 +3,7 @@
 Each fault re-creates a known class of bug so the kit can show its pool tier catches it.
 Use as a pytest plugin: ``HYBRID_CONFORMANCE_FAULT=<name> pytest -p conformance.mutants.
 pool_faults ...`` (``FAULT_ENV`` is read in one place: :func:`selected_fault`), or in
-process with ``with apply(name): ...``.  ``FAULTS`` maps name -> :class:`conformance.faults.Fault`
+process with ``with apply(name): ...``.  ``FAULTS`` maps name -> :class:`conformance.matrix.faults.Fault`
 (layer ``pool``: description, real bug modelled, patch function, strategies it applies to).  A patch function takes the
 ``conformance.sglang_api.pool`` namespace (the req.kv driver's symbols) and a ``setattr``-like ``patch(obj, name, value)`` callable.
 """
@@ -17,11 +17,11 @@ from typing import Callable, Iterator
 import torch
 
 from conformance.errors import KitError
-from conformance.faults import FAULT_ENV, Fault, registry
-from conformance.strategy import BUFFERED, LAZY, NAMES
+from conformance.matrix.faults import FAULT_ENV, Fault, registry
+from conformance.matrix.strategy import BUFFERED, LAZY, NAMES
 
 #: What catches a pool fault: the first invariant of the pool suite that breaks.
-CAUGHT_AS = "a pool invariant of the pool suite (`conformance/leaks`, `-m pool`) fails"
+CAUGHT_AS = "a pool invariant of the pool suite (`conformance/suites/leaks`, `-m pool`) fails"
 
 
 def _pingpong_leak_on_finish(api, patch):

@@ -25,13 +25,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance.faults import FAULT_ENV, PAIRED_AB
+from conformance.matrix.faults import FAULT_ENV, PAIRED_AB
 from conformance.mutants.catalogue import MutantPlan
 from conformance.mutants.scoring import CAUGHT, category
+from conformance.matrix.suites import suite
 from conformance.targets.registry import target_for
-
-PKG = Path(__file__).resolve().parents[1]
-
 
 @dataclass
 class Outcome:
@@ -55,9 +53,9 @@ def fault_outcome(fault: str, by: list[str], seconds: float, code: int, *, fired
 def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
     argv = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *(["-x"] if plan.stop_at_first else [])]
     if target_for(plan).pool_only:
-        argv += [str(PKG / "leaks"), "--target", plan.target, "-m", "pool", "-p", "conformance.mutants.pool_faults"]
+        argv += [str(suite("leaks").path), "--target", plan.target, "-m", "pool", "-p", "conformance.mutants.pool_faults"]
     else:
-        argv += [str(PKG / s) for s in plan.suites]
+        argv += [str(suite(s).path) for s in plan.suites]
         argv += ["--target", plan.target, "-m", "not pool", f"--report-dir={report_dir}"]
     if plan.keyword:  # e.g. the one cell of a cache variant
         argv += ["-k", plan.keyword]

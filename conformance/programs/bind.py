@@ -19,15 +19,15 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from conformance import axes
+from conformance.matrix import axes
 from conformance.checks.differential import Tolerance
 from conformance.checks.hit_bounds import StrategyGrid
-from conformance.faults import FAULT_SWITCHES
-from conformance.matrix import CacheVariant, Cell, Fault
+from conformance.matrix.faults import FAULT_SWITCHES
+from conformance.matrix.cells import CacheVariant, Cell, Fault
 from conformance.programs.runner import Target
 from conformance.programs.strategies import GenSpec
-from conformance.strategy import BASELINE, STRATEGIES
-from conformance.suites import exact_mode, idle_deadline, lookahead, vocab_size
+from conformance.matrix.strategy import BASELINE, STRATEGIES
+from conformance.session.suite_support import exact_mode, idle_deadline, lookahead, vocab_size
 from conformance.targets.base import Endpoint
 
 COLD_VARIANT = CacheVariant("cold", "radix cache disabled: the programs' cache-off twin", ("--disable-radix-cache",))

@@ -220,7 +220,7 @@ def pytest_configure_node(node: Any) -> None:
         return
     broker = config.stash.get(_BROKER, None)
     if broker is None:
-        from conformance.run_state import run_state
+        from conformance.session.run_state import run_state
 
         options = run_state(config).options
         factory = getattr(config, "_tmp_path_factory", None)

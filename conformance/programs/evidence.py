@@ -15,7 +15,7 @@ places each eviction walk among the prefills, which orders an eviction after a s
 client's clock cannot place (a burst member's).  Per node (every release 0.5.11 on, where
 the plugin's start line says ``state_evictions``): which mamba states
 SGLang's tree took and which of them an eviction step freed, each named by its prefix's
-length and digest (``conformance/token_digest.py``), so "was THIS stored prefix evicted"
+length and digest (``conformance/sglang_plugins/token_digest.py``), so "was THIS stored prefix evicted"
 has an answer (:meth:`RequestLog.state_evicted_between`), not only "did any eviction run".
 Pure bookkeeping apart from :meth:`RequestLog.refresh` (a file read).
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from conformance.token_digest import token_digest
+from conformance.sglang_plugins.token_digest import token_digest
 
 #: evidence name -> the counter on /metrics it is read from
 COUNTERS: dict[str, str] = {

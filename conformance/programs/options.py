@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from conformance.errors import KitError
-from conformance.matrix import DEFAULT_TIER
-from conformance.options import PROGRAM_OPTIONS, add_pytest_options
+from conformance.matrix.cells import DEFAULT_TIER
+from conformance.session.options import PROGRAM_OPTIONS, add_pytest_options
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("hybrid-conformance programs", "hybrid-conformance: randomized request programs (-m programs)")
@@ -26,7 +26,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "programs: randomized request programs with a differential oracle (conformance/programs)")
     from conformance.programs.explore import parse_budget
 
     budget = config.getoption("--budget") or os.environ.get("HYBRID_CONFORMANCE_BUDGET")

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from conformance.errors import KitError
-from conformance.matrix import Cell, load_matrix
-from conformance.options import DTYPE, FUZZ_TARGET, GPUS, LAUNCHER, MATRIX, TARGET, TWINS, add_arguments as add_options
+from conformance.matrix.cells import Cell, load_matrix
+from conformance.session.options import DTYPE, FUZZ_TARGET, GPUS, LAUNCHER, MATRIX, TARGET, TWINS, add_arguments as add_options
 from conformance.programs.program import Program, load_program
 from conformance.targets.registry import TARGETS, target_help
 

@@ -63,7 +63,7 @@ class Target:
     requests: Any = None  # evidence.RequestLog: the server's per-request evidence (real SGLang), or None
     noise: dict[str, Any] = field(default_factory=dict)  # non-exact mode: the measured noise ``tol`` comes from (programs.noise)
     #: the server mixes prefill chunks into running decodes, only for requests without logprobs
-    #: (``conformance.axes.MIXED_BATCHES``): bursts then ask none, so their prefills mix
+    #: (``conformance.matrix.axes.MIXED_BATCHES``): bursts then ask none, so their prefills mix
     mixed: bool = False
 
 

@@ -44,8 +44,8 @@ class GenSpec:
     max_burst: int = 24
     pressure_new: int = 6  # a burst that decodes this long keeps more requests running than the mamba pool holds
     sessions: bool = True
-    streaming_sessions: bool = True  # the cell's server takes streaming sessions (conformance.axes)
-    reasoning_requests: bool = False  # the cell's server keeps only the prompt of a reasoning request (conformance.axes)
+    streaming_sessions: bool = True  # the cell's server takes streaming sessions (conformance.matrix.axes)
+    reasoning_requests: bool = False  # the cell's server keeps only the prompt of a reasoning request (conformance.matrix.axes)
 
     @property
     def max_root_len(self) -> int:

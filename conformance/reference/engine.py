@@ -21,14 +21,14 @@ from dataclasses import dataclass
 import torch
 
 from conformance.errors import KitError
-from conformance.grid import Grid
+from conformance.matrix.grid import Grid
 from conformance.reference.faults import FaultSwitch
 from conformance.reference.pools import MambaSlotPool, PoolCheck, RequestPool, TokenPool, check_pool, leak_message
 from conformance.reference.radix import RadixCache, Snapshot
 from conformance.reference.request import Req, check_finish, sample, top_entries
 from conformance.reference.sessions import SessionStore
 from conformance.reference.slots import SlotKeeper
-from conformance.strategy import BASELINE, NAMES, strategy_named
+from conformance.matrix.strategy import BASELINE, NAMES, strategy_named
 
 log = logging.getLogger("sglang.srt.managers.scheduler")
 STRATEGIES = NAMES

@@ -3,7 +3,7 @@
 Each fault models a real SGLang bug (or a plausible mutant of one) and is injected at one
 named hook in the engine (``engine.py``, ``slots.py``, ``radix.py``, ``sessions.py``); the hooks ask
 ``active(name)`` of the :class:`FaultSwitch` the engine was built with.  The records are
-:class:`conformance.faults.Fault` (layer ``reference``), with those of ``program_faults.py``.  The kit's checks
+:class:`conformance.matrix.faults.Fault` (layer ``reference``), with those of ``program_faults.py``.  The kit's checks
 must catch every fault over HTTP; ``docs/faults.md`` is generated from :data:`FAULTS`.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from conformance.errors import KitError
-from conformance.faults import FAULT_ENV, LAZY_ALLOC_FAIL_ENV, Fault, registry
+from conformance.matrix.faults import FAULT_ENV, LAZY_ALLOC_FAIL_ENV, Fault, registry
 from conformance.reference.program_faults import PROGRAM_FAULTS
 
 FAULTS: dict[str, Fault] = registry(

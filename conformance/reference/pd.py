@@ -38,7 +38,7 @@ from fastapi.responses import PlainTextResponse
 from starlette.requests import Request as StarletteRequest
 
 from conformance.errors import KitError
-from conformance.faults import FAULT_ENV, PD_FAULT_ENV, Fault, registry
+from conformance.matrix.faults import FAULT_ENV, PD_FAULT_ENV, Fault, registry
 from conformance.reference.engine import Engine
 from conformance.reference.faults import FaultSwitch
 from conformance.reference.http_common import BadRequest

@@ -11,7 +11,7 @@ a follow-up, or a streaming session continued after an aborted turn.  Registered
 
 from __future__ import annotations
 
-from conformance.faults import Fault, registry
+from conformance.matrix.faults import Fault, registry
 
 PROGRAM_FAULTS: dict[str, Fault] = registry(
     Fault(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.errors import KitError
-from conformance.strategy import strategy_named
+from conformance.matrix.strategy import strategy_named
 
 
 @dataclass(frozen=True)

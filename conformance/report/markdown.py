@@ -19,7 +19,7 @@ from conformance.report.schema import (
     variant_label,
     versions_line,
 )
-from conformance.strategy import NAMES as STRATEGY_ORDER
+from conformance.matrix.strategy import NAMES as STRATEGY_ORDER
 
 _BADGE = {"pass": "pass", "fail": "**FAIL**", "skip": "skip", "error": "**ERROR**"}
 _MARK = {"pass": "✓", "fail": "✗", "skip": "–", "error": "!"}

@@ -47,7 +47,7 @@ from conformance.sglang_api.pool_driver import (
 )
 from conformance.sglang_api.pool_runtime import PoolKey, legacy_argv
 from conformance.sglang_api.validate import as_cuda
-from conformance.strategy import strategy_named
+from conformance.matrix.strategy import strategy_named
 
 
 def import_symbols(features) -> SimpleNamespace:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conformance.errors import KitError
-from conformance.faults import LAZY_ALLOC_FAIL_ENV
-from conformance.strategy import strategy_named
+from conformance.matrix.faults import LAZY_ALLOC_FAIL_ENV
+from conformance.matrix.strategy import strategy_named
 
 GDN_FAMILIES = ("qwen3-next",)
 

@@ -20,8 +20,8 @@ import inspect
 import os
 from dataclasses import dataclass, fields
 
-from conformance import axes
-from conformance.strategy import LAZY
+from conformance.matrix import axes
+from conformance.matrix.strategy import LAZY
 
 NEW_STRATEGY_FLAG = "--mamba-radix-cache-strategy"
 OLD_STRATEGY_FLAG = "--mamba-scheduler-strategy"
@@ -126,7 +126,7 @@ class Features:
 
     def option_not_applicable(self, needs) -> str | None:
         """SGLang's own line for the first (flag, choice) of a cell's server-option axes
-        (``conformance.axes.needed``) this release's parser lacks (None: it has them all)."""
+        (``conformance.matrix.axes.needed``) this release's parser lacks (None: it has them all)."""
         if not self.importable:
             return None
         choices = dict(self.choices)
@@ -189,7 +189,7 @@ def _module(name: str):
 PARSER_FLAGS = tuple(dict.fromkeys((
     "--enable-hierarchical-cache", "--disaggregation-mode", "--mamba-track-interval", "--device",
     "--enable-streaming-session", "--sleep-on-idle",
-    # every flag a server-option axis value passes (conformance.axes)
+    # every flag a server-option axis value passes (conformance.matrix.axes)
     *(v.needs[0] for a in axes.AXES.values() for v in a.values.values() if v.needs),
 )))
 
@@ -422,7 +422,7 @@ def _cache_file():
     import tempfile
     from pathlib import Path
 
-    # the parser flags asked come from conformance.axes too: a new axis value probes again
+    # the parser flags asked come from conformance.matrix.axes too: a new axis value probes again
     parts = [Path(__file__).read_text(), *_fault_hook_targets(), *PARSER_FLAGS]
     for name in ("sglang", "transformers"):
         try:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.faults import SGLANG_FAULT_ENV as FAULT_ENV
+from conformance.matrix.faults import SGLANG_FAULT_ENV as FAULT_ENV
 
 CPU_ENV = "HYBRID_CONFORMANCE_SGLANG_CPU"
 OBSERVE_ENV = "HYBRID_CONFORMANCE_SGLANG_OBSERVE"

@@ -41,7 +41,7 @@ on :data:`LAZY_TARGET`: ``mamba_last_track_seqlen`` went from a length to None).
 
 Per-node eviction evidence (every release 0.5.11 on, both tree generations): an AROUND hook
 on each tree's insert records each mamba state the tree took (``state_stored``: the inserted
-prefix's length and :func:`conformance.token_digest.token_digest`, for an insert that did not
+prefix's length and :func:`conformance.sglang_plugins.token_digest.token_digest`, for an insert that did not
 find a state already there, ``mamba_exist`` False), and keeps which pool slot holds it; a hook
 on the place where the tree's removed states are seen records each such state
 (``state_evicted``, same length and digest); a hook on the tree's reset (a flush) forgets the
@@ -461,7 +461,7 @@ def _key_tokens(key: Any) -> list[int]:
 
 def _remember(value: Any, tokens: list[int]) -> None:
     """A mamba state the tree took: remember its slot(s) and record it."""
-    from conformance.token_digest import token_digest
+    from conformance.sglang_plugins.token_digest import token_digest
 
     stored = (len(tokens), token_digest(tokens))
     for slot in _slots(value):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from conformance.matrix import Cell
+from conformance.matrix.cells import Cell
 
 if TYPE_CHECKING:  # annotations only: a launch spec's makers need neither httpx nor the launcher
     from conformance.client import SGLangClient

@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 
 from conformance.client import SGLangClient
 from conformance.errors import KitError, PortTakenError
-from conformance.matrix import Cell
+from conformance.matrix.cells import Cell
 from conformance.targets.base import LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.plugin_proof import check_plugins

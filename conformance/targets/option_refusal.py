@@ -3,7 +3,7 @@
 Three answers, each ``na``:
 
 * before launch, the release's parser lacks a flag or a choice the cell's server-option axes
-  (``conformance.axes``) pass (``conformance.sglang_api.probes``: the parser's own
+  (``conformance.matrix.axes``) pass (``conformance.sglang_api.probes``: the parser's own
   ``invalid choice`` / ``unrecognized`` line);
 * at launch, SGLang refused the command while resolving its server arguments (a traceback
   through ``sglang/srt/arg_groups`` or ``server_args.py``, before any model loads): the
@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from conformance.axes import needed
-from conformance.matrix import Cell
+from conformance.matrix.axes import needed
+from conformance.matrix.cells import Cell
 
 #: Where SGLang resolves and validates its server arguments.
 _RESOLUTION_FRAMES = re.compile(r'File "[^"]*sglang/srt/(arg_groups/[^"]+|server_args\.py)"')

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Mapping, Sequence
 
 from conformance.errors import KitError
-from conformance.faults import FAULT_SWITCHES
+from conformance.matrix.faults import FAULT_SWITCHES
 from conformance.sglang_plugins.activation import REPORT_ENV
 from conformance.targets.reaper_client import pid_exists, register_with_reaper
 

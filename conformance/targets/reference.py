@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
-from conformance.faults import FAULT_ENV  # noqa: F401 - the fault env var the reference engine reads
-from conformance.matrix import Cell
+from conformance.matrix.faults import FAULT_ENV  # noqa: F401 - the fault env var the reference engine reads
+from conformance.matrix.cells import Cell
 from conformance.targets.base import LaunchSpec
 
 #: Advanced/testing: run another module or script as the reference server.

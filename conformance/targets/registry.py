@@ -6,7 +6,7 @@ object (``target_for(name)`` / ``TARGETS[name]``): how a cell's server is starte
 what preflight checks, which suites and checks apply, whether results are exact, the
 model it serves, how long its idle gauges take, which options ``run`` forwards to
 pytest, what the report records.  Adding a target is one entry here (and its name in
-``conformance.matrix.TARGETS``, which cells list).
+``conformance.matrix.cells.TARGETS``, which cells list).
 
 Dependency direction: this module imports the launch classes of its own package,
 ``matrix`` and ``errors``; front modules (cli, plugin, preflight, suites, ...) import it,
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from conformance.errors import KitError
-from conformance.matrix import TARGETS as TARGET_NAMES, Cell
+from conformance.matrix.cells import TARGETS as TARGET_NAMES, Cell
 from conformance.targets.base import ServerTarget
 from conformance.targets.reference import ReferenceTarget
 from conformance.targets.sglang import SGLangTarget
@@ -74,7 +74,7 @@ class Target:
     validates_commands: bool = False
     #: The target the agreement suite compares this one with (None: agreement n/a).
     agrees_with: str | None = None
-    #: Its own options (dests) that ``run`` forwards to pytest (``conformance.options.forward``).
+    #: Its own options (dests) that ``run`` forwards to pytest (``conformance.session.options.forward``).
     forwards: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ questions
@@ -141,9 +141,9 @@ _ALL = (
     Target("pool", "only the in-process pool tier", twins="never", pool_only=True, needs_sglang=True),
 )
 
-#: Every target by name, in ``conformance.matrix.TARGETS`` order.
+#: Every target by name, in ``conformance.matrix.cells.TARGETS`` order.
 TARGETS: dict[str, Target] = {t.name: t for t in _ALL}
-assert tuple(TARGETS) == TARGET_NAMES, "conformance.matrix.TARGETS and the registry list the same targets"
+assert tuple(TARGETS) == TARGET_NAMES, "conformance.matrix.cells.TARGETS and the registry list the same targets"
 #: The target that runs the in-process pool tier (tests marked ``pool`` bind to it whatever ``--target`` is).
 POOL = next(t for t in _ALL if t.pool_only)
 #: The targets where the perf suite runs by default (named in messages).

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from conformance.client import SGLangClient
 from conformance.errors import KitError, PortTakenError, ServerStartError
-from conformance.matrix import Cell
+from conformance.matrix.cells import Cell
 from conformance.targets.base import Endpoint, LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.plugin_proof import check_plugins, check_weights_loaded

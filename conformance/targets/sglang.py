@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from conformance import axes
+from conformance.matrix import axes
 from conformance.errors import KitError
-from conformance.matrix import FIXTURES_DIR, Cell
+from conformance.matrix.cells import FIXTURES_DIR, Cell
 from conformance.sglang_api.probes import NEW_STRATEGY_FLAG, OLD_STRATEGY_FLAG
 from conformance.sglang_api.validate import Validation, validate_args
 from conformance.targets.base import LaunchSpec
@@ -159,7 +159,7 @@ class SGLangTarget:
             "--host", "127.0.0.1",
             "--port", str(port),
         ]
-        args += axes.server_args(cell)  # overlap, streaming sessions, ... (conformance.axes)
+        args += axes.server_args(cell)  # overlap, streaming sessions, ... (conformance.matrix.axes)
         args += list(cell.cache_variant.args)
         args += list(self.extra_args)
         return args

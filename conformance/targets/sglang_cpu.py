@@ -23,8 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conformance import axes
-from conformance.matrix import Cell
+from conformance.matrix import axes
+from conformance.matrix.cells import Cell
 from conformance.sglang_plugins import activation
 from conformance.sglang_plugins.faults import fault_for_launch
 from conformance.targets.base import LaunchSpec
@@ -113,7 +113,7 @@ class SGLangCpuTarget:
         ]
         if HICACHE_FLAG in cell.cache_variant.args:
             args += list(HICACHE_CPU_ARGS)
-        # the pools' defaults here, unless the cell's pool axis sets them (conformance.axes)
+        # the pools' defaults here, unless the cell's pool axis sets them (conformance.matrix.axes)
         for flag, value in (("--max-total-tokens", MAX_TOTAL_TOKENS), ("--max-mamba-cache-size", self.max_mamba_cache_size)):
             if not axes.sets_flag(cell, flag):
                 args += [flag, str(value)]

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from conformance.recordings import OccupancySample
-from conformance.matrix import Cell
+from conformance.matrix.cells import Cell
 
 
 def sibling_key(cell: Cell, strategy: str, fault: str = "none") -> str:

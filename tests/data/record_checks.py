@@ -100,7 +100,7 @@ def _server(dtype: str, url: str | None) -> Iterator[Any]:
         with SGLangClient(url) as client:
             yield client
         return
-    from conformance.matrix import load_matrix
+    from conformance.matrix.cells import load_matrix
     from conformance.targets.serving import serve_cell
 
     cell = next(c for c in load_matrix().select(target="sglang-cpu", tier="nightly") if c.id == CELL_ID)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from conformance.faults import SGLANG_FAULT_ENV
+from conformance.matrix.faults import SGLANG_FAULT_ENV
 
 
 def install(name: str, role: str) -> dict[str, Any]:

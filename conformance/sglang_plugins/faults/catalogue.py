@@ -12,7 +12,7 @@ import functools
 import importlib
 
 from conformance.errors import KitError
-from conformance.faults import SGLANG_FAULT_ENV, Fault
+from conformance.matrix.faults import SGLANG_FAULT_ENV, Fault
 
 _PKG = "conformance.sglang_plugins.faults."
 #: In docs order: SGLang's known regressions first, then the bug classes.
@@ -42,7 +42,7 @@ FAULT_MODULES = (
     "stop_finish_key_short",
     "cut_batch_checkpoint_dropped",   # the oracle's per-request cut evidence (issue 26)
     "session_abort_continues",
-    # one per server-option axis (conformance.axes): shows only with its option on
+    # one per server-option axis (conformance.matrix.axes): shows only with its option on
     "mixed_chunk_track_dropped",
     "chunk_cut_key_past_checkpoint",
     "overlap_track_slot_reused",

@@ -1,7 +1,7 @@
 """How a seeded fault of real SGLang is declared, installed, and seen to fire.
 
 A fault module (one per fault, listed in ``catalogue.FAULT_MODULES``) exports ``FAULT``,
-a :class:`conformance.faults.Fault` of layer ``sglang`` made by :func:`sglang_fault`: the
+a :class:`conformance.matrix.faults.Fault` of layer ``sglang`` made by :func:`sglang_fault`: the
 real bug it models, the cells where it can show, and its :class:`Hook` records -- each a
 dotted SGLang symbol, a hook type of SGLang's ``HookRegistry``
 (``before``/``after``/``around``/``replace``) and the function.  Nothing
@@ -22,7 +22,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from conformance.faults import Fault
+from conformance.matrix.faults import Fault
 
 HOOK_TYPES = ("before", "after", "around", "replace")
 #: Firings written to the plugin report: the first ten, then every power of ten.
@@ -58,10 +58,10 @@ def sglang_fault(name: str, description: str, real_bug: str, observable: str, ho
     the cheapest such cell); ``suites``: the suites whose checks must catch it, first the one
     expected to; ``cell_fault``: the matrix fault of that cell when the fault
     needs one too (e.g. ``lazy_alloc_fail``: SGLang's own ``SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL``);
-    ``options``: the server-option axis values (``axis=value``, ``conformance.axes``) the fault
+    ``options``: the server-option axis values (``axis=value``, ``conformance.matrix.axes``) the fault
     only shows under (its cell sets them); ``cache_variant``: the matrix cache variant of its
     cell (``hicache``: SGLang's host tier); ``seen_by``: the check outside the suites that sees
-    it (``conformance.faults.SEEN_BY``), then scored through that.  Where it is injected is read off its hooks.
+    it (``conformance.matrix.faults.SEEN_BY``), then scored through that.  Where it is injected is read off its hooks.
     """
     return Fault(
         name, "sglang", description, real_bug, ", ".join(f"{h.target} ({h.how.upper()})" for h in hooks), observable,

@@ -10,7 +10,7 @@ grade.
 Models a small, uniform performance regression of the kind SGLang PR 20522 removed (a
 device-to-host copy per step; its author measured TTFT +6% by hand): the grade is "+X% of a
 step's work", so +5%, +10% and +20% are the sizes a paired A/B run must see
-(``conformance/perf/ab.py``, ``docs/perf.md``).  No correctness check can see it.
+(``conformance/suites/perf/ab.py``, ``docs/perf.md``).  No correctness check can see it.
 
 The grade comes from ``HYBRID_CONFORMANCE_STEP_SLOWDOWN`` in the server's environment: a
 fraction (``0.1`` = +10%), or ``@<file>`` holding one, read again whenever the file changes
@@ -28,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from conformance.faults import PAIRED_AB, STEP_SLOWDOWN_ENV as GRADE_ENV
+from conformance.matrix.faults import PAIRED_AB, STEP_SLOWDOWN_ENV as GRADE_ENV
 from conformance.sglang_plugins.faults.spec import FaultInstallError, Hook, fired, sglang_fault
 
 NAME = "step_slowdown"
@@ -92,7 +92,7 @@ FAULT = sglang_fault(
     "a small performance regression per step (class of SGLang PR 20522, whose device-to-host copy "
     "of mamba_track_mask cost TTFT +6%)",
     "TTFT and decode time of the slowed server against a clean one in the same run; the paired A/B "
-    "test (conformance/perf/ab.py) flags them, compare's thresholds do not",
+    "test (conformance/suites/perf/ab.py) flags them, compare's thresholds do not",
     (Hook(TARGET, "around", slow_step),),
     suites=(),
     seen_by=(PAIRED_AB,),

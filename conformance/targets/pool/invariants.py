@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 from conformance.sglang_api import state_marker
 from conformance.sglang_api.pool_base import record_slots
-from conformance.strategy import strategy_named
+from conformance.matrix.strategy import strategy_named
 
 
 class PoolInvariantError(AssertionError):

@@ -25,7 +25,7 @@ from typing import Callable
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.sglang_api import pool
 from conformance.sglang_api.pool_runtime import PoolKey
-from conformance.strategy import BUFFERED, LAZY, NAMES
+from conformance.matrix.strategy import BUFFERED, LAZY, NAMES
 from conformance.targets.pool import invariants
 from conformance.targets.pool.harness import PoolExhausted, PoolHarness, PoolSizes
 from conformance.targets.pool.machine import OracleMismatch, pool_machine

@@ -13,7 +13,7 @@ import copy
 import random
 from pathlib import Path
 
-from conformance.matrix import load_matrix
+from conformance.matrix.cells import load_matrix
 from conformance.records import Verdict
 from conformance.report.plots import wilson_interval
 from conformance.report.schema import build_report, dump_report, status_counts

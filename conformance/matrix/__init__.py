@@ -1,0 +1,1 @@
+"""The matrix and its records: cells, axes, strategies, grids, faults."""

@@ -1,0 +1,195 @@
+"""Known SGLang bugs as expectations (``fixtures/known_bugs.toml``), never as permissions.
+
+An entry is a finding a clean run on real SGLang reproduces and that was judged SGLang's
+fault (an answer that differs from the cache-off answer, a stored prefix not reused when
+nothing evicted it): the release range it holds for, the check that reports it, a regex
+of that check's failure line, a replay program file, the SGLang issue/PR.  The format is
+written down in ``docs/known-bugs.md``.
+
+* :func:`expect` -- a failing verdict that an entry in range matches keeps its status
+  ``fail`` and its numbers, gains ``details.known_bug`` and a reason that starts
+  "known SGLang bug, still present"; the test then xfails instead of failing (``suites.settle``),
+  so the run stays green on it and red on anything else.
+* :func:`check_entries` -- strict: every entry in range is replayed; one that no longer
+  reproduces is red ("remove or narrow the entry").  ``hybrid-conformance known-bugs``.
+
+Pure except :func:`load` (reads the file) and :func:`installed_release`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from conformance.errors import KitError
+from conformance.records import Verdict
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The file (override: ``HYBRID_CONFORMANCE_KNOWN_BUGS``).
+KNOWN_BUGS_ENV = "HYBRID_CONFORMANCE_KNOWN_BUGS"
+DEFAULT_FILE = ROOT / "fixtures" / "known_bugs.toml"
+STILL_PRESENT = "known SGLang bug, still present"
+NO_LONGER = "no longer reproduces: remove or narrow the entry"
+REQUIRED = ("id", "summary", "releases", "check", "match", "replay")
+OPTIONAL = ("issue", "pr", "cells", "targets")
+ID = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    id: str
+    summary: str
+    releases: str
+    check: str
+    match: str
+    replay: str
+    issue: str = ""
+    pr: str = ""
+    cells: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ("sglang-cpu",)
+
+    def in_range(self, release: str | None) -> bool:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import InvalidVersion, Version
+
+        if not release:
+            return False
+        try:
+            return Version(release) in SpecifierSet(self.releases)
+        except InvalidVersion:
+            return False
+
+    def applies(self, *, check: str, cell: str | None, target: str, release: str | None) -> bool:
+        return (check == self.check and target in self.targets and (not self.cells or cell in self.cells)
+                and self.in_range(release))
+
+    def matches(self, reason: str) -> bool:
+        return re.search(self.match, reason or "") is not None
+
+    def replay_path(self) -> Path:
+        p = Path(self.replay)
+        return p if p.is_absolute() else ROOT / p
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "summary": self.summary, "issue": self.issue, "pr": self.pr, "releases": self.releases,
+                "replay": self.replay, "status": STILL_PRESENT}
+
+
+def known_bugs_file() -> Path:
+    return Path(os.environ.get(KNOWN_BUGS_ENV) or DEFAULT_FILE)
+
+
+def _entry(raw: Any, where: str) -> KnownBug:
+    if not isinstance(raw, dict):
+        raise KitError(f"{where}: an entry must be a table ([[bug]])")
+    name = raw.get("id", "?")
+    for key in REQUIRED:
+        if not isinstance(raw.get(key), str) or not raw[key].strip():
+            raise KitError(f"{where}: bug {name!r} needs {key} = \"...\" (a non-empty string)")
+    unknown = sorted(set(raw) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        raise KitError(f"{where}: bug {name!r} has unknown field {unknown[0]!r}; known: {', '.join(REQUIRED + OPTIONAL)}")
+    if not ID.fullmatch(raw["id"]):
+        raise KitError(f"{where}: bug id {raw['id']!r} must be a slug of a-z, 0-9 and '-'")
+    try:
+        re.compile(raw["match"])
+    except re.error as e:
+        raise KitError(f"{where}: bug {name!r}: match is not a regular expression ({e})") from None
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        SpecifierSet(raw["releases"])
+    except InvalidSpecifier:
+        raise KitError(f"{where}: bug {name!r}: releases {raw['releases']!r} is not a version range like \">=0.5.20,<0.5.24\"") from None
+    lists = {}
+    for key in ("cells", "targets"):
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(x, str) for x in value)):
+            raise KitError(f"{where}: bug {name!r}: {key} must be a list of strings")
+        if value is not None:
+            lists[key] = tuple(value)
+    if "reference" in lists.get("targets", ()):
+        raise KitError(f"{where}: bug {name!r}: a reference-engine failure is a kit bug, not a known SGLang bug")
+    return KnownBug(**{k: raw[k] for k in REQUIRED}, issue=str(raw.get("issue", "")), pr=str(raw.get("pr", "")), **lists)
+
+
+def load(path: str | os.PathLike[str] | None = None) -> list[KnownBug]:
+    """The entries of the known-bugs file (none when it does not exist); KitError naming
+    the entry and field when it is malformed."""
+    p = Path(path) if path is not None else known_bugs_file()
+    if not p.exists():
+        return []
+    try:
+        raw = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise KitError(f"{p}: not valid TOML ({e})") from None
+    bugs = [_entry(b, str(p)) for b in raw.get("bug", [])]
+    seen: set[str] = set()
+    for b in bugs:
+        if b.id in seen:
+            raise KitError(f"{p}: bug id {b.id!r} appears twice")
+        seen.add(b.id)
+        if not b.replay_path().is_file():
+            raise KitError(f"{p}: bug {b.id!r}: replay file {b.replay} does not exist")
+    return bugs
+
+
+def installed_release() -> str | None:
+    from conformance.session.preflight import sglang_version
+
+    return sglang_version()
+
+
+def expect(verdict: Verdict, *, cell: str | None, target: str, release: str | None, bugs: Iterable[KnownBug] | None = None) -> Verdict:
+    """``verdict`` as the report files it: a failure an in-range entry matches is marked a
+    known SGLang bug, still present; anything else unchanged."""
+    if verdict.status != "fail":
+        return verdict
+    for bug in load() if bugs is None else bugs:
+        if bug.applies(check=verdict.check, cell=cell, target=target, release=release) and bug.matches(verdict.reason):
+            reason = f"{STILL_PRESENT} ({bug.id}{', ' + bug.issue if bug.issue else ''}): {verdict.reason}"
+            return dataclasses.replace(verdict, reason=reason, details={**verdict.details, "known_bug": bug.to_json()})
+    return verdict
+
+
+def is_known_bug(verdict: Verdict) -> bool:
+    return verdict.status == "fail" and "known_bug" in verdict.details
+
+
+@dataclass(frozen=True)
+class Replayed:
+    bug: KnownBug
+    reproduced: bool
+    line: str
+
+    @property
+    def ok(self) -> bool:
+        return self.reproduced
+
+
+def check_entries(bugs: Iterable[KnownBug], *, target: str, release: str | None,
+                  replay: Callable[[KnownBug], str | None]) -> list[Replayed]:
+    """Replay every entry in range for ``target``/``release``: ``replay(bug)`` returns the
+    failure line, or None when the program passed.  Strict: a pass, or a failure its
+    ``match`` does not explain, is not a reproduction."""
+    out = []
+    for bug in bugs:
+        if target not in bug.targets or not bug.in_range(release):
+            continue
+        line = replay(bug)
+        if line is None:
+            out.append(Replayed(bug, False, f"{bug.id}: {NO_LONGER} (the replay passed on sglang {release})"))
+        elif not bug.matches(line):
+            out.append(Replayed(bug, False, f"{bug.id}: the replay failed otherwise than the entry says ({line[:200]}): a different finding"))
+        else:
+            out.append(Replayed(bug, True, f"{bug.id}: {STILL_PRESENT} on sglang {release}"))
+    return out

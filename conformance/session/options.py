@@ -1,0 +1,215 @@
+"""One source of options: every selection and run option is declared here once, as an
+:class:`Option` record, and both fronts are generated from these records:
+
+* ``hybrid-conformance`` (``conformance.cli``) adds them to its verbs' argparse parsers
+  (:func:`add_arguments`), and ``run`` hands them on to pytest (:func:`forward`);
+* the pytest plugin (``conformance.plugin``, ``conformance.programs.options``) adds them
+  with ``addoption`` (:func:`add_pytest_options`) and resolves them (CLI > env > ini)
+  into the frozen :class:`Options` record the fixtures share (:func:`resolve`).
+
+A bad value is one :class:`~conformance.errors.KitError` line naming it and the allowed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from conformance.errors import KitError
+from conformance.matrix.cells import DEFAULT_TARGET, STRATEGIES, TARGETS, TIERS
+from conformance.matrix.suites import DEFAULT as DEFAULT_SUITES, NAMES as SUITES
+from conformance.targets.registry import TARGETS as TARGET_RECORDS, target_for, target_help
+
+DEFAULT_LAUNCHER = "python -m sglang.launch_server"
+#: ``hybrid-conformance mutants --target``: whose faults (the first is the default).
+MUTANT_TARGETS = ("reference", "pool", "sglang-cpu")
+#: ``hybrid-conformance fuzz``'s default target (``run``'s is ``conformance.matrix.cells.DEFAULT_TARGET``).
+FUZZ_TARGET = "reference"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option as both fronts declare it. ``{default}`` in ``help`` becomes the default
+    the front applies. ``forward``: how ``hybrid-conformance run`` hands it to pytest
+    (``"always"`` when given, ``"target"`` when the selected target uses it, None never)."""
+
+    flag: str
+    help: str
+    choices: tuple[str, ...] | None = None
+    type: Callable[[str], Any] | None = None
+    default: Any = None  # what the CLI fills in (the plugin leaves it None: env and ini may answer)
+    flag_only: bool = False  # a switch (store_true)
+    pytest: bool = True  # also a pytest option
+    cli: bool = True  # also a hybrid-conformance option
+    forward: str | None = "always"
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+TARGET = Option("--target", f"{target_help()} (default: {{default}})", choices=TARGETS, default=DEFAULT_TARGET, forward=None)
+MODELS = Option("--models", "comma list of model ids, families or twin names to run (default: all)")
+STRATEGIES_OPT = Option("--strategies", f"comma list of strategies ({', '.join(STRATEGIES)})")
+FAULTS = Option("--faults", "comma list of faults from the matrix (e.g. none,lazy_alloc_fail)")
+PAGE_SIZES = Option("--page-sizes", "comma list of page sizes")
+SERVER_OPTIONS = Option("--server-options", "comma list of axis=value server options (e.g. mixed_chunk=on; fixtures/matrix.toml [axes]): "
+                        "only cells whose options have these values (an axis a cell does not set is at its default; an axis named twice: either value)")
+TIER = Option("--tier", "premerge (fast subset) < standard (every twin x strategy + the lazy fault; default) < nightly (everything)", choices=TIERS)
+MATRIX = Option("--matrix", "matrix file (default: fixtures/matrix.toml)")
+LAUNCHER = Option("--sglang-launcher", f"the command that starts SGLang (default: {DEFAULT_LAUNCHER})", default=DEFAULT_LAUNCHER, forward="target")
+GPUS = Option("--gpus-per-worker", "GPUs each xdist worker owns; a cell needs tp_size <= this (default 1)", type=int, default=1, forward="target")
+TWINS = Option("--twins", "with --target sglang: serve the tiny twin folders instead of the HF models", flag_only=True, forward="target")
+DTYPE = Option("--dtype", "with --target sglang-cpu: SGLang's --dtype (default float32)", choices=("float32", "bfloat16"), forward="target")
+SUITE = Option("--suite", f"comma list of suites ({', '.join(SUITES)}; default: {', '.join(DEFAULT_SUITES)})", pytest=False, forward=None)
+GSM8K_DIR = Option("--gsm8k-dir", "local GSM8K folder (test.jsonl, train_first8.jsonl); else env HYBRID_CONFORMANCE_GSM8K_DIR")
+REPORT_DIR = Option("--report-dir", "write report.json, junit.xml, report.md/html here (default: {default})", forward=None)
+SERVER_LOG_DIR = Option("--server-log-dir", "per-cell server logs (default: <report-dir>/logs or a temp dir)", cli=False)
+
+#: What every verb that selects cells takes (``run``, ``preflight``, ``plan``, ``fuzz``).
+SELECTION = (TARGET, MODELS, STRATEGIES_OPT, FAULTS, PAGE_SIZES, SERVER_OPTIONS, TIER, MATRIX, LAUNCHER, GPUS, TWINS, DTYPE, SUITE)
+#: The plugin's options: the selection and where things go.
+PLUGIN_OPTIONS = (*(o for o in SELECTION if o.pytest), GSM8K_DIR, REPORT_DIR, SERVER_LOG_DIR)
+
+BUDGET = Option("--budget", "request programs per cell: ci (2 programs; a plain pytest run's default on the premerge tier), "
+                "standard (8 programs; its default above), premerge (25 s; fuzz's default), "
+                "nightly (600 s), a number of examples (40) or seconds (90s, 5m)")
+SEED = Option("--seed", "seed of the request-program generator (default 0): the same seed draws the same programs", type=int)
+PROGRAM_DB = Option("--program-db", "hypothesis database root for request programs (default .hypothesis/hybrid-conformance); one folder per target and cell")
+PROGRAM_FAILURES = Option("--program-failures", "where a failing program's replay file goes (default <report-dir>/programs, else ./program-failures)", cli=False)
+SHRINK = Option("--shrink-budget", "seconds of shrinking after a finding (default: the budget profile's)", type=float)
+TWIN_BROKER = Option("--twin-broker", "the cache-off twins of an enclosing run (``mutants`` passes its own; "
+                     "conformance/programs/cold_twins.py): <socket path>#<key hex>", cli=False)
+#: The request-program suite's options (``hybrid-conformance fuzz`` and ``-m programs``).
+PROGRAM_OPTIONS = (BUDGET, SEED, PROGRAM_DB, PROGRAM_FAILURES, SHRINK, TWIN_BROKER)
+
+
+# ------------------------------------------------------------------ the two fronts
+
+
+def _help(opt: Option, default: Any) -> str:
+    if default is None:  # nothing filled in: say nothing of a default
+        return opt.help.replace(" (default: {default})", "")
+    return opt.help.replace("{default}", str(default))
+
+
+def add_arguments(parser: argparse.ArgumentParser, options: Sequence[Option], **defaults: Any) -> None:
+    """The CLI side: ``options`` on a verb's parser; ``defaults`` (by dest) override a record's."""
+    for opt in options:
+        if not opt.cli:
+            continue
+        default = defaults.get(opt.dest, opt.default)
+        kw: dict[str, Any] = {"help": _help(opt, default)}
+        if opt.flag_only:
+            kw["action"] = "store_true"
+        else:
+            kw.update(default=default, choices=opt.choices, type=opt.type)
+        parser.add_argument(opt.flag, **kw)
+
+
+def add_pytest_options(group: Any, options: Sequence[Option]) -> None:
+    """The pytest side: ``options`` on a ``parser.getgroup(...)``; defaults stay None so the
+    environment and the ini file can answer (:func:`resolve`)."""
+    for opt in options:
+        if not opt.pytest:
+            continue
+        help_text = _help(opt, opt.default)
+        if opt.flag_only:
+            group.addoption(opt.flag, action="store_true", default=False, help=help_text)
+        else:
+            group.addoption(opt.flag, default=None, choices=opt.choices, type=opt.type, help=help_text)
+
+
+def forward(args: argparse.Namespace, options: Sequence[Option] = SELECTION + (GSM8K_DIR,)) -> list[str]:
+    """The options of a ``run`` command line as pytest takes them: the given ones, and the
+    target's own (``--sglang-launcher`` ...) when the selected target uses them."""
+    target = target_for(args.target)
+    out: list[str] = []
+    for opt in options:
+        if opt.forward == "target" and opt.dest not in target.forwards:
+            given = getattr(args, opt.dest, None)
+            if given not in (None, False, "", opt.default):
+                users = ", ".join(t.name for t in TARGET_RECORDS.values() if opt.dest in t.forwards)
+                raise KitError(f"{opt.flag} applies to --target {users}; the {target.name} target does not use it")
+            continue
+        if opt.forward is None:
+            continue
+        value = getattr(args, opt.dest, None)
+        if opt.flag_only:
+            out += [opt.flag] if value else []
+        elif value not in (None, ""):
+            out.append(f"{opt.flag}={value}")
+    return out
+
+
+# ------------------------------------------------------------------ resolution
+
+
+def csv(value: str | None) -> tuple[str, ...] | None:
+    """``"a, b,"`` -> ``("a", "b")``; nothing -> None."""
+    if value is None:
+        return None
+    items = tuple(v.strip() for v in value.split(",") if v.strip())
+    return items or None
+
+
+def page_sizes(value: str | None) -> tuple[int, ...] | None:
+    pages = csv(value)
+    try:
+        return tuple(int(p) for p in pages) if pages else None
+    except ValueError:
+        raise KitError(f"--page-sizes: expected integers, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Options:
+    """The run's resolved options, as the fixtures see them."""
+
+    target: str
+    models: tuple[str, ...] | None
+    strategies: tuple[str, ...] | None
+    faults: tuple[str, ...] | None
+    page_sizes: tuple[int, ...] | None
+    tier: str | None
+    matrix_path: str | None
+    report_dir: Path | None
+    log_dir: Path | None
+    sglang_launcher: str
+    gpus_per_worker: int
+    twins: bool
+    gsm8k_dir: str | None
+    dtype: str | None = None
+    server_options: tuple[str, ...] | None = None
+
+
+def resolve(opt: Callable[[str], Any], *, ini_target: str | None = None) -> Options:
+    """CLI (``opt``: the value of a flag) > env > ini, validated; a bad value is one KitError line."""
+    target = opt("--target") or os.environ.get("HYBRID_CONFORMANCE_TARGET") or ini_target or DEFAULT_TARGET
+    if target not in TARGETS:
+        raise KitError(f"--target: unknown value {target!r}; allowed: {', '.join(TARGETS)}")
+    strategies = csv(opt("--strategies"))
+    for s in strategies or ():
+        if s not in STRATEGIES:
+            raise KitError(f"--strategies: unknown value {s!r}; allowed: {', '.join(STRATEGIES)}")
+    report_dir = Path(opt("--report-dir")) if opt("--report-dir") else None
+    log_dir = Path(opt("--server-log-dir")) if opt("--server-log-dir") else (report_dir / "logs" if report_dir else None)
+    return Options(
+        target=target,
+        models=csv(opt("--models")),
+        strategies=strategies,
+        faults=csv(opt("--faults")),
+        page_sizes=page_sizes(opt("--page-sizes")),
+        tier=opt("--tier"),
+        matrix_path=opt("--matrix"),
+        report_dir=report_dir,
+        log_dir=log_dir,
+        sglang_launcher=opt("--sglang-launcher") or os.environ.get("HYBRID_CONFORMANCE_SGLANG_LAUNCHER") or DEFAULT_LAUNCHER,
+        gpus_per_worker=opt("--gpus-per-worker") or 1,
+        twins=bool(opt("--twins")),
+        gsm8k_dir=opt("--gsm8k-dir") or os.environ.get("HYBRID_CONFORMANCE_GSM8K_DIR"),
+        dtype=opt("--dtype"),
+        server_options=csv(opt("--server-options")),
+    )

@@ -1,0 +1,97 @@
+"""Randomized request programs against each cell's server, judged after every step.
+
+``pytest conformance/programs -m programs --budget premerge --seed 0`` (or
+``hybrid-conformance fuzz``): per cell, hypothesis draws programs (``strategies``), each
+is played on the cell's one server (``endpoint``) and every answer is re-computed on the
+model's cache-off twin (``bind``).  A finding is shrunk, written as a replayable JSON
+file, and the test fails with the finding, the file and the one command that replays it.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future
+from typing import Any, Iterator
+
+import pytest
+
+from conformance.errors import KitError
+from conformance.programs.bind import FAULT_SWITCHES, gen_spec, restart_if_dead, target_for
+from conformance.programs.cold_twins import twins_for
+from conformance.programs.explore import cell_seed, Exploration, explore, failure_file, parse_budget, replay_command
+from conformance.programs.options import program_options
+from conformance.programs.runner import run_program
+from conformance.records import Verdict
+from conformance.session.suite_support import settle
+
+CHECK = "programs"
+pytestmark = [pytest.mark.programs]
+
+
+@pytest.fixture(scope="session")
+def cold_twins(pytestconfig: pytest.Config, conformance_options: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The run's cache-off twins: the xdist controller's, shared by every worker (``cold_twins``)."""
+    log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
+    twins = twins_for(pytestconfig, conformance_options, log_dir)
+    try:
+        yield twins
+    finally:
+        twins.close()
+
+
+@pytest.fixture(scope="session")
+def cold_start(cell: Any, cold_twins: Any) -> Future:
+    """Starts the cell's cache-off twin before ``endpoint`` boots (fixture order)."""
+    return cold_twins.start(cell)
+
+
+def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = "", replay: str = "", file: str = "", cold_twin: str = "",
+                     noise: dict[str, Any] | None = None) -> Verdict:
+    total = ex.total
+    metrics: dict[str, Any] = {
+        "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": total.requests, "hits": total.hits,
+        "hits_seen_stored": total.hits_seen_stored,
+        "compared_tokens": total.compared_tokens, "idle_checks": total.idle_checks, "restarts": ex.restarts, "seed": seed,
+        "max_logprob_gap": total.max_logprob_gap, "max_topk_kl": total.max_topk_kl, "max_flip_margin": total.max_flip_margin,
+        **{f"noise_{k}": v for k, v in (noise or {}).items()},  # non-exact mode: what the tolerance was measured from
+        "cold_s": round(total.cold_s, 1), "idle_s": round(total.idle_s, 1),
+        **{f"permitted_{k}": n for k, n in sorted(total.permissions.items())},
+    }
+    details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {})}
+    if ex.finding is not None:
+        f = ex.finding
+        metrics.update({"examples_to_failure": f.examples_to_failure, "seconds_to_failure": round(f.seconds_to_failure, 1),
+                        "shrink_runs": f.shrink_runs, "shrunk_steps": f.shrunk_steps})
+        details.update({"failure_file": file, "replay": replay, "program": f.program.summary().splitlines()})
+        return Verdict(CHECK, "fail", metrics, f"{failure}; replay: {replay}", details)
+    if ex.examples == 0:
+        return Verdict(CHECK, "fail", metrics, "no program ran within the budget: nothing was tested", details)
+    if total.requests == 0:
+        return Verdict(CHECK, "fail", metrics, "the programs sent no request the oracle could judge", details)
+    if total.compared_tokens == 0:
+        return Verdict(CHECK, "fail", metrics, f"the programs judged {total.requests} request(s) but compared no token with the cold computation: nothing was tested", details)
+    return Verdict(CHECK, "pass", metrics, "", details)
+
+
+def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: Any, pytestconfig: pytest.Config, conformance_options: Any) -> None:
+    opts = program_options(pytestconfig, conformance_options.report_dir)
+    budget = parse_budget(opts.budget, shrink_s=opts.shrink_s)
+    try:
+        cold = cold_start.result(timeout=900)
+    except KitError as e:
+        pytest.fail(f"cell {cell.id}: the cache-off twin did not start: {e}", pytrace=False)
+    target = target_for(endpoint, cold)
+    twin = f"{cold.base_url} pid {cold.pid}"  # the run's one twin for this cold cell (the report shows it is shared)
+    db = opts.db_root / endpoint.target / cell.id if opts.db_root else None
+    ex = explore(lambda p: run_program(p, target), gen_spec(endpoint, target), budget, seed=cell_seed(opts.seed, cell.id), db_dir=db,
+                 ensure_alive=lambda: restart_if_dead(endpoint))
+    failure = replay = path = ""
+    if ex.finding is not None:
+        env = {**cell.env, **{k: v for k, v in os.environ.items() if k in FAULT_SWITCHES and v}}
+        file = failure_file(ex.finding, out_dir=opts.failures_dir, cell=cell.describe(), env=env, target=endpoint.target,
+                            seed=opts.seed, budget=budget)
+        path, failure = str(file), ex.finding.failure.what
+        replay = replay_command(file, endpoint.target, getattr(conformance_options, "dtype", None))
+        restart_if_dead(endpoint)  # leave a serving server to the cell's other tests and its teardown check
+    settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path, cold_twin=twin, noise=target.noise)))
+
