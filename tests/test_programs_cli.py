@@ -22,7 +22,7 @@ DOC = ROOT / "docs" / "fuzzing.md"
 FILE = "tests/data/programs/underreport.json"
 
 FUZZ_REF = "hybrid-conformance fuzz --models qwen3-next --strategies extra_buffer --tier premerge --budget 4 --seed 0"
-PYTEST = "pytest conformance/programs -m programs --models qwen3-next --strategies no_buffer --tier premerge --budget 4 --seed 7"
+PYTEST = "pytest conformance/suites/programs -m programs --models qwen3-next --strategies no_buffer --tier premerge --budget 4 --seed 7"
 REPLAY = f"hybrid-conformance replay {FILE} --target reference"
 REPLAY_CLEAN = f"hybrid-conformance replay {FILE} --target reference --no-recorded-env"
 REPLAY_TWICE = f"hybrid-conformance replay {FILE} --target reference --repeat 2"

@@ -1,6 +1,6 @@
 """Randomized request programs against each cell's server, judged after every step.
 
-``pytest conformance/programs -m programs --budget premerge --seed 0`` (or
+``pytest conformance/suites/programs -m programs --budget premerge --seed 0`` (or
 ``hybrid-conformance fuzz``): per cell, hypothesis draws programs (``strategies``), each
 is played on the cell's one server (``endpoint``) and every answer is re-computed on the
 model's cache-off twin (``bind``).  A finding is shrunk, written as a replayable JSON
