@@ -89,10 +89,40 @@ def test_an_entry_that_stops_reproducing_is_red(tmp_path: Path) -> None:
     (ENTRY.replace("REPLAY", "/nonexistent/bug.json"), "does not exist"),
     (ENTRY + ENTRY, "appears twice"),
     ("[[bug]\n", "not valid TOML"),
+    # the facts that place an entry (docs/known-bugs.md is generated from them)
+    (ENTRY + 'measured = "0.5.21: FAIL"\n', "measured must be a list of strings"),
+    (ENTRY + 'measured = ["0.5.21 failed"]\n', "measured line '0.5.21 failed' must read"),
+    (ENTRY + 'measured = ["0.5.24: FAIL, cached_tokens 0"]\n', r"measured 0.5.24 FAIL lies outside releases .* \(widen the range\)"),
+    (ENTRY + 'measured = ["0.5.21: PASS"]\n', r"measured 0.5.21 PASS lies inside releases .* \(narrow the range\)"),
+    (ENTRY + 'seen_as = "request r1 differs from the cold computation"\n', "its match does not match its seen_as"),
+    (ENTRY + 'code_path = " "\n', "code_path must be a non-empty string"),
+    (ENTRY + 'variant_of = "nope"\n', "variant_of 'nope' must name another entry"),
+    (ENTRY + 'variant_of = "lost-prefix"\n', "variant_of 'lost-prefix' must name another entry"),
+    (ENTRY + ENTRY.replace("lost-prefix", "second") + 'variant_of = "lost-prefix"\n'
+     + ENTRY.replace("lost-prefix", "third") + 'variant_of = "second"\n', "bug 'third': variant_of 'second' must name"),
 ])
 def test_a_bad_known_bugs_file_is_one_line(tmp_path: Path, body: str, why: str) -> None:
-    with pytest.raises(KitError, match=why):
+    with pytest.raises(KitError, match=why) as e:
         load(_file(tmp_path, body))
+    assert "\n" not in str(e.value)
+
+
+FACTS = f'''code_path = "python/sglang/srt/mem_cache/unified_radix_cache.py: UnifiedRadixCache.match_prefix"
+seen_as = "{FAILURE}"
+measured = ["0.5.19: PASS", "0.5.22: FAIL, cached_tokens 0", "0.5.20: FAIL, cached_tokens 0", "0.5.24: PASS, 2 hits"]
+notes = ["a fact"]
+'''
+
+
+def test_the_facts_load_and_bracket_the_range(tmp_path: Path) -> None:
+    """The rules above are not vacuous: an entry whose facts agree with its range loads,
+    a variant of it too; first bad and first good come from what was measured."""
+    variant = ENTRY.replace("lost-prefix", "lost-prefix-kl") + 'variant_of = "lost-prefix"\n'
+    base, other = load(_file(tmp_path, ENTRY + FACTS + variant))
+    assert (base.first_bad, base.first_good) == ("0.5.20", "0.5.24")
+    assert [m.line() for m in base.measured][1] == "0.5.22: FAIL, cached_tokens 0" and base.notes == ("a fact",)
+    assert base.seen_as == FAILURE and base.matches(base.seen_as) and not base.variant_of
+    assert other.variant_of == "lost-prefix" and other.first_bad is None and other.first_good is None
 
 
 def test_the_command_plays_nothing_out_of_range_and_refuses_a_missing_file(tmp_path: Path) -> None:

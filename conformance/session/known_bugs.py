@@ -3,8 +3,10 @@
 An entry is a finding a clean run on real SGLang reproduces and that was judged SGLang's
 fault (an answer that differs from the cache-off answer, a stored prefix not reused when
 nothing evicted it): the release range it holds for, the check that reports it, a regex
-of that check's failure line, a replay program file, the SGLang issue/PR.  The format is
-written down in ``docs/known-bugs.md``.
+of that check's failure line, a replay program file, the SGLang issue/PR, and the facts
+that place it (the SGLang code, the failure line, what each release measured).  The format
+is written down in ``docs/known-bugs.md``, which is generated from the file
+(``conformance/session/known_bugs_doc.py``).
 
 * :func:`expect` -- a failing verdict that an entry in range matches keeps its status
   ``fail`` and its numbers, gains ``details.known_bug`` and a reason that starts
@@ -25,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from conformance.errors import KitError
 from conformance.records import Verdict
 
@@ -40,8 +45,33 @@ DEFAULT_FILE = ROOT / "fixtures" / "known_bugs.toml"
 STILL_PRESENT = "known SGLang bug, still present"
 NO_LONGER = "no longer reproduces: remove or narrow the entry"
 REQUIRED = ("id", "summary", "releases", "check", "match", "replay")
-OPTIONAL = ("issue", "pr", "cells", "targets")
+#: Facts that place an entry: the bug it is another sighting of, where SGLang holds it, the
+#: failure line, what each release measured, and notes (controls, what the fix changes).
+FACTS = ("variant_of", "code_path", "seen_as", "measured", "notes")
+OPTIONAL = ("issue", "pr", "cells", "targets", *FACTS)
 ID = re.compile(r"[a-z0-9][a-z0-9-]*")
+MEASURED = re.compile(r"(?P<release>\d+(?:\.\d+)+): (?P<result>FAIL|PASS)(?:, (?P<what>\S.*))?")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One release's measured outcome for an entry: ``"0.5.12: FAIL, <what was seen>"``."""
+
+    release: str
+    failed: bool
+    what: str = ""
+
+    @classmethod
+    def parse(cls, line: str) -> Measurement | None:
+        m = MEASURED.fullmatch(line.strip())
+        return m and cls(m["release"], m["result"] == "FAIL", m["what"] or "")
+
+    @property
+    def version(self) -> Version:
+        return Version(self.release)
+
+    def line(self) -> str:
+        return f"{self.release}: {'FAIL' if self.failed else 'PASS'}" + (f", {self.what}" if self.what else "")
 
 
 @dataclass(frozen=True)
@@ -56,11 +86,27 @@ class KnownBug:
     pr: str = ""
     cells: tuple[str, ...] = ()
     targets: tuple[str, ...] = ("sglang-cpu",)
+    variant_of: str = ""
+    code_path: str = ""
+    seen_as: str = ""
+    measured: tuple[Measurement, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def first_bad(self) -> str | None:
+        """The earliest release measured failing."""
+        bad = sorted((m for m in self.measured if m.failed), key=lambda m: m.version)
+        return bad[0].release if bad else None
+
+    @property
+    def first_good(self) -> str | None:
+        """The earliest release measured passing after :attr:`first_bad` (None: none measured)."""
+        if self.first_bad is None:
+            return None
+        good = sorted((m for m in self.measured if not m.failed and m.version > Version(self.first_bad)), key=lambda m: m.version)
+        return good[0].release if good else None
 
     def in_range(self, release: str | None) -> bool:
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import InvalidVersion, Version
-
         if not release:
             return False
         try:
@@ -104,14 +150,12 @@ def _entry(raw: Any, where: str) -> KnownBug:
         re.compile(raw["match"])
     except re.error as e:
         raise KitError(f"{where}: bug {name!r}: match is not a regular expression ({e})") from None
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
     try:
-        SpecifierSet(raw["releases"])
+        releases = SpecifierSet(raw["releases"])
     except InvalidSpecifier:
         raise KitError(f"{where}: bug {name!r}: releases {raw['releases']!r} is not a version range like \">=0.5.20,<0.5.24\"") from None
     lists = {}
-    for key in ("cells", "targets"):
+    for key in ("cells", "targets", "measured", "notes"):
         value = raw.get(key)
         if value is not None and (not isinstance(value, list) or not all(isinstance(x, str) for x in value)):
             raise KitError(f"{where}: bug {name!r}: {key} must be a list of strings")
@@ -119,7 +163,30 @@ def _entry(raw: Any, where: str) -> KnownBug:
             lists[key] = tuple(value)
     if "reference" in lists.get("targets", ()):
         raise KitError(f"{where}: bug {name!r}: a reference-engine failure is a kit bug, not a known SGLang bug")
-    return KnownBug(**{k: raw[k] for k in REQUIRED}, issue=str(raw.get("issue", "")), pr=str(raw.get("pr", "")), **lists)
+    texts = {}
+    for key in ("variant_of", "code_path", "seen_as"):
+        if key in raw and (not isinstance(raw[key], str) or not raw[key].strip()):
+            raise KitError(f"{where}: bug {name!r}: {key} must be a non-empty string")
+        if key in raw:
+            texts[key] = raw[key].strip()
+    if "seen_as" in texts and not re.search(raw["match"], texts["seen_as"]):
+        raise KitError(f"{where}: bug {name!r}: its match does not match its seen_as (the failure line the entry documents)")
+    lists["measured"] = tuple(_measurement(line, releases, where, name) for line in lists.get("measured", ()))
+    return KnownBug(**{k: raw[k] for k in REQUIRED}, issue=str(raw.get("issue", "")), pr=str(raw.get("pr", "")), **lists, **texts)
+
+
+def _measurement(line: str, releases: SpecifierSet, where: str, name: str) -> Measurement:
+    """One ``measured`` line, checked against the entry's range: a release measured failing
+    lies in it (else the range is too narrow), one measured passing outside it (else the
+    strict replay of that release would be red)."""
+    m = Measurement.parse(line)
+    if m is None:
+        raise KitError(f"{where}: bug {name!r}: measured line {line!r} must read \"<release>: FAIL|PASS[, what was seen]\"")
+    if m.failed != (m.version in releases):
+        fix = "widen the range" if m.failed else "narrow the range"
+        raise KitError(f"{where}: bug {name!r}: measured {m.release} {'FAIL' if m.failed else 'PASS'} lies "
+                       f"{'outside' if m.failed else 'inside'} releases {str(releases)!r} ({fix})")
+    return m
 
 
 def load(path: str | os.PathLike[str] | None = None) -> list[KnownBug]:
@@ -140,6 +207,10 @@ def load(path: str | os.PathLike[str] | None = None) -> list[KnownBug]:
         seen.add(b.id)
         if not b.replay_path().is_file():
             raise KitError(f"{p}: bug {b.id!r}: replay file {b.replay} does not exist")
+    bases = {b.id for b in bugs if not b.variant_of}
+    for b in bugs:
+        if b.variant_of and (b.variant_of == b.id or b.variant_of not in bases):
+            raise KitError(f"{p}: bug {b.id!r}: variant_of {b.variant_of!r} must name another entry of this file that is not itself a variant")
     return bugs
 
 
