@@ -34,7 +34,7 @@ def test_a_changed_file_leaves_the_page_stale(tmp_path: Path) -> None:
 def test_the_command_prints_the_page() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     out = subprocess.run([sys.executable, "-m", "conformance.session.known_bugs_doc"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0 and out.stdout == DOC.read_text(), out.stderr[-2000:]
 
 
@@ -43,7 +43,7 @@ def test_every_entry_states_its_facts_and_has_a_section() -> None:
     assert missing_facts(bugs) == []
     text = DOC.read_text()
     for b in bugs:
-        assert re.search(rf"^#{{3,4}} `{re.escape(b.id)}`$", text, re.M), b.id
+        assert re.search(rf"^#{{3,4}} `{re.escape(b.id)}`$", text, re.MULTILINE), b.id
     # not vacuous: an entry without its facts is named
     bare = dataclasses.replace(bugs[0], seen_as="", measured=(), code_path="")
     assert missing_facts([bare]) == [f"{bare.id}: no seen_as", f"{bare.id}: no release measured FAIL", f"{bare.id}: no code_path"]
@@ -55,6 +55,6 @@ def test_the_format_example_on_the_page_loads(tmp_path: Path) -> None:
     example = HEADER.split("```toml\n")[1].split("```")[0]
     (tmp_path / "bug.json").write_text(json.dumps({"version": 1, "forest": [], "steps": [], "cell": {"id": "x"}}))
     path = tmp_path / "known_bugs.toml"
-    path.write_text(re.sub(r'^replay = "[^"]*"', f'replay = "{tmp_path / "bug.json"}"', example, flags=re.M))
+    path.write_text(re.sub(r'^replay = "[^"]*"', f'replay = "{tmp_path / "bug.json"}"', example, flags=re.MULTILINE))
     (bug,) = load(path)
     assert bug.matches(bug.seen_as) and (bug.first_bad, bug.first_good) == ("0.5.20", "0.5.24")

@@ -120,9 +120,9 @@ def render(path: str | Path = DEFAULT_FILE) -> str:
     """The page for the known-bugs file at ``path`` (default: the repository's)."""
     bugs = load(path)
     bases = [b for b in bugs if not b.variant_of]
+    count = f"{len(bugs)} entries on {len(bases)} SGLang bugs"
     out = [HEADER.rstrip("\n"), "", "## The entries", "",
-           f"{len(bugs)} entries on {len(bases)} SGLang bugs; the variants of a bug (the same bug seen by "
-           "another check or program) follow it.", ""]
+           f"{count}; the variants of a bug (the same bug seen by another check or program) follow it.", ""]
     for base in bases:
         out += section(base)
         for variant in (b for b in bugs if b.variant_of == base.id):
