@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable
 
 from conformance.errors import KitError
 from conformance.records import Verdict
+from conformance.targets.registry import KIT_ENGINE_TARGETS
 
 try:
     import tomllib
@@ -117,7 +118,7 @@ def _entry(raw: Any, where: str) -> KnownBug:
             raise KitError(f"{where}: bug {name!r}: {key} must be a list of strings")
         if value is not None:
             lists[key] = tuple(value)
-    if "reference" in lists.get("targets", ()):
+    if set(lists.get("targets", ())) & set(KIT_ENGINE_TARGETS):
         raise KitError(f"{where}: bug {name!r}: a reference-engine failure is a kit bug, not a known SGLang bug")
     return KnownBug(**{k: raw[k] for k in REQUIRED}, issue=str(raw.get("issue", "")), pr=str(raw.get("pr", "")), **lists)
 

@@ -68,7 +68,7 @@ GPU_SIZES = Sizes(
 
 
 def on_cpu(endpoint: Any) -> bool:
-    return not target_for(endpoint).on_gpu
+    return target_for(endpoint).on_cpu()
 
 
 def sizes_for(endpoint: Any) -> Sizes:
@@ -125,7 +125,7 @@ def pool_tier_asked(config: Any) -> bool:
     expression): then an SGLang the pool tier cannot use fails the run instead of skipping."""
     markexpr = str(getattr(config.option, "markexpr", "") or "")
     target = getattr(config.option, "target", None)
-    return bool(target and target_for(target).pool_only) or "pool" in markexpr.replace("(", " ").replace(")", " ").split()
+    return bool(target and not target_for(target).serves_http()) or "pool" in markexpr.replace("(", " ").replace(")", " ").split()
 
 
 def no_prefill_stores(endpoint) -> str | None:
