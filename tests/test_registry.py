@@ -8,6 +8,7 @@ target names (both scanned in the AST, each rule shown failing on a seeded snipp
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -163,3 +164,182 @@ def test_no_target_name_comparison_outside_the_registry() -> None:
              for i, line in enumerate(p.read_text().splitlines(), 1) if COMPARISON.search(line)]
     assert not found, "\n".join(found)
 
+
+# ------------------------------------------------------------------ the AST rules
+#: The module that holds the ``Target`` records, and its names that give one.
+REGISTRY = "conformance.targets.registry"
+TARGET_GIVERS = {"target_for": "call", "TARGETS": "mapping", "_ALL": "mapping", "POOL": "record"}
+#: Where a module may ask a target's fields in a test: inside the targets package.
+BRANCHES_ALLOWED_UNDER = "conformance/targets/"
+#: Where target names may be listed: the registry, and the matrix's ``TARGETS`` it asserts against.
+LISTS_ALLOWED = {"conformance/targets/registry.py", "conformance/matrix/cells.py"}
+#: (module, constant) -> why a list that spells two target names there is not a list of targets.
+LISTS_EXEMPT = {
+    ("conformance/commands/history.py", "CHECKS"): "`history --checks` values (a CLI contract): check names, two of them "
+                                                   "named after the target their rows run",
+}
+
+
+def _tests(tree: ast.AST) -> list[ast.expr]:
+    """Every expression Python tests for truth: if/elif/while/assert tests, ternary tests,
+    comprehension conditions, the operands of ``and``/``or`` and of ``not``."""
+    out: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.IfExp, ast.While, ast.Assert)):
+            out.append(node.test)
+        elif isinstance(node, ast.comprehension):
+            out += node.ifs
+        elif isinstance(node, ast.BoolOp):
+            out += node.values
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            out.append(node.operand)
+    return out
+
+
+class _TargetExprs:
+    """Which expressions of one module hold a ``Target`` record: a call of the registry's
+    ``target_for``, an item of its ``TARGETS``, its ``POOL``, and the names a function binds to
+    those (assignment, a loop over ``TARGETS.values()``/``.items()``, a parameter annotated ``Target``)."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.local: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == REGISTRY:
+                self.local.update({a.asname or a.name: TARGET_GIVERS[a.name] for a in node.names if a.name in TARGET_GIVERS})
+
+    def holds(self, e: ast.expr, bound: set[str]) -> bool:
+        kind = self.local.get(e.func.id if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) else "")
+        if kind == "call":
+            return True
+        if isinstance(e, ast.Subscript) and isinstance(e.value, ast.Name) and self.local.get(e.value.id) == "mapping":
+            return True
+        if isinstance(e, ast.Name):
+            return e.id in bound or self.local.get(e.id) == "record"
+        return isinstance(e, ast.IfExp) and self.holds(e.body, bound) and self.holds(e.orelse, bound)
+
+    def iterates_records(self, it: ast.expr) -> bool:
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Attribute) and it.func.attr in ("values", "items"):
+            it = it.func.value
+        return isinstance(it, ast.Name) and self.local.get(it.id) == "mapping"
+
+    def bound_in(self, scope: ast.AST) -> set[str]:
+        bound: set[str] = set()
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            bound |= {a.arg for a in (*scope.args.args, *scope.args.kwonlyargs)
+                      if a.annotation is not None and ast.unparse(a.annotation).rsplit(".", 1)[-1].strip("'\"") == "Target"}
+        for _ in range(2):  # a name bound from a name bound earlier
+            for n in ast.walk(scope):
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and self.holds(n.value, bound):
+                    bound.add(n.targets[0].id)
+                if isinstance(n, (ast.For, ast.comprehension)) and self.iterates_records(n.iter):
+                    last = n.target.elts[-1] if isinstance(n.target, ast.Tuple) else n.target
+                    if isinstance(last, ast.Name):
+                        bound.add(last.id)
+        return bound
+
+
+def target_branches(source: str, path: str = "<snippet>") -> list[str]:
+    """``path:line: chain`` for every read of a ``Target`` record's field (or a field of its
+    records, ``target.engine.plugins``) inside a truth test; a call that answers
+    (``target.serves_http()``, ``target.engine.perf_label(...)``) is not a read."""
+    tree = ast.parse(source)
+    exprs = _TargetExprs(tree)
+    parent = {id(c): n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+    found = set()
+    for scope in [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))]:
+        bound = exprs.bound_in(scope)
+        for test in _tests(scope):
+            for a in ast.walk(test):
+                if not (isinstance(a, ast.Attribute) and exprs.holds(a.value, bound)):
+                    continue
+                top = a
+                while isinstance(parent.get(id(top)), ast.Attribute):
+                    top = parent[id(top)]
+                up = parent.get(id(top))
+                if not (isinstance(up, ast.Call) and up.func is top):
+                    found.add(f"{path}:{a.lineno}: {ast.unparse(top)}")
+    return sorted(found)
+
+
+def target_name_lists(source: str, path: str = "<snippet>") -> list[tuple[str, str | None]]:
+    """(``path:line: names``, the constant it is assigned to) for every tuple, list or set
+    literal with two or more different target-name strings, and every dict literal keyed by two or more."""
+    tree = ast.parse(source)
+    assigned = {id(n.value): n.targets[0].id for n in ast.walk(tree)
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
+    out = []
+    for node in ast.walk(tree):
+        items = node.keys if isinstance(node, ast.Dict) else node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else []
+        names = list(dict.fromkeys(e.value for e in items if isinstance(e, ast.Constant) and e.value in matrix.TARGETS))
+        if len(names) >= 2:
+            out.append((f"{path}:{node.lineno}: {', '.join(names)}", assigned.get(id(node))))
+    return out
+
+
+def _kit_modules() -> list[tuple[str, str]]:
+    return [(str(p.relative_to(ROOT)), p.read_text()) for p in sorted((ROOT / "conformance").rglob("*.py"))]
+
+
+def test_no_module_outside_the_targets_branches_on_a_targets_fields() -> None:
+    found = [f for rel, text in _kit_modules() if not rel.startswith(BRANCHES_ALLOWED_UNDER) for f in target_branches(text, rel)]
+    assert not found, "ask the target (a method on conformance.targets.registry.Target) instead of testing its fields:\n" + "\n".join(found)
+
+
+def test_the_branch_rule_sees_the_kit_ask_its_targets() -> None:
+    """Not vacuous on the tree: the scanner finds the modules that hold Target records."""
+    holders = [rel for rel, text in _kit_modules() if not rel.startswith(BRANCHES_ALLOWED_UNDER) and _TargetExprs(ast.parse(text)).local]
+    assert len(holders) >= 15, holders
+
+
+@pytest.mark.parametrize("snippet", [
+    "from conformance.targets.registry import target_for\nif target_for(o).server:\n    pass\n",
+    "from conformance.targets.registry import target_for as tf\ndef f(o):\n    t = tf(o)\n    return 1 if t.engine.plugins else 2\n",
+    "from conformance.targets.registry import TARGETS\nnames = [n for n, t in TARGETS.items() if t.faults]\n",
+    "from conformance.targets.registry import TARGETS\nok = TARGETS['sglang'].placement.cuda and 1\n",
+    "from conformance.targets.registry import POOL\nwhile not POOL.forwards:\n    break\n",
+    "from conformance.targets.registry import Target\ndef f(t: Target, dest):\n    assert dest in t.forwards\n",
+    "from conformance.targets.registry import POOL, target_for\ndef f(o, pool):\n    t = POOL if pool else target_for(o)\n    u = t\n    return [x for x in () if u.name == 'pool']\n",
+])
+def test_the_branch_rule_fails_on_a_seeded_branch(snippet: str) -> None:
+    assert target_branches(snippet), snippet
+
+
+@pytest.mark.parametrize("snippet", [
+    "from conformance.targets.registry import target_for\nif target_for(o).serves_http() and target_for(o).engine.plugin_log(p):\n    pass\n",
+    "from conformance.targets.registry import target_for\nflags = target_for(o).forwards\nif flags:\n    pass\n",  # data, then a test of a local
+    "from conformance.programs.bind import target_for\nif target_for(ep, cold).exact:\n    pass\n",  # another module's target_for
+    "def f(target):\n    if target.kit_plugins:\n        pass\n",  # nothing says it is a Target record
+])
+def test_the_branch_rule_passes_a_call_that_answers(snippet: str) -> None:
+    assert not target_branches(snippet), snippet
+
+
+def test_no_list_of_target_names_outside_the_registry() -> None:
+    found = [(where, const) for rel, text in _kit_modules() if rel not in LISTS_ALLOWED for where, const in target_name_lists(text, rel)
+             if (rel, const) not in LISTS_EXEMPT]
+    assert not found, "derive the list from conformance.targets.registry:\n" + "\n".join(where for where, _ in found)
+
+
+def test_every_exempt_list_is_still_there() -> None:
+    for rel, const in LISTS_EXEMPT:
+        assert const in {c for _, c in target_name_lists((ROOT / rel).read_text(), rel)}, (rel, const)
+
+
+@pytest.mark.parametrize("snippet", [
+    "MUTANT_TARGETS = ('reference', 'pool', 'sglang-cpu')\n",
+    "CATALOGUES = {'reference': 1, 'sglang-cpu': 2}\n",
+    "def f(t):\n    return t in ['sglang', 'sglang-cpu']\n",
+    "CHOICES = {'pool', 'reference', 'other'}\n",
+])
+def test_the_list_rule_fails_on_a_seeded_list(snippet: str) -> None:
+    assert target_name_lists(snippet), snippet
+
+
+@pytest.mark.parametrize("snippet", [
+    "AB_TARGETS = ('sglang-cpu',)\n",
+    "pairs = (('served', a), ('reference', b))\n",
+    "v = {'sglang': md.version('sglang'), 'torch': 1}\n",
+    "argv = ['pytest', '--target', 'pool', '-m', 'pool']\n",
+])
+def test_the_list_rule_passes_one_name_or_other_words(snippet: str) -> None:
+    assert not target_name_lists(snippet), snippet
