@@ -45,7 +45,7 @@ ANSWERS = {
 def test_each_target_answers_as_the_name_comparisons_did(name: str) -> None:
     t = TARGETS[name]
     got = (t.serves_twins(False), t.serves_twins(True), t.on_cpu(), t.exact_mode({"dtype": "float32"}), t.exact_mode({"dtype": "bfloat16"}),
-           t.idle_deadline_s, t.suites, t.runs_by_default("perf"))
+           t.engine.idle_deadline_s, t.suites, t.runs_by_default("perf"))
     assert got == ANSWERS[name]
 
 
@@ -63,7 +63,7 @@ FORMER_FLAGS = {
 @pytest.mark.parametrize("name", sorted(FORMER_FLAGS))
 def test_the_records_and_questions_answer_as_the_former_flags(name: str) -> None:
     t, needs = TARGETS[name], TARGETS[name].needs()
-    flags = (t.perf_label({}).endswith("(not SGLang; reports unknown version)"), needs.gpus, not t.serves_http(), needs.sglang, needs.probe,
+    flags = (t.engine.perf_label(name, {}).endswith("(not SGLang; reports unknown version)"), needs.gpus, not t.serves_http(), needs.sglang, needs.probe,
              t.loads_kit_plugins(), True,  # every target answered serves_pd (the GSM8K need of PD cells no longer asks it)
              needs.pd_transport, t.runs_by_default("perf"), t.replay_options("bfloat16") == " --dtype bfloat16", t.accepts(VALIDATE))
     assert (flags, (needs.sglang_flags, needs.pd_sglang_flags)) == FORMER_FLAGS[name]
@@ -99,8 +99,8 @@ def test_pd_answers() -> None:
 
 def test_lookahead_and_served_model() -> None:
     cell = matrix.load_matrix().select(target="sglang", models=["qwen3-next"], strategies=["extra_buffer"], tier="premerge")[0]
-    assert TARGETS["reference"].lookahead(cell, {}) == 0
-    assert TARGETS["sglang-cpu"].lookahead(cell, {"disable_overlap_schedule": False}) == 1
+    assert TARGETS["reference"].engine.lookahead(cell, {}) == 0
+    assert TARGETS["sglang-cpu"].engine.lookahead(cell, {"disable_overlap_schedule": False}) == 1
     assert TARGETS["sglang"].served_model(cell) == cell.model.hf_path and TARGETS["sglang"].served_model(cell, twins=True) == cell.model.twin
     assert TARGETS["pool"].served_model(cell) is None
 

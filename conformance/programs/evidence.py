@@ -225,7 +225,7 @@ def request_log(log_path: Path | None, *, target: str, attempts: int = 25, pause
     from conformance.errors import KitError
     from conformance.targets.registry import target_for
 
-    plugin_log = target_for(target).plugin_log(log_path)
+    plugin_log = target_for(target).engine.plugin_log(log_path)
     if plugin_log is None:
         return None
     log = RequestLog(plugin_log.with_suffix(REQUESTS_SUFFIX))

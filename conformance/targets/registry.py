@@ -277,27 +277,6 @@ class Target:
         """Deterministic: cached and cold runs must give the same tokens."""
         return self.exact == "always" or (self.exact == "float32" and str(info.get("dtype", "float32")) == "float32")
 
-    def lookahead(self, cell: Cell, info: Mapping[str, Any]) -> int:
-        """1 when the server overlaps scheduling (one step in flight), else 0."""
-        return self.engine.lookahead(cell, info)
-
-    def track_slot_overlap(self, cell: Cell, info: Mapping[str, Any]) -> bool:
-        """Whether the server's track-slot contract is SGLang's with the overlap scheduler on."""
-        return self.engine.track_slot_overlap(cell, info)
-
-    @property
-    def idle_deadline_s(self) -> float:
-        """How long idle gauges may take (:attr:`Engine.idle_deadline_s`)."""
-        return self.engine.idle_deadline_s
-
-    def plugin_log(self, log_path: Path | str | None) -> Path | None:
-        """The server log beside which the kit's plugins leave their records, or None."""
-        return self.engine.plugin_log(log_path)
-
-    def perf_label(self, info: Mapping[str, Any]) -> str:
-        """What served the cell, as the perf block names it."""
-        return self.engine.perf_label(self.name, info)
-
     def replay_options(self, dtype: str | None) -> str:
         """The target's own options a replay command carries (``--dtype`` unless float32)."""
         return f" --dtype {dtype}" if dtype and self.uses_option("dtype") and dtype != "float32" else ""

@@ -189,5 +189,5 @@ def record_perf(client: SGLangClient, plan: PerfPlan, *, vocab_size: int, engine
 def engine_label(target: str, info: dict[str, Any]) -> str:
     """What served the cell, as the perf block names it: SGLang (and its version), or the
     kit's own reference engine -- allowed, and labelled as not SGLang."""
-    return target_for(target).perf_label(info)
+    return target_for(target).engine.perf_label(target, info)
 

@@ -76,7 +76,7 @@ def test_kv_eviction_follows_the_policy(endpoint, record_verdict):
     lowest (per-node evidence from the observe plugin)."""
     if not axes.enabled(endpoint.cell, axes.EVICTION_ORDER):
         pytest.skip("eviction order: only on a cell with a modelled eviction policy or the small KV pool")
-    plugin_log = target_for(endpoint).plugin_log(endpoint.log_path)
+    plugin_log = target_for(endpoint).engine.plugin_log(endpoint.log_path)
     if plugin_log is None:
         pytest.skip("eviction order: needs the observe plugin's per-node eviction records (real SGLang)")
     kv = int(endpoint.info.get("max_total_num_tokens") or 0)
