@@ -21,8 +21,8 @@ from typing import Callable, Sequence
 
 from conformance import __version__
 from conformance.errors import KitError
-from conformance.session.options import FUZZ_TARGET, GSM8K_DIR, MUTANT_TARGETS, PROGRAM_OPTIONS, REPORT_DIR, SEED, SELECTION, SHRINK, add_arguments
-from conformance.targets.registry import target_for
+from conformance.session.options import GSM8K_DIR, PROGRAM_OPTIONS, REPORT_DIR, SEED, SELECTION, SHRINK, add_arguments
+from conformance.targets.registry import FUZZ_TARGET, HTTP_TARGETS, MUTANT_TARGETS, target_for
 
 
 class _Parser(argparse.ArgumentParser):
@@ -142,8 +142,9 @@ def cmd_mutants(args: argparse.Namespace) -> int:
         from conformance.programs.explore import parse_budget
 
         parse_budget(args.programs)  # one line before anything starts
-        if not target_for(args.target).serves_http:
-            raise KitError("--programs: the pool tier has no server for request programs; use --target reference or sglang-cpu")
+        if not target_for(args.target).serves_http():
+            served = " or ".join(t for t in MUTANT_TARGETS if t in HTTP_TARGETS)
+            raise KitError(f"--programs: the {args.target} tier has no server for request programs; use --target {served}")
     return run_mutants(target=args.target, only=args.only, report_dir=Path(args.report_dir), fast=args.fast,
                        programs=args.programs, seed=args.seed, programs_only=args.programs_only, shrink_s=args.shrink_budget)
 

@@ -35,7 +35,7 @@ from conformance.records import Verdict
 from conformance.session.cell_servers import CellServers
 from conformance.session.run_state import RUN_KEY, RunState, run_state
 from conformance.matrix.suites import SUITES, suite_of_module
-from conformance.targets.registry import POOL, target_for
+from conformance.targets.registry import POOL, Target, target_for
 
 #: The report hooks, perf selection and quiet mode, the request-program suite's options and marker, and its run-wide cache-off twins.
 pytest_plugins = ["conformance.session.report_hooks", "conformance.suites.perf.selection", "conformance.suites.perf.quiet", "conformance.programs.options",
@@ -60,10 +60,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pool: the in-process pool tier over SGLang's real memory classes")
     config.addinivalue_line("markers", "disagg_transfer_fail: PD cells with SGLANG_TEST_DISAGG_FAILURE_PROB on the decode server")
     config.addinivalue_line("markers", "release_range: runs hybrid-conformance history over SGLang releases in their own venvs (tests/test_release_range.py)")
-    if target_for(config.getoption("target", None) or DEFAULT_TARGET).pool_only:  # a pool run that ran nothing is not green
-        from conformance.targets.pool.gate import PoolGate
-
-        config.pluginmanager.register(PoolGate(), "hybrid-conformance-pool-gate")
+    for name, gate in target_for(config.getoption("target", None) or DEFAULT_TARGET).session_plugins().items():
+        config.pluginmanager.register(gate, name)  # e.g. the pool tier's: a pool run that ran nothing is not green
     for suite in SUITES.values():
         config.addinivalue_line("markers", f"{suite.name}: {suite.help}")
     for s in STRATEGIES:
@@ -139,7 +137,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """--target pool runs only the pool tier; server suites need a server target."""
     state = run_state(config)
-    pool_only = target_for(state.options).pool_only
+    pool_only = not target_for(state.options).serves_http()
     keep, drop = [], []
     for item in items:
         is_pool = item.get_closest_marker("pool") is not None
@@ -157,7 +155,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     o = run_state(config).options
     sel = ", ".join(f"{k}={v}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes), ("tier", o.tier)) if v)
     lines = [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
-    if target_for(o).pool_only:  # the release's feature probes, one line (conformance.sglang_api.probes)
+    if not target_for(o).serves_http():  # the pool tier: the release's feature probes, one line (conformance.sglang_api.probes)
         from conformance.sglang_api.probes import probe
 
         lines.append(f"hybrid-conformance: {probe().summary()}")
@@ -291,18 +289,12 @@ def _not_applicable(state: RunState, cell: Cell, reason: str) -> None:
     pytest.skip(f"{NOT_APPLICABLE_SKIP}{reason}")
 
 
-def _skip_if_options_not_applicable(state: RunState, cell: Cell, target: Any) -> None:
+def _skip_if_options_not_applicable(state: RunState, cell: Cell, target: Target) -> None:
     """``na`` before launch when the installed SGLang's parser lacks what the cell's
     server-option axes pass (its own line), or, on the CPU target, when the release gates
-    the cell's extra-buffer strategy on the device with nothing the kit's plugin answers."""
-    gated = target.kit_plugins and cell.strategy.has_buffer
-    if not target.probes_sglang or not (cell.options or gated):
-        return
-    from conformance.sglang_api.probes import probe
-    from conformance.targets.option_refusal import gate_refusal, probed_refusal
-
-    features = probe()
-    reason = probed_refusal(cell, features) or (gate_refusal(cell, features) if gated else None)
+    the cell's extra-buffer strategy on the device with nothing the kit's plugin answers
+    (``Target.option_refusal``)."""
+    reason = target.option_refusal(cell)
     if reason:
         _not_applicable(state, cell, reason)
 

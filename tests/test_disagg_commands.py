@@ -12,18 +12,15 @@ import pytest
 
 from conformance.errors import KitError
 from conformance.matrix.cells import load_matrix
-from conformance.targets.disagg import (
+from conformance.targets.disagg import not_applicable, pd_spec_for, validate_pd_spec, validate_router_argv
+from conformance.targets.pd_launch import (
     LAZY_REFUSAL,
     ROUTER_AS_IS_FLAGS,
     ROUTER_READY_PATH,
     ROUTER_LAUNCHER,
     PDPorts,
-    not_applicable,
-    pd_spec_for,
     reference_pd_spec,
     sglang_pd_spec,
-    validate_pd_spec,
-    validate_router_argv,
 )
 from conformance.targets.sglang import SGLangTarget
 
@@ -183,7 +180,7 @@ CPU_PORTS = PDPorts(prefill=30000, decode=30001, router=30100, bootstrap=8998, r
 
 def test_sglang_cpu_pd_commands_are_the_cells_cpu_command_plus_mooncake_over_tcp(sglang_parser):
     from conformance.sglang_plugins import activation
-    from conformance.targets.disagg import CPU_TRANSFER_ENV, transport
+    from conformance.targets.pd_launch import CPU_TRANSFER_ENV, transport
 
     cell = _cells("extra_buffer", "qwen3-next")[0]
     opts = SimpleNamespace(target="sglang-cpu", dtype="float32", twins=False)

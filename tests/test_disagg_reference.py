@@ -20,7 +20,8 @@ from conformance.errors import KitError, ServerStartError
 from conformance.matrix.cells import load_matrix
 from conformance.reference.faults import FAULT_ENV
 from conformance.reference.pd import PD_FAULT_ENV, PENDING_GAUGE, Shipment, pack, read_faults, unpack
-from conformance.targets.disagg import PDPorts, reference_pd_spec, serve_pd
+from conformance.targets.disagg import serve_pd
+from conformance.targets.pd_launch import PDPorts, reference_pd_spec
 from conformance.targets.launcher import live_servers
 from conformance.targets.reference_launch import start_reference
 from conformance.workloads.prompts import token_prompts

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance.targets.disagg import LAZY_REFUSAL
+from conformance.targets.pd_launch import LAZY_REFUSAL
 
 
 def test_lazy_cells_are_recorded_as_not_applicable_without_a_launch(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from conformance.matrix.cells import load_matrix
-from conformance.targets.disagg import LAZY_REFUSAL, not_applicable, pd_launch_refusal
+from conformance.targets.disagg import not_applicable, pd_launch_refusal
+from conformance.targets.pd_launch import LAZY_REFUSAL
 
 #: SGLang 0.5.23's refusal as its PD decode server logs it (arg_groups/mamba_hook.py).
 REFUSED_LOG = """[2026-11-27 15:30:01] server_args=...

@@ -129,10 +129,11 @@ def _transfer_fail_cell(strategy: str = "no_buffer"):
 
 
 def test_the_switch_reaches_the_decode_server_only() -> None:
-    from conformance.targets.disagg import PDPorts, sglang_cpu_pd_spec
+    from conformance.targets.pd_launch import PDPorts, sglang_cpu_pd_spec
+    from conformance.targets.sglang_cpu import SGLangCpuTarget
 
     cell = _transfer_fail_cell()
-    spec = sglang_cpu_pd_spec(cell, SimpleNamespace(target="sglang-cpu", dtype="float32", twins=False), ports=PDPorts(1, 2, 3, 4, 5))
+    spec = sglang_cpu_pd_spec(cell, SGLangCpuTarget(dtype="float32"), ports=PDPorts(1, 2, 3, 4, 5))
     assert spec.decode.env[DISAGG_FAILURE_ENV] == cell.env[DISAGG_FAILURE_ENV]
     assert DISAGG_FAILURE_ENV not in spec.prefill.env
     assert cell.fault.pd_roles == ("decode",) and float(cell.env[DISAGG_FAILURE_ENV]) > 0

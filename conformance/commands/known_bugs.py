@@ -20,8 +20,9 @@ from conformance.session.known_bugs import KnownBug, check_entries, installed_re
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from conformance.session.options import DTYPE, FUZZ_TARGET, LAUNCHER, MATRIX, TWINS, add_arguments as add_options
+    from conformance.session.options import DTYPE, LAUNCHER, MATRIX, TWINS, add_arguments as add_options
     from conformance.programs.replay import REPLAY_TARGET
+    from conformance.targets.registry import FUZZ_TARGET
 
     add_options(p, (REPLAY_TARGET, DTYPE, MATRIX, LAUNCHER, TWINS), target=FUZZ_TARGET)
     p.add_argument("--file", help=f"the known-bugs file (default: {known_bugs_file()})")

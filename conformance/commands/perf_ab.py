@@ -23,16 +23,16 @@ import tempfile
 from pathlib import Path
 
 from conformance.errors import KitError
+from conformance.targets.registry import PERF_AB, accepting, target_help
 
-#: The targets whose servers load the kit's SGLang plugins (the graded fault lives there).
-AB_TARGETS = ("sglang-cpu",)
+#: The targets ``perf-ab`` takes: their servers load the kit's SGLang plugins (the graded fault lives there).
+AB_TARGETS = accepting(PERF_AB)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from conformance.checks.perf_ab import ALPHA
     from conformance.session.options import DTYPE, LAUNCHER, MATRIX, TARGET, add_arguments as add_options
     from conformance.suites.perf.ab import AbPlan
-    from conformance.targets.registry import target_help
 
     target = dataclasses.replace(TARGET, choices=AB_TARGETS, help=f"{target_help(AB_TARGETS)} (default: {{default}})")
     add_options(p, (target, DTYPE, MATRIX, LAUNCHER), target=AB_TARGETS[0])

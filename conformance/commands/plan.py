@@ -15,7 +15,7 @@ from conformance.errors import KitError
 from conformance.matrix.cells import Cell
 from conformance.sglang_api.probes import probe
 from conformance.targets.disagg import not_applicable, pd_spec_for, validate_pd_spec
-from conformance.targets.registry import target_for
+from conformance.targets.registry import VALIDATE, accepting, target_for
 from conformance.targets.serving import spec_for
 from conformance.targets.sglang import config_folder, describing_gpus, strip_launcher, validate_server_args
 
@@ -28,7 +28,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan_opts = argparse.Namespace(**{**vars(args), "gpus_per_worker": max([args.gpus_per_worker, *(c.model.tp_size for c in cells)])})
     for i, cell in enumerate(cells):
         row: dict[str, Any] = {**cell.describe(), "markers": list(cell.markers)}
-        if target.serves_http:
+        if target.serves_http():
             with describing_gpus():
                 spec = spec_for(cell, plan_opts, port=30000 + i)
             row["command"] = spec.argv
@@ -36,8 +36,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         rows.append(row)
     failures = 0
     if args.validate:
-        if not target.validates_commands:
-            raise KitError("--validate checks sglang commands: use it with --target sglang")
+        if not target.accepts(VALIDATE):
+            raise KitError(f"--validate checks sglang commands: use it with --target {' or '.join(accepting(VALIDATE))}")
         with describing_gpus():
             failures = validate_rows(rows, cells, args)
     if args.format == "json":

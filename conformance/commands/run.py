@@ -32,7 +32,7 @@ def pytest_argv_for_run(args: argparse.Namespace) -> list[str]:
     argv = [str(suite(s).path) for s in suites]
     argv += ["-p", "no:cacheprovider", "-q", "-rfEs", f"--junitxml={report_dir / 'junit.xml'}", f"--report-dir={report_dir}"]
     argv += [f"--target={args.target}", f"--timeout={args.timeout}", *forward(args)]
-    marks = [e for e in (args.markexpr, None if (args.with_pool or target_for(args.target).pool_only) else "not pool") if e]
+    marks = [e for e in (args.markexpr, None if (args.with_pool or not target_for(args.target).serves_http()) else "not pool") if e]
     if marks:
         argv += ["-m", " and ".join(f"({e})" for e in marks)]
     if args.keyword:

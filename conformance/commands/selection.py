@@ -11,7 +11,6 @@ from conformance.session.options import csv, page_sizes
 from conformance.matrix.suites import DEFAULT as DEFAULT_SUITES, suite
 from conformance.suites.perf.selection import not_selected
 from conformance.targets.registry import target_for
-from conformance.targets.sglang import visible_gpus
 
 
 def suites_for(args: argparse.Namespace) -> list[str]:
@@ -50,10 +49,7 @@ def workers(args: argparse.Namespace) -> int:
     cores: fewer); on a GPU target one per ``--gpus-per-worker`` block of visible GPUs."""
     w = getattr(args, "workers", None)
     if w is None:
-        if target_for(args.target).on_gpu:
-            visible = visible_gpus()[0] or []
-            return max(1, len(visible) // max(1, args.gpus_per_worker))
-        return min(2, os.cpu_count() or 1)
+        return target_for(args.target).placement.default_workers(getattr(args, "gpus_per_worker", 1), os.cpu_count() or 1)
     w = str(w)
     if w in ("auto", "logical"):
         return os.cpu_count() or 1

@@ -57,14 +57,19 @@ class Layer:
     how: str
 
 
+#: The layers' names (a fault record's ``layer``; a target's ``faults``, ``conformance.targets.registry``).
+REFERENCE_LAYER = "reference"
+REFERENCE_PD_LAYER = "reference-pd"
+POOL_LAYER = "pool"
+SGLANG_LAYER = "sglang"
 LAYERS: dict[str, Layer] = {layer.name: layer for layer in (
-    Layer("reference", "Reference engine", FAULT_ENV,
+    Layer(REFERENCE_LAYER, "Reference engine", FAULT_ENV,
           f"switched on with `{FAULT_ENV}=<name>` (read once, in `conformance/reference/faults.py`)"),
-    Layer("reference-pd", "Reference PD roles", PD_FAULT_ENV,
+    Layer(REFERENCE_PD_LAYER, "Reference PD roles", PD_FAULT_ENV,
           f"switched on with `{PD_FAULT_ENV}=<name>` (read in `conformance/reference/pd.py`, seen by the PD roles only)"),
-    Layer("pool", "Pool tier (SGLang's real classes)", FAULT_ENV,
+    Layer(POOL_LAYER, "Pool tier (SGLang's real classes)", FAULT_ENV,
           f"monkeypatches loaded with `pytest -p conformance.mutants.pool_faults` and `{FAULT_ENV}=<name>`"),
-    Layer("sglang", "Real SGLang (targets `sglang-cpu` and `sglang`)", SGLANG_FAULT_ENV,
+    Layer(SGLANG_LAYER, "Real SGLang (targets `sglang-cpu` and `sglang`)", SGLANG_FAULT_ENV,
           "hooks registered through SGLang's own `HookRegistry` by the kit's general plugin `hybrid_conformance_faults`, "
           f"in the scheduler process of the servers the kit launches, when `{SGLANG_FAULT_ENV}=<name>` "
           "is set (one module per fault in `conformance/sglang_plugins/faults/`; each hook proves it took effect and "

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from conformance.errors import KitError
-from conformance.matrix.faults import FAULT_ENV, PAIRED_AB, PD_FAULT_ENV, SGLANG_FAULT_ENV, Fault
+from conformance.matrix.faults import FAULT_ENV, PAIRED_AB, PD_FAULT_ENV, POOL_LAYER, REFERENCE_LAYER, SGLANG_FAULT_ENV, SGLANG_LAYER, Fault
 from conformance.matrix.strategy import BASELINE, strategy_named
+from conformance.targets.registry import target_for
 
 
 @dataclass(frozen=True)
@@ -180,15 +181,22 @@ def at_defaults(f: Fault) -> bool:
 
 @dataclass(frozen=True)
 class Catalogue:
-    """One target's seeded faults for ``mutants``: every plan, and the CI subset (``--fast``)."""
+    """One fault layer's seeded faults for ``mutants``: every plan, and the CI subset (``--fast``)."""
 
     plans: Callable[[], dict[str, MutantPlan]]
     fast: tuple[str, ...]
 
 
-#: ``mutants --target`` -> that target's catalogue (the option's choices are these keys).
+#: Fault layer (``conformance.matrix.faults.LAYERS``) -> its catalogue; ``mutants --target T``
+#: scores the layer T's record names (``Target.faults``; the option's choices:
+#: ``conformance.targets.registry.MUTANT_TARGETS``).
 CATALOGUES: dict[str, Catalogue] = {
-    "reference": Catalogue(reference_plans, FAST_REFERENCE),
-    "pool": Catalogue(pool_plans, FAST_POOL),
-    "sglang-cpu": Catalogue(sglang_cpu_plans, FAST_SGLANG_CPU),
+    REFERENCE_LAYER: Catalogue(reference_plans, FAST_REFERENCE),
+    POOL_LAYER: Catalogue(pool_plans, FAST_POOL),
+    SGLANG_LAYER: Catalogue(sglang_cpu_plans, FAST_SGLANG_CPU),
 }
+
+
+def catalogue_for(target: str) -> Catalogue:
+    """The catalogue ``mutants --target target`` scores."""
+    return CATALOGUES[target_for(target).faults]

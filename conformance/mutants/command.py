@@ -37,7 +37,7 @@ from rich.table import Table
 
 from conformance.errors import KitError
 from conformance.mutants import power
-from conformance.mutants.catalogue import CATALOGUES, sglang_cpu_plans
+from conformance.mutants.catalogue import catalogue_for, sglang_cpu_plans
 from conformance.mutants.runs import run_plan
 from conformance.mutants.scoring import catcher
 from conformance.programs.cold_twins import TwinBroker
@@ -77,7 +77,7 @@ def write_scores(path: Path, target: str, clean: list, outcomes: list) -> None:
 def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool = False, console: Console | None = None,
                 programs: str | None = None, seed: int = 0, programs_only: bool = False, shrink_s: float | None = None) -> int:
     console = console or Console(width=200)
-    catalogue = CATALOGUES[target]
+    catalogue = catalogue_for(target)
     plans = catalogue.plans()
     if only:
         names = [n.strip() for n in only.split(",") if n.strip()]
@@ -88,7 +88,7 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
     elif fast:
         plans = {n: dataclasses.replace(p, stop_at_first=True) for n, p in plans.items() if n in catalogue.fast}
     not_applicable: dict[str, str] = {}
-    if target_for(target).kit_plugins:  # a cell runs only the suites the selected faults need
+    if target_for(target).loads_kit_plugins():  # a cell runs only the suites the selected faults need
         not_applicable = sglang_not_applicable(tuple(plans))
         for name, line in not_applicable.items():
             console.print(f"{escape(name)}: not applicable: {escape(line)}")
@@ -107,7 +107,7 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
 
     install_signal_handlers()  # a SIGTERM unwinds: the running pytest's group and the cold twins are stopped
     with contextlib.ExitStack() as stack:
-        if not target_for(target).pool_only:  # one cache-off twin per cold cell for every run of this command
+        if target_for(target).serves_http():  # one cache-off twin per cold cell for every run of this command
             broker = stack.enter_context(contextlib.closing(TwinBroker(report_dir / "twins")))
             plans = {n: dataclasses.replace(p, extra_args=(*p.extra_args, f"--twin-broker={broker.env_value}")) for n, p in plans.items()}
         return _run_plans(target, plans, report_dir, console, programs=programs, seed=seed, programs_only=programs_only, shrink_s=shrink_s,

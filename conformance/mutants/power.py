@@ -122,7 +122,7 @@ def strict_off_plan(plan: MutantPlan) -> MutantPlan | None:
     """``plan`` on the same cells with SGLang's strict idle check off (the matrix lays that
     fault over any clean cell: same tier, options and pages); None when the cell already
     carries a matrix fault (one per cell) or is not a real-SGLang cell."""
-    if not target_for(plan).kit_plugins or plan.faults not in (None, "none"):
+    if not target_for(plan).loads_kit_plugins() or plan.faults not in (None, "none"):
         return None
     model_strategy, _, suites = plan.key.partition(":")
     return dataclasses.replace(plan, key=f"{model_strategy}+{NO_STRICT}:{suites}", faults=NO_STRICT)

@@ -52,7 +52,7 @@ def fault_outcome(fault: str, by: list[str], seconds: float, code: int, *, fired
 
 def _pytest_argv(plan: MutantPlan, report_dir: Path) -> list[str]:
     argv = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *(["-x"] if plan.stop_at_first else [])]
-    if target_for(plan).pool_only:
+    if not target_for(plan).serves_http():
         argv += [str(suite("leaks").path), "--target", plan.target, "-m", "pool", "-p", "conformance.mutants.pool_faults"]
     else:
         argv += [str(suite(s).path) for s in plan.suites]
@@ -196,7 +196,7 @@ def run_plan(plan: MutantPlan, fault: str | None, out_dir: Path) -> Outcome:
     if code == 5:  # the selection ran nothing: a clean run that proves nothing, a fault not caught
         return Outcome(fault or "clean", fault is None, [f"no test selected by {plan.key}"], time.monotonic() - t0, code,
                        category="" if fault is None else "crash")
-    if target_for(plan).kit_plugins:
+    if target_for(plan).loads_kit_plugins():
         return _judge_sglang(plan, fault, by, code, report_dir, time.monotonic() - t0)
     if fault is None:
         return Outcome("clean", bool(by) or code != 0, by, time.monotonic() - t0, code)

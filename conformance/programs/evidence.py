@@ -225,9 +225,10 @@ def request_log(log_path: Path | None, *, target: str, attempts: int = 25, pause
     from conformance.errors import KitError
     from conformance.targets.registry import target_for
 
-    if log_path is None or not target_for(target).kit_plugins:
+    plugin_log = target_for(target).engine.plugin_log(log_path)
+    if plugin_log is None:
         return None
-    log = RequestLog(Path(log_path).with_suffix(REQUESTS_SUFFIX))
+    log = RequestLog(plugin_log.with_suffix(REQUESTS_SUFFIX))
     for _ in range(attempts):
         log.refresh()
         if log.started:
@@ -245,7 +246,7 @@ def refuse_missing(values: Mapping[str, float], *, target: str, attempts: Any = 
     from conformance.errors import KitError
     from conformance.targets.registry import target_for
 
-    if not target_for(target).kit_plugins:
+    if not target_for(target).loads_kit_plugins():
         return
     for more in [None, *(attempts or ())]:
         values = more() if more is not None else values

@@ -253,5 +253,4 @@ def failure_file(finding: Finding, *, out_dir: Path, cell: dict, env: dict[str, 
 
 
 def replay_command(path: Path, target: str, dtype: str | None = None) -> str:
-    extra = f" --dtype {dtype}" if dtype and target_for(target).takes_dtype and dtype != "float32" else ""
-    return f"hybrid-conformance replay {path} --target {target}{extra}"
+    return f"hybrid-conformance replay {path} --target {target}{target_for(target).replay_options(dtype)}"

@@ -19,9 +19,9 @@ from typing import Any, Iterator
 
 from conformance.errors import KitError
 from conformance.matrix.cells import Cell, load_matrix
-from conformance.session.options import DTYPE, FUZZ_TARGET, GPUS, LAUNCHER, MATRIX, TARGET, TWINS, add_arguments as add_options
+from conformance.session.options import DTYPE, GPUS, LAUNCHER, MATRIX, TARGET, TWINS, add_arguments as add_options
 from conformance.programs.program import Program, load_program
-from conformance.targets.registry import TARGETS, target_help
+from conformance.targets.registry import FUZZ_TARGET, HTTP_TARGETS, target_help
 
 
 def find_cell(program: Program, matrix_path: str | None) -> Cell:
@@ -36,8 +36,7 @@ def find_cell(program: Program, matrix_path: str | None) -> Cell:
 
 
 #: ``replay --target``: the targets that serve a program's requests over HTTP.
-_HTTP_TARGETS = tuple(name for name, t in TARGETS.items() if t.serves_http)
-REPLAY_TARGET = dataclasses.replace(TARGET, choices=_HTTP_TARGETS, help=f"{target_help(_HTTP_TARGETS)} (default: {{default}})")
+REPLAY_TARGET = dataclasses.replace(TARGET, choices=HTTP_TARGETS, help=f"{target_help(HTTP_TARGETS)} (default: {{default}})")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

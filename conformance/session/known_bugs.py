@@ -32,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 
 from conformance.errors import KitError
 from conformance.records import Verdict
+from conformance.targets.registry import KIT_ENGINE_TARGETS
 
 try:
     import tomllib
@@ -161,7 +162,7 @@ def _entry(raw: Any, where: str) -> KnownBug:
             raise KitError(f"{where}: bug {name!r}: {key} must be a list of strings")
         if value is not None:
             lists[key] = tuple(value)
-    if "reference" in lists.get("targets", ()):
+    if set(lists.get("targets", ())) & set(KIT_ENGINE_TARGETS):
         raise KitError(f"{where}: bug {name!r}: a reference-engine failure is a kit bug, not a known SGLang bug")
     texts = {}
     for key in ("variant_of", "code_path", "seen_as"):

@@ -21,13 +21,9 @@ from typing import Any, Callable, Sequence
 from conformance.errors import KitError
 from conformance.matrix.cells import DEFAULT_TARGET, STRATEGIES, TARGETS, TIERS
 from conformance.matrix.suites import DEFAULT as DEFAULT_SUITES, NAMES as SUITES
-from conformance.targets.registry import TARGETS as TARGET_RECORDS, target_for, target_help
+from conformance.targets.registry import option_users, target_for, target_help
 
 DEFAULT_LAUNCHER = "python -m sglang.launch_server"
-#: ``hybrid-conformance mutants --target``: whose faults (the first is the default).
-MUTANT_TARGETS = ("reference", "pool", "sglang-cpu")
-#: ``hybrid-conformance fuzz``'s default target (``run``'s is ``conformance.matrix.cells.DEFAULT_TARGET``).
-FUZZ_TARGET = "reference"
 
 
 @dataclass(frozen=True)
@@ -129,10 +125,10 @@ def forward(args: argparse.Namespace, options: Sequence[Option] = SELECTION + (G
     target = target_for(args.target)
     out: list[str] = []
     for opt in options:
-        if opt.forward == "target" and opt.dest not in target.forwards:
+        if opt.forward == "target" and not target.uses_option(opt.dest):
             given = getattr(args, opt.dest, None)
             if given not in (None, False, "", opt.default):
-                users = ", ".join(t.name for t in TARGET_RECORDS.values() if opt.dest in t.forwards)
+                users = ", ".join(option_users(opt.dest))
                 raise KitError(f"{opt.flag} applies to --target {users}; the {target.name} target does not use it")
             continue
         if opt.forward is None:

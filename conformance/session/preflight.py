@@ -127,15 +127,13 @@ def selection_line(req: Request) -> Line:
 # ------------------------------------------------------------------ GSM8K
 
 
-def needs_gsm8k(suites: Sequence[str], cells: Sequence[Cell], target: str | None = None) -> bool:
-    """A suite that scores GSM8K is selected (PD only for cells with a PD variant, on a
-    target that serves PD; no target: any PD cell)."""
-    pd_runs = (target is None or target_for(target).serves_pd) and any(c.strategy.pd for c in cells)
-    return "gsm8k" in suites or ("disagg" in suites and pd_runs)
+def needs_gsm8k(suites: Sequence[str], cells: Sequence[Cell]) -> bool:
+    """A suite that scores GSM8K is selected (PD only for cells with a PD variant)."""
+    return "gsm8k" in suites or ("disagg" in suites and any(c.strategy.pd for c in cells))
 
 
 def gsm8k_line(req: Request) -> Line:
-    if not needs_gsm8k(req.suites, req.cells, req.target):
+    if not needs_gsm8k(req.suites, req.cells):
         return Line("gsm8k", True, "not needed by the selected suites")
     return check_gsm8k(req.gsm8k_dir)
 
@@ -178,7 +176,7 @@ def gpus_needed(cell: Cell, *, twins: bool, suites: Sequence[str]) -> int:
 
 
 def gpu_line(req: Request) -> Line:
-    if not target_for(req).on_gpu:
+    if not target_for(req).needs().gpus:
         return Line("gpus", True, f"not needed (target {req.target} runs on CPU)")
     from conformance.targets.sglang import NO_GPU_HINT, visible_gpus
 
@@ -231,24 +229,24 @@ def probe_sglang(timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
 
 def features_needed(req: Request) -> dict[str, Any]:
     """What the selection asks of SGLang's parser."""
-    target = target_for(req)
-    flags = set(target.sglang_flags)
+    needs = target_for(req).needs()
+    flags = set(needs.sglang_flags)
     if any(c.cache_variant.name == "hicache" for c in req.cells):
         flags.add("--enable-hierarchical-cache")
     if "disagg" in req.suites:
-        flags.update(target.pd_sglang_flags)
+        flags.update(needs.pd_sglang_flags)
     return {"strategies": sorted({c.strategy.name for c in req.cells}), "flags": sorted(flags)}
 
 
 def sglang_line(req: Request) -> Line:
     version = sglang_version()
-    target = target_for(req)
-    if not target.needs_sglang:
+    needs = target_for(req).needs()
+    if not needs.sglang:
         installed = f"sglang {version} installed" if version else "sglang not installed"
         return Line("sglang", True, f"not used: target {req.target} is the kit's own engine, not SGLang ({installed})")
     if version is None:
         return Line("sglang", False, f"target {req.target} needs SGLang and it is not installed", "run `bash ci/setup-cpu.sh` (CPU) or install sglang")
-    if not req.probe_sglang or not target.probes_sglang:
+    if not req.probe_sglang or not needs.probe:
         return Line("sglang", True, f"sglang {version} (package metadata; import not probed)")
     probe = probe_sglang()
     if probe.get("error"):
@@ -266,7 +264,7 @@ def sglang_line(req: Request) -> Line:
 
 def plugins_line(req: Request) -> Line | None:
     """sglang-cpu: the kit's entry points are registered where SGLang looks, and the stand-in exists."""
-    if not target_for(req).kit_plugins:
+    if not target_for(req).needs().plugins:
         return None
     from conformance.sglang_plugins import activation
     from conformance.targets.sglang_cpu import STANDIN_PATH
@@ -282,7 +280,7 @@ def plugins_line(req: Request) -> Line | None:
 
 def launch_line(req: Request) -> Line | None:
     """sglang-cpu: how its servers will start (``HYBRID_CONFORMANCE_LAUNCH``, checked here)."""
-    if not target_for(req).kit_plugins:
+    if not target_for(req).needs().plugins:
         return None
     from conformance.targets import preimport
 
@@ -309,11 +307,10 @@ def pd_transport_line(req: Request) -> Line | None:
     """The disagg suite on a target whose PD transfer SGLang itself may refuse (sglang-cpu):
     which transport the PD cells will use, or SGLang's own refusal (then they are n/a, the
     rest of the run goes on).  Read from the same child-interpreter probe as the sglang line."""
-    target = target_for(req)
-    if "disagg" not in req.suites or not target.pd_probe_refusal or not any(c.strategy.pd for c in req.cells):
+    if "disagg" not in req.suites or not target_for(req).needs().pd_transport or not any(c.strategy.pd for c in req.cells):
         return None
     from conformance.sglang_api.probes import MOONCAKE_DISTS
-    from conformance.targets.disagg import CPU_TRANSFER_BACKEND, CPU_TRANSFER_ENV, CPU_TRANSFER_PROTOCOL
+    from conformance.targets.pd_launch import CPU_TRANSFER_BACKEND, CPU_TRANSFER_ENV, CPU_TRANSFER_PROTOCOL
 
     engine = _dist_version(*reversed(MOONCAKE_DISTS)) or "no mooncake distribution installed"
     router = _dist_version("sglang-router") or "sglang-router not installed"
@@ -361,11 +358,11 @@ def ports_line(req: Request) -> Line:
 # ------------------------------------------------------------------ pytest items
 
 
-def _needs_gsm8k_item(item: Any, cell: Cell, target: str) -> bool:
+def _needs_gsm8k_item(item: Any, cell: Cell) -> bool:
     if "gsm8k_data" in getattr(item, "fixturenames", ()):
         return True
     is_pd_gsm8k = item.get_closest_marker("disagg") is not None and "gsm8k" in item.name
-    return is_pd_gsm8k and needs_gsm8k(("disagg",), (cell,), target)
+    return is_pd_gsm8k and needs_gsm8k(("disagg",), (cell,))
 
 
 def item_failures(items: Sequence[Any], options: Any) -> dict[str, str]:
@@ -381,22 +378,22 @@ def item_failures(items: Sequence[Any], options: Any) -> dict[str, str]:
         return cache[key]
 
     out: dict[str, str] = {}
-    target = target_for(options)
+    needs = target_for(options).needs()
     for item in items:
         cell = getattr(getattr(item, "callspec", None), "params", {}).get("cell")
         if not isinstance(cell, Cell) or item.get_closest_marker("pool") is not None:
             continue
         served = "endpoint" in getattr(item, "fixturenames", ()) or item.get_closest_marker("disagg") is not None
         problems: list[Line | None] = []
-        if served and target.needs_sglang:
+        if served and needs.sglang:
             problems.append(once("sglang", lambda: None if sglang_version() else Line("sglang", False, f"target {options.target} needs SGLang and it is not installed")))
-        if served and target.kit_plugins:
+        if served and needs.plugins:
             problems.append(once("plugins", lambda: plugins_line(Request(target=options.target, cells=(), suites=()))))
-        if served and target.on_gpu:
+        if served and needs.gpus:
             suites = ("disagg",) if item.get_closest_marker("disagg") is not None else ()
             need = gpus_needed(cell, twins=options.twins, suites=suites)
             problems.append(once(f"gpus:{need}", lambda: gpu_line(Request(target=options.target, cells=(cell,), suites=suites, gpus_per_worker=options.gpus_per_worker, twins=options.twins))))
-        if _needs_gsm8k_item(item, cell, options.target):
+        if _needs_gsm8k_item(item, cell):
             problems.append(once("gsm8k", lambda: check_gsm8k(options.gsm8k_dir)))
         bad = next((p for p in problems if p is not None and not p.ok), None)
         if bad is not None:

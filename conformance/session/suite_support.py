@@ -68,7 +68,7 @@ GPU_SIZES = Sizes(
 
 
 def on_cpu(endpoint: Any) -> bool:
-    return not target_for(endpoint).on_gpu
+    return target_for(endpoint).on_cpu()
 
 
 def sizes_for(endpoint: Any) -> Sizes:
@@ -92,7 +92,7 @@ def grids(cell: Cell) -> tuple[int, int]:
 
 def lookahead(endpoint: Any) -> int:
     """1 when the server overlaps scheduling (one step in flight), else 0."""
-    return target_for(endpoint).lookahead(endpoint.cell, endpoint.info)
+    return target_for(endpoint).engine.lookahead(endpoint.cell, endpoint.info)
 
 
 def oracle_for(endpoint: Any) -> PrefixOracle:
@@ -111,7 +111,7 @@ def idle_deadline(endpoint: Any) -> float:
     reference server at once. Once a probe of the cell has failed, later ones wait briefly."""
     if any(not p.reached for p in endpoint.extra.get("idle_probes", [])):
         return 1.0
-    return target_for(endpoint).idle_deadline_s
+    return target_for(endpoint).engine.idle_deadline_s
 
 
 def note_idle_probe(endpoint: Any, probe: IdleProbe) -> IdleProbe:
@@ -125,7 +125,7 @@ def pool_tier_asked(config: Any) -> bool:
     expression): then an SGLang the pool tier cannot use fails the run instead of skipping."""
     markexpr = str(getattr(config.option, "markexpr", "") or "")
     target = getattr(config.option, "target", None)
-    return bool(target and target_for(target).pool_only) or "pool" in markexpr.replace("(", " ").replace(")", " ").split()
+    return bool(target and not target_for(target).serves_http()) or "pool" in markexpr.replace("(", " ").replace(")", " ").split()
 
 
 def no_prefill_stores(endpoint) -> str | None:

@@ -1,11 +1,7 @@
 """The PD disaggregation cell: a prefill server, a decode server and a router as ONE unit.
 
-``sglang_pd_spec`` builds SGLang's three commands for a cell (``--disaggregation-mode
-prefill|decode`` with a shared ``--disaggregation-bootstrap-port``, the decode server on its
-own GPUs via ``--base-gpu-id``, an optional ``--disaggregation-transfer-backend``, and
-``sglang_router.launch_router --pd-disaggregation``); ``sglang_cpu_pd_spec`` the same roles on
-``sglang-cpu`` (the cell's CPU command, Mooncake over TCP, the CPU plugin's PD bridge);
-``reference_pd_spec`` the reference target's (``conformance.reference.pd`` roles and ``conformance.reference.router``).
+The unit's commands come from its target (``Target.pd_spec``, built by
+``conformance.targets.pd_launch``); :func:`pd_spec_for` asks the selected target.
 ``validate_pd_spec`` runs SGLang's own parser on the two server commands (and
 ``sglang_router``'s parser on the router's when it is installed).  ``serve_pd`` starts the
 three processes together (each with its own log), health-checks them, and tears all of
@@ -15,11 +11,7 @@ them down together, also on failure.  ``extra_buffer_lazy`` is refused under PD 
 
 from __future__ import annotations
 
-
 import contextlib
-import os
-import shlex
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,34 +21,26 @@ from typing import Any, Iterator, Sequence
 from conformance.client import SGLangClient
 from conformance.errors import KitError, PortTakenError
 from conformance.matrix.cells import Cell
-from conformance.targets.base import LaunchSpec
-from conformance.targets.launcher import ServerProcess, free_port
+from conformance.targets.launcher import ServerProcess
+from conformance.targets.pd_launch import ROUTER_LAUNCHER, PDPorts, PDSpec, contract_refusal
 from conformance.targets.plugin_proof import check_plugins
 from conformance.targets.registry import target_for
-from conformance.targets.sglang import SGLangTarget, Validation, gpus_for_worker, strip_launcher
+from conformance.targets.sglang import Validation, strip_launcher
 
-LAZY_REFUSAL = "extra_buffer_lazy is refused under PD disaggregation by SGLang 0.5.23 (not applicable)"
-ROUTER_LAUNCHER = "python -m sglang_router.launch_router"
-#: env knobs (until the plugin has options for them)
-TRANSFER_BACKEND_ENV = "HYBRID_CONFORMANCE_PD_TRANSFER_BACKEND"
-ROUTER_LAUNCHER_ENV = "HYBRID_CONFORMANCE_SGLANG_ROUTER"
-TRANSFER_BACKENDS = ("mooncake", "nixl", "mooncake_tcp", "mori", "ascend")
 ROLES = ("prefill", "decode", "router")
 #: Starts of a PD unit when a picked port was taken by another process in between.
 PORT_ATTEMPTS = 3
-REFERENCE_ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def not_applicable(cell: Cell, target: str | None = None) -> str | None:
-    """The one-line reason a cell has no PD variant, or None.  Without ``target`` (``plan``)
-    and on the kit's own engines: SGLang 0.5.23's contract, which refuses extra_buffer_lazy
-    under PD.  On real SGLang the installed release answers: the cell is started under PD,
-    and a refusal at start (0.5.19 and later: "extra_buffer_lazy unsupported under PD
-    disaggregation") is ``na`` with SGLang's own line (:func:`pd_launch_refusal`), while
-    0.5.13-0.5.18 accept the strategy and serve it."""
-    if cell.strategy.pd or (target is not None and not target_for(target).kit_engine):
-        return None
-    return LAZY_REFUSAL
+    """The one-line reason a cell has no PD variant, or None.  Without ``target`` (``plan``):
+    SGLang 0.5.23's contract, which refuses extra_buffer_lazy under PD; with one, the target
+    answers (``Target.pd_not_applicable``): the kit's own engine follows that contract, while
+    on real SGLang the installed release answers: the cell is started under PD, and a refusal
+    at start (0.5.19 and later: "extra_buffer_lazy unsupported under PD disaggregation") is
+    ``na`` with SGLang's own line (:func:`pd_launch_refusal`), while 0.5.13-0.5.18 accept the
+    strategy and serve it."""
+    return contract_refusal(cell) if target is None else target_for(target).pd_not_applicable(cell)
 
 
 def pd_log_path(log_dir: Path, cell: Cell, role: str) -> Path:
@@ -83,174 +67,9 @@ def pd_launch_refusal(cell: Cell, log_dir: Path) -> str | None:
     return None
 
 
-def env_for_role(cell: Cell, role: str, env: dict[str, str]) -> dict[str, str]:
-    """``env`` for the PD server ``role`` of ``cell``: without the cell fault's variables when
-    the fault is for the other role only (``pd_roles`` in the matrix); plus the fault's
-    ``pd_env`` (every PD server)."""
-    both = dict(cell.fault.pd_env)
-    if role in cell.fault.pd_roles:
-        return {**env, **both}
-    theirs = dict(cell.fault.env)
-    return {**{k: v for k, v in env.items() if k not in theirs}, **both}
-
-
 def target_refusal(target: str) -> str | None:
     """Why PD cannot run on ``target`` on this machine (one line), or None."""
-    if target_for(target).pd_probe_refusal:
-        return _sglang_cpu_pd_refusal()
-    return None
-
-
-def _sglang_cpu_pd_refusal() -> str | None:
-    """SGLang's own answer when asked for its default PD transfer engine here (probed once);
-    None when it builds (the non-CUDA Mooncake wheel and libibverbs installed)."""
-    from conformance.sglang_api.probes import probe
-
-    refusal = probe().pd_transfer_refusal
-    if refusal:
-        return f"not applicable on sglang-cpu: SGLang's PD transfer engine refuses this machine: {refusal} (ci/setup-cpu.sh installs it)"
-    return None
-
-
-@dataclass(frozen=True)
-class PDPorts:
-    prefill: int
-    decode: int
-    router: int
-    bootstrap: int
-    router_metrics: int | None = None  # sglang_router's Prometheus exporter (its default 29000 is shared by every router)
-
-    @classmethod
-    def pick(cls) -> "PDPorts":
-        ports: list[int] = []
-        while len(ports) < 5:  # distinct free ports
-            p = free_port()
-            if p not in ports:
-                ports.append(p)
-        return cls(*ports)
-
-
-@dataclass(frozen=True)
-class PDSpec:
-    """The three commands of one PD cell (launching nothing)."""
-
-    prefill: LaunchSpec
-    decode: LaunchSpec
-    router: LaunchSpec
-    bootstrap_port: int | None = None
-    transfer_backend: str | None = None
-    launchers: dict[str, str] = field(default_factory=dict)
-    #: The router takes a batched ``/generate`` (the reference router does; ``sglang_router`` does not).
-    router_batches: bool = False
-
-    def specs(self) -> dict[str, LaunchSpec]:
-        return {"prefill": self.prefill, "decode": self.decode, "router": self.router}
-
-    def describe(self) -> dict[str, Any]:
-        """JSON-able commands for ``plan`` output: each role's argv, env and health URL."""
-        roles = {role: {"command": list(s.argv), "env": dict(s.env), "health": s.base_url + s.health_path} for role, s in self.specs().items()}
-        return {**roles, "bootstrap_port": self.bootstrap_port, "transfer_backend": self.transfer_backend}
-
-
-# ------------------------------------------------------------------ SGLang
-def sglang_pd_spec(
-    cell: Cell,
-    *,
-    target: SGLangTarget,
-    ports: PDPorts,
-    gpus: Sequence[int] | None = None,
-    transfer_backend: str | None = None,
-    router_launcher: str = ROUTER_LAUNCHER,
-) -> PDSpec:
-    """SGLang's prefill, decode and router commands for ``cell`` (lazy cells included: the
-    refusal is SGLang's to make, see :func:`validate_pd_spec`)."""
-    if transfer_backend is not None and transfer_backend not in TRANSFER_BACKENDS:
-        raise KitError(f"--disaggregation-transfer-backend: unknown value {transfer_backend!r}; allowed: {', '.join(TRANSFER_BACKENDS)}")
-    tp = 1 if target.twins else cell.model.tp_size
-    model_path = target.model_path(cell)
-    shared = ["--disaggregation-bootstrap-port", str(ports.bootstrap)]
-    if transfer_backend:
-        shared += ["--disaggregation-transfer-backend", transfer_backend]
-    launcher = shlex.split(target.launcher)
-    env = dict(cell.env)
-    if gpus is not None:
-        if len(gpus) < 2 * tp:
-            raise KitError(f"cell {cell.id}: PD needs {2 * tp} GPUs (tp {tp} for prefill + tp {tp} for decode), got {len(gpus)}")
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus[: 2 * tp])
-
-    def server(role: str, port: int, base_gpu: int) -> LaunchSpec:
-        args = target.server_args(cell, model_path=model_path, port=port)
-        args += ["--disaggregation-mode", role, *shared, "--base-gpu-id", str(base_gpu)]
-        return LaunchSpec(argv=[*launcher, *args], env=env_for_role(cell, role, env), port=port, health_path="/health", start_timeout_s=1200.0)
-
-    return PDSpec(server("prefill", ports.prefill, 0), server("decode", ports.decode, tp), _router_spec(ports, router_launcher), ports.bootstrap,
-                  transfer_backend, {"server": target.launcher, "router": router_launcher})
-
-
-#: ``sglang_router``'s own resilience switched off: the kit judges each answer SGLang gave.  With
-#: its defaults the router re-sends a request SGLang failed (up to 5 tries: a failed transfer is
-#: hidden, or answered by a second run of the request) and, after 10 failures in 120 s, opens its
-#: circuit breaker on the worker (every later request: 503 "No available servers: No prefill
-#: workers available", while both SGLang servers are healthy).  That is the router's policy, not
-#: SGLang's Mamba code; a cell whose transfers fail on purpose (``SGLANG_TEST_DISAGG_FAILURE_PROB``)
-#: trips it within one load.
-ROUTER_AS_IS_FLAGS = ("--disable-retries", "--disable-circuit-breaker")
-#: The router's own readiness route: it is up only once its prefill and decode workers are registered.
-ROUTER_READY_PATH = "/readiness"
-
-
-def _router_spec(ports: PDPorts, router_launcher: str) -> LaunchSpec:
-    """``sglang_router``'s PD router in front of the cell's prefill (with its bootstrap port) and
-    decode, passing each SGLang answer on as it came (``ROUTER_AS_IS_FLAGS``)."""
-    argv = [
-        *shlex.split(router_launcher), "--pd-disaggregation",
-        "--prefill", f"http://127.0.0.1:{ports.prefill}", str(ports.bootstrap),
-        "--decode", f"http://127.0.0.1:{ports.decode}",
-        "--host", "127.0.0.1", "--port", str(ports.router), *ROUTER_AS_IS_FLAGS,
-    ]
-    if ports.router_metrics is not None:
-        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports.router_metrics)]
-    # ``/health`` is the router's liveness (200 at once); its workers are registered in the
-    # background a second or more later, and a request before that gets 503 "No available
-    # servers: No prefill workers available".  ``/readiness`` answers 200 once it has healthy workers.
-    return LaunchSpec(argv=argv, env={}, port=ports.router, health_path=ROUTER_READY_PATH, start_timeout_s=300.0)
-
-
-# ------------------------------------------------------------------ SGLang on CPU
-#: SGLang's PD transport on ``sglang-cpu``: its own Mooncake backend (the non-CUDA wheel),
-#: forced onto TCP (this machine has no RDMA device); read by SGLang's
-#: ``mooncake_transfer_engine.py``.
-CPU_TRANSFER_BACKEND = "mooncake"
-CPU_TRANSFER_PROTOCOL = "tcp"
-CPU_TRANSFER_ENV = {"MC_FORCE_TCP": "1"}
-
-
-def sglang_cpu_pd_spec(cell: Cell, options: Any, *, ports: PDPorts) -> PDSpec:
-    """Real SGLang's prefill and decode servers on CPU (the cell's ``sglang-cpu`` command and
-    environment, plus the PD flags, Mooncake over TCP and the CPU plugin's PD bridges:
-    ``conformance.sglang_plugins.cpu.pd_bridge``) and ``sglang_router`` in front."""
-    from conformance.sglang_plugins import activation
-
-    target = target_for(options).launcher(options)
-    shared = ["--disaggregation-bootstrap-port", str(ports.bootstrap), "--disaggregation-transfer-backend", CPU_TRANSFER_BACKEND]
-    launcher = f"{target.python} -m sglang.launch_server"
-
-    def server(role: str, port: int) -> LaunchSpec:
-        base = target.launch_spec(cell, port=port)
-        env = env_for_role(cell, role, {**base.env, **CPU_TRANSFER_ENV, activation.PD_ENV: "1"})
-        return LaunchSpec(argv=[*base.argv, "--disaggregation-mode", role, *shared], env=env, port=port, health_path="/health",
-                          start_timeout_s=base.start_timeout_s, plugins=base.plugins)
-
-    router_launcher = os.environ.get(ROUTER_LAUNCHER_ENV) or f"{target.python} -m sglang_router.launch_router"
-    return PDSpec(server("prefill", ports.prefill), server("decode", ports.decode), _router_spec(ports, router_launcher), ports.bootstrap,
-                  CPU_TRANSFER_BACKEND, {"server": launcher, "router": router_launcher})
-
-
-def transport(spec: PDSpec) -> dict[str, str]:
-    """The PD cell's transfer backend and protocol, as the report records them."""
-    backend = spec.transfer_backend or "mooncake"  # SGLang's default backend
-    protocol = CPU_TRANSFER_PROTOCOL if spec.prefill.env.get("MC_FORCE_TCP") == "1" else "default"
-    return {"backend": backend, "protocol": protocol} if spec.launchers else {"backend": "reference", "protocol": "http"}
+    return target_for(target).pd_refusal()
 
 
 def validate_router_argv(argv: Sequence[str], launcher: str = ROUTER_LAUNCHER) -> Validation:
@@ -292,56 +111,9 @@ def validate_pd_spec(spec: PDSpec, cell: Cell, *, config: Path | None = None) ->
     return out
 
 
-# ------------------------------------------------------------------ reference
-def reference_pd_spec(
-    cell: Cell, *, ports: PDPorts, model: str | None = None, python: str | None = None, role_env: dict[str, dict[str, str]] | None = None
-) -> PDSpec:
-    """The reference target's PD roles and router for ``cell`` (``model`` overrides the twin;
-    ``role_env`` adds env per role, e.g. a seeded fault on the prefill role only)."""
-    python = python or sys.executable
-    common = [
-        "--model", model or cell.model.twin, "--strategy", cell.strategy.name,
-        "--page-size", str(cell.page_size), "--track-interval", str(cell.track_interval), "--host", "127.0.0.1",
-    ]
-    env = {**REFERENCE_ENV, **cell.env}
-    decode_url = f"http://127.0.0.1:{ports.decode}"
-
-    def role(name: str, port: int, extra: list[str]) -> LaunchSpec:
-        argv = [python, "-m", "conformance.reference.pd", "--disaggregation-mode", name, *common, "--port", str(port), *extra]
-        return LaunchSpec(argv=argv, env=env_for_role(cell, name, {**env, **(role_env or {}).get(name, {})}), port=port, start_timeout_s=180.0)
-
-    router_argv = [python, "-m", "conformance.reference.router", "--prefill", f"http://127.0.0.1:{ports.prefill}",
-                   "--decode", decode_url, "--host", "127.0.0.1", "--port", str(ports.router)]
-    return PDSpec(role("prefill", ports.prefill, ["--decode-url", decode_url]), role("decode", ports.decode, []),
-                  LaunchSpec(argv=router_argv, env=dict(REFERENCE_ENV), port=ports.router, start_timeout_s=120.0), router_batches=True)
-
-
 def pd_spec_for(cell: Cell, options: Any, *, ports: PDPorts | None = None) -> PDSpec:
     """The PD commands for ``cell`` on the selected target (KitError when n/a)."""
-    reason = not_applicable(cell, target_for(options).name)
-    if reason:
-        raise KitError(f"cell {cell.id}: {reason}")
-    ports = ports or PDPorts.pick()
-    kind = target_for(options)
-    if kind.kit_engine:
-        if kind.name not in cell.targets:
-            raise KitError(f"cell {cell.id}: not applicable on target {kind.name}: cache variant {cell.cache_variant.name!r} is served by real SGLang only")
-        return reference_pd_spec(cell, ports=ports)
-    if kind.serves_pd and kind.kit_plugins:  # real SGLang on CPU
-        return sglang_cpu_pd_spec(cell, options, ports=ports)
-    if not (kind.serves_pd and kind.on_gpu):
-        raise KitError(f"target {options.target!r} does not serve PD cells")
-    from conformance.targets.serving import worker_index
-
-    tp = 1 if options.twins else cell.model.tp_size
-    if 3 * tp > options.gpus_per_worker:  # the worker's first tp GPUs serve the cell's non-PD server
-        raise KitError(f"cell {cell.id}: PD needs {3 * tp} GPUs per worker (tp {tp} each for the non-PD server, prefill and decode) "
-                       f"but --gpus-per-worker is {options.gpus_per_worker}")
-    gpus = gpus_for_worker(worker_index(), options.gpus_per_worker)[tp : 3 * tp]
-    target = SGLangTarget(launcher=options.sglang_launcher, twins=options.twins)
-    return sglang_pd_spec(cell, target=target, ports=ports, gpus=gpus,
-                          transfer_backend=os.environ.get(TRANSFER_BACKEND_ENV) or None,
-                          router_launcher=os.environ.get(ROUTER_LAUNCHER_ENV) or ROUTER_LAUNCHER)
+    return target_for(options).pd_spec(cell, options, ports=ports)
 
 
 # ------------------------------------------------------------------ the running cell

@@ -7,8 +7,6 @@ free port, per-cell log file, fault env, GPUs for the xdist worker, teardown.
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,27 +18,11 @@ from conformance.targets.base import Endpoint, LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.plugin_proof import check_plugins, check_weights_loaded
 from conformance.targets.registry import target_for
-from conformance.targets.sglang import gpus_for_worker
-
-
-def worker_index() -> int:
-    m = re.match(r"gw(\d+)$", os.environ.get("PYTEST_XDIST_WORKER", "gw0"))
-    return int(m.group(1)) if m else 0
 
 
 def spec_for(cell: Cell, options: Any, *, port: int | None = None) -> LaunchSpec:
-    kind = target_for(options)
-    target = kind.launcher(options)
-    reason = target.supports(cell)
-    if reason:
-        raise KitError(f"cell {cell.id}: not applicable on target {options.target}: {reason}")
-    gpus = None
-    if kind.on_gpu:
-        tp = 1 if options.twins else cell.model.tp_size
-        if tp > options.gpus_per_worker:
-            raise KitError(f"cell {cell.id}: needs tp_size {tp} GPUs but --gpus-per-worker is {options.gpus_per_worker}")
-        gpus = gpus_for_worker(worker_index(), options.gpus_per_worker)[:tp]
-    return target.launch_spec(cell, port=port or free_port(), gpus=gpus)
+    """The command and env of ``cell``'s server on the selected target (``Target.launch_spec``)."""
+    return target_for(options).launch_spec(cell, options, port=port or free_port())
 
 
 def _with_plugin_failure(error: ServerStartError, name: str, report: Path, log_path: Path) -> ServerStartError:

@@ -80,6 +80,12 @@ def visible_gpus() -> tuple[list[str] | None, str]:
     return None, "no CUDA device found"
 
 
+def worker_index() -> int:
+    """This xdist worker's index (``gw3`` -> 3; 0 outside xdist)."""
+    m = re.match(r"gw(\d+)$", os.environ.get("PYTEST_XDIST_WORKER", "gw0"))
+    return int(m.group(1)) if m else 0
+
+
 def gpus_for_worker(worker_index: int, gpus_per_worker: int) -> list[str]:
     """The GPU ids an xdist worker owns: its contiguous block of ``gpus_per_worker`` positions
     inside the visible devices (an existing ``CUDA_VISIBLE_DEVICES`` is mapped into, never

@@ -189,8 +189,5 @@ def record_perf(client: SGLangClient, plan: PerfPlan, *, vocab_size: int, engine
 def engine_label(target: str, info: dict[str, Any]) -> str:
     """What served the cell, as the perf block names it: SGLang (and its version), or the
     kit's own reference engine -- allowed, and labelled as not SGLang."""
-    version = info.get("version") or "unknown version"
-    if target_for(target).kit_engine:
-        return f"{target}: the kit's own engine (not SGLang; reports {version})"
-    return f"SGLang {version} ({target})"
+    return target_for(target).engine.perf_label(target, info)
 

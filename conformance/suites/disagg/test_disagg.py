@@ -38,8 +38,8 @@ from conformance.errors import KitError
 from conformance.matrix.faults import DISAGG_FAILURE_ENV
 from conformance.records import Verdict
 from conformance.session.suite_support import exact_mode, grids, no_prefill_stores, settle, sizes_for, vocab_size
-from conformance.targets.disagg import not_applicable, pd_launch_refusal, serve_pd, target_refusal, transport
-from conformance.targets.registry import target_for
+from conformance.targets.disagg import not_applicable, pd_launch_refusal, serve_pd, target_refusal
+from conformance.targets.pd_launch import transport
 from conformance.workloads.gsm8k import pick_items
 from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
@@ -58,9 +58,7 @@ TRANSFER_FAILURE_LOAD_S = 900.0
 
 
 def _gauges(pd) -> tuple[str, ...]:
-    from conformance.reference.pd import PENDING_GAUGE
-
-    return (MAMBA_GAUGE, KV_GAUGE, PENDING_GAUGE) if target_for(pd).kit_engine else (MAMBA_GAUGE, KV_GAUGE)
+    return (MAMBA_GAUGE, KV_GAUGE, *pd.spec.extra_gauges)
 
 
 @pytest.fixture(scope="session")

@@ -72,9 +72,7 @@ def _overlap(endpoint) -> bool:
     """Whether the server's track-slot contract is SGLang's with the overlap scheduler on.
     The reference engine decodes without lookahead (it reports the overlap scheduler off)
     but holds the track slots SGLang holds with it on (the matrix's ``ping_pong_slots``)."""
-    if target_for(endpoint).kit_engine:
-        return endpoint.cell.strategy.overlap
-    return not endpoint.info.get("disable_overlap_schedule", not endpoint.cell.strategy.overlap)
+    return target_for(endpoint).engine.track_slot_overlap(endpoint.cell, endpoint.info)
 
 
 def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):

@@ -35,7 +35,7 @@ def not_selected(target: str, tier: str, *, asked: bool) -> str | None:
     """Why perf tests are left out of a run (None: they run)."""
     if asked:
         return None
-    if not target_for(target).perf:
+    if not target_for(target).runs_by_default("perf"):
         return f"perf runs on the real targets ({', '.join(PERF_TARGETS)}); on {target} only when asked for (--suite perf)"
     if tier == "premerge":
         return "perf runs in the standard and nightly tiers; in premerge only when asked for (--suite perf)"

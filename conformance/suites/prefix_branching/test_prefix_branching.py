@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 import json
-from pathlib import Path
 
 from conformance.matrix import axes
 from conformance.checks.eviction_order import Tlru, eviction_order_verdict, scenario, tlru_stored_len
@@ -77,7 +76,8 @@ def test_kv_eviction_follows_the_policy(endpoint, record_verdict):
     lowest (per-node evidence from the observe plugin)."""
     if not axes.enabled(endpoint.cell, axes.EVICTION_ORDER):
         pytest.skip("eviction order: only on a cell with a modelled eviction policy or the small KV pool")
-    if not target_for(endpoint).kit_plugins or endpoint.log_path is None:
+    plugin_log = target_for(endpoint).engine.plugin_log(endpoint.log_path)
+    if plugin_log is None:
         pytest.skip("eviction order: needs the observe plugin's per-node eviction records (real SGLang)")
     kv = int(endpoint.info.get("max_total_num_tokens") or 0)
     if kv <= 0:
@@ -87,7 +87,7 @@ def test_kv_eviction_follows_the_policy(endpoint, record_verdict):
     stored = scenario(kv, EVICTION_PROMPT, tlru_stored_len(tlru, endpoint.cell.page_size) if tlru else None)
     prompts = dict(zip((s.name for s in stored), token_prompts([s.length for s in stored], vocab_size=vocab_size(endpoint), seed=31)))
     endpoint.client.flush_cache()
-    path = Path(endpoint.log_path).with_suffix(REQUESTS_SUFFIX)
+    path = plugin_log.with_suffix(REQUESTS_SUFFIX)
     start = path.stat().st_size if path.exists() else 0
     sequences = {}
     for s in stored:
