@@ -32,6 +32,7 @@ from conformance.matrix.cells import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, C
 from conformance.session.options import PLUGIN_OPTIONS, Options, add_pytest_options, resolve
 from conformance.report.outcomes import cell_json, cell_of_item, note_launch, note_server, note_server_end
 from conformance.records import Verdict
+from conformance.report.phases import timed
 from conformance.session.cell_servers import CellServers
 from conformance.session.run_state import RUN_KEY, RunState, run_state
 from conformance.matrix.suites import SUITES, suite_of_module
@@ -236,7 +237,7 @@ def _start_endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory
     _skip_if_options_not_applicable(state, cell, target_for(state.options))
     try:
         with quiet.shared(quiet.shared_dir(request.config, tmp_path_factory)):  # no launch while a perf test times
-            ep = stack.enter_context(serve_cell(cell, state.options, log_dir=log_dir))
+            ep = stack.enter_context(timed(serve_cell(cell, state.options, log_dir=log_dir), f"{state.options.target} server"))
     except KitError as e:
         problem = str(e)
         from conformance.targets.option_refusal import log_refusal
@@ -312,7 +313,7 @@ def _dead_reason(ep: Any) -> str | None:
 
 def _teardown_idle_check(ep: Any) -> None:
     """At cell teardown: every scenario's idle probe, and one last one, must read 0."""
-    from conformance.workloads.idle import idle_probe
+    from conformance.session.suite_support import idle_probe
 
     dead = _dead_reason(ep)
     if dead:
@@ -343,7 +344,7 @@ def _scenario_idle_probe(request: pytest.FixtureRequest) -> Iterator[None]:
     ep = _CELL_SERVERS.peek(cell.id) if cell is not None else None  # still open: it closes after this teardown
     if ep is None or _dead_reason(ep):
         return
-    from conformance.workloads.idle import idle_probe
+    from conformance.session.suite_support import idle_probe
 
     try:
         from conformance.session.suite_support import idle_deadline

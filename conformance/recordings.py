@@ -225,6 +225,7 @@ class PerfRecording:
     cache_enabled: bool = True
     quiet: bool | None = None  # True: measured while the run's other tests were held back
     errors: tuple[str, ...] = ()
+    hit_na: str | None = None  # why no prefix-hit request was sent (the cell stores no prefill state), else None
 
 
 # ------------------------------------------------------------------ gsm8k

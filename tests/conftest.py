@@ -1,10 +1,14 @@
 """Kit's own unit tests: pytester for plugin tests; a deterministic hypothesis profile so CI
 runs are reproducible (no deadlines on a shared 2-core machine, no example database).
 
-Direct probes of seeded real-SGLang faults (``fault_probe``) start one real SGLang server
-each: a default run keeps only the ``fault_probe_fast`` subset (deselected, not skipped,
-and said so in the header); ``-m fault_probe`` (or any marker expression naming it) runs
-them all."""
+Tests that cost minutes of another kind are ``scheduled``: they run in the scheduled workflow
+(``ci/workflows/nightly.yml``, job ``scheduled-tests``: ``pytest -m scheduled``), never in the
+README's test command. Scheduled are the ``release_range`` tests (each needs venvs of other
+SGLang releases from PyPI) and the direct probes of seeded real-SGLang faults (``fault_probe``,
+one real SGLang server each) outside the ``fault_probe_fast`` subset CI keeps. A default run
+deselects them (deselected, not skipped, and said so in the header); a marker expression that
+names ``scheduled``, ``release_range`` or ``fault_probe`` runs them.
+"""
 
 import os
 
@@ -22,25 +26,39 @@ settings.load_profile("kit")
 os.environ.setdefault("HYBRID_CONFORMANCE_TARGET", "reference")
 
 PROBE = "fault_probe"
+SCHEDULED = "scheduled"
+#: Markers that make a test scheduled (``fault_probe`` only outside ``fault_probe_fast``).
+SCHEDULED_BY = ("release_range", PROBE)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{PROBE}: a direct probe of a seeded real-SGLang fault (starts an sglang-cpu server)")
     config.addinivalue_line("markers", f"{PROBE}_fast: the probes CI runs by default")
+    config.addinivalue_line("markers", f"{SCHEDULED}: runs in the scheduled workflow, not in the README's test command (another SGLang release, a slow fault probe)")
 
 
-def _all_probes_asked(config: pytest.Config) -> bool:
-    return PROBE in (config.option.markexpr or "")
+def is_scheduled(item: pytest.Item) -> bool:
+    """Another release's venv, or a real-SGLang fault probe outside the fast subset."""
+    if item.get_closest_marker(SCHEDULED) or item.get_closest_marker("release_range"):
+        return True
+    return bool(item.get_closest_marker(PROBE)) and not item.get_closest_marker(f"{PROBE}_fast")
 
 
+def _scheduled_asked(config: pytest.Config) -> bool:
+    expr = config.option.markexpr or ""
+    return any(name in expr for name in (SCHEDULED, *SCHEDULED_BY))
+
+
+@pytest.hookimpl(tryfirst=True)  # marks them before pytest's own -m filter reads the markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _all_probes_asked(config):
+    scheduled = [i for i in items if is_scheduled(i)]
+    for item in scheduled:
+        item.add_marker(SCHEDULED)  # so that ``-m scheduled`` selects every one of them
+    if _scheduled_asked(config) or not scheduled:
         return
-    slow = [i for i in items if i.get_closest_marker(PROBE) and not i.get_closest_marker(f"{PROBE}_fast")]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [i for i in items if i not in slow]
+    config.hook.pytest_deselected(items=scheduled)
+    items[:] = [i for i in items if i not in set(scheduled)]
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return [] if _all_probes_asked(config) else [f"real-SGLang fault probes: fast subset only (run all with -m {PROBE})"]
+    return [] if _scheduled_asked(config) else [f"scheduled tests (other SGLang releases, slow fault probes) deselected: run them with -m {SCHEDULED}"]

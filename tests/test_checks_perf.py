@@ -5,6 +5,8 @@ are slower than cold prefills beyond the noise."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import math
 
@@ -88,6 +90,23 @@ def test_no_request_hitting_the_cache_fails_instead_of_timing_a_second_cold_pref
     v = perf_verdict(recording(COLD, HIT, hit_cached=0))
     assert v.status == "fail" and "none of 5 prefix-hit requests hit the cache" in v.reason
     assert v.metrics["ttft_hit_s"] is None and v.metrics["hit_ratio"] is None
+
+
+def test_a_cell_that_stores_no_prefix_states_why_ttft_hit_does_not_apply_and_passes_on_the_rest() -> None:
+    """The chunked_prefill = sub-chunk cell: SGLang stores no prefill state by design, so
+    the hit phase is not sent and ttft_hit is n/a with the reason; cold and decode still judged."""
+    why = "no prefill on this server stores a Mamba state: --chunked-prefill-size 32 is below the checkpoint grid 64"
+    cold_only = dataclasses.replace(recording(COLD, HIT), hit_na=why)
+    cold_only = dataclasses.replace(cold_only, requests=tuple(r for r in cold_only.requests if r.phase != "hit"))
+    v = perf_verdict(cold_only)
+    assert v.status == "pass", v.reason
+    assert v.details["not_applicable"]["ttft_hit_s"] == why and v.metrics["ttft_hit_s"] is None
+    assert v.metrics["ttft_cold_s"] == pytest.approx(0.22)
+    # still judged: a cold phase that measured nothing fails, and a hit sent anyway is named
+    empty = dataclasses.replace(cold_only, requests=tuple(r for r in cold_only.requests if r.phase != "cold"))
+    assert perf_verdict(empty).status == "fail" and "ttft_cold_s: nothing measured" in perf_verdict(empty).reason
+    sent = dataclasses.replace(recording(COLD, HIT, hit_cached=0), hit_na=why)
+    assert perf_verdict(sent).status == "fail" and "sent on a cell where no hit applies" in perf_verdict(sent).reason
 
 
 def test_a_cold_request_that_hit_after_a_flush_fails() -> None:

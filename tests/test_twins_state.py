@@ -76,9 +76,11 @@ def test_a_binding_dt_clamp_breaks_cached_vs_cold():
     twin = _twin_with(spec.name, twins.build_model(bad))
     ids = random_prompt(twin, 200, 0)
     assert min_step_dt(twin.model, torch.tensor([ids])) < spec_floor(spec)
-    assert path_error(twin, ids, [100], decode_tokens=4) > 1e-4
-    clean = load_twin(spec.name)
-    assert path_error(clean, ids, [100], decode_tokens=4) <= 1e-5
+    broken = path_error(twin, ids, [100], decode_tokens=4)
+    clean = path_error(load_twin(spec.name), ids, [100], decode_tokens=4)
+    # float32 rounding between the chunked and the step-by-step kernels: 1.1e-5 measured with
+    # torch 2.14.1 on one CPU, under 1e-5 on another; the binding clamp is ten times that and more
+    assert clean <= 3e-5 and broken > max(1e-4, 10 * clean), (clean, broken)
 
 
 def spec_floor(spec: twins.TwinSpec) -> float:

@@ -217,6 +217,17 @@ def test_nightly_runs_the_full_matrix_on_gpu_on_a_schedule():
     assert compares, "nightly should compare with the previous nightly's report"
 
 
+def test_nightly_runs_the_scheduled_tests_the_readme_command_leaves_out():
+    """tests/conftest.py deselects ``scheduled`` tests from the README's test command; the
+    nightly's ``scheduled-tests`` job is where they run."""
+    wf = load("nightly")
+    job = wf["jobs"]["scheduled-tests"]
+    scripts = [s.get("run", "") for s in job["steps"]]
+    calls = [invocation(seg) for sc in scripts for seg in segments(sc) if (invocation(seg) or ("",))[0] == "pytest"]
+    assert any(option(inv[3], "-m") == "scheduled" for inv in calls), calls
+    assert any(seg == "bash ci/setup-cpu.sh" for sc in scripts for seg in segments(sc))
+
+
 def test_premerge_runs_twins_and_cpu_tiers_within_20_minutes():
     wf = load("premerge")
     assert "pull_request" in wf["on"] and wf["on"]["pull_request"]["paths"]

@@ -141,6 +141,8 @@ def perf_verdict(rec: PerfRecording) -> Verdict:
         "spread": {k: s.to_json() for k, s in spreads.items() if s},
         "requests": [r.__dict__ for r in rec.requests],
     }
+    if rec.hit_na:
+        details["not_applicable"] = {"ttft_hit_s": rec.hit_na, "hit_ratio": rec.hit_na, "hit_vs_cold_ttft": rec.hit_na}
     if not rec.cache_enabled:
         return Verdict(CHECK, "skip", metrics, "the radix cache is disabled on this server: no prefix hit to time", details)
     problems = list(rec.errors)
@@ -150,7 +152,11 @@ def perf_verdict(rec: PerfRecording) -> Verdict:
     hit_requests = [r for r in rec.requests if r.phase == "hit"]
     if hit_requests and not _hits(rec):
         problems.append(f"none of {len(hit_requests)} prefix-hit requests hit the cache (cached_tokens 0): ttft_hit would time a second cold prefill")
+    if rec.hit_na and hit_requests:
+        problems.append(f"{len(hit_requests)} prefix-hit request(s) sent on a cell where no hit applies ({rec.hit_na})")
     for key in ("ttft_cold_s", "ttft_hit_s", "decode_tok_s", "decode_tok_s_concurrent"):
+        if key == "ttft_hit_s" and rec.hit_na:
+            continue
         if spreads[key] is None and not (key == "ttft_hit_s" and hit_requests and not _hits(rec)):
             problems.append(f"{key}: nothing measured")
     hit, cold = spreads["ttft_hit_s"], spreads["ttft_cold_s"]

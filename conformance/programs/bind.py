@@ -26,6 +26,7 @@ from conformance.matrix.faults import FAULT_SWITCHES
 from conformance.matrix.cells import CacheVariant, Cell, Fault
 from conformance.programs.runner import Target
 from conformance.programs.strategies import GenSpec
+from conformance.report.phases import timed
 from conformance.matrix.strategy import BASELINE, STRATEGIES
 from conformance.session.suite_support import exact_mode, idle_deadline, lookahead, vocab_size
 from conformance.targets.base import Endpoint
@@ -60,7 +61,7 @@ def prepare_twin(cell: Cell) -> None:
 def serve_cold(cell: Cell, options: Any, log_dir: Path) -> Iterator[Endpoint]:
     from conformance.targets.serving import serve_cell
 
-    with serve_cell(cold_cell(cell), options, log_dir=log_dir) as ep:
+    with timed(serve_cell(cold_cell(cell), options, log_dir=log_dir), "cold twin") as ep:
         yield ep
 
 

@@ -29,7 +29,7 @@ from conformance.programs.program import (
     After, Burst, Close, Flush, Idle, Open, Program, Send, Step, Turn, Wait, describe_step,
 )
 from conformance.programs.resolve import Resolver
-from conformance.workloads.idle import idle_probe
+from conformance.session.suite_support import idle_probe
 
 CACHED_COUNTER = "sglang:cached_tokens_total"
 WAIT_S = 300.0

@@ -241,6 +241,8 @@ def write_run_report(state: Any, *, wall_s: float) -> dict[str, Any]:
     selected = _selected_cells(state)
     report.update(run_facts(target=state.options.target, cells=selected, twins=state.options.twins))
     report["preflight"] = _preflight(state)
+    collected = getattr(state, "collected_at", None)
+    report["phases"] = state.phases.to_json(wall_s=wall_s, collection_s=None if collected is None else collected - state.started)
     state.options.report_dir.mkdir(parents=True, exist_ok=True)
     write_report(report, state.options.report_dir)
     return report

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from conformance.report import phases
+from conformance.report.phases import suite_of_nodeid
 from conformance.report.outcomes import TEARDOWN_PROPS, cell_json, cell_of_item, cell_of_nodeid, one_line
 from conformance.session.run_state import run_state
 
@@ -25,6 +27,7 @@ _CONFIG_REF: dict[str, pytest.Config] = {}
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    item.user_properties.append((phases.PROPERTY, {"when": call.when, **phases.take()}))  # this phase's timings
     if call.when == "teardown" and TEARDOWN_PROPS:
         item.user_properties.extend(TEARDOWN_PROPS)
         TEARDOWN_PROPS.clear()
@@ -52,6 +55,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     state = run_state(session.config)
     state.preflight_failures = item_failures(session.items, state.options)
     if not hasattr(session.config, "workerinput"):
+        state.collected_at = time.time()
         state.outcomes.expect((item.nodeid, getattr(cell_of_item(item), "id", None)) for item in session.items)
         if preflight_only():
             lines = sorted(set(state.preflight_failures.values()))
@@ -69,6 +73,7 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     if state.outcomes.collected:
         return
     known = [c.id for c in state.get_matrix().cells]
+    state.collected_at = time.time()
     state.outcomes.expect((nodeid, cell_of_nodeid(nodeid, known)) for nodeid in ids)
 
 
@@ -83,7 +88,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     config = _CONFIG_REF.get("config")
     if config is None or hasattr(config, "workerinput"):
         return
-    run_state(config).outcomes.add(report)
+    state = run_state(config)
+    state.outcomes.add(report)
+    timed = next((dict(v) for k, v in report.user_properties if k == phases.PROPERTY and v.get("when") == report.when), {})
+    timed.pop("when", None)
+    state.phases.add(suite_of_nodeid(report.nodeid), report.when, report.duration, timed)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -100,6 +109,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     state = run_state(config)
     state.exitstatus = int(exitstatus)
+    state.phases.add("(controller)", "teardown", 0.0, phases.take())  # what the controller timed itself (e.g. cold twins it hosts)
     if state.options.report_dir is None:
         return
     from conformance.report.run_report import NOTHING_JUDGED_PREFIX, write_run_report

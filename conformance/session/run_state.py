@@ -14,6 +14,7 @@ from conformance.errors import KitError
 from conformance.matrix.cells import Matrix, load_matrix
 from conformance.session.options import Options
 from conformance.report.outcomes import Outcomes
+from conformance.report.phases import PhaseTotals
 
 
 @dataclass
@@ -28,6 +29,8 @@ class RunState:
     exitstatus: int | None = None
     preflight: list[dict[str, Any]] | None = None
     preflight_failures: dict[str, str] = field(default_factory=dict)  # nodeid -> the need it lacks
+    phases: PhaseTotals = field(default_factory=PhaseTotals)
+    collected_at: float | None = None  # when the controller learnt the collected tests
 
     def get_matrix(self) -> Matrix:
         if self.matrix is None:

@@ -16,7 +16,9 @@ from conformance.recordings import IdleProbe
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.matrix.cells import Cell
 from conformance.records import Verdict
+from conformance.report.phases import phase
 from conformance.targets.registry import target_for
+from conformance.workloads import idle
 
 
 def settle(verdict: Verdict) -> Verdict:
@@ -142,3 +144,10 @@ def no_prefill_stores(endpoint) -> str | None:
                 f"checkpoint grid {g.checkpoint_grid} (SGLang warns at start that such chunks skip Mamba state checkpoints); "
                 "its decode hits are compared where the suite has them")
     return None
+
+
+def idle_probe(client: Any, scenario: str, **kw: Any) -> IdleProbe:
+    """SGLang's idle invariant read from outside (``conformance.workloads.idle.idle_probe``),
+    timed as the run's ``idle probes`` phase."""
+    with phase("idle probes"):
+        return idle.idle_probe(client, scenario, **kw)

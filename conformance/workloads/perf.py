@@ -124,8 +124,10 @@ def _sampled(client: SGLangClient, load: Callable[[], Any], interval_s: float = 
         return samples, fut.result()
 
 
-def record_perf(client: SGLangClient, plan: PerfPlan, *, vocab_size: int, engine: str, quiet: bool | None = None) -> PerfRecording:
-    """Run the perf workload (see the module docstring); every request bounded by the plan's timeout."""
+def record_perf(client: SGLangClient, plan: PerfPlan, *, vocab_size: int, engine: str, quiet: bool | None = None,
+                hit_na: str | None = None) -> PerfRecording:
+    """Run the perf workload (see the module docstring); every request bounded by the plan's timeout.
+    ``hit_na``: why this server can store no prefix for a hit to time (no hit request is sent)."""
     enabled = cache_enabled(client)
     timeout = plan.request_timeout_s
     client.flush_cache()
@@ -144,8 +146,9 @@ def record_perf(client: SGLangClient, plan: PerfPlan, *, vocab_size: int, engine
             (prompt,) = token_prompts([plan.prompt_len], vocab_size=vocab_size, seed=f"perf:{rep}:cold")
             cold = stream_one(client, prompt, plan.new_tokens, timeout=timeout)
             timings.append(timing(cold, "cold", rep, source))
-            turn = tuple(prompt) + cold.output_ids + extension(plan.hit_ext, vocab_size=vocab_size, seed=f"perf:{rep}:ext")
-            timings.append(timing(stream_one(client, turn, plan.new_tokens, timeout=timeout), "hit", rep, source))
+            if hit_na is None:
+                turn = tuple(prompt) + cold.output_ids + extension(plan.hit_ext, vocab_size=vocab_size, seed=f"perf:{rep}:ext")
+                timings.append(timing(stream_one(client, turn, plan.new_tokens, timeout=timeout), "hit", rep, source))
             fresh = token_prompts([plan.prompt_len] * plan.concurrency, vocab_size=vocab_size, seed=f"perf:{rep}:concurrent")
 
             def concurrent(prompts=fresh) -> list[_Streamed]:
@@ -182,7 +185,7 @@ def record_perf(client: SGLangClient, plan: PerfPlan, *, vocab_size: int, engine
     }
     return PerfRecording(
         tuple(timings), plan.repeats, plan.concurrency, tuple(aggregate), source, engine,
-        pools=pools, cache_enabled=enabled, quiet=quiet, errors=tuple(errors),
+        pools=pools, cache_enabled=enabled, quiet=quiet, errors=tuple(errors), hit_na=hit_na,
     )
 
 

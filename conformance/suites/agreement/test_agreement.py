@@ -19,6 +19,7 @@ from conformance.recordings import AgreementStep
 from conformance.records import Verdict
 from conformance.session.suite_support import exact_mode, grids, settle, vocab_size
 from conformance.targets.registry import target_for
+from conformance.report.phases import timed
 from conformance.targets.serving import serve_cell
 from conformance.workloads.agreement import agreement_script, run_agreement
 
@@ -40,7 +41,7 @@ def test_agreement_with_reference_engine(endpoint, conformance_options, tmp_path
     script = agreement_script(chunk=chunk, grid=grid, vocab_size=vocab_size(endpoint))
     served_sglang = run_agreement(endpoint.client, script)
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
-    with serve_cell(cell, ref_options, log_dir=log_dir / "agreement-reference") as ref:
+    with timed(serve_cell(cell, ref_options, log_dir=log_dir / "agreement-reference"), "agreement: reference server") as ref:
         served_ref = run_agreement(ref.client, script)
     steps = [
         AgreementStep(name if len(served_sglang[name]) == 1 else f"{name}[{i}]", a, b)

@@ -9,7 +9,7 @@ from conformance.recordings import KLRecording
 from conformance.client import SGLangClient
 from conformance.workloads.prompts import extension
 from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE
-from conformance.workloads.idle import idle_probe
+from conformance.session.suite_support import idle_probe
 from conformance.workloads.runners import cache_enabled, generate_tokens, judge_against_cold
 
 SCENARIO = "pd_prefill_hit"

@@ -37,6 +37,7 @@ from conformance.suites.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError
 from conformance.matrix.faults import DISAGG_FAILURE_ENV
 from conformance.records import Verdict
+from conformance.report.phases import timed
 from conformance.session.suite_support import exact_mode, grids, no_prefill_stores, settle, sizes_for, vocab_size
 from conformance.targets.disagg import not_applicable, pd_launch_refusal, serve_pd, target_refusal
 from conformance.targets.pd_launch import transport
@@ -69,7 +70,7 @@ def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     stack = contextlib.ExitStack()
     try:
-        pd = stack.enter_context(serve_pd(cell, conformance_options, log_dir=log_dir))
+        pd = stack.enter_context(timed(serve_pd(cell, conformance_options, log_dir=log_dir), f"{conformance_options.target} PD unit"))
     except KitError as e:
         problem = str(e)
         refused = pd_launch_refusal(cell, log_dir)

@@ -16,7 +16,7 @@ from conformance.records import Verdict
 from conformance.session.suite_support import exact_mode, grids, idle_deadline, note_idle_probe, oracle_for, settle, sizes_for, vocab_size
 from conformance.targets.sglang_cpu import HICACHE_FLAG
 from conformance.workloads.host_tier import HostTierSizes, record_host_reload
-from conformance.workloads.idle import idle_probe
+from conformance.session.suite_support import idle_probe
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
 
 pytestmark = pytest.mark.hicache

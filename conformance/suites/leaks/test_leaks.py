@@ -17,7 +17,7 @@ from conformance.records import merge
 from conformance.session.suite_support import grids, idle_deadline, note_idle_probe, settle, sizes_for, vocab_size
 from conformance.targets.registry import target_for
 from conformance.workloads.cell_store import CellStore, sibling_key
-from conformance.workloads.idle import idle_probe
+from conformance.session.suite_support import idle_probe
 from conformance.workloads.prompts import token_prompts
 from conformance.workloads.runners import generate_tokens, record_sessions, sample_occupancy
 from conformance.workloads.sessions import first_turn_abort_script, leak_session_scripts

@@ -15,7 +15,7 @@ from conformance.checks.perf import perf_verdict
 from conformance.matrix.cells import Matrix, baseline_id
 from conformance.suites.perf import quiet
 from conformance.matrix.strategy import BASELINE
-from conformance.session.suite_support import on_cpu, settle, vocab_size
+from conformance.session.suite_support import no_prefill_stores, on_cpu, settle, vocab_size
 from conformance.workloads.perf import CPU_PLAN, GPU_PLAN, engine_label, record_perf
 
 pytestmark = pytest.mark.perf
@@ -36,6 +36,7 @@ def test_perf(endpoint, matrix: Matrix, record_verdict, pytestconfig, tmp_path_f
     with quiet.exclusive(folder) as alone:
         recording = record_perf(
             endpoint.client, plan, vocab_size=vocab_size(endpoint), engine=engine_label(endpoint.target, endpoint.info), quiet=alone,
+            hit_na=no_prefill_stores(endpoint),
         )
     verdict = perf_verdict(recording)
     verdict = dataclasses.replace(verdict, details={**verdict.details, **pairing(endpoint.cell, matrix)})
