@@ -37,6 +37,7 @@ from conformance.session.cell_servers import CellServers
 from conformance.session.run_state import RUN_KEY, RunState, run_state
 from conformance.matrix.suites import SUITES, suite_of_module
 from conformance.targets.registry import POOL, Target, target_for
+from conformance.targets.serving import not_serving
 
 #: The report hooks, perf selection and quiet mode, the request-program suite's options and marker, and its run-wide cache-off twins.
 pytest_plugins = ["conformance.session.report_hooks", "conformance.suites.perf.selection", "conformance.suites.perf.quiet", "conformance.programs.options",
@@ -301,14 +302,11 @@ def _skip_if_options_not_applicable(state: RunState, cell: Cell, target: Target)
 
 
 def _dead_reason(ep: Any) -> str | None:
-    """None while the cell's server answers /health; else the exit status or the log's last error."""
+    """None while the cell's server serves (``targets.base.not_serving``: SGLang's ``/server_info``,
+    not its ``/health``, which sleeps a second); else the exit status or the log's last error."""
     if not ep.alive():
         return ep.process.exit_reason() if ep.process else "server gone"
-    if ep.client.health():
-        return None
-    from conformance.checks.leaks import death_cause
-
-    return f"/health is failing; {death_cause(ep.log_text())}"
+    return not_serving(ep.client, log_text=ep.log_text)
 
 
 def _teardown_idle_check(ep: Any) -> None:

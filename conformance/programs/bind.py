@@ -30,6 +30,7 @@ from conformance.report.phases import timed
 from conformance.matrix.strategy import BASELINE, STRATEGIES
 from conformance.session.suite_support import exact_mode, idle_deadline, lookahead, vocab_size
 from conformance.targets.base import Endpoint
+from conformance.targets.serving import not_serving
 
 COLD_VARIANT = CacheVariant("cold", "radix cache disabled: the programs' cache-off twin", ("--disable-radix-cache",))
 NO_BUFFER = dataclasses.replace(STRATEGIES[BASELINE], description="cache-off twin")
@@ -131,7 +132,6 @@ def gen_spec(ep: Endpoint, target: Target) -> GenSpec:
 
 def restart_if_dead(ep: Endpoint) -> bool:
     """Restart the cell's server when it died or stopped serving (True when restarted)."""
-    from conformance.programs.runner import not_serving
 
     if ep.process is None or not_serving(ep.client, ep.process.exit_reason) is None:
         return False

@@ -19,9 +19,8 @@ from typing import Any
 
 from conformance.checks.differential import Tolerance, cold_from_meta, compare_served, served_logprobs
 from conformance.checks.hit_bounds import StrategyGrid
-from conformance.checks.leaks import death_cause
 from conformance.client import SGLangClient
-from conformance.errors import KitError, ServerDiedError
+from conformance.errors import KitError
 from conformance.programs.evidence import Evidence
 from conformance.programs.flights import Clock, Flight, FlightDeck
 from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
@@ -30,10 +29,10 @@ from conformance.programs.program import (
 )
 from conformance.programs.resolve import Resolver
 from conformance.session.suite_support import idle_probe
+from conformance.targets.serving import not_serving
 
 CACHED_COUNTER = "sglang:cached_tokens_total"
 WAIT_S = 300.0
-HEALTH_TIMEOUT_S = 20.0
 #: What burst members and session turns ask for (``Resolver``): output logprobs and a top-5.
 LOGPROB_OPTIONS = {"return_logprob": True, "top_logprobs_num": 5}
 
@@ -436,34 +435,6 @@ class ProgramRun:
         self.sessions.clear()
 
 
-def not_serving(client: SGLangClient, alive: Any = None, log_text: Any = None) -> str | None:
-    """Why the server is not serving (its process exited, or its scheduler does not answer);
-    None while it serves.  The question is ``/server_info``, which SGLang answers from the
-    scheduler's internal state (a hung scheduler leaves it unanswered); SGLang's ``/health``
-    sleeps a whole second before it answers, which cost the programs a second per program.
-    A release without ``/server_info`` is asked ``/health``.  A slow answer on a busy server
-    is retried, not a death."""
-    why = alive() if alive else None
-    if why:
-        return why
-    status = ""
-    path = "/server_info"
-    for _ in range(3):
-        try:
-            resp = client.request("GET", path, timeout=HEALTH_TIMEOUT_S, ok=(200, 404, 500, 502, 503, 504))
-        except ServerDiedError as e:
-            status = str(e)
-            if "no answer within" in status:
-                continue
-            break
-        if resp.status_code == 404 and path != "/health":
-            path = "/health"
-            continue
-        if resp.status_code == 200:
-            return None
-        status = f"{path} answers {resp.status_code}"
-        break
-    return f"{status}; {death_cause(log_text() if log_text else '')}"
 
 
 def run_program(program: Program, target: Target) -> RunStats:

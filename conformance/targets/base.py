@@ -28,6 +28,7 @@ class LaunchSpec:
     preload: tuple[str, ...] = ()
     plugins: tuple[str, ...] = ()  # kit plugins that must prove they ran inside the server
     preimport: bool = False  # may be forked from a pre-imported launcher (conformance.targets.preimport)
+    term_grace_s: float = 10.0  # how long the server may take to exit on SIGTERM before the kit SIGKILLs its group
 
     @property
     def base_url(self) -> str:

@@ -248,6 +248,7 @@ def _start_pd(cell: Cell, options: Any, spec: PDSpec, log_dir: Path) -> tuple[di
         role: ServerProcess(
             name=f"{options.target} PD {role} for {cell.id}", argv=s.argv, env=_with_report(s.env, reports.get(role)),
             health_url=s.base_url + s.health_path, log_path=pd_log_path(log_dir, cell, role), start_timeout_s=s.start_timeout_s,
+            term_grace_s=s.term_grace_s,
         )
         for role, s in spec.specs().items()
     }

@@ -89,6 +89,7 @@ class ServerProcess:
     env: Mapping[str, str] = field(default_factory=dict)
     start_timeout_s: float = 120.0
     stop_timeout_s: float = 10.0
+    term_grace_s: float = 10.0  # the wait after SIGTERM, before the group is SIGKILLed
     poll_s: float = 0.25
     entry: str | None = None
     entry_argv: Sequence[str] = ()
@@ -211,7 +212,7 @@ class ServerProcess:
         if pgid is not None:
             _signal_group(pgid, signal.SIGTERM)
             try:
-                proc.wait(timeout=self.stop_timeout_s)
+                proc.wait(timeout=self.term_grace_s)
             except subprocess.TimeoutExpired:
                 pass
             # Kill the rest of the group (grandchildren, or a child ignoring SIGTERM).

@@ -206,7 +206,7 @@ def sglang_cpu_pd_spec(cell: Cell, target: SGLangCpuTarget, *, ports: PDPorts) -
         base = target.launch_spec(cell, port=port)
         env = env_for_role(cell, role, {**base.env, **CPU_TRANSFER_ENV, activation.PD_ENV: "1"})
         return LaunchSpec(argv=[*base.argv, "--disaggregation-mode", role, *shared], env=env, port=port, health_path="/health",
-                          start_timeout_s=base.start_timeout_s, plugins=base.plugins)
+                          start_timeout_s=base.start_timeout_s, plugins=base.plugins, term_grace_s=base.term_grace_s)
 
     router_launcher = os.environ.get(ROUTER_LAUNCHER_ENV) or f"{target.python} -m sglang_router.launch_router"
     return PDSpec(server("prefill", ports.prefill), server("decode", ports.decode), _router_spec(ports, router_launcher), ports.bootstrap,

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from conformance.checks.leaks import death_cause
 from conformance.client import SGLangClient
-from conformance.errors import KitError, PortTakenError, ServerStartError
+from conformance.errors import KitError, PortTakenError, ServerDiedError, ServerStartError
 from conformance.matrix.cells import Cell
 from conformance.targets.base import Endpoint, LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
@@ -92,6 +93,7 @@ def _start_cell(cell: Cell, options: Any, log_dir: Path) -> StartedCell:
         health_url=spec.base_url + spec.health_path,
         log_path=log_path,
         start_timeout_s=spec.start_timeout_s,
+        term_grace_s=spec.term_grace_s,
         entry=spec.entry,
         entry_argv=spec.entry_argv,
         preload=spec.preload,
@@ -126,3 +128,35 @@ def _yield_endpoint(started: StartedCell) -> Iterator[Endpoint]:
     finally:
         client.close()
         proc.stop()
+
+#: How long one liveness question may take on a busy server before it is asked again.
+HEALTH_TIMEOUT_S = 20.0
+
+def not_serving(client: SGLangClient, alive: Any = None, log_text: Any = None) -> str | None:
+    """Why the server is not serving (its process exited, or its scheduler does not answer);
+    None while it serves.  The question is ``/server_info``, which SGLang answers from the
+    scheduler's internal state (a hung scheduler leaves it unanswered); SGLang's ``/health``
+    sleeps a whole second before it answers, which cost the programs a second per program.
+    A release without ``/server_info`` is asked ``/health``.  A slow answer on a busy server
+    is retried, not a death."""
+    why = alive() if alive else None
+    if why:
+        return why
+    status = ""
+    path = "/server_info"
+    for _ in range(3):
+        try:
+            resp = client.request("GET", path, timeout=HEALTH_TIMEOUT_S, ok=(200, 404, 500, 502, 503, 504))
+        except ServerDiedError as e:
+            status = str(e)
+            if "no answer within" in status:
+                continue
+            break
+        if resp.status_code == 404 and path != "/health":
+            path = "/health"
+            continue
+        if resp.status_code == 200:
+            return None
+        status = f"{path} answers {resp.status_code}"
+        break
+    return f"{status}; {death_cause(log_text() if log_text else '')}"
