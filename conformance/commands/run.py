@@ -62,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     (report_dir / "preflight.json").write_text(json.dumps(pre.to_json(), indent=2) + "\n")
     os.environ[PREFLIGHT_FILE_ENV] = str((report_dir / "preflight.json").resolve())
 
-    code = int(pytest.main(argv, plugins=[ProgressPlugin()] if wanted() else []))
+    code = int(pytest.main(argv, plugins=[ProgressPlugin(cells=[c.id for c in cells])] if wanted() else []))
     if not report_path.exists():
         print(f"hybrid-conformance: error: pytest exited {code} without writing {report_path}", file=sys.stderr)
         return code or 1
