@@ -19,9 +19,10 @@ from typing import Any, Iterator, Sequence
 
 import pytest
 
-from conformance.checks.leaks import MAMBA_GAUGE, SEQ_GAUGE, is_idle
+from conformance.checks.leaks import is_idle
 from conformance.client import SGLangClient
 from conformance.matrix.cells import Cell, load_matrix
+from conformance.sglang_contract.metric_names import KIT_IDLE_PUBLISH_SEQ, MAMBA_USED_TOKENS
 from conformance.sglang_plugins.activation import FAULT_ENV, FAULT_PLUGIN, REPORT_ENV, read_report
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.plugin_proof import check_plugins
@@ -101,18 +102,18 @@ def probe_server(cell: Cell, tmp_path: Path, *, fault: str | None = None, strict
 def fresh_idle_metrics(client: SGLangClient, *, timeout_s: float = 30.0) -> dict[str, float]:
     """Gauges published while idle (the observe plugin's sequence advanced twice), read
     before any flush."""
-    seq0 = client.metrics().get(SEQ_GAUGE, 0.0)
+    seq0 = client.metrics().get(KIT_IDLE_PUBLISH_SEQ, 0.0)
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         values = client.metrics()
-        if is_idle(values) and values.get(SEQ_GAUGE, 0.0) >= seq0 + 2:
+        if is_idle(values) and values.get(KIT_IDLE_PUBLISH_SEQ, 0.0) >= seq0 + 2:
             return values
         time.sleep(0.25)
     raise AssertionError(f"no fresh idle sample within {timeout_s:.0f}s: {client.metrics()}")
 
 
 def mamba_used_at_idle(client: SGLangClient) -> float:
-    return fresh_idle_metrics(client)[MAMBA_GAUGE]
+    return fresh_idle_metrics(client)[MAMBA_USED_TOKENS]
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from conformance.programs.runner import Target
 from conformance.programs.strategies import GenSpec
 from conformance.matrix.strategy import BASELINE, STRATEGIES
 from conformance.session.suite_support import exact_mode, idle_deadline, lookahead, vocab_size
+from conformance.sglang_contract.metric_names import KIT_KV_TOTAL, KIT_MAMBA_TOTAL, MAMBA_TOTAL_TOKENS, MAX_TOTAL_NUM_TOKENS
 from conformance.targets.base import Endpoint
 
 COLD_VARIANT = CacheVariant("cold", "radix cache disabled: the programs' cache-off twin", ("--disable-radix-cache",))
@@ -91,13 +92,13 @@ def target_for(ep: Endpoint, cold: Endpoint) -> Target:
     metrics = ep.client.metrics()
     refuse_missing(metrics, target=ep.target, attempts=[_later(ep.client)] * 25)
     requests = request_log(ep.log_path, target=ep.target)
-    kv_total = metrics.get("hybrid_conformance:kv_total") or metrics.get("sglang:max_total_num_tokens") or info.get("max_total_num_tokens")
+    kv_total = metrics.get(KIT_KV_TOTAL) or metrics.get(MAX_TOTAL_NUM_TOKENS) or info.get("max_total_num_tokens")
     context = info.get("context_length") or info.get("max_total_num_tokens") or kv_total or 4096
     limits = Limits(
         context_len=int(context),
         max_input=int(info["max_req_input_len"]) if info.get("max_req_input_len") else None,
         kv_total=float(kv_total) if kv_total else None,
-        mamba_total=metrics.get("hybrid_conformance:mamba_total") or metrics.get("sglang:mamba_total_tokens"),
+        mamba_total=metrics.get(KIT_MAMBA_TOTAL) or metrics.get(MAMBA_TOTAL_TOKENS),
         prefill_budget=int(info["chunked_prefill_size"]) if (info.get("chunked_prefill_size") or 0) > 0 else None,
         path_cap=path_cap(info, ep.cell),
     )

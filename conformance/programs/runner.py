@@ -29,9 +29,9 @@ from conformance.programs.program import (
     After, Burst, Close, Flush, Idle, Open, Program, Send, Step, Turn, Wait, describe_step,
 )
 from conformance.programs.resolve import Resolver
+from conformance.sglang_contract.metric_names import CACHED_TOKENS_TOTAL
 from conformance.workloads.idle import idle_probe
 
-CACHED_COUNTER = "sglang:cached_tokens_total"
 WAIT_S = 300.0
 HEALTH_TIMEOUT_S = 20.0
 #: What burst members and session turns ask for (``Resolver``): output logprobs and a top-5.
@@ -171,7 +171,7 @@ class ProgramRun:
         c.flush_cache(attempts=40, pause_s=0.25)
         metrics = c.metrics()
         self.evidence.reset(self.clock.tick(), metrics)
-        self._counter0 = metrics.get(CACHED_COUNTER, 0.0)
+        self._counter0 = metrics.get(CACHED_TOKENS_TOTAL, 0.0)
         self._log0 = len(self.t.log_text()) if self.t.log_text else 0
 
     # ------------------------------------------------------------ steps
@@ -202,7 +202,7 @@ class ProgramRun:
             self.book.reset()
             metrics = self.t.client.metrics()
             self.evidence.reset(self.clock.tick(), metrics)
-            self._counter0 = metrics.get(CACHED_COUNTER, 0.0)
+            self._counter0 = metrics.get(CACHED_TOKENS_TOTAL, 0.0)
             self._log0 = len(self.t.log_text()) if self.t.log_text else 0
 
     def _base_ready(self, step: Send | Turn) -> None:
@@ -394,7 +394,7 @@ class ProgramRun:
             self.fail("idle invariant: " + "; ".join(probe.problems[:3]))
         reported = sum(s.cached_tokens for s in self._since_idle if s.answered and not s.abort_requested)
         aborted_max = sum(len(s.input_ids) for s in self._since_idle if s.abort_requested)
-        now = probe.values.get(CACHED_COUNTER)
+        now = probe.values.get(CACHED_TOKENS_TOTAL)
         metric_delta = None if now is None else now - self._counter0
         log_delta = None
         if self.t.log_text:

@@ -14,6 +14,7 @@ import os
 from conformance.errors import KitError
 from conformance.matrix.faults import FAULT_ENV, LAZY_ALLOC_FAIL_ENV, Fault, registry
 from conformance.reference.program_faults import PROGRAM_FAULTS
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 
 FAULTS: dict[str, Fault] = registry(
     Fault(
@@ -24,7 +25,7 @@ FAULTS: dict[str, Fault] = registry(
         "reference makes the free step skip them.",
         "SGLang PR 26941 (extra_buffer + overlap + streaming sessions leaked 3 slots per session)",
         "slots.SlotKeeper._free_finished_slots and sessions.SessionStore.resume",
-        "mamba slots leak: sglang:mamba_used_tokens > 0 at idle after /flush_cache; idle check fires",
+        f"mamba slots leak: {MAMBA_USED_TOKENS} > 0 at idle after /flush_cache; idle check fires",
     ),
     Fault(
         "lazy_slot_not_returned",
@@ -128,7 +129,7 @@ FAULTS: dict[str, Fault] = registry(
         "is switched off, so only an external check (/metrics) can see it.",
         "a leak in a build where SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE is off",
         "slots.SlotKeeper._free_finished_slots and engine.Engine.idle_check",
-        "sglang:mamba_used_tokens > 0 at idle after flush while /health stays 200",
+        f"{MAMBA_USED_TOKENS} > 0 at idle after flush while /health stays 200",
     ),
     Fault(
         "cached_tokens_overreport",

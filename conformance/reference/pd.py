@@ -46,12 +46,12 @@ from conformance.reference.request import Req
 from conformance.reference.routes import create_app
 from conformance.reference.server import _configure_logging, build_engine, run_app
 from conformance.reference.server import build_parser as server_parser
+from conformance.sglang_contract.metric_names import PD_PENDING_TRANSFERS
 
 log = logging.getLogger("sglang.srt.disaggregation")
 ROLES = ("prefill", "decode")
 TRANSFER_PATH = "/pd/transfer"
 ROOM_HEADER = "x-bootstrap-room"
-PENDING_GAUGE = "sglang:pd_pending_transfers"
 PD_FAULTS: dict[str, Fault] = registry(
     Fault(
         "pd_state_off_by_one",
@@ -298,9 +298,9 @@ def install_pd_routes(app: FastAPI, runner, args, role: str, pd_fault: str | Non
     @app.get("/metrics")
     async def metrics():
         base = await inner_metrics()
-        extra = (f"# HELP {PENDING_GAUGE} PD states awaiting shipment (prefill) or unclaimed (decode)\n"
-                 f"# TYPE {PENDING_GAUGE} gauge\n"
-                 f'{PENDING_GAUGE}{{model_name="{args.model}"}} {float(runner.call(engine.pending))}\n')
+        extra = (f"# HELP {PD_PENDING_TRANSFERS} PD states awaiting shipment (prefill) or unclaimed (decode)\n"
+                 f"# TYPE {PD_PENDING_TRANSFERS} gauge\n"
+                 f'{PD_PENDING_TRANSFERS}{{model_name="{args.model}"}} {float(runner.call(engine.pending))}\n')
         return PlainTextResponse(base.body.decode() + extra, media_type=base.media_type)
 
     @app.get("/server_info")

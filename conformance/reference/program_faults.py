@@ -12,6 +12,7 @@ a follow-up, or a streaming session continued after an aborted turn.  Registered
 from __future__ import annotations
 
 from conformance.matrix.faults import Fault, registry
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 
 PROGRAM_FAULTS: dict[str, Fault] = registry(
     Fault(
@@ -23,7 +24,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "the 'value already exists' branch of a radix insert (SGLang's _insert_helper frees "
         "the duplicate mamba value; a missed free leaks one slot per duplicate)",
         "slots.SlotKeeper.checkpoint_after_prefill",
-        "one mamba slot leaked per duplicate insert: sglang:mamba_used_tokens > 0 at idle",
+        f"one mamba slot leaked per duplicate insert: {MAMBA_USED_TOKENS} > 0 at idle",
     ),
     Fault(
         "split_moves_snapshot",
@@ -64,7 +65,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "track boundary does not give back its old keep slot.",
         "ordering of mamba_lazy_post_decode_at_boundary and the finish path (PR 27118 class)",
         "slots.SlotKeeper.after_boundary",
-        "one mamba slot leaked per such request: sglang:mamba_used_tokens > 0 at idle",
+        f"one mamba slot leaked per such request: {MAMBA_USED_TOKENS} > 0 at idle",
         strategies=("extra_buffer_lazy",),
     ),
     Fault(
