@@ -37,6 +37,19 @@ def test_a_fault_of_an_unknown_layer_or_named_twice_is_refused() -> None:
         record.registry(record.Fault("x", "pool", "d", "b"), record.Fault("x", "pool", "d", "b"))
 
 
+def test_a_fault_of_an_unknown_group_is_refused_and_every_group_has_faults() -> None:
+    from conformance.errors import KitError
+    from conformance.sglang_plugins.faults.catalogue import in_group
+
+    with pytest.raises(ValueError, match="group 'gpu'"):
+        record.Fault("x", "pool", "d", "b", group="gpu")
+    with pytest.raises(KitError, match="fault group 'gpu'"):
+        in_group("gpu")
+    assert {f.group for f in all_faults()} == set(record.GROUPS)  # every group holds a fault (not vacuous)
+    assert in_group("pd") == ("pd_state_index_off", "pd_last_layer_state_unsent", "pd_prefill_slot_kept", "pd_decode_failed_transfer_slot_kept")
+    assert sum(len(in_group(g)) for g in record.GROUPS) == len(all_faults()) - sum(f.layer != "sglang" for f in all_faults())
+
+
 def test_each_fault_env_name_is_spelled_once() -> None:
     names = {record.FAULT_ENV, record.PD_FAULT_ENV, record.SGLANG_FAULT_ENV, record.LAZY_ALLOC_FAIL_ENV, record.DISAGG_FAILURE_ENV}
     spelled = []

@@ -62,6 +62,7 @@ PD_FAULTS: dict[str, Fault] = registry(
         "conformance.reference.pd.PrefillEngine._shipped_state",
         "the decode role continues from the wrong state: the PD cell's outputs differ from the non-PD cell's",
         suites=("disagg",),
+        group="pd",
     ),
 )
 

@@ -25,6 +25,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "the duplicate mamba value; a missed free leaks one slot per duplicate)",
         "slots.SlotKeeper.checkpoint_after_prefill",
         f"one mamba slot leaked per duplicate insert: {MAMBA_USED_TOKENS} > 0 at idle",
+        group="programs",
     ),
     Fault(
         "split_moves_snapshot",
@@ -36,6 +37,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "radix.RadixCache._split",
         "a hit at a split point reports a length no request stored and continues from a "
         "longer prefix's state: outputs differ from cold",
+        group="programs",
     ),
     Fault(
         "logprob_start_ignored",
@@ -46,6 +48,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "the match limit of Req._compute_max_prefix_len (logprob_start_len must cap it)",
         "engine.Engine._try_admit",
         "input_token_logprobs inside the hit differ from a cold prefill",
+        group="programs",
     ),
     Fault(
         "older_pingpong_inserted",
@@ -57,6 +60,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "slots.SlotKeeper._finished_checkpoint",
         "a follow-up hitting the last decode track continues from the state one track "
         "interval earlier: outputs differ from cold",
+        group="programs",
     ),
     Fault(
         "lazy_finish_at_boundary_leak",
@@ -67,6 +71,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "slots.SlotKeeper.after_boundary",
         f"one mamba slot leaked per such request: {MAMBA_USED_TOKENS} > 0 at idle",
         strategies=("extra_buffer_lazy",),
+        group="programs",
     ),
     Fault(
         "stop_finish_key_short",
@@ -79,6 +84,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "a follow-up of the stopped request's prompt + output hits one token short of the "
         "state: cached_tokens the oracle does not allow, outputs differ from cold",
         strategies=("no_buffer",),
+        group="programs",
     ),
     Fault(
         "session_abort_continues",
@@ -89,5 +95,6 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "the last finished turn; _share_token_arrays trims an aborted turn's tokens)",
         "sessions.SessionStore.forget_in_flight",
         "the next turn's prompt_tokens and outputs differ from what SGLang builds",
+        group="programs",
     ),
 )

@@ -40,4 +40,5 @@ FAULT = sglang_fault(
     f"{MAMBA_USED_TOKENS} > 0 at idle before any flush; SGLang's strict idle check logs 'memory leak detected'",
     (Hook(TARGET, "around", cleanup_keeping_duplicate),),
     suites=("leaks", "prefix_branching"),  # the leak burst repeats one prefix; trees send concurrent siblings
+    group="programs",
 )

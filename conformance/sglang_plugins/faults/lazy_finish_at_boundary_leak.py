@@ -31,4 +31,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", post_decode_losing_on_finish),),
     strategies=("extra_buffer_lazy",),
     suites=("leaks", "kl"),
+    group="programs",
 )
