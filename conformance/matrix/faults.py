@@ -1,7 +1,7 @@
 """The one record of a seeded fault, for every layer, and the env vars that switch faults on.
 
-A :class:`Fault` says what the fault is (``description``), the real bug it mimics
-(``real_bug``), its layer and so how it is switched on (:attr:`Fault.switch`), where it is
+A :class:`SeededFault` says what the fault is (``description``), the real bug it mimics
+(``real_bug``), its layer and so how it is switched on (:attr:`SeededFault.switch`), where it is
 injected (``injected_at``), what a check sees (``observable``) and which suites are expected
 to catch it (``suites``) or which check outside them can (``seen_by``), plus where it can show (``strategies``, ``families``,
 ``cell_fault``) for the ``mutants`` plans, and its :class:`FaultGroup` (``group``: why it was
@@ -87,7 +87,7 @@ GROUPS: dict[str, FaultGroup] = {group.name: group for group in (
     FaultGroup("scripted", "SGLang's known regressions and the bug classes the scripted suites catch"),
     FaultGroup("programs", "written for the request programs: bug classes the scripted suites rarely or never reach "
                            "(`mutants --programs` measures them)"),
-    FaultGroup("option", "written for the server-option axes: each shows only with its option on (`Fault.options`), "
+    FaultGroup("option", "written for the server-option axes: each shows only with its option on (`SeededFault.options`), "
                          "so its cell is a standard-tier axis cell"),
     FaultGroup("pd", "PD disaggregation: injected in the disaggregation code, fires only in PD roles"),
     FaultGroup("hicache", "HiCache: injected in SGLang's host pools; its cell is a `hicache` cache-variant cell"),
@@ -95,7 +95,7 @@ GROUPS: dict[str, FaultGroup] = {group.name: group for group in (
 
 
 @dataclass(frozen=True)
-class Fault:
+class SeededFault:
     """A seeded fault of any layer (see the module docstring).
 
     ``hooks`` (layer ``sglang``: the SGLang ``Hook`` records) and ``patch`` (layer ``pool``:
@@ -146,9 +146,9 @@ class Fault:
         return f"{self.env}={self.name}"
 
 
-def registry(*faults: Fault) -> dict[str, Fault]:
+def registry(*faults: SeededFault) -> dict[str, SeededFault]:
     """Name -> fault; a name given twice is an error."""
-    out: dict[str, Fault] = {}
+    out: dict[str, SeededFault] = {}
     for f in faults:
         if f.name in out:
             raise ValueError(f"fault {f.name} declared twice")

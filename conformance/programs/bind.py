@@ -23,8 +23,8 @@ from conformance.matrix import axes
 from conformance.checks.differential import Tolerance
 from conformance.checks.hit_bounds import StrategyGrid
 from conformance.matrix.faults import FAULT_SWITCHES
-from conformance.matrix.cells import CacheVariant, Cell, Fault
-from conformance.programs.runner import Target
+from conformance.matrix.cells import CacheVariant, Cell, MatrixFault
+from conformance.programs.runner import ProgramTarget
 from conformance.programs.strategies import GenSpec
 from conformance.matrix.strategy import BASELINE, STRATEGIES
 from conformance.session.suite_support import exact_mode, idle_deadline, lookahead, vocab_size
@@ -38,7 +38,7 @@ NO_BUFFER = dataclasses.replace(STRATEGIES[BASELINE], description="cache-off twi
 def cold_cell(cell: Cell) -> Cell:
     """The cache-off twin of ``cell``: same model and server options (those of the radix
     tree dropped), no_buffer, page 1, no fault, cache off."""
-    clean = Fault("none", "the cache-off twin runs no fault", env=tuple((k, "") for k in FAULT_SWITCHES))
+    clean = MatrixFault("none", "the cache-off twin runs no fault", env=tuple((k, "") for k in FAULT_SWITCHES))
     options = tuple((axis, value) for axis, value in cell.options if not axes.AXES[axis].tree_only)
     return dataclasses.replace(cell, strategy=NO_BUFFER, page_size=1, track_interval=256, fault=clean, cache_variant=COLD_VARIANT,
                                options=options)
@@ -83,7 +83,7 @@ def path_cap(info: dict, cell: Cell) -> int | None:
     return int(cap) if cap is not None and int(cap) > 0 else None
 
 
-def target_for(ep: Endpoint, cold: Endpoint) -> Target:
+def target_for(ep: Endpoint, cold: Endpoint) -> ProgramTarget:
     from conformance.programs.evidence import refuse_missing, request_log
     from conformance.programs.noise import calibrate
     from conformance.programs.oracle import Limits
@@ -104,7 +104,7 @@ def target_for(ep: Endpoint, cold: Endpoint) -> Target:
     )
     exact = exact_mode(ep)
     tol, noise = (Tolerance.for_mode(True), {}) if exact else calibrate(ep.client, cold.client, vocab_size=vocab_size(ep))
-    return Target(
+    return ProgramTarget(
         client=ep.client, cold=cold.client, grid=grid_for(ep), limits=limits, tol=tol, noise=noise, exact=exact,
         idle_deadline_s=idle_deadline(ep), log_text=ep.log_text if ep.process else None,
         alive=ep.process.exit_reason if ep.process else None, info=info, requests=requests,
@@ -119,7 +119,7 @@ def _later(client: Any) -> Any:
     return scrape
 
 
-def gen_spec(ep: Endpoint, target: Target) -> GenSpec:
+def gen_spec(ep: Endpoint, target: ProgramTarget) -> GenSpec:
     g = target.grid
     return GenSpec(
         vocab_size=vocab_size(ep), chunk=g.chunk, checkpoint_grid=g.checkpoint_grid, track_grid=g.track_grid,

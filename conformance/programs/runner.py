@@ -47,7 +47,7 @@ class ProgramFailure(AssertionError):
 
 
 @dataclass
-class Target:
+class ProgramTarget:
     """What a program runs against: the server under test and the cache-off twin."""
 
     client: SGLangClient
@@ -110,7 +110,7 @@ def cold_logprob_start(input_len: int, served_start: int | None) -> int:
 
 
 class ProgramRun:
-    def __init__(self, program: Program, target: Target) -> None:
+    def __init__(self, program: Program, target: ProgramTarget) -> None:
         self.p, self.t = program, target
         self.tag = uuid.uuid4().hex[:8]
         self.clock = Clock()
@@ -466,5 +466,5 @@ def not_serving(client: SGLangClient, alive: Any = None, log_text: Any = None) -
     return f"{status}; {death_cause(log_text() if log_text else '')}"
 
 
-def run_program(program: Program, target: Target) -> RunStats:
+def run_program(program: Program, target: ProgramTarget) -> RunStats:
     return ProgramRun(program, target).run()

@@ -38,7 +38,7 @@ from fastapi.responses import PlainTextResponse
 from starlette.requests import Request as StarletteRequest
 
 from conformance.errors import KitError
-from conformance.matrix.faults import FAULT_ENV, PD_FAULT_ENV, Fault, registry
+from conformance.matrix.faults import FAULT_ENV, PD_FAULT_ENV, SeededFault, registry
 from conformance.reference.engine import Engine
 from conformance.reference.faults import FaultSwitch
 from conformance.reference.http_common import BadRequest
@@ -52,8 +52,8 @@ log = logging.getLogger("sglang.srt.disaggregation")
 ROLES = ("prefill", "decode")
 TRANSFER_PATH = "/pd/transfer"
 ROOM_HEADER = "x-bootstrap-room"
-PD_FAULTS: dict[str, Fault] = registry(
-    Fault(
+PD_FAULTS: dict[str, SeededFault] = registry(
+    SeededFault(
         "pd_state_off_by_one",
         "reference-pd",
         "the prefill role ships the recurrent state of one token before the end of the "

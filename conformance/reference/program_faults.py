@@ -11,11 +11,11 @@ a follow-up, or a streaming session continued after an aborted turn.  Registered
 
 from __future__ import annotations
 
-from conformance.matrix.faults import Fault, registry
+from conformance.matrix.faults import SeededFault, registry
 from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 
-PROGRAM_FAULTS: dict[str, Fault] = registry(
-    Fault(
+PROGRAM_FAULTS: dict[str, SeededFault] = registry(
+    SeededFault(
         "dup_insert_leak",
         "reference",
         "When a prefill checkpoint is inserted under a key the tree already holds (two "
@@ -27,7 +27,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         f"one mamba slot leaked per duplicate insert: {MAMBA_USED_TOKENS} > 0 at idle",
         group="programs",
     ),
-    Fault(
+    SeededFault(
         "split_moves_snapshot",
         "reference",
         "When an insert splits a radix edge, the new upper node takes the lower node's "
@@ -39,7 +39,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "longer prefix's state: outputs differ from cold",
         group="programs",
     ),
-    Fault(
+    SeededFault(
         "logprob_start_ignored",
         "reference",
         "The prefix match ignores a requested logprob_start_len, so a hit can cover "
@@ -50,7 +50,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "input_token_logprobs inside the hit differ from a cold prefill",
         group="programs",
     ),
-    Fault(
+    SeededFault(
         "older_pingpong_inserted",
         "reference",
         "extra_buffer: at finish the older of the two ping-pong snapshots is inserted under "
@@ -62,7 +62,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "interval earlier: outputs differ from cold",
         group="programs",
     ),
-    Fault(
+    SeededFault(
         "lazy_finish_at_boundary_leak",
         "reference",
         "extra_buffer_lazy: a request that finishes on the very decode step that crosses a "
@@ -73,7 +73,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         strategies=("extra_buffer_lazy",),
         group="programs",
     ),
-    Fault(
+    SeededFault(
         "stop_finish_key_short",
         "reference",
         "no_buffer: a request finished by a stop condition (a stop token, a stop string, "
@@ -86,7 +86,7 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         strategies=("no_buffer",),
         group="programs",
     ),
-    Fault(
+    SeededFault(
         "session_abort_continues",
         "reference",
         "Streaming session: after a turn is aborted, the next turn continues the aborted "

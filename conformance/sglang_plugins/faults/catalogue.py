@@ -12,7 +12,7 @@ import functools
 import importlib
 
 from conformance.errors import KitError
-from conformance.matrix.faults import GROUPS, SGLANG_FAULT_ENV, Fault
+from conformance.matrix.faults import GROUPS, SGLANG_FAULT_ENV, SeededFault
 
 _PKG = "conformance.sglang_plugins.faults."
 #: In docs order: SGLang's known regressions first, then the bug classes.
@@ -66,8 +66,8 @@ FAULT_MODULES = (
 
 
 @functools.lru_cache(maxsize=1)
-def faults() -> dict[str, Fault]:
-    out: dict[str, Fault] = {}
+def faults() -> dict[str, SeededFault]:
+    out: dict[str, SeededFault] = {}
     for module in FAULT_MODULES:
         fault = importlib.import_module(_PKG + module).FAULT
         if fault.name != module or fault.name in out:
@@ -77,14 +77,14 @@ def faults() -> dict[str, Fault]:
 
 
 def in_group(group: str) -> tuple[str, ...]:
-    """The names of the real-SGLang faults of one group (``Fault.group``, one of
+    """The names of the real-SGLang faults of one group (``SeededFault.group``, one of
     ``conformance.matrix.faults.GROUPS``), in docs order."""
     if group not in GROUPS:
         raise KitError(f"fault group {group!r}: unknown (known: {', '.join(GROUPS)})")
     return tuple(name for name, fault in faults().items() if fault.group == group)
 
 
-def get_fault(name: str) -> Fault:
+def get_fault(name: str) -> SeededFault:
     known = faults()
     if name not in known:
         raise KitError(f"{SGLANG_FAULT_ENV}={name!r}: unknown SGLang fault (known: {', '.join(known)})")
