@@ -16,6 +16,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import httpx
 
 from conformance.errors import KitError, ServerDiedError
+from conformance.sglang_contract.metric_names import (
+    KIT_MAMBA_AVAILABLE, KIT_MAMBA_EVICTABLE, KIT_MAMBA_USED, MAMBA_AVAILABLE_TOKENS, MAMBA_EVICTABLE_TOKENS, MAMBA_USED_TOKENS,
+)
 
 _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)")
 
@@ -25,9 +28,9 @@ _METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eE
 #: evictable_size}`` but exports only ``sglang:mamba_usage`` (a fraction); 0.5.12 exports
 #: them as these gauges (``mamba_used_tokens = PoolStats.mamba_num_used``).
 GAUGE_STANDINS = {
-    "sglang:mamba_used_tokens": "hybrid_conformance:mamba_used",
-    "sglang:mamba_available_tokens": "hybrid_conformance:mamba_available",
-    "sglang:mamba_evictable_tokens": "hybrid_conformance:mamba_evictable",
+    MAMBA_USED_TOKENS: KIT_MAMBA_USED,
+    MAMBA_AVAILABLE_TOKENS: KIT_MAMBA_AVAILABLE,
+    MAMBA_EVICTABLE_TOKENS: KIT_MAMBA_EVICTABLE,
 }
 
 

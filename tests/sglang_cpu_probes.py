@@ -19,10 +19,12 @@ from typing import Any, Iterator, Sequence
 
 import pytest
 
-from conformance.checks.leaks import MAMBA_GAUGE, SEQ_GAUGE, is_idle
+from conformance.checks.leaks import is_idle
 from conformance.client import SGLangClient
 from conformance.matrix.cells import Cell, load_matrix
-from conformance.sglang_plugins.activation import FAULT_ENV, FAULT_PLUGIN, REPORT_ENV, read_report
+from conformance.matrix.faults import SGLANG_FAULT_ENV
+from conformance.sglang_contract.metric_names import KIT_IDLE_PUBLISH_SEQ, MAMBA_USED_TOKENS
+from conformance.sglang_plugins.activation import FAULT_PLUGIN, REPORT_ENV, read_report
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.plugin_proof import check_plugins
 from conformance.targets.sglang_cpu import SGLangCpuTarget
@@ -70,22 +72,22 @@ def probe_server(cell: Cell, tmp_path: Path, *, fault: str | None = None, strict
     """A healthy real SGLang server for ``cell`` with SGLang fault ``fault`` (or none) and
     SGLang's strict idle memory check on or off; killed on exit however the test ends."""
     require_sglang()
-    saved = os.environ.pop(FAULT_ENV, None)
+    saved = os.environ.pop(SGLANG_FAULT_ENV, None)
     if fault:
-        os.environ[FAULT_ENV] = fault
+        os.environ[SGLANG_FAULT_ENV] = fault
     try:
         target = SGLangCpuTarget()
         spec = target.launch_spec(cell, port=free_port())
     finally:
-        os.environ.pop(FAULT_ENV, None)
+        os.environ.pop(SGLANG_FAULT_ENV, None)
         if saved is not None:
-            os.environ[FAULT_ENV] = saved
+            os.environ[SGLANG_FAULT_ENV] = saved
     env = dict(spec.env)
     env[STRICT_ENV] = "1" if strict else "0"
     report = tmp_path / f"{cell.id}.plugins.jsonl"
     env[REPORT_ENV] = str(report)
     if fault:
-        assert env.get(FAULT_ENV) == fault and FAULT_PLUGIN in spec.plugins
+        assert env.get(SGLANG_FAULT_ENV) == fault and FAULT_PLUGIN in spec.plugins
     proc = ServerProcess(name=f"probe server {cell.id}", argv=spec.argv, env=env, health_url=spec.base_url + spec.health_path, log_path=tmp_path / f"{cell.id}.log", start_timeout_s=spec.start_timeout_s,
                          preimport_env=spec.env if spec.preimport else None)
     proc.start()
@@ -101,18 +103,18 @@ def probe_server(cell: Cell, tmp_path: Path, *, fault: str | None = None, strict
 def fresh_idle_metrics(client: SGLangClient, *, timeout_s: float = 30.0) -> dict[str, float]:
     """Gauges published while idle (the observe plugin's sequence advanced twice), read
     before any flush."""
-    seq0 = client.metrics().get(SEQ_GAUGE, 0.0)
+    seq0 = client.metrics().get(KIT_IDLE_PUBLISH_SEQ, 0.0)
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         values = client.metrics()
-        if is_idle(values) and values.get(SEQ_GAUGE, 0.0) >= seq0 + 2:
+        if is_idle(values) and values.get(KIT_IDLE_PUBLISH_SEQ, 0.0) >= seq0 + 2:
             return values
         time.sleep(0.25)
     raise AssertionError(f"no fresh idle sample within {timeout_s:.0f}s: {client.metrics()}")
 
 
 def mamba_used_at_idle(client: SGLangClient) -> float:
-    return fresh_idle_metrics(client)[MAMBA_GAUGE]
+    return fresh_idle_metrics(client)[MAMBA_USED_TOKENS]
 
 
 @dataclass(frozen=True)

@@ -354,10 +354,10 @@ def test_report_marks_a_cell_whose_tests_were_skipped_as_not_applicable() -> Non
 
 
 def test_option_faults_name_their_axis_value() -> None:
-    from conformance.sglang_plugins.faults.catalogue import OPTION_FAULTS, faults
+    from conformance.sglang_plugins.faults.catalogue import faults, in_group
 
-    assert OPTION_FAULTS
-    for name in OPTION_FAULTS:
+    assert in_group("option")
+    for name in in_group("option"):
         f = faults()[name]
         assert f.options and axes.parse_selection(f.options)
         assert SHIPPED.select(tier="standard", target="sglang-cpu", models=list(f.families), strategies=[f.strategies[0]], server_options=list(f.options))

@@ -5,10 +5,6 @@ from __future__ import annotations
 import time
 
 from conformance.checks.leaks import (
-    KV_GAUGE,
-    MAMBA_GAUGE,
-    RUNNING_GAUGE,
-    TRACK_SLOTS_GAUGE,
     TrackSlotUse,
     abort_problems,
     after_flush_problems,
@@ -19,9 +15,12 @@ from conformance.checks.leaks import (
     track_slot_verdict,
 )
 from conformance.recordings import IdleProbe, OccupancySample, SessionRecording, TurnResult
+from conformance.sglang_contract.metric_names import (
+    KIT_MAMBA_USED_PEAK, KV_USED_TOKENS, MAMBA_PINGPONG_RESIDENT_SLOTS, MAMBA_USED_TOKENS, NUM_RUNNING_REQS,
+)
 
-IDLE = {MAMBA_GAUGE: 0.0, KV_GAUGE: 0.0}
-LOAD = [OccupancySample(0.0, {MAMBA_GAUGE: 0.0, KV_GAUGE: 0.0}), OccupancySample(0.1, {MAMBA_GAUGE: 9.0, KV_GAUGE: 300.0, "sglang:num_running_reqs": 3.0})]
+IDLE = {MAMBA_USED_TOKENS: 0.0, KV_USED_TOKENS: 0.0}
+LOAD = [OccupancySample(0.0, {MAMBA_USED_TOKENS: 0.0, KV_USED_TOKENS: 0.0}), OccupancySample(0.1, {MAMBA_USED_TOKENS: 9.0, KV_USED_TOKENS: 300.0, "sglang:num_running_reqs": 3.0})]
 # Lines in the shape SGLang 0.5.23 prints (invariant_checker.py, scheduler.py).
 LEAK_LOG = """[2026-01-01 10:00:00] Prefill batch. #new-seq: 1
 [2026-01-01 10:00:05] [mamba] total=1889, available=1886, evictable=0, protected=0, session_held=0, uncached=0
@@ -46,7 +45,7 @@ def test_clean_cell_passes_with_contract_metrics_and_timeline():
 
 
 def test_gauges_not_back_to_zero_fail_with_last_values():
-    v = leak_verdict([probe(), probe({MAMBA_GAUGE: 3.0, KV_GAUGE: 0.0}, reached=False, scenario="sessions")], timeline=LOAD)
+    v = leak_verdict([probe(), probe({MAMBA_USED_TOKENS: 3.0, KV_USED_TOKENS: 0.0}, reached=False, scenario="sessions")], timeline=LOAD)
     assert v.status == "fail"
     assert "sessions: idle invariant broken before any flush" in v.reason and "sglang:mamba_used_tokens=3" in v.reason
     assert v.metrics["mamba_used_at_idle"] == 3.0
@@ -82,7 +81,7 @@ def test_refuses_to_pass_vacuously():
     v = leak_verdict([probe()], timeline=dead_gauge)
     assert v.status == "fail" and "never rose above 0" in v.reason
     assert "no occupancy sample" in leak_verdict([probe()]).reason
-    missing = leak_verdict([probe({KV_GAUGE: 0.0})], timeline=LOAD)
+    missing = leak_verdict([probe({KV_USED_TOKENS: 0.0})], timeline=LOAD)
     assert missing.status == "fail" and "missing from /metrics" in missing.reason
 
 
@@ -113,10 +112,10 @@ def test_track_slot_use_from_counters_uses_the_load_window_only():
 
 
 def test_track_slot_use_from_sampled_gauges_and_unmeasured():
-    sampled = [OccupancySample(0, {TRACK_SLOTS_GAUGE: 4.0, RUNNING_GAUGE: 4.0}), OccupancySample(1, {TRACK_SLOTS_GAUGE: 6.0, RUNNING_GAUGE: 4.0}),
-               OccupancySample(2, {TRACK_SLOTS_GAUGE: 0.0, RUNNING_GAUGE: 0.0})]
+    sampled = [OccupancySample(0, {MAMBA_PINGPONG_RESIDENT_SLOTS: 4.0, NUM_RUNNING_REQS: 4.0}), OccupancySample(1, {MAMBA_PINGPONG_RESIDENT_SLOTS: 6.0, NUM_RUNNING_REQS: 4.0}),
+               OccupancySample(2, {MAMBA_PINGPONG_RESIDENT_SLOTS: 0.0, NUM_RUNNING_REQS: 0.0})]
     assert track_slot_use(sampled).mean_per_request == 1.25
-    assert track_slot_use([OccupancySample(0, {MAMBA_GAUGE: 3.0})]) is None
+    assert track_slot_use([OccupancySample(0, {MAMBA_USED_TOKENS: 3.0})]) is None
 
 
 def test_lazy_claim_against_the_sibling_passes_and_says_where_it_does_not_hold():
@@ -170,7 +169,7 @@ def test_abort_problems_each_way_it_can_go_wrong():
 
 # ------------------------------------------------------------------ SGLang's idle invariant
 KIT_CLEAN = {
-    MAMBA_GAUGE: 0.0, KV_GAUGE: 0.0,
+    MAMBA_USED_TOKENS: 0.0, KV_USED_TOKENS: 0.0,
     "sglang:mamba_available_tokens": 47.0, "sglang:mamba_evictable_tokens": 1.0,
     "sglang:kv_available_tokens": 8000.0, "sglang:kv_evictable_tokens": 192.0,
     "hybrid_conformance:mamba_total": 48.0, "hybrid_conformance:kv_total": 8192.0,
@@ -179,23 +178,23 @@ KIT_CLEAN = {
 
 def test_idle_invariant_clean_and_session_held():
     assert idle_invariant(KIT_CLEAN) == []
-    held = {**KIT_CLEAN, MAMBA_GAUGE: 2.0, "sglang:mamba_available_tokens": 45.0, "hybrid_conformance:mamba_session_held": 2.0}
+    held = {**KIT_CLEAN, MAMBA_USED_TOKENS: 2.0, "sglang:mamba_available_tokens": 45.0, "hybrid_conformance:mamba_session_held": 2.0}
     assert idle_invariant(held) == []
 
 
 def test_idle_invariant_leak_double_count_lock_and_bad_sum():
-    leak = {**KIT_CLEAN, MAMBA_GAUGE: 3.0, "sglang:mamba_available_tokens": 44.0}
+    leak = {**KIT_CLEAN, MAMBA_USED_TOKENS: 3.0, "sglang:mamba_available_tokens": 44.0}
     assert any("3 used at idle" in p and "leaked" in p for p in idle_invariant(leak))
-    twice = {**KIT_CLEAN, MAMBA_GAUGE: -19.0, "sglang:mamba_available_tokens": 66.0}
+    twice = {**KIT_CLEAN, MAMBA_USED_TOKENS: -19.0, "sglang:mamba_available_tokens": 66.0}
     assert any("counted twice" in p for p in idle_invariant(twice))
-    locked = {**KIT_CLEAN, KV_GAUGE: 5.0, "sglang:kv_available_tokens": 7995.0, "hybrid_conformance:kv_protected": 5.0}
+    locked = {**KIT_CLEAN, KV_USED_TOKENS: 5.0, "sglang:kv_available_tokens": 7995.0, "hybrid_conformance:kv_protected": 5.0}
     assert any("protected" in p for p in idle_invariant(locked))
     bad_sum = {**KIT_CLEAN, "hybrid_conformance:mamba_total": 50.0}
     assert any("!= total 50" in p for p in idle_invariant(bad_sum))
 
 
 def test_idle_invariant_refuses_missing_gauges():
-    assert any("missing" in p for p in idle_invariant({KV_GAUGE: 0.0}))
+    assert any("missing" in p for p in idle_invariant({KV_USED_TOKENS: 0.0}))
 
 
 def test_after_flush_nothing_evictable():
@@ -206,11 +205,10 @@ def test_after_flush_nothing_evictable():
 def test_the_observe_plugins_mamba_peak_is_load_evidence_and_zero_is_not():
     """A short PD decode can end between SGLang's own gauge samples: the observe plugin's
     busy-window peak counts as evidence that the gauges are live; a zero peak does not."""
-    from conformance.checks.leaks import MAMBA_PEAK_GAUGE
 
-    seen = [OccupancySample(0.0, {**IDLE, MAMBA_PEAK_GAUGE: 0.0}), OccupancySample(0.1, {**IDLE, MAMBA_PEAK_GAUGE: 3.0})]
+    seen = [OccupancySample(0.0, {**IDLE, KIT_MAMBA_USED_PEAK: 0.0}), OccupancySample(0.1, {**IDLE, KIT_MAMBA_USED_PEAK: 3.0})]
     assert leak_verdict([probe()], timeline=seen).status == "pass"
-    flat = [OccupancySample(0.0, {**IDLE, MAMBA_PEAK_GAUGE: 0.0})]
+    flat = [OccupancySample(0.0, {**IDLE, KIT_MAMBA_USED_PEAK: 0.0})]
     v = leak_verdict([probe()], timeline=flat)
     assert v.status == "fail" and "never rose above 0" in v.reason
 
@@ -219,7 +217,6 @@ def test_the_load_sampler_carries_the_mamba_peak_the_guard_reads():
     """SGLang 0.5.11 declares ``sglang:mamba_used_tokens`` but never sets it: during a burst its
     /metrics shows the Mamba pool at 0 and only the observe plugin's busy-window peak moves.  The
     sampled timeline must carry that peak, or the load-evidence guard refuses a load the pool served."""
-    from conformance.checks.leaks import MAMBA_PEAK_GAUGE
     from conformance.workloads.runners import sample_occupancy
 
     class BurstOn0511:
@@ -228,10 +225,10 @@ def test_the_load_sampler_carries_the_mamba_peak_the_guard_reads():
 
         def metrics(self) -> dict[str, float]:
             self.scrapes += 1
-            return {**IDLE, MAMBA_PEAK_GAUGE: 4.0 if self.scrapes > 1 else 0.0}
+            return {**IDLE, KIT_MAMBA_USED_PEAK: 4.0 if self.scrapes > 1 else 0.0}
 
     timeline, _ = sample_occupancy(BurstOn0511(), lambda: time.sleep(0.05), interval_s=0.005)
-    assert max(s.values.get(MAMBA_PEAK_GAUGE, 0.0) for s in timeline) == 4.0
+    assert max(s.values.get(KIT_MAMBA_USED_PEAK, 0.0) for s in timeline) == 4.0
     assert leak_verdict([probe()], timeline=timeline).status == "pass"
 
 
@@ -262,5 +259,5 @@ def test_a_release_without_sglangs_mamba_gauges_is_judged_on_the_observe_plugins
 
     assert idle_invariant(parse_metrics(text(0, 48))) == []
     assert any("3 used at idle" in p and "leaked" in p for p in idle_invariant(parse_metrics(text(3, 45))))
-    assert parse_metrics(text(0, 48, sglang_used=2))[MAMBA_GAUGE] == 2.0
+    assert parse_metrics(text(0, 48, sglang_used=2))[MAMBA_USED_TOKENS] == 2.0
     assert any("missing" in p for p in idle_invariant(parse_metrics("sglang:mamba_usage 0.0\nsglang:kv_used_tokens 0")))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cli import build_parser
-from conformance.commands.run import pytest_argv_for_run
+from conformance.commands.run import RunRequest
 from conformance.matrix.cells import DEFAULT_TARGET, load_matrix
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_bad_arguments_are_one_line(args: tuple[str, ...], needle: str) -> None:
 
 def test_run_builds_pytest_arguments(tmp_path: Path) -> None:
     args = build_parser().parse_args(["run", "--tier", "premerge", "-m", "lazy_alloc_fail", "-n", "2", "--report-dir", str(tmp_path)])
-    argv = pytest_argv_for_run(args)
+    argv = RunRequest.of(args).pytest_argv()
     assert any(a.endswith("/conformance/suites/kl") for a in argv)
     assert f"--target={DEFAULT_TARGET}" in argv and "--tier=premerge" in argv
     assert argv[argv.index("-m") + 1] == "(lazy_alloc_fail) and (not pool)"

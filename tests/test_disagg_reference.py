@@ -13,13 +13,14 @@ import torch
 
 from conformance.checks.disagg import disagg_verdict
 from conformance.checks.kl import kl_verdict
-from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, leak_verdict
+from conformance.checks.leaks import leak_verdict
 from conformance.client import SGLangClient
 from conformance.suites.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError, ServerStartError
 from conformance.matrix.cells import load_matrix
 from conformance.reference.faults import FAULT_ENV
-from conformance.reference.pd import PD_FAULT_ENV, PENDING_GAUGE, Shipment, pack, read_faults, unpack
+from conformance.reference.pd import PD_FAULT_ENV, Shipment, pack, read_faults, unpack
+from conformance.sglang_contract.metric_names import KV_USED_TOKENS, MAMBA_USED_TOKENS, PD_PENDING_TRANSFERS
 from conformance.targets.disagg import serve_pd
 from conformance.targets.pd_launch import PDPorts, reference_pd_spec
 from conformance.targets.launcher import live_servers
@@ -27,7 +28,7 @@ from conformance.targets.reference_launch import start_reference
 from conformance.workloads.prompts import token_prompts
 
 REFERENCE = SimpleNamespace(target="reference")
-GAUGES = (MAMBA_GAUGE, KV_GAUGE, PENDING_GAUGE)
+GAUGES = (MAMBA_USED_TOKENS, KV_USED_TOKENS, PD_PENDING_TRANSFERS)
 LENGTHS = [65, 100, 129, 200]  # around the toy model's chunk of 64
 
 
@@ -70,7 +71,7 @@ def test_clean_pd_unit_is_idle_on_both_servers_after_load(clean_pd):
     assert [len(r["output_ids"]) for r in out] == [5] * len(prompts)
     probes = probe_both(clean_pd, "after load", requests=len(prompts), gauges=GAUGES)
     merged = clean_pd.router.metrics()
-    assert merged[PENDING_GAUGE] == 0.0 and MAMBA_GAUGE in merged
+    assert merged[PD_PENDING_TRANSFERS] == 0.0 and MAMBA_USED_TOKENS in merged
     verdict = leak_verdict(probes, log_text="\n".join(clean_pd.log_texts().values()), alive=clean_pd.alive(), require_load_evidence=False, gauges=GAUGES)
     assert verdict.status == "pass", verdict.summary()
     assert set(clean_pd.log_paths()) == {"prefill", "decode", "router"}

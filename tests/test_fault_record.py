@@ -1,4 +1,4 @@
-"""One fault record for every layer: each registry holds :class:`conformance.matrix.faults.Fault`
+"""One fault record for every layer: each registry holds :class:`conformance.matrix.faults.SeededFault`
 of its own layer, and each fault env var name is spelled once, in ``conformance/matrix/faults.py``."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def test_every_registry_holds_the_one_record_of_its_layer() -> None:
     from conformance.sglang_plugins.faults.catalogue import faults
 
     for layer, registry in (("reference", REFERENCE), ("reference-pd", PD_FAULTS), ("pool", POOL), ("sglang", faults())):
-        assert registry and all(type(f) is record.Fault and f.layer == layer and f.name == n for n, f in registry.items())
+        assert registry and all(type(f) is record.SeededFault and f.layer == layer and f.name == n for n, f in registry.items())
     for f in all_faults():
         assert f.description and f.real_bug and f.injected_at and f.observable, f.name
         assert f.switch == f"{record.LAYERS[f.layer].env}={f.name}"
@@ -32,9 +32,22 @@ def test_every_registry_holds_the_one_record_of_its_layer() -> None:
 
 def test_a_fault_of_an_unknown_layer_or_named_twice_is_refused() -> None:
     with pytest.raises(ValueError, match="layer 'gpu'"):
-        record.Fault("x", "gpu", "d", "b")
+        record.SeededFault("x", "gpu", "d", "b")
     with pytest.raises(ValueError, match="declared twice"):
-        record.registry(record.Fault("x", "pool", "d", "b"), record.Fault("x", "pool", "d", "b"))
+        record.registry(record.SeededFault("x", "pool", "d", "b"), record.SeededFault("x", "pool", "d", "b"))
+
+
+def test_a_fault_of_an_unknown_group_is_refused_and_every_group_has_faults() -> None:
+    from conformance.errors import KitError
+    from conformance.sglang_plugins.faults.catalogue import in_group
+
+    with pytest.raises(ValueError, match="group 'gpu'"):
+        record.SeededFault("x", "pool", "d", "b", group="gpu")
+    with pytest.raises(KitError, match="fault group 'gpu'"):
+        in_group("gpu")
+    assert {f.group for f in all_faults()} == set(record.GROUPS)  # every group holds a fault (not vacuous)
+    assert in_group("pd") == ("pd_state_index_off", "pd_last_layer_state_unsent", "pd_prefill_slot_kept", "pd_decode_failed_transfer_slot_kept")
+    assert sum(len(in_group(g)) for g in record.GROUPS) == len(all_faults()) - sum(f.layer != "sglang" for f in all_faults())
 
 
 def test_each_fault_env_name_is_spelled_once() -> None:

@@ -19,7 +19,7 @@ from conformance.errors import KitError
 from conformance.programs.evidence import COUNTERS, Evidence, refuse_missing
 from conformance.programs.explore import Exploration
 from conformance.programs.oracle import HitBook, Limits, Served, counter_problems
-from conformance.programs.program import Burst, Options, Program, Root, Send, Turn
+from conformance.programs.program import Burst, SendOptions, Program, Root, Send, Turn
 from conformance.programs.resolve import Resolver
 from conformance.programs.runner import RunStats
 from conformance.programs.strategies import GenSpec, programs
@@ -127,7 +127,7 @@ def test_an_overlapping_store_is_counted_as_concurrent() -> None:
 def test_exact_mode_asks_logprobs_for_sends_bursts_and_turns() -> None:
     program = Program(forest=(tuple(range(5, 200)),), steps=())
     r = Resolver(program, GRID, Limits(context_len=4096), exact=True, tag="t")
-    _, _, send, _ = r.send(Send("a", Root(0, 100), (), 3, Options()), {})
+    _, _, send, _ = r.send(Send("a", Root(0, 100), (), 3, SendOptions()), {})
     _, burst = r.burst(Burst("b", Root(0, 100), ((1,), (2,)), 1))
     r.open("s", False)
     _, turn, _ = r.turn(Turn("s", "t1", (4, 5), 2), "server-sid", {})
@@ -143,7 +143,7 @@ def test_a_mixed_chunk_server_gets_bursts_it_can_mix() -> None:
     mixed = Resolver(program, GRID, Limits(context_len=4096), exact=True, tag="t", mixed=True)
     _, burst = mixed.burst(Burst("b", Root(0, 100), ((1,), (2,)), 1))
     assert "return_logprob" not in burst and "top_logprobs_num" not in burst
-    _, _, send, _ = mixed.send(Send("a", Root(0, 100), (), 3, Options()), {})
+    _, _, send, _ = mixed.send(Send("a", Root(0, 100), (), 3, SendOptions()), {})
     assert send["return_logprob"] is True  # the follow-ups that judge the mixed checkpoints still ask
 
 

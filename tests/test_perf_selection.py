@@ -4,7 +4,6 @@ otherwise -- the same rule for ``hybrid-conformance run``'s default suites and f
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -38,8 +37,8 @@ def test_asked_for_by_marker_or_path() -> None:
     [("sglang-cpu", None, True), ("sglang-cpu", "premerge", False), ("sglang", "standard", True), ("reference", None, False)],
 )
 def test_run_default_suites_follow_the_rule(target: str, tier: str | None, expected: bool) -> None:
-    assert ("perf" in _suites(argparse.Namespace(target=target, tier=tier, suite=None))) is expected
-    assert "perf" in _suites(argparse.Namespace(target=target, tier=tier, suite="perf"))
+    assert ("perf" in _suites(None, target=target, tier=tier)) is expected
+    assert "perf" in _suites("perf", target=target, tier=tier)
 
 
 def _collect(*args: str) -> str:

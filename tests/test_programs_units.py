@@ -20,7 +20,7 @@ from conformance.programs.explore import parse_budget
 from conformance.programs.oracle import (
     HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, lazy_checkpoint_may_drop, log_cached_tokens,
 )
-from conformance.programs.program import After, Burst, Gate, Options, Program, Root, Send, Stop, Turn, load_program, program_from_json
+from conformance.programs.program import After, Burst, Gate, SendOptions, Program, Root, Send, Stop, Turn, load_program, program_from_json
 from conformance.programs.resolve import cut_position
 from conformance.programs.strategies import GenSpec, programs
 from conformance.matrix.strategy import strategy_named
@@ -34,7 +34,7 @@ def test_program_json_round_trip(tmp_path: Path) -> None:
     p = Program(
         forest=((3, 4, 5, 6), (4, 9)),
         steps=(
-            Send("r1", Root(0, 3), (7,), 4, Options(True, "half", 3, False, Stop("r0", 2, "text")), True, 1, Gate("r0", 2)),
+            Send("r1", Root(0, 3), (7,), 4, SendOptions(True, "half", 3, False, Stop("r0", 2, "text")), True, 1, Gate("r0", 2)),
             Send("r2", After("r1", "track-1"), (), 2),
             Burst("b3", Root(1, 2), ((1,), (2,)), 1),
             Turn("s1", "t4", (5, 6), 3, "t1", True, "half", True, True, None),
@@ -627,12 +627,12 @@ def test_the_cache_off_twin_never_loads_the_seeded_sglang_fault(monkeypatch: pyt
     cell env, and a blank must win over the caller's (it did not: the twin of a double_free
     run loaded the fault and died at start-up)."""
     from conformance.programs.bind import FAULT_SWITCHES
-    from conformance.sglang_plugins.activation import FAULT_ENV
+    from conformance.matrix.faults import SGLANG_FAULT_ENV
     from conformance.sglang_plugins.faults import fault_for_launch
 
-    monkeypatch.setenv(FAULT_ENV, "double_free")
-    assert FAULT_ENV in FAULT_SWITCHES
-    assert fault_for_launch({FAULT_ENV: ""}) is None
+    monkeypatch.setenv(SGLANG_FAULT_ENV, "double_free")
+    assert SGLANG_FAULT_ENV in FAULT_SWITCHES
+    assert fault_for_launch({SGLANG_FAULT_ENV: ""}) is None
     assert fault_for_launch({}) == "double_free"
 
 
@@ -653,7 +653,7 @@ def test_a_server_that_dies_mid_program_is_the_program_failure_not_a_kit_error()
     from conformance.checks.hit_bounds import StrategyGrid
     from conformance.programs.oracle import Limits
     from conformance.programs.program import Open
-    from conformance.programs.runner import ProgramFailure, Target, run_program
+    from conformance.programs.runner import ProgramFailure, ProgramTarget, run_program
 
     death = "server process exited with code -9; log tail: ValueError: pool memory leak detected! [mamba] total=48, available=45"
 
@@ -678,7 +678,7 @@ def test_a_server_that_dies_mid_program_is_the_program_failure_not_a_kit_error()
             raise KitError("POST /close_session: ConnectError")
 
     client = Dying()
-    target = Target(client=client, cold=client, grid=StrategyGrid(64, 1, 256, strategy=strategy_named("extra_buffer")),
+    target = ProgramTarget(client=client, cold=client, grid=StrategyGrid(64, 1, 256, strategy=strategy_named("extra_buffer")),
                     limits=Limits(context_len=4096), tol=Tolerance.for_mode(True, kl_cap=1.0), exact=True,
                     alive=lambda: death if client.dead else None)
     with pytest.raises(ProgramFailure, match="server died: server process exited with code -9.*pool memory leak detected"):

@@ -120,6 +120,22 @@ def test_cli_and_plugin_declare_the_same_selection_options() -> None:
     assert "default: sglang-cpu" in group.flags["--target"]["help"]
 
 
+def test_a_verb_and_the_plugin_resolve_one_command_line_to_the_same_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conformance.cli import build_parser
+
+    for env in ("HYBRID_CONFORMANCE_TARGET", "HYBRID_CONFORMANCE_SGLANG_LAUNCHER", "HYBRID_CONFORMANCE_GSM8K_DIR"):
+        monkeypatch.delenv(env, raising=False)
+    given = {"--target": "sglang", "--models": "qwen3-next, nemotron-h", "--page-sizes": "1,64", "--tier": "premerge",
+             "--gpus-per-worker": "4", "--gsm8k-dir": "/data", "--report-dir": "out", "--server-options": "mixed_chunk=on"}
+    args = build_parser().parse_args(["run", *(x for pair in given.items() for x in pair), "--twins"])
+    plugin = options.resolve(lambda flag: True if flag == "--twins" else int(given[flag]) if flag == "--gpus-per-worker" else given.get(flag))
+    cli = options.options_from_args(args)
+    assert cli == plugin and cli.models == ("qwen3-next", "nemotron-h") and cli.page_sizes == (1, 64) and cli.log_dir == Path("out/logs")
+    assert options.options_from_args(build_parser().parse_args(["plan"])) == options.resolve(lambda flag: None)  # the defaults agree
+    known_bugs = options.options_from_args(build_parser().parse_args(["known-bugs"]))  # a verb without --gpus-per-worker
+    assert known_bugs.gpus_per_worker == options.GPUS.default and known_bugs.target == options.FUZZ_TARGET
+
+
 def test_run_forwards_the_targets_own_options_only_to_it() -> None:
     from conformance.cli import build_parser
 

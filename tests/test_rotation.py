@@ -13,6 +13,11 @@ import pytest
 from conformance.commands.rotation import rotate, rotated_cell, rotation_key
 from conformance.commands.selection import selected_cells
 from conformance.errors import KitError
+from conformance.session.options import options_from_args
+
+
+def _cells(args: argparse.Namespace) -> list:
+    return selected_cells(options_from_args(args))
 
 
 def _args(**kw) -> argparse.Namespace:
@@ -21,23 +26,23 @@ def _args(**kw) -> argparse.Namespace:
 
 
 def test_the_key_picks_one_cell_deterministically_and_keys_cover_every_cell() -> None:
-    cells = selected_cells(_args())
+    cells = _cells(_args())
     assert len(cells) == 8
     picked = {rotated_cell(cells, f"{i:040x}").id for i in range(64)}
     assert picked == {c.id for c in cells}  # 64 commit-like keys reach all 8 premerge cells
     narrowed, line = rotate(_args(rotate="0ed07d0"))
     again, _ = rotate(_args(rotate="0ed07d0"))
-    assert [c.id for c in selected_cells(narrowed)] == [c.id for c in selected_cells(again)] and len(selected_cells(narrowed)) == 1
+    assert [c.id for c in _cells(narrowed)] == [c.id for c in _cells(again)] and len(_cells(narrowed)) == 1
     assert line.startswith("rotation: cell ") and "of 8, key '0ed07d0'" in line
 
 
 def test_every_premerge_cell_can_be_rotated_to_alone() -> None:
     """A lazy_alloc_fail cell and its clean twin differ only by the fault: each is selected alone."""
-    cells = selected_cells(_args())
+    cells = _cells(_args())
     keys = {rotated_cell(cells, f"{i:040x}").id: f"{i:040x}" for i in range(64)}
     for key in keys.values():
         narrowed, _ = rotate(_args(rotate=key))  # rotate itself refuses a narrowing that selects more than the cell
-        assert len(selected_cells(narrowed)) == 1
+        assert len(_cells(narrowed)) == 1
     assert rotation_key("date").count("-") == 2 and rotation_key("abc") == "abc"
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import pytest
 from sglang_cpu_probes import (
-    MAMBA_GAUGE,
+    MAMBA_USED_TOKENS,
     aborted_decode_then_idle,
     batch_then_idle,
     batched_prefill_hits,
@@ -58,7 +58,7 @@ MAMBA2 = ("nemotron-h", "extra_buffer")
 
 def used(scenario: Callable) -> Callable:
     """The scenario's ``sglang:mamba_used_tokens`` at idle, before any flush."""
-    return lambda client: scenario(client)[MAMBA_GAUGE]
+    return lambda client: scenario(client)[MAMBA_USED_TOKENS]
 
 
 def diverged(rows) -> list:
@@ -161,7 +161,7 @@ def test_control_extra_buffer_clean(tmp_path: Path) -> None:
         idle = [batch_then_idle(c), streaming_session_then_idle(c), aborted_decode_then_idle(c), hits_then_idle(c)]
         hits = batched_prefill_hits(c) + grid_prefill_hits(c) + branch_point_hit(c) + decode_hits(c)
         reported = branch_cached_tokens(c)
-    assert [v[MAMBA_GAUGE] for v in idle] == [0] * len(idle) and not any(idle_invariant(v) for v in idle), idle
+    assert [v[MAMBA_USED_TOKENS] for v in idle] == [0] * len(idle) and not any(idle_invariant(v) for v in idle), idle
     assert all(r.cached_tokens > 0 for r in hits) and not diverged(hits), summary(hits)
     assert reported == (0, 200)
 
@@ -169,7 +169,7 @@ def test_control_extra_buffer_clean(tmp_path: Path) -> None:
 def test_control_lazy_clean(tmp_path: Path) -> None:
     with _clean(LAZY, tmp_path) as s:
         values = decode_across_boundary_then_idle(s.client)
-    assert values[MAMBA_GAUGE] == 0 and not idle_invariant(values), values
+    assert values[MAMBA_USED_TOKENS] == 0 and not idle_invariant(values), values
 
 
 def test_control_lazy_alloc_fail_clean(tmp_path: Path) -> None:
@@ -233,7 +233,7 @@ def test_control_path_cap_clean(tmp_path: Path) -> None:
     with probe_server(cell_for(*EXTRA, options=(("path_cap", "1"),)), tmp_path, fault=None, strict=False) as s:
         idle = hits_then_idle(s.client)
         rows = cap_hits(s.client)
-    assert idle[MAMBA_GAUGE] == 0 and not idle_invariant(idle), idle
+    assert idle[MAMBA_USED_TOKENS] == 0 and not idle_invariant(idle), idle
     assert all(r.cached_tokens > 0 for r in rows) and not diverged(rows), summary(rows)
 
 
@@ -243,7 +243,7 @@ def test_path_cap_fault_is_missed_with_the_cap_off(tmp_path: Path) -> None:
     with probe_server(cell_for(*EXTRA), tmp_path, fault="path_cap_frees_tail_slot", strict=False) as s:
         idle = hits_then_idle(s.client)
         fired = s.fired("path_cap_frees_tail_slot")
-    assert fired == 0 and idle[MAMBA_GAUGE] == 0 and not idle_invariant(idle), (fired, idle)
+    assert fired == 0 and idle[MAMBA_USED_TOKENS] == 0 and not idle_invariant(idle), (fired, idle)
 
 
 def test_control_pressure_clean(tmp_path: Path) -> None:
@@ -329,7 +329,7 @@ def test_control_kv_fill_clean(tmp_path: Path) -> None:
     of the oldest and equal cold."""
     with probe_server(cell_for(*EXTRA, options=(("kv_pool", "small"),)), tmp_path, fault=None, strict=False) as s:
         rows = kv_fill_hits(s.client)
-        idle = kv_fill_then_idle(s.client)[MAMBA_GAUGE]
+        idle = kv_fill_then_idle(s.client)[MAMBA_USED_TOKENS]
     assert idle == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (idle, summary(rows))
 
 
@@ -338,6 +338,6 @@ def test_kv_fault_is_missed_with_the_default_kv_pool(tmp_path: Path) -> None:
     no KV shortfall, the hook never fires, the hits equal cold and no slot is counted twice."""
     with probe_server(cell_for(*EXTRA), tmp_path, fault="kv_evict_frees_cached_mamba_slot", strict=False) as s:
         rows = kv_fill_hits(s.client)
-        idle = kv_fill_then_idle(s.client)[MAMBA_GAUGE]
+        idle = kv_fill_then_idle(s.client)[MAMBA_USED_TOKENS]
         fired = s.fired("kv_evict_frees_cached_mamba_slot")
     assert fired == 0 and idle == 0 and any(r.cached_tokens > 0 for r in rows) and not diverged(rows), (fired, idle, summary(rows))

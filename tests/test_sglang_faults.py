@@ -18,6 +18,7 @@ import pytest
 
 from conformance.errors import KitError
 from conformance.matrix.cells import load_matrix
+from conformance.matrix.faults import SGLANG_FAULT_ENV
 from conformance.sglang_plugins import activation
 from conformance.sglang_plugins.faults import catalogue, spec
 
@@ -128,14 +129,14 @@ def test_fault_selected_in_the_kits_environment_reaches_the_sglang_cpu_server(mo
     from conformance.targets.sglang_cpu import SGLangCpuTarget
 
     cell = _cell()
-    monkeypatch.delenv(activation.FAULT_ENV, raising=False)
+    monkeypatch.delenv(SGLANG_FAULT_ENV, raising=False)
     clean = SGLangCpuTarget().launch_spec(cell, port=1)
-    assert activation.FAULT_ENV not in clean.env and activation.FAULT_PLUGIN not in clean.plugins
-    monkeypatch.setenv(activation.FAULT_ENV, "cow_skipped")  # as `mutants` sets it
+    assert SGLANG_FAULT_ENV not in clean.env and activation.FAULT_PLUGIN not in clean.plugins
+    monkeypatch.setenv(SGLANG_FAULT_ENV, "cow_skipped")  # as `mutants` sets it
     spec_ = SGLangCpuTarget().launch_spec(cell, port=1)
-    assert spec_.env[activation.FAULT_ENV] == "cow_skipped"
+    assert spec_.env[SGLANG_FAULT_ENV] == "cow_skipped"
     assert activation.FAULT_PLUGIN in spec_.plugins and activation.FAULT_PLUGIN in spec_.env["SGLANG_PLUGINS"].split(",")
-    monkeypatch.setenv(activation.FAULT_ENV, "nope")
+    monkeypatch.setenv(SGLANG_FAULT_ENV, "nope")
     with pytest.raises(KitError, match="unknown SGLang fault"):
         SGLangCpuTarget().launch_spec(cell, port=1)
 
@@ -145,12 +146,12 @@ def test_the_gpu_sglang_target_loads_a_fault_the_same_way(monkeypatch: pytest.Mo
 
     cell = _cell()
     target = SGLangTarget(strategy_flag="--mamba-radix-cache-strategy")
-    monkeypatch.delenv(activation.FAULT_ENV, raising=False)
+    monkeypatch.delenv(SGLANG_FAULT_ENV, raising=False)
     monkeypatch.delenv("SGLANG_PLUGINS", raising=False)
     assert target.launch_spec(cell, port=1).plugins == ()
-    monkeypatch.setenv(activation.FAULT_ENV, "double_free")
+    monkeypatch.setenv(SGLANG_FAULT_ENV, "double_free")
     gpu = target.launch_spec(cell, port=1, gpus=[0])
-    assert gpu.plugins == (activation.FAULT_PLUGIN,) and gpu.env[activation.FAULT_ENV] == "double_free"
+    assert gpu.plugins == (activation.FAULT_PLUGIN,) and gpu.env[SGLANG_FAULT_ENV] == "double_free"
     assert "SGLANG_PLUGINS" not in gpu.env  # no whitelist set: every installed plugin loads, ours included
     monkeypatch.setenv("SGLANG_PLUGINS", "site_plugin")
     assert target.launch_spec(cell, port=1).env["SGLANG_PLUGINS"] == f"site_plugin,{activation.FAULT_PLUGIN}"

@@ -21,13 +21,14 @@ from sglang_cpu_probes import probe_server
 from conformance.checks.host_tier import host_reload_verdict
 from conformance.checks.kl import kl_verdict
 from conformance.matrix.cells import Cell, load_matrix
-from conformance.sglang_plugins.faults.catalogue import HICACHE_FAULTS
+from conformance.sglang_plugins.faults.catalogue import in_group
 from conformance.workloads.host_tier import HostTierSizes, record_host_reload
 from conformance.workloads.idle import idle_probe
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
 from conformance.checks.prefix_oracle import PrefixOracle
 
 pytestmark = [pytest.mark.fault_probe, pytest.mark.timeout(1200)]
+HICACHE_FAULTS = in_group("hicache")
 
 
 def _hicache_cell() -> Cell:

@@ -18,9 +18,10 @@ from typing import Iterator
 import pytest
 from sglang_cpu_probes import EXTRA_BUFFER_QWEN, cell_for, probe_server, prompts
 
-from conformance.checks.leaks import MAMBA_GAUGE, leak_verdict
+from conformance.checks.leaks import leak_verdict
 from conformance.recordings import IdleProbe
 from conformance.client import SGLangClient
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.reference import FAULT_ENV as REFERENCE_FAULT_ENV
 from conformance.targets.reference import ReferenceTarget
@@ -64,7 +65,7 @@ def test_leak_check_fails_on_a_real_sglang_leak_with_sglangs_strict_check_off(le
     probe = leak_scenario(leaky_sglang.client)
     assert leaky_sglang.fired(FAULT) >= REQUESTS
     assert leaky_sglang.process.alive() and leaky_sglang.client.health(), "SGLang's strict idle check is off: the server must keep serving"
-    leaked, after = probe.values[MAMBA_GAUGE], probe.after_flush.get(MAMBA_GAUGE)
+    leaked, after = probe.values[MAMBA_USED_TOKENS], probe.after_flush.get(MAMBA_USED_TOKENS)
     assert leaked >= REQUESTS and after == 0, f"before flush {leaked:g}, after {after}: the flush rebuilds SGLang's free lists"
     with_log = leak_verdict([probe], log_text=leaky_sglang.log(), alive=True, require_load_evidence=False)
     invariant_only = leak_verdict([probe], log_text="", alive=True, require_load_evidence=False)
@@ -79,10 +80,10 @@ def test_reference_engine_and_real_sglang_agree_on_the_seeded_leak(leaky_sglang,
         ref = leak_scenario(client)
     rows = {"sglang-cpu": real, "reference": ref}
     for target, probe in rows.items():
-        before, after = probe.values[MAMBA_GAUGE], probe.after_flush.get(MAMBA_GAUGE)
+        before, after = probe.values[MAMBA_USED_TOKENS], probe.after_flush.get(MAMBA_USED_TOKENS)
         assert before > 0 and after == 0, f"{target}: mamba used {before:g} before the flush, {after} after"
         assert not probe.reached and any("leaked" in p for p in probe.problems), (target, probe.problems)
         assert leak_verdict([probe], alive=True, require_load_evidence=False).status == "fail"
     # the fault leaks one track slot per finished request whose state was cached, two otherwise
-    leaked = {t: p.values[MAMBA_GAUGE] for t, p in rows.items()}
-    assert real.values[MAMBA_GAUGE] == ref.values[MAMBA_GAUGE] and REQUESTS <= real.values[MAMBA_GAUGE] <= 2 * REQUESTS, leaked
+    leaked = {t: p.values[MAMBA_USED_TOKENS] for t, p in rows.items()}
+    assert real.values[MAMBA_USED_TOKENS] == ref.values[MAMBA_USED_TOKENS] and REQUESTS <= real.values[MAMBA_USED_TOKENS] <= 2 * REQUESTS, leaked

@@ -24,7 +24,7 @@ from sglang_cpu_probes import cell_for, fresh_idle_metrics, probe_server, requir
 
 from conformance.checks.leaks import idle_invariant
 
-from conformance.sglang_plugins.activation import FAULT_ENV
+from conformance.matrix.faults import SGLANG_FAULT_ENV
 from conformance.workloads.prompts import token_prompts
 from conformance.workloads.runners import generate_tokens, output_ids
 
@@ -48,17 +48,17 @@ def pd_cell(tmp_path: Path, fault: str | None, cell_fault: str = "none") -> Iter
     from conformance.targets.disagg import serve_pd
 
     require_sglang()
-    saved = os.environ.pop(FAULT_ENV, None)
+    saved = os.environ.pop(SGLANG_FAULT_ENV, None)
     if fault:
-        os.environ[FAULT_ENV] = fault
+        os.environ[SGLANG_FAULT_ENV] = fault
     try:
         options = SimpleNamespace(target="sglang-cpu", dtype="float32", twins=False)
         with serve_pd(cell_for(*WHERE, cell_fault), options, log_dir=tmp_path / "pd") as pd:
             yield pd
     finally:
-        os.environ.pop(FAULT_ENV, None)
+        os.environ.pop(SGLANG_FAULT_ENV, None)
         if saved is not None:
-            os.environ[FAULT_ENV] = saved
+            os.environ[SGLANG_FAULT_ENV] = saved
 
 
 def _damage(tmp_path: Path, fault: str | None) -> dict[str, object]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from sglang_cpu_probes import MAMBA_GAUGE, cell_for, fresh_idle_metrics, hit_vs_cold, probe_server, prompts, summary, tail
+from sglang_cpu_probes import MAMBA_USED_TOKENS, cell_for, fresh_idle_metrics, hit_vs_cold, probe_server, prompts, summary, tail
 
 from conformance.workloads.runners import cached_tokens, generate_tokens, output_ids
 
@@ -28,7 +28,7 @@ def identical_batch_then_idle(client) -> float:
     """Four identical 130-token prompts in one batch: each checkpoints 128 (one insert, three duplicates)."""
     (p,) = prompts((130,), seed=21)
     generate_tokens(client, [p] * 4, 2)
-    return fresh_idle_metrics(client)[MAMBA_GAUGE]
+    return fresh_idle_metrics(client)[MAMBA_USED_TOKENS]
 
 
 def two_boundary_decode_hits(client):
@@ -53,7 +53,7 @@ def finishes_on_boundaries_then_idle(client) -> float:
     """Requests whose last decode step lands on, or one off, the 256 track boundary."""
     for n, new in ((250, 7), (251, 6), (249, 8), (248, 9), (252, 5)):
         generate_tokens(client, prompts((n,), seed=24 + n), new)
-    return fresh_idle_metrics(client)[MAMBA_GAUGE]
+    return fresh_idle_metrics(client)[MAMBA_USED_TOKENS]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from conformance.checks.hit_bounds import StrategyGrid, finish_store
 from conformance.checks.strip_thinking import REASONING_FIELD, finish_store_of, possible_finish_stores_of, reasoning_finish_store
 from conformance.programs.evidence import COUNTERS, Evidence
 from conformance.programs.oracle import HitBook, Limits, Served
-from conformance.programs.program import Options, Program, Root, Send, step_from_json
+from conformance.programs.program import SendOptions, Program, Root, Send, step_from_json
 from conformance.programs.resolve import Resolver
 from conformance.programs.strategies import GenSpec, programs
 from conformance.matrix.strategy import strategy_named
@@ -62,11 +62,11 @@ def test_the_oracle_keeps_only_the_prompt_of_a_reasoning_request() -> None:
 
 def test_a_reasoning_send_asks_for_reasoning_and_round_trips() -> None:
     r = Resolver(Program(forest=(tuple(range(3, 600)),), steps=()), BUFFERED, Limits(context_len=4096), exact=True, tag="t")
-    _, _, payload, opts = r.send(Send("r1", Root(0, 100), (), 4, Options(reasoning=True)), {})
+    _, _, payload, opts = r.send(Send("r1", Root(0, 100), (), 4, SendOptions(reasoning=True)), {})
     assert payload[REASONING_FIELD] is True and opts[REASONING_FIELD] is True
-    _, _, payload, opts = r.send(Send("r2", Root(0, 100), (), 4, Options()), {})
+    _, _, payload, opts = r.send(Send("r2", Root(0, 100), (), 4, SendOptions()), {})
     assert REASONING_FIELD not in payload and REASONING_FIELD not in opts
-    step = Send("r3", Root(0, 10), (), 2, Options(reasoning=True))
+    step = Send("r3", Root(0, 10), (), 2, SendOptions(reasoning=True))
     assert step_from_json(step.to_json(), "t").options.reasoning is True
 
 

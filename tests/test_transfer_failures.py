@@ -174,10 +174,10 @@ def test_only_the_disagg_suite_binds_the_transfer_fail_cells() -> None:
 
 def test_the_decode_fault_runs_on_its_transfer_fail_cell() -> None:
     from conformance.mutants.catalogue import sglang_cpu_plans
-    from conformance.sglang_plugins.faults.catalogue import PD_FAULTS, faults
+    from conformance.sglang_plugins.faults.catalogue import faults
 
     name = "pd_decode_failed_transfer_slot_kept"
-    assert name in PD_FAULTS and faults()[name].cell_fault == "disagg_transfer_fail"
+    assert faults()[name].group == "pd" and faults()[name].cell_fault == "disagg_transfer_fail"
     plan = sglang_cpu_plans((name,))[name]
     assert (plan.faults, plan.tier, plan.suites, plan.strategies) == ("disagg_transfer_fail", "standard", ("disagg",), "no_buffer")
     json.dumps(plan.__dict__)

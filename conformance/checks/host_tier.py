@@ -19,10 +19,11 @@ from typing import Mapping
 
 from conformance.records import Verdict
 from conformance.recordings import HostReloadRecording
+from conformance.sglang_contract.metric_names import KIT_HOST_KV_USED, KIT_HOST_MAMBA_USED
 
 CHECK = "hicache"
 #: The observe plugin's host-tier gauges (conformance.sglang_plugins.observe).
-HOST_USED = ("hybrid_conformance:host_kv_used", "hybrid_conformance:host_mamba_used")
+HOST_USED = (KIT_HOST_KV_USED, KIT_HOST_MAMBA_USED)
 
 
 def host_reload_verdict(rec: HostReloadRecording, kl: Verdict, idle: Mapping[str, float], after_flush: Mapping[str, float]) -> Verdict:

@@ -23,30 +23,13 @@ from conformance.recordings import IdleProbe, OccupancySample, SessionRecording
 from conformance.records import Verdict
 from conformance.server_log import last_crash
 from conformance.matrix.strategy import Strategy, strategy_named
+from conformance.sglang_contract.metric_names import (
+    IDLE_TERMS, KIT_BUSY_PERIODS, KIT_DECODE_REQ_STEPS, KIT_DECODE_RUNNING_PEAK, KIT_MAMBA_USED_PEAK, KIT_RUNNING_REQS,
+    KIT_TRACK_SLOT_REQ_STEPS, KIT_TRACK_SLOTS_REQ_PEAK, KIT_TRACK_SLOTS_STEP_PEAK, KIT_WAITING_REQS, KV_USED_TOKENS,
+    MAMBA_PINGPONG_RESIDENT_SLOTS, MAMBA_USED_TOKENS, NUM_QUEUE_REQS, NUM_RUNNING_REQS,
+)
 
 CHECK = "leaks"
-MAMBA_GAUGE = "sglang:mamba_used_tokens"
-KV_GAUGE = "sglang:kv_used_tokens"
-RUNNING_GAUGE = "sglang:num_running_reqs"
-QUEUE_GAUGE = "sglang:num_queue_reqs"
-MAMBA_AVAILABLE = "sglang:mamba_available_tokens"
-MAMBA_EVICTABLE = "sglang:mamba_evictable_tokens"
-KV_AVAILABLE = "sglang:kv_available_tokens"
-KV_EVICTABLE = "sglang:kv_evictable_tokens"
-# Resident ping-pong/track slots: exposed by the kit's reference server, not by SGLang.
-TRACK_SLOTS_GAUGE = "sglang:mamba_pingpong_resident_slots"
-# The terms of SGLang's idle invariant it does not export, published next to its gauges by
-# the kit's observe plugin inside real SGLang (conformance/sglang_plugins/observe.py) and
-# by the reference server; absent gauges count as 0 held.
-KIT = "hybrid_conformance:"
-#: The observe plugin's busy-window peak of SGLang's mamba ``used`` term, read before every
-#: batch (SGLang's own gauge is sampled only at its log intervals: a short load can miss it).
-MAMBA_PEAK_GAUGE = KIT + "mamba_used_peak"
-SEQ_GAUGE = KIT + "idle_publish_seq"
-POOLS = {
-    "mamba": (MAMBA_GAUGE, MAMBA_AVAILABLE, MAMBA_EVICTABLE),
-    "kv": (KV_GAUGE, KV_AVAILABLE, KV_EVICTABLE),
-}
 
 LOG_PATTERNS = (
     re.compile(r"memory leak detected", re.I),
@@ -60,8 +43,8 @@ LOG_PATTERNS = (
 
 def is_idle(values: Mapping[str, float]) -> bool:
     """Nothing running and nothing queued (by SGLang's gauges, or the kit's where present)."""
-    running = values.get(KIT + "running_reqs", values.get(RUNNING_GAUGE, 0.0))
-    waiting = values.get(KIT + "waiting_reqs", values.get(QUEUE_GAUGE, 0.0))
+    running = values.get(KIT_RUNNING_REQS, values.get(NUM_RUNNING_REQS, 0.0))
+    waiting = values.get(KIT_WAITING_REQS, values.get(NUM_QUEUE_REQS, 0.0))
     return running == 0 and waiting == 0
 
 
@@ -71,13 +54,13 @@ def idle_invariant(values: Mapping[str, float]) -> list[str]:
     exactly what open sessions and locked tree nodes hold.  Above: a leak; below: a slot
     counted twice.  A missing ``used`` gauge is itself a problem (nothing is judged)."""
     problems = []
-    for pool, (used_g, avail_g, evict_g) in POOLS.items():
-        used = values.get(used_g)
+    for pool, terms in IDLE_TERMS.items():
+        used = values.get(terms.used)
         if used is None or used != used:
-            problems.append(f"{pool}: gauge {used_g} missing from /metrics")
+            problems.append(f"{pool}: gauge {terms.used} missing from /metrics")
             continue
-        protected = values.get(f"{KIT}{pool}_protected", 0.0)
-        held = values.get(f"{KIT}{pool}_session_held", 0.0)
+        protected = values.get(terms.protected, 0.0)
+        held = values.get(terms.session_held, 0.0)
         if protected:
             problems.append(f"{pool}: {protected:g} protected (locked) at idle: a lock was not released")
         leaked = used - protected - held
@@ -85,8 +68,8 @@ def idle_invariant(values: Mapping[str, float]) -> list[str]:
             problems.append(f"{pool}: {leaked:g} used at idle beyond what sessions hold (used {used:g}, session-held {held:g}): leaked")
         elif leaked < 0:
             problems.append(f"{pool}: used {used:g} < session-held {held:g} + protected {protected:g}: counted twice")
-        total = values.get(f"{KIT}{pool}_total")
-        avail, evict = values.get(avail_g), values.get(evict_g)
+        total = values.get(terms.total)
+        avail, evict = values.get(terms.available), values.get(terms.evictable)
         if total is not None and avail is not None and evict is not None and avail + evict + used != total:
             problems.append(f"{pool}: available {avail:g} + evictable {evict:g} + used {used:g} != total {total:g}")
     return problems
@@ -95,8 +78,8 @@ def idle_invariant(values: Mapping[str, float]) -> list[str]:
 def after_flush_problems(values: Mapping[str, float]) -> list[str]:
     """After ``/flush_cache`` on an idle server nothing stays evictable in the radix cache."""
     problems = []
-    for pool, (_used_g, _avail_g, evict_g) in POOLS.items():
-        evict = values.get(evict_g)
+    for pool, terms in IDLE_TERMS.items():
+        evict = values.get(terms.evictable)
         if evict:
             problems.append(f"{pool}: {evict:g} still evictable after the flush")
     return problems
@@ -131,7 +114,7 @@ def death_cause(text: str) -> str:
 
 def timeline_rows(samples: Sequence[OccupancySample]) -> list[list[float]]:
     """``[[t_s, mamba_used, kv_used, running], ...]`` for the report (NaN-free: 0 if absent)."""
-    return [[s.t_s, s.values.get(MAMBA_GAUGE, 0.0), s.values.get(KV_GAUGE, 0.0), s.values.get(RUNNING_GAUGE, 0.0)] for s in samples]
+    return [[s.t_s, s.values.get(MAMBA_USED_TOKENS, 0.0), s.values.get(KV_USED_TOKENS, 0.0), s.values.get(NUM_RUNNING_REQS, 0.0)] for s in samples]
 
 
 def peak(samples: Sequence[OccupancySample], gauge: str) -> float | None:
@@ -142,13 +125,8 @@ def peak(samples: Sequence[OccupancySample], gauge: str) -> float | None:
 # ------------------------------------------------------------------ resident track slots
 # Busy-side gauges the kit's observe plugin publishes from SGLang's request objects
 # (conformance/sglang_plugins/observe.py): cumulative sums over decode steps and peaks.
-DECODE_REQ_STEPS = KIT + "decode_req_steps"
-TRACK_SLOT_REQ_STEPS = KIT + "track_slot_req_steps"
-TRACK_SLOTS_REQ_PEAK = KIT + "track_slots_req_peak"
-TRACK_SLOTS_STEP_PEAK = KIT + "track_slots_step_peak"
-DECODE_RUNNING_PEAK = KIT + "decode_running_peak"
-BUSY_PERIODS = KIT + "busy_periods"
-TRACK_GAUGES = (DECODE_REQ_STEPS, TRACK_SLOT_REQ_STEPS, TRACK_SLOTS_REQ_PEAK, TRACK_SLOTS_STEP_PEAK, DECODE_RUNNING_PEAK, BUSY_PERIODS)
+TRACK_GAUGES = (KIT_DECODE_REQ_STEPS, KIT_TRACK_SLOT_REQ_STEPS, KIT_TRACK_SLOTS_REQ_PEAK, KIT_TRACK_SLOTS_STEP_PEAK,
+                KIT_DECODE_RUNNING_PEAK, KIT_BUSY_PERIODS)
 #: "about half" of extra_buffer's resident ping-pong slots: the mean ratio must not exceed this.
 LAZY_RATIO_MAX = 0.75
 
@@ -177,34 +155,34 @@ class TrackSlotUse:
 def track_slot_use(timeline: Sequence[OccupancySample]) -> TrackSlotUse | None:
     """Resident track slots per running request from an occupancy timeline taken around a
     load: from the kit's cumulative observe gauges (real SGLang) when present, else from
-    sampled instantaneous gauges (:data:`TRACK_SLOTS_GAUGE` over running requests, the
+    sampled instantaneous gauges (:data:`MAMBA_PINGPONG_RESIDENT_SLOTS` over running requests, the
     reference server); None when the target exports neither."""
-    with_counters = [s for s in timeline if DECODE_REQ_STEPS in s.values and TRACK_SLOT_REQ_STEPS in s.values]
+    with_counters = [s for s in timeline if KIT_DECODE_REQ_STEPS in s.values and KIT_TRACK_SLOT_REQ_STEPS in s.values]
     if len(with_counters) >= 2:
         first, last = with_counters[0].values, with_counters[-1].values
-        steps = last[DECODE_REQ_STEPS] - first[DECODE_REQ_STEPS]
-        slots = last[TRACK_SLOT_REQ_STEPS] - first[TRACK_SLOT_REQ_STEPS]
-        w0 = first.get(BUSY_PERIODS, 0.0)
-        inside = [s.values for s in with_counters if s.values.get(BUSY_PERIODS, 0.0) > w0]  # windows opened by this load
+        steps = last[KIT_DECODE_REQ_STEPS] - first[KIT_DECODE_REQ_STEPS]
+        slots = last[KIT_TRACK_SLOT_REQ_STEPS] - first[KIT_TRACK_SLOT_REQ_STEPS]
+        w0 = first.get(KIT_BUSY_PERIODS, 0.0)
+        inside = [s.values for s in with_counters if s.values.get(KIT_BUSY_PERIODS, 0.0) > w0]  # windows opened by this load
         return TrackSlotUse(
             "hybrid_conformance observe gauges (SGLang request objects, every decode step)",
             slots / steps if steps > 0 else None,
-            max((v.get(TRACK_SLOTS_REQ_PEAK, 0.0) for v in inside), default=None),
-            max((v.get(TRACK_SLOTS_STEP_PEAK, 0.0) for v in inside), default=None),
-            max((v.get(DECODE_RUNNING_PEAK, 0.0) for v in inside), default=None),
+            max((v.get(KIT_TRACK_SLOTS_REQ_PEAK, 0.0) for v in inside), default=None),
+            max((v.get(KIT_TRACK_SLOTS_STEP_PEAK, 0.0) for v in inside), default=None),
+            max((v.get(KIT_DECODE_RUNNING_PEAK, 0.0) for v in inside), default=None),
             steps,
-            int(last.get(BUSY_PERIODS, 0.0) - w0),
+            int(last.get(KIT_BUSY_PERIODS, 0.0) - w0),
         )
-    busy = [s.values for s in timeline if TRACK_SLOTS_GAUGE in s.values and s.values.get(RUNNING_GAUGE, 0.0) > 0]
+    busy = [s.values for s in timeline if MAMBA_PINGPONG_RESIDENT_SLOTS in s.values and s.values.get(NUM_RUNNING_REQS, 0.0) > 0]
     if busy:
-        ratios = [v[TRACK_SLOTS_GAUGE] / v[RUNNING_GAUGE] for v in busy]
+        ratios = [v[MAMBA_PINGPONG_RESIDENT_SLOTS] / v[NUM_RUNNING_REQS] for v in busy]
         return TrackSlotUse(
-            f"{TRACK_SLOTS_GAUGE} / {RUNNING_GAUGE} over {len(busy)} busy samples",
+            f"{MAMBA_PINGPONG_RESIDENT_SLOTS} / {NUM_RUNNING_REQS} over {len(busy)} busy samples",
             sum(ratios) / len(ratios),
             None,
-            max(v[TRACK_SLOTS_GAUGE] for v in busy),
-            max(v[RUNNING_GAUGE] for v in busy),
-            float(sum(v[RUNNING_GAUGE] for v in busy)),
+            max(v[MAMBA_PINGPONG_RESIDENT_SLOTS] for v in busy),
+            max(v[NUM_RUNNING_REQS] for v in busy),
+            float(sum(v[NUM_RUNNING_REQS] for v in busy)),
             1,
         )
     return None
@@ -308,7 +286,7 @@ def leak_verdict(
     timeline: Sequence[OccupancySample] = (),
     require_load_evidence: bool = True,
     scenario_errors: Sequence[str] = (),
-    gauges: Sequence[str] = (MAMBA_GAUGE, KV_GAUGE),
+    gauges: Sequence[str] = (MAMBA_USED_TOKENS, KV_USED_TOKENS),
     sessions: SessionRecording | None = None,
 ) -> Verdict:
     """Judge the idle probes of a cell's scenarios plus its log and process state (and,
@@ -317,12 +295,12 @@ def leak_verdict(
     rows = timeline_rows(timeline)
     at_idle = {g: _worst(p.values.get(g) for p in probes) for g in gauges}
     metrics = {
-        "mamba_used_at_idle": at_idle.get(MAMBA_GAUGE),
-        "kv_used_at_idle": at_idle.get(KV_GAUGE),
+        "mamba_used_at_idle": at_idle.get(MAMBA_USED_TOKENS),
+        "kv_used_at_idle": at_idle.get(KV_USED_TOKENS),
         "leak_log_lines": len(log_lines),
         "lazy_resident_ratio": None,  # judged by track_slot_verdict
         "scenarios": len(probes),
-        "mamba_used_peak": peak(timeline, MAMBA_GAUGE),
+        "mamba_used_peak": peak(timeline, MAMBA_USED_TOKENS),
         "idle_wait_s_max": max((p.waited_s for p in probes), default=None),
     }
     details = {"timeline": rows, "log_lines": log_lines[:50], "probes": [_probe_row(p) for p in probes]}
@@ -355,11 +333,11 @@ def leak_verdict(
     if probes and not any(p.requests for p in probes) and not fails:
         return Verdict(CHECK, "skip", metrics, "vacuous: the scenarios sent no request", details)
     if require_load_evidence and not fails:
-        moved = peak(timeline, MAMBA_GAUGE) or peak(timeline, MAMBA_PEAK_GAUGE)
+        moved = peak(timeline, MAMBA_USED_TOKENS) or peak(timeline, KIT_MAMBA_USED_PEAK)
         if not timeline:
             fails.append("no occupancy sample under load: cannot tell the gauges are live")
         elif not moved:
-            fails.append(f"{MAMBA_GAUGE} (and {MAMBA_PEAK_GAUGE} where published) never rose above 0 under load: a leak would be invisible")
+            fails.append(f"{MAMBA_USED_TOKENS} (and {KIT_MAMBA_USED_PEAK} where published) never rose above 0 under load: a leak would be invisible")
     if fails:
         return Verdict(CHECK, "fail", metrics, "; ".join(fails), details)
     return Verdict(CHECK, "pass", metrics, "", details)

@@ -11,7 +11,7 @@ from conformance.programs.explore import parse_budget
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     parse_budget(args.budget)  # one line before anything starts
-    if getattr(args, "rotate", None):
+    if args.rotate:
         from conformance.commands.rotation import rotate
 
         args, line = rotate(args)

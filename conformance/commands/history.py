@@ -452,11 +452,9 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
 def parse_workers(text: str | None) -> int:
     """``-n`` as ``run`` reads it for the sglang-cpu target (default min(2, cores); ``auto``;
     ``0`` for none), checked before any release is installed: one-line KitError otherwise."""
-    import argparse
-
     from conformance.commands.selection import workers
 
-    return workers(argparse.Namespace(workers=text, target=SGLANG_CPU))
+    return workers(text, target=SGLANG_CPU)
 
 
 def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:

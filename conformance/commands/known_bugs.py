@@ -14,9 +14,11 @@ import argparse
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from conformance.errors import KitError
 from conformance.session.known_bugs import KnownBug, check_entries, installed_release, known_bugs_file, load
+from conformance.session.options import Options, options_from_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
 
 
-def replayer(args: argparse.Namespace, log_dir: Path):
+def replayer(options: Options, log_dir: Path) -> Callable[[KnownBug], str | None]:
     """bug -> its replay's failure line, or None when the program passed."""
     from conformance.programs.program import load_program
     from conformance.programs.replay import find_cell, play
@@ -37,11 +39,11 @@ def replayer(args: argparse.Namespace, log_dir: Path):
 
     def replay(bug: KnownBug) -> str | None:
         program = load_program(str(bug.replay_path()))
-        cell = find_cell(program, args.matrix)
+        cell = find_cell(program, options.matrix_path)
         saved = dict(os.environ)
         os.environ.update(program.env)
         try:
-            outcome = next(iter(play(program, cell, args, log_dir / bug.id)))
+            outcome = next(iter(play(program, cell, options, log_dir / bug.id)))
         finally:
             os.environ.clear()
             os.environ.update(saved)
@@ -64,7 +66,7 @@ def cmd_known_bugs(args: argparse.Namespace) -> int:
         return 0
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="hc-known-bugs-"))
     print(f"replaying {len(in_range)} known SGLang bug(s) on sglang {release}; server logs in {log_dir}")
-    results = check_entries(in_range, target=args.target, release=release, replay=replayer(args, log_dir))
+    results = check_entries(in_range, target=args.target, release=release, replay=replayer(options_from_args(args), log_dir))
     for r in results:
         print(r.line)
     bad = [r for r in results if not r.ok]

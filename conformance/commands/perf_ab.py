@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_perf_ab(args: argparse.Namespace) -> int:
     from conformance.checks.perf_ab import MIN_PAIRS
     from conformance.matrix.cells import load_matrix
-    from conformance.session.options import resolve
+    from conformance.session.options import options_from_args
     from conformance.suites.perf.ab import AbPlan, fault_runs, graded_runs
     from conformance.session.preflight import preflight_only
     from conformance.sglang_plugins.faults.step_slowdown import parse_grade
@@ -76,7 +76,7 @@ def cmd_perf_ab(args: argparse.Namespace) -> int:
     if preflight_only():
         print(f"preflight only: perf-ab would time {runs} paired runs of {args.pairs} pairs on {cell.id} ({doing})")
         return 0
-    opts = resolve(lambda flag: {"--target": args.target, "--dtype": args.dtype, "--matrix": args.matrix, "--sglang-launcher": args.sglang_launcher}.get(flag))
+    opts = options_from_args(args)
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="perf-ab-"))
     print(f"perf-ab: {runs} paired runs of {args.pairs} pairs on {cell.id}; server logs {log_dir}", flush=True)
     wrong = 0

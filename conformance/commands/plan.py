@@ -5,6 +5,7 @@ every server and PD command (CPU, nothing launched)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 from conformance.commands.selection import selected_cells
 from conformance.errors import KitError
 from conformance.matrix.cells import Cell
+from conformance.session.options import Options, options_from_args
 from conformance.sglang_api.probes import probe
 from conformance.targets.disagg import not_applicable, pd_spec_for, validate_pd_spec
 from conformance.targets.registry import VALIDATE, accepting, target_for
@@ -21,11 +23,12 @@ from conformance.targets.sglang import config_folder, describing_gpus, strip_lau
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    target = target_for(args.target)
-    cells = selected_cells(args)
+    options = options_from_args(args)
+    target = target_for(options.target)
+    cells = selected_cells(options)
     rows = []
     # A plan shows each command as worker 0 would launch it, with enough GPUs for its tp size.
-    plan_opts = argparse.Namespace(**{**vars(args), "gpus_per_worker": max([args.gpus_per_worker, *(c.model.tp_size for c in cells)])})
+    plan_opts = dataclasses.replace(options, gpus_per_worker=max([options.gpus_per_worker, *(c.model.tp_size for c in cells)]))
     for i, cell in enumerate(cells):
         row: dict[str, Any] = {**cell.describe(), "markers": list(cell.markers)}
         if target.serves_http():
@@ -39,7 +42,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         if not target.accepts(VALIDATE):
             raise KitError(f"--validate checks sglang commands: use it with --target {' or '.join(accepting(VALIDATE))}")
         with describing_gpus():
-            failures = validate_rows(rows, cells, args)
+            failures = validate_rows(rows, cells, options)
     if args.format == "json":
         print(json.dumps({"cells": rows}, indent=2))
     else:
@@ -55,15 +58,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def validate_rows(rows: list[dict[str, Any]], cells: list[Cell], args: argparse.Namespace) -> int:
+def validate_rows(rows: list[dict[str, Any]], cells: list[Cell], options: Options) -> int:
     """SGLang's own parser on each row's server command and the cell's PD commands; the
     failures (each also one stderr line)."""
     print(f"hybrid-conformance: {probe().summary()}", file=sys.stderr)
     failures = 0
-    pd_opts = argparse.Namespace(**{**vars(args), "gpus_per_worker": 3 * max(c.model.tp_size for c in cells)}) if cells else args
+    pd_opts = dataclasses.replace(options, gpus_per_worker=3 * max(c.model.tp_size for c in cells)) if cells else options
     for row, cell in zip(rows, cells):
-        config = config_folder(cell, twins=args.twins)
-        v = validate_server_args(strip_launcher(row["command"], args.sglang_launcher), cell, config=config)
+        config = config_folder(cell, twins=options.twins)
+        v = validate_server_args(strip_launcher(row["command"], options.sglang_launcher), cell, config=config)
         row["validation"] = v.message if v.status != "na" else f"n/a: {v.message}"
         if v.status == "na":
             print(f"hybrid-conformance: {cell.id}: not applicable on this SGLang: {v.message}", file=sys.stderr)

@@ -7,15 +7,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from conformance.commands.selection import selected_cells, selection_text, suites_for, workers
-from conformance.matrix.cells import Cell
+from conformance.commands.selection import Selection
 from conformance.session.preflight import Preflight, Request, run_preflight
 
 
-def preflight_for(args: argparse.Namespace, cells: list[Cell], suites: list[str]) -> Preflight:
+def preflight_for(selection: Selection, n_workers: int) -> Preflight:
+    """The preflight of a selection run on ``n_workers`` xdist workers (0: none)."""
+    options = selection.options
     req = Request(
-        target=args.target, cells=tuple(cells), suites=tuple(suites), gsm8k_dir=getattr(args, "gsm8k_dir", None),
-        gpus_per_worker=args.gpus_per_worker, workers=max(1, workers(args)), twins=args.twins, selection=selection_text(args),
+        target=options.target, cells=selection.cells, suites=selection.suites, gsm8k_dir=options.gsm8k_dir,
+        gpus_per_worker=options.gpus_per_worker, workers=max(1, n_workers), twins=options.twins, selection=selection.text,
     )
     return run_preflight(req, on_line=lambda line: print(line.render(), flush=True))
 
@@ -32,6 +33,6 @@ def refuse(pre: Preflight) -> int:
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    suites = suites_for(args)
-    pre = preflight_for(args, selected_cells(args), suites)
+    selection = Selection.of(args)
+    pre = preflight_for(selection, selection.workers(args.workers))
     return 0 if pre.ok else refuse(pre)

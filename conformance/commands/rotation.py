@@ -12,6 +12,7 @@ import hashlib
 from conformance.commands.selection import selected_cells
 from conformance.errors import KitError
 from conformance.matrix.cells import Cell
+from conformance.session.options import options_from_args
 
 
 def rotation_key(key: str) -> str:
@@ -26,13 +27,14 @@ def rotated_cell(cells: list[Cell], key: str) -> Cell:
 
 
 def rotate(args: argparse.Namespace) -> tuple[argparse.Namespace, str]:
-    """``args`` narrowed to the rotated cell, and the line that says which and why."""
+    """``args`` narrowed to the rotated cell (the command line ``run`` hands on to pytest), and
+    the line that says which and why."""
     key = rotation_key(args.rotate)
-    cells = selected_cells(args)
+    cells = selected_cells(options_from_args(args))
     cell = rotated_cell(cells, key)
     narrowed = argparse.Namespace(**{**vars(args), "models": cell.model.id, "strategies": cell.strategy.name, "faults": cell.fault.name,
                                      "page_sizes": str(cell.page_size)})
-    if [c.id for c in selected_cells(narrowed)] != [cell.id]:
+    if [c.id for c in selected_cells(options_from_args(narrowed))] != [cell.id]:
         raise KitError(f"--rotate: cell {cell.id} cannot be selected alone by model, strategy, fault and page size")
     index = [c.id for c in cells].index(cell.id)
     return narrowed, f"rotation: cell {cell.id} ({index + 1} of {len(cells)}, key {key!r})"

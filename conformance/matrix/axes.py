@@ -55,7 +55,9 @@ PATH_CAP_FLAG = "--mamba-max-states-per-path"
 REASONING_PARSER = "qwen3"
 
 
-class _CellLike(Protocol):
+class _AxisCell(Protocol):
+    """What an axis value's flags and refusals read of a matrix cell."""
+
     @property
     def strategy(self) -> Strategy: ...
     @property
@@ -76,9 +78,9 @@ class AxisValue:
     axis: str
     name: str
     description: str
-    args: Callable[[_CellLike], list[str]] = lambda cell: []
+    args: Callable[[_AxisCell], list[str]] = lambda cell: []
     needs: tuple[str, str | None] | None = None
-    refuses: Callable[[_CellLike], str | None] = lambda cell: None
+    refuses: Callable[[_AxisCell], str | None] = lambda cell: None
     #: What the value lets clients do (the workloads and programs draw only what the cell allows).
     enables: tuple[str, ...] = ()
 
@@ -105,7 +107,7 @@ class Axis:
         return self.values[name]
 
 
-def _flag(*args: str) -> Callable[[_CellLike], list[str]]:
+def _flag(*args: str) -> Callable[[_AxisCell], list[str]]:
     return lambda cell: list(args)
 
 
@@ -121,12 +123,12 @@ def chunked_prefill_size(value: str, grid: Grid) -> int | None:
     return {"grid": 2 * g, "off-grid": g + g // 2, "sub-chunk": grid.chunk // 2}.get(value)
 
 
-def _chunked_args(value: str) -> Callable[[_CellLike], list[str]]:
+def _chunked_args(value: str) -> Callable[[_AxisCell], list[str]]:
     return lambda cell: ["--chunked-prefill-size", str(chunked_prefill_size(value, cell.grid))]
 
 
-def _chunked_refuses(value: str) -> Callable[[_CellLike], str | None]:
-    def refuses(cell: _CellLike) -> str | None:
+def _chunked_refuses(value: str) -> Callable[[_AxisCell], str | None]:
+    def refuses(cell: _AxisCell) -> str | None:
         size = chunked_prefill_size(value, cell.grid)
         g = cell.grid
         if size is None:
@@ -143,7 +145,7 @@ def _chunked_refuses(value: str) -> Callable[[_CellLike], str | None]:
 
 # ------------------------------------------------------------------ overlap
 
-def _overlap_on_refuses(cell: _CellLike) -> str | None:
+def _overlap_on_refuses(cell: _AxisCell) -> str | None:
     return cell.strategy.refuses_settings(overlap=True, pd=False)
 
 
@@ -152,7 +154,7 @@ def _overlap_on_refuses(cell: _CellLike) -> str | None:
 LAZY_NEEDS_OVERLAP = "Lazy extra buffer requires overlap schedule (--disable-overlap-schedule is incompatible)"
 
 
-def _overlap_off_refuses(cell: _CellLike) -> str | None:
+def _overlap_off_refuses(cell: _AxisCell) -> str | None:
     if cell.strategy.lazy:
         return f"SGLang refuses {cell.strategy.name} without the overlap scheduler at start: {LAZY_NEEDS_OVERLAP!r}"
     return None
@@ -239,7 +241,7 @@ AXES: dict[str, Axis] = {a.name: a for a in _AXES}
 NAMES: tuple[str, ...] = tuple(AXES)
 
 
-def value_of(cell: _CellLike, axis: str) -> AxisValue:
+def value_of(cell: _AxisCell, axis: str) -> AxisValue:
     """The value of ``axis`` in ``cell``: the one it sets, else the axis default for its strategy."""
     chosen = dict(cell.options).get(axis)
     a = AXES[axis]
@@ -252,32 +254,32 @@ def all_default(options, strategy: Strategy) -> bool:
     return all(AXES[axis].default(strategy) == value for axis, value in parse_selection(options))
 
 
-def values_of(cell: _CellLike) -> tuple[AxisValue, ...]:
+def values_of(cell: _AxisCell) -> tuple[AxisValue, ...]:
     """Every axis' value in ``cell``, in :data:`AXES` order."""
     return tuple(value_of(cell, a) for a in AXES)
 
 
-def server_args(cell: _CellLike) -> list[str]:
+def server_args(cell: _AxisCell) -> list[str]:
     """The SGLang server arguments every axis value of ``cell`` maps to."""
     return [arg for v in values_of(cell) for arg in v.args(cell)]
 
 
-def refusal(cell: _CellLike) -> str | None:
+def refusal(cell: _AxisCell) -> str | None:
     """Why SGLang (or the kit's grid) refuses one of the cell's axis values (None: none)."""
     return next((r for r in (v.refuses(cell) for v in values_of(cell)) if r), None)
 
 
-def sets_flag(cell: _CellLike, flag: str) -> bool:
+def sets_flag(cell: _AxisCell, flag: str) -> bool:
     """The cell's axis values pass ``flag`` (a target's own default for it then steps aside)."""
     return flag in server_args(cell)
 
 
-def needed(cell: _CellLike) -> tuple[tuple[str, str | None], ...]:
+def needed(cell: _AxisCell) -> tuple[tuple[str, str | None], ...]:
     """(parser flag, choice) each axis value the cell sets needs of the release."""
     return tuple(v.needs for v in values_of(cell) if v.needs is not None and dict(cell.options).get(v.axis) == v.name)
 
 
-def enabled(cell: _CellLike, capability: str) -> bool:
+def enabled(cell: _AxisCell, capability: str) -> bool:
     """The cell's axis values let clients use ``capability`` (e.g. :data:`STREAMING_SESSIONS`)."""
     return any(capability in v.enables for v in values_of(cell))
 

@@ -70,7 +70,10 @@ class Model:
 
 
 @dataclass(frozen=True)
-class Fault:
+class MatrixFault:
+    """A cell's fault axis (``[faults.<name>]`` of ``fixtures/matrix.toml``): the settings its
+    servers run under (``none``: clean); not a seeded fault (``conformance.matrix.faults.SeededFault``)."""
+
     name: str
     description: str
     env: tuple[tuple[str, str], ...] = ()
@@ -113,7 +116,7 @@ class Cell:
     strategy: Strategy
     page_size: int
     track_interval: int
-    fault: Fault
+    fault: MatrixFault
     cache_variant: CacheVariant
     tier: str
     block: str
@@ -171,7 +174,7 @@ class Matrix:
     path: Path
     models: Mapping[str, Model]
     strategies: Mapping[str, Strategy]
-    faults: Mapping[str, Fault]
+    faults: Mapping[str, MatrixFault]
     cache_variants: Mapping[str, CacheVariant]
     cells: tuple[Cell, ...]
     #: The server-option axes the matrix declares and the values it uses of each.
@@ -235,7 +238,7 @@ class Matrix:
         return next((c for c in self.cells if _baseline_match(c, cell.model.id, *spec)), None)
 
 
-def _overlaid(cell: Cell, overlays: Sequence[Fault]) -> list[Cell]:
+def _overlaid(cell: Cell, overlays: Sequence[MatrixFault]) -> list[Cell]:
     """``cell`` under each overlay fault that takes it (a clean cell of its strategies)."""
     if cell.fault.injected:
         return []
@@ -353,7 +356,7 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
         if refusal:
             raise ctx.fail(f"[strategies.{name}]", refusal)
 
-    faults: dict[str, Fault] = {}
+    faults: dict[str, MatrixFault] = {}
     for name, t in raw["faults"].items():
         where = f"[faults.{name}]"
         ctx.keys(where, t, _FAULT_KEYS)
@@ -373,7 +376,7 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
             raise ctx.fail(where, f"unknown suite(s) {', '.join(map(str, unknown))} (the suites: conformance/matrix/suites.py)")
         if not isinstance(t.get("overlay", False), bool):
             raise ctx.fail(where, "overlay must be true or false")
-        faults[name] = Fault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())), roles, suites,
+        faults[name] = MatrixFault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())), roles, suites,
                              tuple(sorted(pd_env.items())), t.get("overlay", False))
     if "none" not in faults:
         raise ctx.fail("[faults]", "a fault named 'none' (no injection) is required")

@@ -1,10 +1,11 @@
 """The one record of a seeded fault, for every layer, and the env vars that switch faults on.
 
-A :class:`Fault` says what the fault is (``description``), the real bug it mimics
-(``real_bug``), its layer and so how it is switched on (:attr:`Fault.switch`), where it is
+A :class:`SeededFault` says what the fault is (``description``), the real bug it mimics
+(``real_bug``), its layer and so how it is switched on (:attr:`SeededFault.switch`), where it is
 injected (``injected_at``), what a check sees (``observable``) and which suites are expected
 to catch it (``suites``) or which check outside them can (``seen_by``), plus where it can show (``strategies``, ``families``,
-``cell_fault``) for the ``mutants`` plans.  Each layer keeps its own registry of these
+``cell_fault``) for the ``mutants`` plans, and its :class:`FaultGroup` (``group``: why it was
+written, e.g. for the request programs or a server-option axis).  Each layer keeps its own registry of these
 records and its own injection code:
 
 * ``reference``: the reference engine's hooks ask its ``FaultSwitch``
@@ -80,7 +81,26 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in (
 
 
 @dataclass(frozen=True)
-class Fault:
+class FaultGroup:
+    """A kind of seeded fault: why it was written and what its cell needs."""
+
+    name: str
+    about: str
+
+
+GROUPS: dict[str, FaultGroup] = {group.name: group for group in (
+    FaultGroup("scripted", "SGLang's known regressions and the bug classes the scripted suites catch"),
+    FaultGroup("programs", "written for the request programs: bug classes the scripted suites rarely or never reach "
+                           "(`mutants --programs` measures them)"),
+    FaultGroup("option", "written for the server-option axes: each shows only with its option on (`SeededFault.options`), "
+                         "so its cell is a standard-tier axis cell"),
+    FaultGroup("pd", "PD disaggregation: injected in the disaggregation code, fires only in PD roles"),
+    FaultGroup("hicache", "HiCache: injected in SGLang's host pools; its cell is a `hicache` cache-variant cell"),
+)}
+
+
+@dataclass(frozen=True)
+class SeededFault:
     """A seeded fault of any layer (see the module docstring).
 
     ``hooks`` (layer ``sglang``: the SGLang ``Hook`` records) and ``patch`` (layer ``pool``:
@@ -108,10 +128,14 @@ class Fault:
     #: Checks outside the suites that can see it (``SEEN_BY``): ``mutants`` scores it through
     #: them instead of a suite's checks (e.g. a small slowdown no suite's threshold can see).
     seen_by: tuple[str, ...] = ()
+    #: Its :data:`GROUPS` entry: why it was written.
+    group: str = "scripted"
 
     def __post_init__(self) -> None:
         if self.layer not in LAYERS:
             raise ValueError(f"fault {self.name}: layer {self.layer!r}, known: {', '.join(LAYERS)}")
+        if self.group not in GROUPS:
+            raise ValueError(f"fault {self.name}: group {self.group!r}, known: {', '.join(GROUPS)}")
         unknown = [c for c in self.seen_by if c not in SEEN_BY]
         if unknown:
             raise ValueError(f"fault {self.name}: seen_by {unknown[0]!r}, known: {', '.join(SEEN_BY)}")
@@ -127,9 +151,9 @@ class Fault:
         return f"{self.env}={self.name}"
 
 
-def registry(*faults: Fault) -> dict[str, Fault]:
+def registry(*faults: SeededFault) -> dict[str, SeededFault]:
     """Name -> fault; a name given twice is an error."""
-    out: dict[str, Fault] = {}
+    out: dict[str, SeededFault] = {}
     for f in faults:
         if f.name in out:
             raise ValueError(f"fault {f.name} declared twice")

@@ -22,7 +22,7 @@ class _ModelLike(Protocol):
     def mamba_chunk_size(self) -> int: ...
 
 
-class _CellLike(Protocol):
+class _GridCell(Protocol):
     """What :meth:`Grid.of` reads of a matrix cell."""
 
     @property
@@ -48,7 +48,7 @@ class Grid:
         return cls(max(model_chunk, page_size), page_size, track_interval)
 
     @classmethod
-    def of(cls, cell: _CellLike) -> Grid:
+    def of(cls, cell: _GridCell) -> Grid:
         """The grid of a matrix cell."""
         return cls.resolve(cell.model.mamba_chunk_size, cell.page_size, cell.track_interval)
 

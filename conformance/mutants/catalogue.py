@@ -1,6 +1,6 @@
 """Which cells each seeded fault runs on, for ``hybrid-conformance mutants``.
 
-The faults themselves (:class:`conformance.matrix.faults.Fault` records: name, layer, the real
+The faults themselves (:class:`conformance.matrix.faults.SeededFault` records: name, layer, the real
 bug, where injected, what catches it) live with their layers:
 ``conformance/reference/faults.py`` (reference engine, env ``HYBRID_CONFORMANCE_FAULT``),
 ``conformance/mutants/pool_faults.py`` (monkeypatches of SGLang's real functions) and
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from conformance.errors import KitError
-from conformance.matrix.faults import FAULT_ENV, PAIRED_AB, PD_FAULT_ENV, POOL_LAYER, REFERENCE_LAYER, SGLANG_FAULT_ENV, SGLANG_LAYER, Fault
+from conformance.matrix.faults import FAULT_ENV, PAIRED_AB, PD_FAULT_ENV, POOL_LAYER, REFERENCE_LAYER, SGLANG_FAULT_ENV, SGLANG_LAYER, SeededFault
 from conformance.matrix.strategy import BASELINE, strategy_named
 from conformance.targets.registry import target_for
 
@@ -68,7 +68,7 @@ FAST_SGLANG_CPU = ("pingpong_leak_on_finish", "cow_skipped")
 SGLANG_CPU_TIMEOUT_S = 1500.0
 
 
-def _reference_cell(fault: Fault) -> MutantPlan:
+def _reference_cell(fault: SeededFault) -> MutantPlan:
     """The cell a reference fault runs on: its first model family and strategy (default
     EXTRA's), with the matrix fault its record needs."""
     family = fault.families[0] if fault.families else EXTRA.models
@@ -150,7 +150,7 @@ PAIRED_AB_TIMEOUT_S = 900.0
 PAIRED_AB_KEY = "perf-ab"
 
 
-def paired_ab_plan(f: Fault) -> MutantPlan:
+def paired_ab_plan(f: SeededFault) -> MutantPlan:
     """A fault the paired A/B sees: one pair of servers of its first premerge cell (its first
     model family and strategy, plain), the fault on one drawn side (``perf-ab --fault``)."""
     from conformance.matrix.cells import load_matrix
@@ -172,7 +172,7 @@ def _fault_tier(cell_fault: str) -> str:
     return next((t for t in TIERS if t in tiers), TIERS[0])
 
 
-def at_defaults(f: Fault) -> bool:
+def at_defaults(f: SeededFault) -> bool:
     """The fault's server options are all its strategy's defaults (its cell is a plain one)."""
     from conformance.matrix import axes
 

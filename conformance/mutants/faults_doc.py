@@ -1,5 +1,5 @@
 """Render docs/faults.md from the fault records of every layer (reference engine, its PD
-roles, the pool tier, and real SGLang): one :class:`conformance.matrix.faults.Fault` each.
+roles, the pool tier, and real SGLang): one :class:`conformance.matrix.faults.SeededFault` each.
 
 ``python -m conformance.mutants.faults_doc > docs/faults.md``; a test keeps the file in
 step with the registries.
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import sys
 
-from conformance.matrix.faults import LAYERS, Fault
+from conformance.matrix.faults import LAYERS, SeededFault
 
 
-def all_faults() -> list[Fault]:
+def all_faults() -> list[SeededFault]:
     """Every seeded fault the kit knows, layer by layer, each registry in its own order."""
     from conformance.mutants.pool_faults import FAULTS as POOL
     from conformance.reference.faults import FAULTS as REFERENCE
@@ -22,7 +22,7 @@ def all_faults() -> list[Fault]:
     return [*REFERENCE.values(), *PD_FAULTS.values(), *POOL.values(), *sglang_faults().values()]
 
 
-def paragraph(f: Fault) -> list[str]:
+def paragraph(f: SeededFault) -> list[str]:
     """One fault's section: what it does, the bug it mimics, where and how it is switched on, what catches it."""
     out = [f"### `{f.name}`", "", f.description.strip(), ""]
     if f.real_bug:

@@ -3,7 +3,7 @@
 Each fault re-creates a known class of bug so the kit can show its pool tier catches it.
 Use as a pytest plugin: ``HYBRID_CONFORMANCE_FAULT=<name> pytest -p conformance.mutants.
 pool_faults ...`` (``FAULT_ENV`` is read in one place: :func:`selected_fault`), or in
-process with ``with apply(name): ...``.  ``FAULTS`` maps name -> :class:`conformance.matrix.faults.Fault`
+process with ``with apply(name): ...``.  ``FAULTS`` maps name -> :class:`conformance.matrix.faults.SeededFault`
 (layer ``pool``: description, real bug modelled, patch function, strategies it applies to).  A patch function takes the
 ``conformance.sglang_api.pool`` namespace (the req.kv driver's symbols) and a ``setattr``-like ``patch(obj, name, value)`` callable.
 """
@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import torch
 
 from conformance.errors import KitError
-from conformance.matrix.faults import FAULT_ENV, Fault, registry
+from conformance.matrix.faults import FAULT_ENV, SeededFault, registry
 from conformance.matrix.strategy import BUFFERED, LAZY, NAMES
 
 #: What catches a pool fault: the first invariant of the pool suite that breaks.
@@ -230,13 +230,13 @@ ALL = NAMES
 
 
 def _pool_fault(name: str, description: str, real_bug: str, where: str, patch: Callable[[object, Callable], None],
-                strategies: tuple[str, ...] = ALL) -> Fault:
+                strategies: tuple[str, ...] = ALL) -> SeededFault:
     """A pool-tier record: ``patch`` replaces SGLang's ``where`` (in ``conformance.sglang_api.pool``'s
     namespace); caught as a broken pool invariant."""
-    return Fault(name, "pool", description, real_bug, where, CAUGHT_AS, patch=patch, strategies=strategies)
+    return SeededFault(name, "pool", description, real_bug, where, CAUGHT_AS, patch=patch, strategies=strategies)
 
 
-FAULTS: dict[str, Fault] = registry(
+FAULTS: dict[str, SeededFault] = registry(
     _pool_fault("pingpong_leak_on_finish", "finishing requests never return their ping-pong track slots",
                 "PR 26941 class: ping-pong slots leaked per finished request until the idle check killed the server",
                 "HybridReqToTokenPool.free_mamba_cache", _pingpong_leak_on_finish, BUFFERED),
@@ -282,14 +282,14 @@ FAULTS: dict[str, Fault] = registry(
 )
 
 
-def get(name: str) -> Fault:
+def get(name: str) -> SeededFault:
     if name not in FAULTS:
         raise KitError(f"{FAULT_ENV}={name!r}: unknown pool fault (known: {', '.join(FAULTS)})")
     return FAULTS[name]
 
 
 @contextlib.contextmanager
-def apply(name: str) -> Iterator[Fault]:
+def apply(name: str) -> Iterator[SeededFault]:
     """Install one fault for the duration of the block (undone in reverse order)."""
     from conformance.sglang_api import pool as sglang_api
 

@@ -23,12 +23,13 @@ from conformance.matrix import axes
 from conformance.checks.differential import Tolerance
 from conformance.checks.hit_bounds import StrategyGrid
 from conformance.matrix.faults import FAULT_SWITCHES
-from conformance.matrix.cells import CacheVariant, Cell, Fault
-from conformance.programs.runner import Target
+from conformance.matrix.cells import CacheVariant, Cell, MatrixFault
+from conformance.programs.runner import ProgramTarget
 from conformance.programs.strategies import GenSpec
 from conformance.report.phases import timed
 from conformance.matrix.strategy import BASELINE, STRATEGIES
 from conformance.session.suite_support import exact_mode, idle_deadline, lookahead, vocab_size
+from conformance.sglang_contract.metric_names import KIT_KV_TOTAL, KIT_MAMBA_TOTAL, MAMBA_TOTAL_TOKENS, MAX_TOTAL_NUM_TOKENS
 from conformance.targets.base import Endpoint
 from conformance.targets.serving import not_serving
 
@@ -39,7 +40,7 @@ NO_BUFFER = dataclasses.replace(STRATEGIES[BASELINE], description="cache-off twi
 def cold_cell(cell: Cell) -> Cell:
     """The cache-off twin of ``cell``: same model and server options (those of the radix
     tree dropped), no_buffer, page 1, no fault, cache off."""
-    clean = Fault("none", "the cache-off twin runs no fault", env=tuple((k, "") for k in FAULT_SWITCHES))
+    clean = MatrixFault("none", "the cache-off twin runs no fault", env=tuple((k, "") for k in FAULT_SWITCHES))
     options = tuple((axis, value) for axis, value in cell.options if not axes.AXES[axis].tree_only)
     return dataclasses.replace(cell, strategy=NO_BUFFER, page_size=1, track_interval=256, fault=clean, cache_variant=COLD_VARIANT,
                                options=options)
@@ -84,7 +85,7 @@ def path_cap(info: dict, cell: Cell) -> int | None:
     return int(cap) if cap is not None and int(cap) > 0 else None
 
 
-def target_for(ep: Endpoint, cold: Endpoint) -> Target:
+def target_for(ep: Endpoint, cold: Endpoint) -> ProgramTarget:
     from conformance.programs.evidence import refuse_missing, request_log
     from conformance.programs.noise import calibrate
     from conformance.programs.oracle import Limits
@@ -93,19 +94,19 @@ def target_for(ep: Endpoint, cold: Endpoint) -> Target:
     metrics = ep.client.metrics()
     refuse_missing(metrics, target=ep.target, attempts=[_later(ep.client)] * 25)
     requests = request_log(ep.log_path, target=ep.target)
-    kv_total = metrics.get("hybrid_conformance:kv_total") or metrics.get("sglang:max_total_num_tokens") or info.get("max_total_num_tokens")
+    kv_total = metrics.get(KIT_KV_TOTAL) or metrics.get(MAX_TOTAL_NUM_TOKENS) or info.get("max_total_num_tokens")
     context = info.get("context_length") or info.get("max_total_num_tokens") or kv_total or 4096
     limits = Limits(
         context_len=int(context),
         max_input=int(info["max_req_input_len"]) if info.get("max_req_input_len") else None,
         kv_total=float(kv_total) if kv_total else None,
-        mamba_total=metrics.get("hybrid_conformance:mamba_total") or metrics.get("sglang:mamba_total_tokens"),
+        mamba_total=metrics.get(KIT_MAMBA_TOTAL) or metrics.get(MAMBA_TOTAL_TOKENS),
         prefill_budget=int(info["chunked_prefill_size"]) if (info.get("chunked_prefill_size") or 0) > 0 else None,
         path_cap=path_cap(info, ep.cell),
     )
     exact = exact_mode(ep)
     tol, noise = (Tolerance.for_mode(True), {}) if exact else calibrate(ep.client, cold.client, vocab_size=vocab_size(ep))
-    return Target(
+    return ProgramTarget(
         client=ep.client, cold=cold.client, grid=grid_for(ep), limits=limits, tol=tol, noise=noise, exact=exact,
         idle_deadline_s=idle_deadline(ep), log_text=ep.log_text if ep.process else None,
         alive=ep.process.exit_reason if ep.process else None, info=info, requests=requests,
@@ -120,7 +121,7 @@ def _later(client: Any) -> Any:
     return scrape
 
 
-def gen_spec(ep: Endpoint, target: Target) -> GenSpec:
+def gen_spec(ep: Endpoint, target: ProgramTarget) -> GenSpec:
     g = target.grid
     return GenSpec(
         vocab_size=vocab_size(ep), chunk=g.chunk, checkpoint_grid=g.checkpoint_grid, track_grid=g.track_grid,

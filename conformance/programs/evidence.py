@@ -27,12 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from conformance.sglang_contract.metric_names import KIT_EVICTIONS_TOTAL, KIT_MAMBA_TOTAL, KIT_PREFILL_CUTS_TOTAL
 from conformance.sglang_plugins.token_digest import token_digest
 
 #: evidence name -> the counter on /metrics it is read from
 COUNTERS: dict[str, str] = {
-    "evictions": "hybrid_conformance:evictions_total",
-    "prefill_cuts": "hybrid_conformance:prefill_cuts_total",
+    "evictions": KIT_EVICTIONS_TOTAL,
+    "prefill_cuts": KIT_PREFILL_CUTS_TOTAL,
 }
 
 
@@ -209,7 +210,7 @@ class Evidence:
 
 
 #: The gauges the hit oracle sizes its eviction bound by (besides the evidence counters).
-ORACLE_GAUGES = ("hybrid_conformance:mamba_total",)
+ORACLE_GAUGES = (KIT_MAMBA_TOTAL,)
 
 
 #: ``<log>.log`` -> the observe plugin's per-request file (``observe.REQUESTS_SUFFIX``)

@@ -20,8 +20,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from conformance.checks.leaks import KIT, POOLS, idle_invariant
+from conformance.checks.leaks import idle_invariant
 from conformance.programs.evidence import Evidence, RequestLog
+from conformance.sglang_contract.metric_names import CACHED_TOKENS_TOTAL, IDLE_TERMS
 from conformance.checks.hit_bounds import (
     Key,
     Stores,
@@ -543,9 +544,10 @@ def idle_problems(values: Mapping[str, float], *, locked: Mapping[str, float]) -
     for p in idle_invariant(values):
         pool = p.split(":", 1)[0]
         if "protected (locked) at idle" in p or "counted twice" in p:
-            protected = values.get(f"{KIT}{pool}_protected", 0.0)
-            held = values.get(f"{KIT}{pool}_session_held", 0.0)
-            used = values.get(POOLS[pool][0], 0.0)
+            terms = IDLE_TERMS[pool]
+            protected = values.get(terms.protected, 0.0)
+            held = values.get(terms.session_held, 0.0)
+            used = values.get(terms.used, 0.0)
             if protected <= locked.get(pool, 0.0) and used - protected - held >= 0:
                 continue
             if protected > locked.get(pool, 0.0):
@@ -567,7 +569,7 @@ def counter_problems(reported: int, metric_delta: float | None, log_delta: int |
         return not reported <= value <= reported + aborted_max
 
     if metric_delta is not None and off(metric_delta):
-        out.append(f"sglang:cached_tokens_total grew by {metric_delta:g}, the answers reported {span} cached tokens")
+        out.append(f"{CACHED_TOKENS_TOTAL} grew by {metric_delta:g}, the answers reported {span} cached tokens")
     if log_delta is not None and off(log_delta):
         out.append(f"the server's prefill log lines count {log_delta} cached tokens, the answers reported {span}")
     return out

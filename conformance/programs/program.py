@@ -81,7 +81,7 @@ class Stop:
 
 
 @dataclass(frozen=True)
-class Options:
+class SendOptions:
     """The sampling and logprob options a user sends (greedy always: the oracle needs it)."""
 
     return_logprob: bool = False
@@ -106,7 +106,7 @@ class Send(Step):
     base: Root | After
     suffix: Tokens = ()
     max_new: int = 4
-    options: Options = Options()
+    options: SendOptions = SendOptions()
     stream: bool = False
     abort_at: int | None = None
     gate: Gate | None = None
@@ -219,7 +219,7 @@ def describe_step(s: Step) -> str:
         elif key == "suffixes":
             value = f"<{len(value)} x {len(value[0]) if value else 0} tokens>"
         elif key == "options":
-            default = _plain(asdict(Options()))
+            default = _plain(asdict(SendOptions()))
             value = {k: v for k, v in value.items() if v != default[k]}
             if not value:
                 continue
@@ -253,13 +253,13 @@ def _base(value: Any, where: str) -> Root | After:
     raise KitError(f"program file: {where}: base must be {{root, length}} or {{rid, cut}}")
 
 
-def _options(value: Any, where: str) -> Options:
+def _options(value: Any, where: str) -> SendOptions:
     if value is None:
-        return Options()
+        return SendOptions()
     stop = value.get("stop")
     if value.get("logprob_start", "none") not in LOGPROB_STARTS:
         raise KitError(f"program file: {where}: unknown logprob_start {value.get('logprob_start')!r}")
-    return Options(
+    return SendOptions(
         return_logprob=bool(value.get("return_logprob", False)),
         logprob_start=value.get("logprob_start", "none"),
         top_logprobs_num=int(value.get("top_logprobs_num", 0)),

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from conformance.errors import KitError
 from conformance.matrix.cells import Cell, load_matrix
-from conformance.session.options import DTYPE, GPUS, LAUNCHER, MATRIX, TARGET, TWINS, add_arguments as add_options
+from conformance.session.options import DTYPE, GPUS, LAUNCHER, MATRIX, TARGET, TWINS, Options, add_arguments as add_options, options_from_args
 from conformance.programs.program import Program, load_program
 from conformance.targets.registry import FUZZ_TARGET, HTTP_TARGETS, target_help
 
@@ -60,7 +60,7 @@ def replay(args: argparse.Namespace) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="hc-replay-"))
     print(f"replaying {args.file} ({len(program.steps)} steps) on {args.target} cell {cell.id}; server logs in {log_dir}")
     failures = 0
-    for i, outcome in enumerate(play(program, cell, args, log_dir, args.repeat)):
+    for i, outcome in enumerate(play(program, cell, options_from_args(args), log_dir, args.repeat)):
         if isinstance(outcome, ProgramFailure):
             failures += 1
             print(f"run {i + 1}: FAIL at {outcome}")
@@ -72,14 +72,14 @@ def replay(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def play(program: Program, cell: Cell, args: argparse.Namespace, log_dir: Path, repeat: int = 1) -> Iterator[Any]:
+def play(program: Program, cell: Cell, options: Options, log_dir: Path, repeat: int = 1) -> Iterator[Any]:
     """Serve ``cell`` and its cache-off twin, play ``program`` ``repeat`` times: each run's
     ``RunStats`` or its ``ProgramFailure``."""
     from conformance.programs.bind import serve_cold, target_for
     from conformance.programs.runner import ProgramFailure, run_program
     from conformance.targets.serving import serve_cell
 
-    with serve_cell(cell, args, log_dir=log_dir) as ep, serve_cold(cell, args, log_dir) as cold:
+    with serve_cell(cell, options, log_dir=log_dir) as ep, serve_cold(cell, options, log_dir) as cold:
         target = target_for(ep, cold)
         for _ in range(repeat):
             try:

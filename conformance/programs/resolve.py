@@ -30,7 +30,7 @@ from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.prefix_oracle import floor_to
 from conformance.checks.strip_thinking import REASONING_FIELD
 from conformance.programs.oracle import Limits, Served
-from conformance.programs.program import LAND_MAX_NEW, After, Burst, Options, Program, Root, Send, Turn
+from conformance.programs.program import LAND_MAX_NEW, After, Burst, SendOptions, Program, Root, Send, Turn
 
 Key = tuple[int, ...]
 
@@ -81,7 +81,7 @@ class Resolver:
         return full[: cut_position(base.cut, len(full), len(prev.input_ids), self.grid)]
 
     # ------------------------------------------------------------ payloads
-    def _sampling(self, max_new: int, opts: Options, served: dict[str, Served]) -> dict[str, Any]:
+    def _sampling(self, max_new: int, opts: SendOptions, served: dict[str, Served]) -> dict[str, Any]:
         sp: dict[str, Any] = {"temperature": 0.0, "max_new_tokens": max_new, "ignore_eos": opts.ignore_eos}
         stop = opts.stop
         src = served.get(stop.rid) if stop else None
@@ -96,7 +96,7 @@ class Resolver:
                         sp["stop"] = [text[i : i + 2]]
         return sp
 
-    def _logprob_fields(self, opts: Options, n_input: int) -> dict[str, Any]:
+    def _logprob_fields(self, opts: SendOptions, n_input: int) -> dict[str, Any]:
         out: dict[str, Any] = {"return_logprob": True, "return_text_in_logprobs": False, "top_logprobs_num": max(opts.top_logprobs_num, 5)}
         start = {"none": None, "zero": 0, "half": n_input // 2, "last": n_input - 1}[opts.logprob_start]
         if opts.return_logprob and start is not None:
@@ -177,7 +177,7 @@ class Resolver:
         payload = {
             "input_ids": list(step.suffix), "rid": self.server_rid(step.rid), "session_params": params,
             "sampling_params": {"temperature": 0.0, "max_new_tokens": step.max_new, "ignore_eos": True},
-            **self._logprob_fields(Options(), len(ids)),
+            **self._logprob_fields(SendOptions(), len(ids)),
         }
         s.in_flight = step.rid
         return ids, payload, meta

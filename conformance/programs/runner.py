@@ -29,9 +29,9 @@ from conformance.programs.program import (
 )
 from conformance.programs.resolve import Resolver
 from conformance.session.suite_support import idle_probe
+from conformance.sglang_contract.metric_names import CACHED_TOKENS_TOTAL
 from conformance.targets.serving import not_serving
 
-CACHED_COUNTER = "sglang:cached_tokens_total"
 WAIT_S = 300.0
 #: What burst members and session turns ask for (``Resolver``): output logprobs and a top-5.
 LOGPROB_OPTIONS = {"return_logprob": True, "top_logprobs_num": 5}
@@ -46,7 +46,7 @@ class ProgramFailure(AssertionError):
 
 
 @dataclass
-class Target:
+class ProgramTarget:
     """What a program runs against: the server under test and the cache-off twin."""
 
     client: SGLangClient
@@ -109,7 +109,7 @@ def cold_logprob_start(input_len: int, served_start: int | None) -> int:
 
 
 class ProgramRun:
-    def __init__(self, program: Program, target: Target) -> None:
+    def __init__(self, program: Program, target: ProgramTarget) -> None:
         self.p, self.t = program, target
         self.tag = uuid.uuid4().hex[:8]
         self.clock = Clock()
@@ -170,7 +170,7 @@ class ProgramRun:
         c.flush_cache(attempts=40, pause_s=0.25)
         metrics = c.metrics()
         self.evidence.reset(self.clock.tick(), metrics)
-        self._counter0 = metrics.get(CACHED_COUNTER, 0.0)
+        self._counter0 = metrics.get(CACHED_TOKENS_TOTAL, 0.0)
         self._log0 = len(self.t.log_text()) if self.t.log_text else 0
 
     # ------------------------------------------------------------ steps
@@ -201,7 +201,7 @@ class ProgramRun:
             self.book.reset()
             metrics = self.t.client.metrics()
             self.evidence.reset(self.clock.tick(), metrics)
-            self._counter0 = metrics.get(CACHED_COUNTER, 0.0)
+            self._counter0 = metrics.get(CACHED_TOKENS_TOTAL, 0.0)
             self._log0 = len(self.t.log_text()) if self.t.log_text else 0
 
     def _base_ready(self, step: Send | Turn) -> None:
@@ -393,7 +393,7 @@ class ProgramRun:
             self.fail("idle invariant: " + "; ".join(probe.problems[:3]))
         reported = sum(s.cached_tokens for s in self._since_idle if s.answered and not s.abort_requested)
         aborted_max = sum(len(s.input_ids) for s in self._since_idle if s.abort_requested)
-        now = probe.values.get(CACHED_COUNTER)
+        now = probe.values.get(CACHED_TOKENS_TOTAL)
         metric_delta = None if now is None else now - self._counter0
         log_delta = None
         if self.t.log_text:
@@ -437,5 +437,5 @@ class ProgramRun:
 
 
 
-def run_program(program: Program, target: Target) -> RunStats:
+def run_program(program: Program, target: ProgramTarget) -> RunStats:
     return ProgramRun(program, target).run()

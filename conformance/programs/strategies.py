@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from conformance.programs.program import (
-    CUTS, LAND_MAX_NEW, LANDINGS, LOGPROB_STARTS, After, Burst, Close, Flush, Gate, Idle, Open, Options, Program, Root, Send, Step, Stop, Turn, Wait,
+    CUTS, LAND_MAX_NEW, LANDINGS, LOGPROB_STARTS, After, Burst, Close, Flush, Gate, Idle, Open, SendOptions, Program, Root, Send, Step, Stop, Turn, Wait,
 )
 from conformance.workloads.prompts import extension
 
@@ -113,14 +113,14 @@ def _base(draw, m: _Model, follow: bool):
 
 
 @st.composite
-def _options(draw, m: _Model, rich: bool) -> Options:
+def _options(draw, m: _Model, rich: bool) -> SendOptions:
     if not rich:
-        return Options(return_logprob=draw(st.sampled_from((True, True, True, False))),
+        return SendOptions(return_logprob=draw(st.sampled_from((True, True, True, False))),
                        reasoning=draw(st.booleans()) if m.spec.reasoning_requests else False)
     stop = None
     if m.sent and draw(st.integers(0, 2)) == 0:
         stop = Stop(draw(st.sampled_from(m.sent[::-1])), draw(st.integers(0, 7)), draw(st.sampled_from(("token", "text"))))
-    return Options(
+    return SendOptions(
         return_logprob=draw(st.sampled_from((True, True, True, False))),
         logprob_start=draw(st.sampled_from(LOGPROB_STARTS)),
         top_logprobs_num=draw(st.sampled_from((0, 1, 3))),
@@ -280,7 +280,7 @@ def _step(draw, m: _Model) -> list[Step]:
         base = draw(_root_base(m))
         rid = m.rid("r")
         m.sent.append(rid)
-        return [Send(rid, base, (), 1, Options(), overflow=True)]
+        return [Send(rid, base, (), 1, SendOptions(), overflow=True)]
     if kind == "long":  # a decode across two track boundaries (large programs), then a follow-up at its last track
         lead = draw(_send(m, follow=draw(st.booleans()), long=m.spec.long_decode))
         follow = Send(m.rid("r"), After(lead.rid, draw(st.sampled_from(("track", "all", "track+1", "track-1")))),

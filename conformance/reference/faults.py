@@ -3,7 +3,7 @@
 Each fault models a real SGLang bug (or a plausible mutant of one) and is injected at one
 named hook in the engine (``engine.py``, ``slots.py``, ``radix.py``, ``sessions.py``); the hooks ask
 ``active(name)`` of the :class:`FaultSwitch` the engine was built with.  The records are
-:class:`conformance.matrix.faults.Fault` (layer ``reference``), with those of ``program_faults.py``.  The kit's checks
+:class:`conformance.matrix.faults.SeededFault` (layer ``reference``), with those of ``program_faults.py``.  The kit's checks
 must catch every fault over HTTP; ``docs/faults.md`` is generated from :data:`FAULTS`.
 """
 
@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 
 from conformance.errors import KitError
-from conformance.matrix.faults import FAULT_ENV, LAZY_ALLOC_FAIL_ENV, Fault, registry
+from conformance.matrix.faults import FAULT_ENV, LAZY_ALLOC_FAIL_ENV, SeededFault, registry
 from conformance.reference.program_faults import PROGRAM_FAULTS
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 
-FAULTS: dict[str, Fault] = registry(
-    Fault(
+FAULTS: dict[str, SeededFault] = registry(
+    SeededFault(
         "pingpong_leak_on_finish",
         "reference",
         "When a request finishes (or a streaming session hands its state on and later closes), "
@@ -24,9 +25,9 @@ FAULTS: dict[str, Fault] = registry(
         "reference makes the free step skip them.",
         "SGLang PR 26941 (extra_buffer + overlap + streaming sessions leaked 3 slots per session)",
         "slots.SlotKeeper._free_finished_slots and sessions.SessionStore.resume",
-        "mamba slots leak: sglang:mamba_used_tokens > 0 at idle after /flush_cache; idle check fires",
+        f"mamba slots leak: {MAMBA_USED_TOKENS} > 0 at idle after /flush_cache; idle check fires",
     ),
-    Fault(
+    SeededFault(
         "lazy_slot_not_returned",
         "reference",
         "extra_buffer_lazy: after a decode track boundary the old keep slot is not freed when "
@@ -36,7 +37,7 @@ FAULTS: dict[str, Fault] = registry(
         "one mamba slot leaked per decode boundary crossed",
         strategies=("extra_buffer_lazy",),
     ),
-    Fault(
+    SeededFault(
         "lazy_fail_still_inserts",
         "reference",
         "extra_buffer_lazy: when the boundary allocation of the second ping-pong slot fails, "
@@ -49,7 +50,7 @@ FAULTS: dict[str, Fault] = registry(
         "stale state under a valid prefix: a later hit diverges from a cold run (KL)",
         strategies=("extra_buffer_lazy",), cell_fault="lazy_alloc_fail",
     ),
-    Fault(
+    SeededFault(
         "track_boundary_early",
         "reference",
         "The tracked snapshot is taken one token before the position it is keyed at.",
@@ -58,7 +59,7 @@ FAULTS: dict[str, Fault] = registry(
         "engine.Engine._snapshot_at (prefill) and engine.Engine._decode (decode tracks)",
         "hits continue from a state one token short: logprobs differ from cold",
     ),
-    Fault(
+    SeededFault(
         "track_boundary_late",
         "reference",
         "The tracked snapshot is taken one token after the position it is keyed at.",
@@ -66,7 +67,7 @@ FAULTS: dict[str, Fault] = registry(
         "engine.Engine._snapshot_at (prefill checkpoints)",
         "hits continue from a state one token too far: logprobs differ from cold",
     ),
-    Fault(
+    SeededFault(
         "mamba2_index_misalignment",
         "reference",
         "In a prefill batch of several requests, every request but the first stores the "
@@ -77,7 +78,7 @@ FAULTS: dict[str, Fault] = registry(
         "hits on prefixes first cached by a non-first request of a batch diverge (KL)",
         families=("nemotron-h",),
     ),
-    Fault(
+    SeededFault(
         "cow_skipped_zero_state",
         "reference",
         "On a cache hit the matched snapshot is not copied into the request's slot: the "
@@ -86,7 +87,7 @@ FAULTS: dict[str, Fault] = registry(
         "engine.Engine._cow_from_cache",
         "every hit diverges from a cold run",
     ),
-    Fault(
+    SeededFault(
         "evict_running_slot",
         "reference",
         "Eviction frees the mamba slot of a cache node still locked by a running request "
@@ -96,7 +97,7 @@ FAULTS: dict[str, Fault] = registry(
         "radix.RadixCache.evict_mamba",
         "pool accounting breaks: available exceeds its share; idle check fires",
     ),
-    Fault(
+    SeededFault(
         "double_free",
         "reference",
         "A finished request's working mamba slot is freed twice.",
@@ -104,7 +105,7 @@ FAULTS: dict[str, Fault] = registry(
         "slots.SlotKeeper._free_finished_slots",
         "the pool's free list holds a slot twice; the idle check reports available > total",
     ),
-    Fault(
+    SeededFault(
         "abort_path_leak",
         "reference",
         "An aborted or rejected-after-admission request does not free its slots.",
@@ -112,7 +113,7 @@ FAULTS: dict[str, Fault] = registry(
         "engine.Engine._abort_release",
         "slots leak after requests that are aborted (e.g. too long for the remaining pool)",
     ),
-    Fault(
+    SeededFault(
         "sched_fail_leak",
         "reference",
         "When scheduling a matched request fails for lack of room, the copy-on-write slot "
@@ -121,16 +122,16 @@ FAULTS: dict[str, Fault] = registry(
         "slots.SlotKeeper.alloc_for",
         "mamba slots leak under pool pressure",
     ),
-    Fault(
+    SeededFault(
         "idle_check_disabled_with_leak",
         "reference",
         "Every finished request leaks its working slot AND the server's own idle leak check "
         "is switched off, so only an external check (/metrics) can see it.",
         "a leak in a build where SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE is off",
         "slots.SlotKeeper._free_finished_slots and engine.Engine.idle_check",
-        "sglang:mamba_used_tokens > 0 at idle after flush while /health stays 200",
+        f"{MAMBA_USED_TOKENS} > 0 at idle after flush while /health stays 200",
     ),
-    Fault(
+    SeededFault(
         "cached_tokens_overreport",
         "reference",
         "meta_info.cached_tokens reports the KV prefix match instead of the mamba-floored hit.",
@@ -138,7 +139,7 @@ FAULTS: dict[str, Fault] = registry(
         "engine.Engine._reported_cached_tokens",
         "cached_tokens disagrees with the prefix oracle (too high)",
     ),
-    Fault(
+    SeededFault(
         "cached_tokens_underreport",
         "reference",
         "meta_info.cached_tokens reports 0 for every hit.",
@@ -146,7 +147,7 @@ FAULTS: dict[str, Fault] = registry(
         "engine.Engine._reported_cached_tokens",
         "cached_tokens disagrees with the prefix oracle (too low)",
     ),
-    Fault(
+    SeededFault(
         "state_scaled_1pct",
         "reference",
         "On a cache hit the first recurrent layer of the copied state is scaled by 0.99.",

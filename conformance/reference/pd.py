@@ -38,7 +38,7 @@ from fastapi.responses import PlainTextResponse
 from starlette.requests import Request as StarletteRequest
 
 from conformance.errors import KitError
-from conformance.matrix.faults import FAULT_ENV, PD_FAULT_ENV, Fault, registry
+from conformance.matrix.faults import FAULT_ENV, PD_FAULT_ENV, SeededFault, registry
 from conformance.reference.engine import Engine
 from conformance.reference.faults import FaultSwitch
 from conformance.reference.http_common import BadRequest
@@ -46,14 +46,14 @@ from conformance.reference.request import Req
 from conformance.reference.routes import create_app
 from conformance.reference.server import _configure_logging, build_engine, run_app
 from conformance.reference.server import build_parser as server_parser
+from conformance.sglang_contract.metric_names import PD_PENDING_TRANSFERS
 
 log = logging.getLogger("sglang.srt.disaggregation")
 ROLES = ("prefill", "decode")
 TRANSFER_PATH = "/pd/transfer"
 ROOM_HEADER = "x-bootstrap-room"
-PENDING_GAUGE = "sglang:pd_pending_transfers"
-PD_FAULTS: dict[str, Fault] = registry(
-    Fault(
+PD_FAULTS: dict[str, SeededFault] = registry(
+    SeededFault(
         "pd_state_off_by_one",
         "reference-pd",
         "the prefill role ships the recurrent state of one token before the end of the "
@@ -62,6 +62,7 @@ PD_FAULTS: dict[str, Fault] = registry(
         "conformance.reference.pd.PrefillEngine._shipped_state",
         "the decode role continues from the wrong state: the PD cell's outputs differ from the non-PD cell's",
         suites=("disagg",),
+        group="pd",
     ),
 )
 
@@ -298,9 +299,9 @@ def install_pd_routes(app: FastAPI, runner, args, role: str, pd_fault: str | Non
     @app.get("/metrics")
     async def metrics():
         base = await inner_metrics()
-        extra = (f"# HELP {PENDING_GAUGE} PD states awaiting shipment (prefill) or unclaimed (decode)\n"
-                 f"# TYPE {PENDING_GAUGE} gauge\n"
-                 f'{PENDING_GAUGE}{{model_name="{args.model}"}} {float(runner.call(engine.pending))}\n')
+        extra = (f"# HELP {PD_PENDING_TRANSFERS} PD states awaiting shipment (prefill) or unclaimed (decode)\n"
+                 f"# TYPE {PD_PENDING_TRANSFERS} gauge\n"
+                 f'{PD_PENDING_TRANSFERS}{{model_name="{args.model}"}} {float(runner.call(engine.pending))}\n')
         return PlainTextResponse(base.body.decode() + extra, media_type=base.media_type)
 
     @app.get("/server_info")

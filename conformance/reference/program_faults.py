@@ -11,10 +11,11 @@ a follow-up, or a streaming session continued after an aborted turn.  Registered
 
 from __future__ import annotations
 
-from conformance.matrix.faults import Fault, registry
+from conformance.matrix.faults import SeededFault, registry
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 
-PROGRAM_FAULTS: dict[str, Fault] = registry(
-    Fault(
+PROGRAM_FAULTS: dict[str, SeededFault] = registry(
+    SeededFault(
         "dup_insert_leak",
         "reference",
         "When a prefill checkpoint is inserted under a key the tree already holds (two "
@@ -23,9 +24,10 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "the 'value already exists' branch of a radix insert (SGLang's _insert_helper frees "
         "the duplicate mamba value; a missed free leaks one slot per duplicate)",
         "slots.SlotKeeper.checkpoint_after_prefill",
-        "one mamba slot leaked per duplicate insert: sglang:mamba_used_tokens > 0 at idle",
+        f"one mamba slot leaked per duplicate insert: {MAMBA_USED_TOKENS} > 0 at idle",
+        group="programs",
     ),
-    Fault(
+    SeededFault(
         "split_moves_snapshot",
         "reference",
         "When an insert splits a radix edge, the new upper node takes the lower node's "
@@ -35,8 +37,9 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "radix.RadixCache._split",
         "a hit at a split point reports a length no request stored and continues from a "
         "longer prefix's state: outputs differ from cold",
+        group="programs",
     ),
-    Fault(
+    SeededFault(
         "logprob_start_ignored",
         "reference",
         "The prefix match ignores a requested logprob_start_len, so a hit can cover "
@@ -45,8 +48,9 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "the match limit of Req._compute_max_prefix_len (logprob_start_len must cap it)",
         "engine.Engine._try_admit",
         "input_token_logprobs inside the hit differ from a cold prefill",
+        group="programs",
     ),
-    Fault(
+    SeededFault(
         "older_pingpong_inserted",
         "reference",
         "extra_buffer: at finish the older of the two ping-pong snapshots is inserted under "
@@ -56,18 +60,20 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "slots.SlotKeeper._finished_checkpoint",
         "a follow-up hitting the last decode track continues from the state one track "
         "interval earlier: outputs differ from cold",
+        group="programs",
     ),
-    Fault(
+    SeededFault(
         "lazy_finish_at_boundary_leak",
         "reference",
         "extra_buffer_lazy: a request that finishes on the very decode step that crosses a "
         "track boundary does not give back its old keep slot.",
         "ordering of mamba_lazy_post_decode_at_boundary and the finish path (PR 27118 class)",
         "slots.SlotKeeper.after_boundary",
-        "one mamba slot leaked per such request: sglang:mamba_used_tokens > 0 at idle",
+        f"one mamba slot leaked per such request: {MAMBA_USED_TOKENS} > 0 at idle",
         strategies=("extra_buffer_lazy",),
+        group="programs",
     ),
-    Fault(
+    SeededFault(
         "stop_finish_key_short",
         "reference",
         "no_buffer: a request finished by a stop condition (a stop token, a stop string, "
@@ -78,8 +84,9 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "a follow-up of the stopped request's prompt + output hits one token short of the "
         "state: cached_tokens the oracle does not allow, outputs differ from cold",
         strategies=("no_buffer",),
+        group="programs",
     ),
-    Fault(
+    SeededFault(
         "session_abort_continues",
         "reference",
         "Streaming session: after a turn is aborted, the next turn continues the aborted "
@@ -88,5 +95,6 @@ PROGRAM_FAULTS: dict[str, Fault] = registry(
         "the last finished turn; _share_token_arrays trims an aborted turn's tokens)",
         "sessions.SessionStore.forget_in_flight",
         "the next turn's prompt_tokens and outputs differ from what SGLang builds",
+        group="programs",
     ),
 )

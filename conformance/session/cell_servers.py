@@ -14,24 +14,27 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable, Generic, TypeVar, cast
+
+#: What a cell's server is to the caller (the plugin keeps endpoints).
+T = TypeVar("T")
 
 
 @dataclass
-class _Open:
+class _Open(Generic[T]):
     stack: contextlib.ExitStack
-    value: Any = None
+    value: T | None = None
     failure: BaseException | None = None
     closers: list[Callable[[], None]] = field(default_factory=list)
 
 
-class CellServers:
+class CellServers(Generic[T]):
     """Per process: the cells whose server is open (normally one at a time)."""
 
     def __init__(self) -> None:
-        self._open: dict[str, _Open] = {}
+        self._open: dict[str, _Open[T]] = {}
 
-    def get(self, cell_id: str, start: Callable[[contextlib.ExitStack], Any]) -> Any:
+    def get(self, cell_id: str, start: Callable[[contextlib.ExitStack], T]) -> T:
         """The cell's server, started by ``start(stack)`` on first use (what it enters into
         ``stack`` is exited at close); a remembered start failure is raised again."""
         entry = self._open.get(cell_id)
@@ -45,13 +48,13 @@ class CellServers:
                 raise
         if entry.failure is not None:
             raise entry.failure.with_traceback(None)
-        return entry.value
+        return cast(T, entry.value)
 
     def at_close(self, cell_id: str, fn: Callable[[], None]) -> None:
         """Run ``fn`` when the cell closes, before its server stops (teardown checks)."""
         self._open[cell_id].closers.append(fn)
 
-    def peek(self, cell_id: str) -> Any:
+    def peek(self, cell_id: str) -> T | None:
         """The cell's open server, or None (not started, or its start failed)."""
         entry = self._open.get(cell_id)
         return entry.value if entry is not None and entry.failure is None else None

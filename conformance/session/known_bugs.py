@@ -135,7 +135,7 @@ def known_bugs_file() -> Path:
     return Path(os.environ.get(KNOWN_BUGS_ENV) or DEFAULT_FILE)
 
 
-def _entry(raw: Any, where: str) -> KnownBug:
+def _entry(raw: object, where: str) -> KnownBug:
     if not isinstance(raw, dict):
         raise KitError(f"{where}: an entry must be a table ([[bug]])")
     name = raw.get("id", "?")

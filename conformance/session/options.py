@@ -5,7 +5,8 @@
   (:func:`add_arguments`), and ``run`` hands them on to pytest (:func:`forward`);
 * the pytest plugin (``conformance.plugin``, ``conformance.programs.options``) adds them
   with ``addoption`` (:func:`add_pytest_options`) and resolves them (CLI > env > ini)
-  into the frozen :class:`Options` record the fixtures share (:func:`resolve`).
+  into the frozen :class:`Options` record the fixtures share (:func:`resolve`);
+* the verbs read a parsed command line as the same record (:func:`options_from_args`).
 
 A bad value is one :class:`~conformance.errors.KitError` line naming it and the allowed ones.
 """
@@ -16,12 +17,15 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from conformance.errors import KitError
 from conformance.matrix.cells import DEFAULT_TARGET, STRATEGIES, TARGETS, TIERS
 from conformance.matrix.suites import DEFAULT as DEFAULT_SUITES, NAMES as SUITES
 from conformance.targets.registry import option_users, target_for, target_help
+
+if TYPE_CHECKING:  # annotations only: the CLI parses its options without pytest
+    import pytest
 
 DEFAULT_LAUNCHER = "python -m sglang.launch_server"
 
@@ -86,13 +90,13 @@ PROGRAM_OPTIONS = (BUDGET, SEED, PROGRAM_DB, PROGRAM_FAILURES, SHRINK, TWIN_BROK
 # ------------------------------------------------------------------ the two fronts
 
 
-def _help(opt: Option, default: Any) -> str:
+def _help(opt: Option, default: object) -> str:
     if default is None:  # nothing filled in: say nothing of a default
         return opt.help.replace(" (default: {default})", "")
     return opt.help.replace("{default}", str(default))
 
 
-def add_arguments(parser: argparse.ArgumentParser, options: Sequence[Option], **defaults: Any) -> None:
+def add_arguments(parser: argparse.ArgumentParser, options: Sequence[Option], **defaults: object) -> None:
     """The CLI side: ``options`` on a verb's parser; ``defaults`` (by dest) override a record's."""
     for opt in options:
         if not opt.cli:
@@ -106,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser, options: Sequence[Option], **
         parser.add_argument(opt.flag, **kw)
 
 
-def add_pytest_options(group: Any, options: Sequence[Option]) -> None:
+def add_pytest_options(group: pytest.OptionGroup, options: Sequence[Option]) -> None:
     """The pytest side: ``options`` on a ``parser.getgroup(...)``; defaults stay None so the
     environment and the ini file can answer (:func:`resolve`)."""
     for opt in options:
@@ -181,31 +185,56 @@ class Options:
     server_options: tuple[str, ...] | None = None
 
 
+def _record(value: Callable[[Option], Any]) -> Options:
+    """The one builder of :class:`Options`: ``value(option)`` is an option's raw value (as
+    typed, or the front's fallback); lists are split, page sizes parsed, paths made."""
+    report_dir = Path(value(REPORT_DIR)) if value(REPORT_DIR) else None
+    log_dir = value(SERVER_LOG_DIR)
+    return Options(
+        target=value(TARGET),
+        models=csv(value(MODELS)),
+        strategies=csv(value(STRATEGIES_OPT)),
+        faults=csv(value(FAULTS)),
+        page_sizes=page_sizes(value(PAGE_SIZES)),
+        tier=value(TIER),
+        matrix_path=value(MATRIX),
+        report_dir=report_dir,
+        log_dir=Path(log_dir) if log_dir else (report_dir / "logs" if report_dir else None),
+        sglang_launcher=value(LAUNCHER),
+        gpus_per_worker=value(GPUS),
+        twins=bool(value(TWINS)),
+        gsm8k_dir=value(GSM8K_DIR),
+        dtype=value(DTYPE),
+        server_options=csv(value(SERVER_OPTIONS)),
+    )
+
+
 def resolve(opt: Callable[[str], Any], *, ini_target: str | None = None) -> Options:
-    """CLI (``opt``: the value of a flag) > env > ini, validated; a bad value is one KitError line."""
-    target = opt("--target") or os.environ.get("HYBRID_CONFORMANCE_TARGET") or ini_target or DEFAULT_TARGET
+    """The plugin's resolver: CLI (``opt``: the value of a flag) > env > ini, validated; a bad
+    value is one KitError line."""
+    fallbacks: dict[str, Callable[[], Any]] = {  # where a flag is not given: env, then ini or the default
+        TARGET.flag: lambda: os.environ.get("HYBRID_CONFORMANCE_TARGET") or ini_target or DEFAULT_TARGET,
+        LAUNCHER.flag: lambda: os.environ.get("HYBRID_CONFORMANCE_SGLANG_LAUNCHER") or DEFAULT_LAUNCHER,
+        GPUS.flag: lambda: 1,
+        GSM8K_DIR.flag: lambda: os.environ.get("HYBRID_CONFORMANCE_GSM8K_DIR"),
+    }
+
+    def value(option: Option) -> object:
+        given = opt(option.flag)
+        return given or fallbacks[option.flag]() if option.flag in fallbacks else given
+
+    target = value(TARGET)
     if target not in TARGETS:
         raise KitError(f"--target: unknown value {target!r}; allowed: {', '.join(TARGETS)}")
-    strategies = csv(opt("--strategies"))
-    for s in strategies or ():
+    for s in csv(value(STRATEGIES_OPT)) or ():
         if s not in STRATEGIES:
             raise KitError(f"--strategies: unknown value {s!r}; allowed: {', '.join(STRATEGIES)}")
-    report_dir = Path(opt("--report-dir")) if opt("--report-dir") else None
-    log_dir = Path(opt("--server-log-dir")) if opt("--server-log-dir") else (report_dir / "logs" if report_dir else None)
-    return Options(
-        target=target,
-        models=csv(opt("--models")),
-        strategies=strategies,
-        faults=csv(opt("--faults")),
-        page_sizes=page_sizes(opt("--page-sizes")),
-        tier=opt("--tier"),
-        matrix_path=opt("--matrix"),
-        report_dir=report_dir,
-        log_dir=log_dir,
-        sglang_launcher=opt("--sglang-launcher") or os.environ.get("HYBRID_CONFORMANCE_SGLANG_LAUNCHER") or DEFAULT_LAUNCHER,
-        gpus_per_worker=opt("--gpus-per-worker") or 1,
-        twins=bool(opt("--twins")),
-        gsm8k_dir=opt("--gsm8k-dir") or os.environ.get("HYBRID_CONFORMANCE_GSM8K_DIR"),
-        dtype=opt("--dtype"),
-        server_options=csv(opt("--server-options")),
-    )
+    return _record(value)
+
+
+def options_from_args(args: argparse.Namespace) -> Options:
+    """The verbs' resolver: a parsed command line (its parser applied the defaults) as the
+    same record; an option the verb does not take is at its declared default.  Checked by
+    the matrix's selection where the verb selects cells; the environment answers in the
+    pytest run a verb starts, as for any pytest run."""
+    return _record(lambda option: getattr(args, option.dest, option.default))

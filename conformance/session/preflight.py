@@ -25,14 +25,17 @@ import os
 import socket
 import subprocess
 import sys
-import warnings
 from dataclasses import asdict, dataclass
 from importlib import metadata
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from conformance.errors import KitError
 from conformance.matrix.cells import Cell
+from conformance.session.options import Options
 from conformance.targets.registry import target_for
+
+if TYPE_CHECKING:  # annotations only: the CLI's preflight runs without pytest
+    import pytest
 
 GSM8K_SUITES = ("gsm8k", "disagg")
 PROBE_TIMEOUT_S = 300.0
@@ -107,7 +110,7 @@ def run_preflight(req: Request, *, on_line: Callable[[Line], None] | None = None
     return Preflight(tuple(lines))
 
 
-def _replace(req: Request, **changes: Any) -> Request:
+def _replace(req: Request, **changes: object) -> Request:
     from dataclasses import replace
 
     return replace(req, **changes)
@@ -358,14 +361,14 @@ def ports_line(req: Request) -> Line:
 # ------------------------------------------------------------------ pytest items
 
 
-def _needs_gsm8k_item(item: Any, cell: Cell) -> bool:
+def _needs_gsm8k_item(item: pytest.Item, cell: Cell) -> bool:
     if "gsm8k_data" in getattr(item, "fixturenames", ()):
         return True
     is_pd_gsm8k = item.get_closest_marker("disagg") is not None and "gsm8k" in item.name
     return is_pd_gsm8k and needs_gsm8k(("disagg",), (cell,))
 
 
-def item_failures(items: Sequence[Any], options: Any) -> dict[str, str]:
+def item_failures(items: Sequence[pytest.Item], options: Options) -> dict[str, str]:
     """``{nodeid: the need it lacks}`` for collected tests bound to a cell: GSM8K data,
     GPUs (target sglang), SGLang and the kit's entry points (sglang targets). Cheap checks
     only (no SGLang import), each done once; the plugin fails those tests at setup, in

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 import pytest
 
@@ -64,7 +63,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
     """Under xdist: the controller learns the collected test ids from the first worker."""
     config = _CONFIG_REF.get("config")
     if config is None:

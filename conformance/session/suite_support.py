@@ -8,7 +8,7 @@ than repeating the binding in each file.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -19,6 +19,19 @@ from conformance.records import Verdict
 from conformance.report.phases import phase
 from conformance.targets.registry import target_for
 from conformance.workloads import idle
+
+
+class ServedCell(Protocol):
+    """What these helpers read of a served cell: an ``Endpoint``, or a PD cell's ``PDEndpoint``."""
+
+    @property
+    def cell(self) -> Cell: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def info(self) -> dict[str, Any]: ...
+    @property
+    def extra(self) -> dict[str, Any]: ...
 
 
 def settle(verdict: Verdict) -> Verdict:
@@ -69,21 +82,21 @@ GPU_SIZES = Sizes(
 )
 
 
-def on_cpu(endpoint: Any) -> bool:
+def on_cpu(endpoint: ServedCell) -> bool:
     return target_for(endpoint).on_cpu()
 
 
-def sizes_for(endpoint: Any) -> Sizes:
+def sizes_for(endpoint: ServedCell) -> Sizes:
     return CPU_SIZES if on_cpu(endpoint) else GPU_SIZES
 
 
-def exact_mode(endpoint: Any) -> bool:
+def exact_mode(endpoint: ServedCell) -> bool:
     """Deterministic CPU targets in float32 (the reference engine; real SGLang on CPU with
     ``--dtype float32``): cached and cold runs must give the same tokens."""
     return target_for(endpoint).exact_mode(endpoint.info)
 
 
-def vocab_size(endpoint: Any, default: int = 512) -> int:
+def vocab_size(endpoint: ServedCell, default: int = 512) -> int:
     return int(endpoint.info.get("vocab_size") or default)
 
 
@@ -92,12 +105,12 @@ def grids(cell: Cell) -> tuple[int, int]:
     return cell.grid.chunk, cell.grid.track_grid
 
 
-def lookahead(endpoint: Any) -> int:
+def lookahead(endpoint: ServedCell) -> int:
     """1 when the server overlaps scheduling (one step in flight), else 0."""
     return target_for(endpoint).engine.lookahead(endpoint.cell, endpoint.info)
 
 
-def oracle_for(endpoint: Any) -> PrefixOracle:
+def oracle_for(endpoint: ServedCell) -> PrefixOracle:
     cell = endpoint.cell
     return PrefixOracle(
         cell.strategy,
@@ -108,7 +121,7 @@ def oracle_for(endpoint: Any) -> PrefixOracle:
     )
 
 
-def idle_deadline(endpoint: Any) -> float:
+def idle_deadline(endpoint: ServedCell) -> float:
     """How long to wait for idle gauges: SGLang refreshes them lazily (up to 30 s); the
     reference server at once. Once a probe of the cell has failed, later ones wait briefly."""
     if any(not p.reached for p in endpoint.extra.get("idle_probes", [])):
@@ -116,13 +129,13 @@ def idle_deadline(endpoint: Any) -> float:
     return target_for(endpoint).engine.idle_deadline_s
 
 
-def note_idle_probe(endpoint: Any, probe: IdleProbe) -> IdleProbe:
+def note_idle_probe(endpoint: ServedCell, probe: IdleProbe) -> IdleProbe:
     """Keep a scenario's idle probe on the endpoint; the leaks suite judges them all."""
     endpoint.extra.setdefault("idle_probes", []).append(probe)
     return probe
 
 
-def pool_tier_asked(config: Any) -> bool:
+def pool_tier_asked(config: pytest.Config) -> bool:
     """Whether the run asked for the pool tier itself (its target, or a ``pool`` marker
     expression): then an SGLang the pool tier cannot use fails the run instead of skipping."""
     markexpr = str(getattr(config.option, "markexpr", "") or "")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 
 from conformance.matrix import axes
 from conformance.matrix.strategy import LAZY
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 
 NEW_STRATEGY_FLAG = "--mamba-radix-cache-strategy"
 OLD_STRATEGY_FLAG = "--mamba-scheduler-strategy"
@@ -152,7 +153,7 @@ class Features:
             f"_gather_mamba_track_indices {'present' if self.gather_track_indices else 'absent (kit indexes the ping-pong mapping)'}",
             f"granite layer names {'linear_attention/full_attention' if self.granite_new_layer_names else 'mamba/attention only -> granite configs rewritten'}",
             f"tree {self.tree_class or 'unknown'}",
-            *(() if self.mamba_used_gauge else ("no sglang:mamba_used_tokens gauge -> the observe plugin publishes SGLang's PoolStats mamba terms in its place (conformance.client.GAUGE_STANDINS)",)),
+            *(() if self.mamba_used_gauge else (f"no {MAMBA_USED_TOKENS} gauge -> the observe plugin publishes SGLang's PoolStats mamba terms in its place (conformance.client.GAUGE_STANDINS)",)),
             f"sglang-cpu {'runs through general plugins + hook registry' if self.sglang_cpu_capable else 'not applicable (' + str(self.sglang_cpu_gap) + ')'}"
             f", extra_buffer device gate {self._gate_text()}",
             f"seeded-fault hook targets {'all resolve' if not self.missing_hook_targets else f'{len(self.missing_hook_targets)} missing -> their faults not applicable'}",
@@ -295,7 +296,7 @@ def _mamba_used_gauge() -> bool:
     """Whether SGLang's metrics collector publishes ``sglang:mamba_used_tokens`` (from its source)."""
     collector = _module("sglang.srt.observability.metrics_collector") or _module("sglang.srt.metrics.collector")
     try:
-        return collector is not None and "mamba_used_tokens" in inspect.getsource(collector)
+        return collector is not None and MAMBA_USED_TOKENS.partition(":")[2] in inspect.getsource(collector)
     except (OSError, TypeError):
         return False
 

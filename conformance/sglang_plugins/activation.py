@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conformance.matrix.faults import SGLANG_FAULT_ENV as FAULT_ENV
+from conformance.matrix.faults import SGLANG_FAULT_ENV
 
 CPU_ENV = "HYBRID_CONFORMANCE_SGLANG_CPU"
 OBSERVE_ENV = "HYBRID_CONFORMANCE_SGLANG_OBSERVE"
@@ -50,7 +50,7 @@ def pd_enabled() -> bool:
 
 
 def fault_name() -> str | None:
-    return os.environ.get(FAULT_ENV) or None
+    return os.environ.get(SGLANG_FAULT_ENV) or None
 
 
 def process_role() -> str:

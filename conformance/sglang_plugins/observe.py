@@ -64,6 +64,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from conformance.sglang_contract.metric_names import KIT_PREFIX
+
 TARGET = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter._maybe_log_idle_metrics"
 #: Before the scheduler's components were split out (0.5.12 and older) the idle publisher is
 #: a Scheduler mixin method, so its ``self`` is the scheduler itself.
@@ -109,7 +111,6 @@ EVICT_ASKED = ("num_tokens", "swa_num_tokens", "mamba_num")
 #: Cumulative evidence counters (conformance/programs/evidence.py reads them).
 EVIDENCE_GAUGES = ("evictions_total", "prefill_cuts_total")
 MIN_INTERVAL_S = 0.2
-PREFIX = "hybrid_conformance:"
 
 def _first(*readers: Callable[[Any], float]) -> Callable[[Any], float]:
     """The first reader that works on this release (newest first)."""
@@ -322,7 +323,7 @@ class _Exporter:
         if name not in self.gauges:
             from prometheus_client import Gauge  # after SGLang set PROMETHEUS_MULTIPROC_DIR
 
-            self.gauges[name] = Gauge(PREFIX + name, f"hybrid-conformance observe: {name}", multiprocess_mode="mostrecent")
+            self.gauges[name] = Gauge(KIT_PREFIX + name, f"hybrid-conformance observe: {name}", multiprocess_mode="mostrecent")
         return self.gauges[name]
 
     def publish(self, scheduler: Any) -> None:
@@ -649,7 +650,7 @@ def install(role: str) -> dict[str, Any]:
     if not evict_hooked or len(evict_hooked) < len(evict_before):
         # an eviction path not seen: never publish a counter that would read "no eviction" (the kit refuses the oracle)
         _EXPORTER.evidence.pop("evictions_total", None)
-    gauges = sorted(PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES)) + [PREFIX + "idle_publish_seq"]
+    gauges = sorted(KIT_PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES)) + [KIT_PREFIX + "idle_publish_seq"]
     if lazy_before is not None and getattr(pkgutil.resolve_name(lazy_owner), lazy_attr) is lazy_before:
         raise RuntimeError(f"hook on {LAZY_TARGET} was not applied")
     state_hooked = state_line()

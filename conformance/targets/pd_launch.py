@@ -25,6 +25,7 @@ from conformance.matrix.cells import Cell
 from conformance.targets.base import LaunchSpec
 from conformance.targets.sglang import SGLangTarget, gpus_for_worker, worker_index
 from conformance.targets.sglang_cpu import SGLangCpuTarget
+from conformance.sglang_contract.metric_names import PD_PENDING_TRANSFERS
 
 LAZY_REFUSAL = "extra_buffer_lazy is refused under PD disaggregation by SGLang 0.5.23 (not applicable)"
 ROUTER_LAUNCHER = "python -m sglang_router.launch_router"
@@ -226,7 +227,6 @@ def reference_pd_spec(
 ) -> PDSpec:
     """The reference target's PD roles and router for ``cell`` (``model`` overrides the twin;
     ``role_env`` adds env per role, e.g. a seeded fault on the prefill role only)."""
-    from conformance.reference.pd import PENDING_GAUGE  # the PD roles' module imports torch and fastapi: only for a reference unit
 
     python = python or sys.executable
     common = [
@@ -244,4 +244,4 @@ def reference_pd_spec(
                    "--decode", decode_url, "--host", "127.0.0.1", "--port", str(ports.router)]
     return PDSpec(role("prefill", ports.prefill, ["--decode-url", decode_url]), role("decode", ports.decode, []),
                   LaunchSpec(argv=router_argv, env=dict(REFERENCE_ENV), port=ports.router, start_timeout_s=120.0), router_batches=True,
-                  extra_gauges=(PENDING_GAUGE,))
+                  extra_gauges=(PD_PENDING_TRANSFERS,))

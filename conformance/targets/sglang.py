@@ -22,6 +22,7 @@ from typing import Iterator, Sequence
 from conformance.matrix import axes
 from conformance.errors import KitError
 from conformance.matrix.cells import FIXTURES_DIR, Cell
+from conformance.matrix.faults import SGLANG_FAULT_ENV
 from conformance.sglang_api.probes import NEW_STRATEGY_FLAG, OLD_STRATEGY_FLAG
 from conformance.sglang_api.validate import Validation, validate_args
 from conformance.targets.base import LaunchSpec
@@ -189,7 +190,7 @@ def fault_plugin_env(env: dict[str, str]) -> tuple[str, ...]:
     fault = fault_for_launch(env)
     if not fault:
         return ()
-    env[activation.FAULT_ENV] = fault
+    env[SGLANG_FAULT_ENV] = fault
     allowed = env.get("SGLANG_PLUGINS", os.environ.get("SGLANG_PLUGINS", ""))
     if allowed:
         names = [n.strip() for n in allowed.split(",") if n.strip()]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from conformance.matrix import axes
 from conformance.matrix.cells import Cell
+from conformance.matrix.faults import SGLANG_FAULT_ENV
 from conformance.sglang_plugins import activation
 from conformance.sglang_plugins.faults import fault_for_launch
 from conformance.targets.base import LaunchSpec
@@ -141,7 +142,7 @@ class SGLangCpuTarget:
             env[TRITON_INTERPRET] = "1"
         fault = fault_for_launch(cell.env)
         if fault:
-            env[activation.FAULT_ENV] = fault
+            env[SGLANG_FAULT_ENV] = fault
         return env
 
     def expected_plugins(self, cell: Cell) -> tuple[str, ...]:

@@ -118,7 +118,7 @@ def _serve_child(req: dict, proto_fds: tuple[int, ...]) -> None:  # pragma: no c
             os._exit(code)
 
 
-class Zygote:
+class ZygoteLoop:
     """The request loop: fork servers, report their exit codes, kill them all at the end."""
 
     def __init__(self, out: "object") -> None:
@@ -191,7 +191,7 @@ def main(modules: list[str]) -> int:
     os.dup2(2, 1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: kill_all runs
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the kit's to handle
-    zygote = Zygote(out)
+    zygote = ZygoteLoop(out)
     t0 = time.monotonic()
     try:
         for module in modules:

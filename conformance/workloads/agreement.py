@@ -21,25 +21,27 @@ Tokens = tuple[int, ...]
 
 
 @dataclass(frozen=True)
-class Step:
+class ScriptStep:
+    """One step of the agreement script: its requests (one, or a batch) and the tokens each generates."""
+
     name: str
     prompts: tuple[Tokens, ...]  # one request, or a batch
     new_tokens: int
 
 
 def agreement_script(*, chunk: int, grid: int, vocab_size: int, new_tokens: int = 12) -> list:
-    """Steps as callables of the previous outputs: ``[(name, build(history) -> Step)]``."""
+    """Steps as callables of the previous outputs: ``[(name, build(history) -> ScriptStep)]``."""
     (p,) = token_prompts([2 * chunk + 37], vocab_size=vocab_size, seed=31)
     (q,) = token_prompts([grid - 5], vocab_size=vocab_size, seed=32)
     ext = lambda tag, n=5: extension(n, vocab_size=vocab_size, seed=f"agree:{tag}")  # noqa: E731
     return [
-        ("cold", lambda h: Step("cold", (p,), new_tokens)),
-        ("repeat", lambda h: Step("repeat", (p,), new_tokens)),
-        ("continue", lambda h: Step("continue", (p + h["cold"][0] + ext("c"),), new_tokens)),
-        ("branch", lambda h: Step("branch", (p[: chunk + 10] + ext("b", 9),), new_tokens)),
-        ("siblings", lambda h: Step("siblings", (p + ext("s1"), p + ext("s2")), new_tokens)),
-        ("decode_cross", lambda h: Step("decode_cross", (q,), new_tokens)),
-        ("decode_follow", lambda h: Step("decode_follow", (q + h["decode_cross"][0] + ext("d", 3),), new_tokens)),
+        ("cold", lambda h: ScriptStep("cold", (p,), new_tokens)),
+        ("repeat", lambda h: ScriptStep("repeat", (p,), new_tokens)),
+        ("continue", lambda h: ScriptStep("continue", (p + h["cold"][0] + ext("c"),), new_tokens)),
+        ("branch", lambda h: ScriptStep("branch", (p[: chunk + 10] + ext("b", 9),), new_tokens)),
+        ("siblings", lambda h: ScriptStep("siblings", (p + ext("s1"), p + ext("s2")), new_tokens)),
+        ("decode_cross", lambda h: ScriptStep("decode_cross", (q,), new_tokens)),
+        ("decode_follow", lambda h: ScriptStep("decode_follow", (q + h["decode_cross"][0] + ext("d", 3),), new_tokens)),
     ]
 
 

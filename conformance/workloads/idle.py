@@ -20,10 +20,11 @@ from __future__ import annotations
 import time
 from typing import Callable, Mapping, Sequence
 
-from conformance.checks.leaks import SEQ_GAUGE, after_flush_problems, idle_invariant, is_idle
+from conformance.checks.leaks import after_flush_problems, idle_invariant, is_idle
 from conformance.recordings import IdleProbe
 from conformance.client import SGLangClient
 from conformance.errors import KitError
+from conformance.sglang_contract.metric_names import KIT_IDLE_PUBLISH_SEQ
 
 POLL_S = 0.1
 #: Publishes after the first scrape that make a sample fresh.  One is enough: the caller
@@ -57,13 +58,13 @@ def _fresh_idle_sample(client: SGLangClient, deadline_s: float, judge) -> tuple[
     ``judge`` finds no problem; a problem that persists over fresh samples for
     :data:`SETTLE_S` ends the wait early; else the deadline does."""
     start = time.monotonic()
-    seq0 = client.metrics().get(SEQ_GAUGE)
+    seq0 = client.metrics().get(KIT_IDLE_PUBLISH_SEQ)
     observed = seq0 is not None
     bad_since: float | None = None
     while True:
         values = client.metrics()
         now = time.monotonic()
-        seq = values.get(SEQ_GAUGE)
+        seq = values.get(KIT_IDLE_PUBLISH_SEQ)
         fresh = observed and seq is not None and seq >= seq0 + FRESH_AFTER
         if is_idle(values) and (fresh or not observed):
             if not judge(values):

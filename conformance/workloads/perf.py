@@ -27,16 +27,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, MAMBA_PEAK_GAUGE, peak, track_slot_use
+from conformance.checks.leaks import peak, track_slot_use
 from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.recordings import OccupancySample, PerfRecording, RequestTiming
 from conformance.targets.registry import target_for
 from conformance.workloads.prompts import extension, token_prompts
 from conformance.workloads.runners import OCCUPANCY_GAUGES, cache_enabled
-
-KIT = "hybrid_conformance:"
-KV_PEAK_GAUGE = KIT + "kv_used_peak"
+from conformance.sglang_contract.metric_names import KIT_KV_USED_PEAK, KIT_MAMBA_USED_PEAK, KV_USED_TOKENS, MAMBA_USED_TOKENS
 
 
 @dataclass(frozen=True)
@@ -108,7 +106,7 @@ def timing(s: _Streamed, phase: str, rep: int, source: str) -> RequestTiming:
 
 
 def _kit_gauges(values: dict[str, float]) -> bool:
-    return MAMBA_PEAK_GAUGE in values
+    return KIT_MAMBA_USED_PEAK in values
 
 
 def _sampled(client: SGLangClient, load: Callable[[], Any], interval_s: float = 0.05) -> tuple[list[OccupancySample], Any]:
@@ -159,12 +157,12 @@ def record_perf(client: SGLangClient, plan: PerfPlan, *, vocab_size: int, engine
                 done = concurrent()
                 after = client.metrics()
                 timeline.append(OccupancySample(float(rep + 1), after))
-                peaks["mamba_peak_used"].append(after.get(MAMBA_PEAK_GAUGE, float("nan")))
-                peaks["kv_peak_used"].append(after.get(KV_PEAK_GAUGE, float("nan")))
+                peaks["mamba_peak_used"].append(after.get(KIT_MAMBA_USED_PEAK, float("nan")))
+                peaks["kv_peak_used"].append(after.get(KIT_KV_USED_PEAK, float("nan")))
             else:
                 sampled, done = _sampled(client, concurrent)
                 timeline += sampled
-                for key, gauge in (("mamba_peak_used", MAMBA_GAUGE), ("kv_peak_used", KV_GAUGE)):
+                for key, gauge in (("mamba_peak_used", MAMBA_USED_TOKENS), ("kv_peak_used", KV_USED_TOKENS)):
                     p = peak(sampled, gauge)
                     if p is not None:
                         peaks[key].append(p)

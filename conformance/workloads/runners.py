@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, MAMBA_PEAK_GAUGE, RUNNING_GAUGE, TRACK_GAUGES, TRACK_SLOTS_GAUGE
+from conformance.checks.leaks import TRACK_GAUGES
 from conformance.checks.prefix_branching import consecutive_groups
 from conformance.client import SGLangClient
 from conformance.errors import KitError, ServerDiedError
@@ -29,11 +29,12 @@ from conformance.recordings import (
 from conformance.workloads.prompts import extension
 from conformance.workloads.sessions import SessionScript
 from conformance.workloads.trees import BranchTree
+from conformance.sglang_contract.metric_names import KIT_MAMBA_USED_PEAK, KV_USED_TOKENS, MAMBA_PINGPONG_RESIDENT_SLOTS, MAMBA_USED_TOKENS, NUM_RUNNING_REQS
 
 Tokens = tuple[int, ...]
 #: Sampled under load.  The observe plugin's busy-window Mamba peak is the load evidence on a release whose
 #: own ``mamba_used_tokens`` gauge is never set (0.5.11) or moves only at its log intervals.
-OCCUPANCY_GAUGES = (MAMBA_GAUGE, MAMBA_PEAK_GAUGE, KV_GAUGE, RUNNING_GAUGE, TRACK_SLOTS_GAUGE, *TRACK_GAUGES)
+OCCUPANCY_GAUGES = (MAMBA_USED_TOKENS, KIT_MAMBA_USED_PEAK, KV_USED_TOKENS, NUM_RUNNING_REQS, MAMBA_PINGPONG_RESIDENT_SLOTS, *TRACK_GAUGES)
 
 
 # ------------------------------------------------------------------ plumbing

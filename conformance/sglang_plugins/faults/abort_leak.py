@@ -9,6 +9,7 @@ untouched.
 
 from __future__ import annotations
 
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 from conformance.sglang_plugins.faults.spec import Hook, call_losing_frees, sglang_fault
 
 NAME = "abort_leak"
@@ -29,7 +30,7 @@ FAULT = sglang_fault(
     "An aborted request (client abort while decoding, or an abort before it ran) does not "
     "return its mamba slots: its release runs with the mamba frees lost.",
     "abort paths that skip the mamba part of release_kv_cache",
-    "sglang:mamba_used_tokens > 0 at idle after the aborted session turn; SGLang's strict idle check logs 'memory leak detected'",
+    f"{MAMBA_USED_TOKENS} > 0 at idle after the aborted session turn; SGLang's strict idle check logs 'memory leak detected'",
     (Hook(TARGET, "around", release_forgetting_aborts),),
     suites=("leaks",),
 )

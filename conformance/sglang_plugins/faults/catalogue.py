@@ -12,7 +12,7 @@ import functools
 import importlib
 
 from conformance.errors import KitError
-from conformance.matrix.faults import SGLANG_FAULT_ENV, Fault
+from conformance.matrix.faults import GROUPS, SGLANG_FAULT_ENV, SeededFault
 
 _PKG = "conformance.sglang_plugins.faults."
 #: In docs order: SGLang's known regressions first, then the bug classes.
@@ -34,7 +34,7 @@ FAULT_MODULES = (
     "state_drift",
     "track_path_slowdown",            # performance: caught by compare on the perf ratios
     "step_slowdown",                  # performance, graded (+5/10/20% of a step): the paired A/B test
-    # written for the request programs (conformance/programs): classes the scripted workloads rarely reach
+    # group "programs" (conformance.matrix.faults.GROUPS): written for the request programs
     "dup_insert_leak",
     "older_pingpong_inserted",
     "logprob_start_ignored",
@@ -42,7 +42,7 @@ FAULT_MODULES = (
     "stop_finish_key_short",
     "cut_batch_checkpoint_dropped",   # the oracle's per-request cut evidence (issue 26)
     "session_abort_continues",
-    # one per server-option axis (conformance.matrix.axes): shows only with its option on
+    # group "option": one per server-option axis (conformance.matrix.axes), shows only with its option on
     "mixed_chunk_track_dropped",
     "chunk_cut_key_past_checkpoint",
     "overlap_track_slot_reused",
@@ -53,32 +53,21 @@ FAULT_MODULES = (
     "strip_thinking_state_past_key",
     "evict_priority_inverted",
     "path_cap_frees_tail_slot",
-    # PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP): the disagg suite
+    # group "pd": PD disaggregation (prefill + decode on real SGLang, Mooncake over TCP), the disagg suite
     "pd_state_index_off",             # PR 15829
     "pd_last_layer_state_unsent",
     "pd_prefill_slot_kept",
     "pd_decode_failed_transfer_slot_kept",  # needs SGLang's transfer-failure switch (disagg_transfer_fail)
-    # HiCache (SGLang's host tier on CPU, the hicache cache variant): the hicache suite
+    # group "hicache": SGLang's host tier on CPU (the hicache cache variant), the hicache suite
     "hicache_mamba_state_not_loaded",  # PR 27256 class
     "hicache_mamba_backup_slot_off",
 )
 
 
-#: Written for the request programs (issue "randomized request programs"): bug classes the
-#: scripted suites rarely or never reach; ``mutants --programs`` measures them.
-PROGRAMS_FAULTS = FAULT_MODULES[FAULT_MODULES.index("dup_insert_leak"):FAULT_MODULES.index("session_abort_continues") + 1]
-#: Written for the server-option axes (issue "server options as matrix axes"): each shows only
-#: with its option on (``Fault.options``), so its cell is a standard-tier axis cell.
-OPTION_FAULTS = FAULT_MODULES[FAULT_MODULES.index("session_abort_continues") + 1:FAULT_MODULES.index("pd_state_index_off")]
-#: PD disaggregation faults (hooks in SGLang's disaggregation code; fire only in PD roles).
-PD_FAULTS = FAULT_MODULES[FAULT_MODULES.index("pd_state_index_off"):FAULT_MODULES.index("pd_decode_failed_transfer_slot_kept") + 1]
-#: HiCache faults (hooks in SGLang's host pools; their cell is a ``hicache`` variant cell).
-HICACHE_FAULTS = FAULT_MODULES[FAULT_MODULES.index("hicache_mamba_state_not_loaded"):]
-
 
 @functools.lru_cache(maxsize=1)
-def faults() -> dict[str, Fault]:
-    out: dict[str, Fault] = {}
+def faults() -> dict[str, SeededFault]:
+    out: dict[str, SeededFault] = {}
     for module in FAULT_MODULES:
         fault = importlib.import_module(_PKG + module).FAULT
         if fault.name != module or fault.name in out:
@@ -87,7 +76,15 @@ def faults() -> dict[str, Fault]:
     return out
 
 
-def get_fault(name: str) -> Fault:
+def in_group(group: str) -> tuple[str, ...]:
+    """The names of the real-SGLang faults of one group (``SeededFault.group``, one of
+    ``conformance.matrix.faults.GROUPS``), in docs order."""
+    if group not in GROUPS:
+        raise KitError(f"fault group {group!r}: unknown (known: {', '.join(GROUPS)})")
+    return tuple(name for name, fault in faults().items() if fault.group == group)
+
+
+def get_fault(name: str) -> SeededFault:
     known = faults()
     if name not in known:
         raise KitError(f"{SGLANG_FAULT_ENV}={name!r}: unknown SGLang fault (known: {', '.join(known)})")

@@ -46,4 +46,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", key_at_the_cut),),
     options=("chunked_prefill=off-grid",),
     suites=("prefix_branching", "kl"),
+    group="option",
 )

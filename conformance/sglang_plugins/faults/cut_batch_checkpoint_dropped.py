@@ -47,4 +47,5 @@ FAULT = sglang_fault(
     # seen chunk lengths (not SGLang's claim): caught in 48 programs, 61 s, clean passing
     # (2026-11-26; 17 programs with bursts followed up on a member, a generator change reverted)
     options=("chunked_prefill=grid",),
+    group="programs",
 )

@@ -7,6 +7,7 @@ pool counts one more free slot than it has and will hand the slot to two owners.
 
 from __future__ import annotations
 
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "double_free"
@@ -27,7 +28,7 @@ FAULT = sglang_fault(
     "A finished request's working mamba slot is returned to the allocator twice: the free "
     "list holds it twice and the pool counts one slot more than it has.",
     "double release in release_kv_cache / free_mamba_cache (the 'double free? mamba_index is None' assertion class)",
-    "sglang:mamba_used_tokens < 0 at idle (a slot counted twice); SGLang's strict idle check logs 'memory leak detected'",
+    f"{MAMBA_USED_TOKENS} < 0 at idle (a slot counted twice); SGLang's strict idle check logs 'memory leak detected'",
     (Hook(TARGET, "around", free_twice),),
     suites=("leaks",),
 )

@@ -10,6 +10,7 @@ one sent again) leak one slot per duplicate.
 
 from __future__ import annotations
 
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 from conformance.sglang_plugins.faults.spec import Hook, fired, plan_arg, sglang_fault
 
 NAME = "dup_insert_leak"
@@ -36,7 +37,8 @@ FAULT = sglang_fault(
     "When a prefill checkpoint is inserted under a key the tree already holds, the duplicate "
     "donated mamba slot is not given back: one slot leaked per duplicate insert.",
     "the 'value already exists' branch of a radix insert (cleanup of an unused donated mamba value)",
-    "sglang:mamba_used_tokens > 0 at idle before any flush; SGLang's strict idle check logs 'memory leak detected'",
+    f"{MAMBA_USED_TOKENS} > 0 at idle before any flush; SGLang's strict idle check logs 'memory leak detected'",
     (Hook(TARGET, "around", cleanup_keeping_duplicate),),
     suites=("leaks", "prefix_branching"),  # the leak burst repeats one prefix; trees send concurrent siblings
+    group="programs",
 )

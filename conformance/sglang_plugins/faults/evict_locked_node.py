@@ -11,6 +11,7 @@ whose LRU walks the kit cannot hook; the lock is the Python-side entry it can.)
 
 from __future__ import annotations
 
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "evict_locked_node"
@@ -39,7 +40,7 @@ FAULT = sglang_fault(
     "can be handed to another request before the hit copies from it, and is freed again "
     "when the node goes.",
     "lock_ref handling of the mamba eviction path (evicting a locked node without detaching it)",
-    "sglang:mamba_used_tokens < 0 at idle (a slot counted twice); SGLang's strict idle check logs 'memory leak detected'",
+    f"{MAMBA_USED_TOKENS} < 0 at idle (a slot counted twice); SGLang's strict idle check logs 'memory leak detected'",
     (Hook(TARGET, "after", evict_under_lock),),
     suites=("leaks", "kl"),  # the kl suite's hits lock cached nodes; the leak checks read the pools after every scenario
 )

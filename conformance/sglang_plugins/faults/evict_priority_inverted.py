@@ -46,4 +46,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", insert_with_priority_inverted),),
     options=("eviction=priority",),
     suites=("prefix_branching",),
+    group="option",
 )

@@ -34,4 +34,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", backup_neighbour),),
     suites=("hicache",),
     cache_variant="hicache",
+    group="hicache",
 )

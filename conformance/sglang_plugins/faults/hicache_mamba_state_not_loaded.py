@@ -33,4 +33,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", skip_load),),
     suites=("hicache",),
     cache_variant="hicache",
+    group="hicache",
 )

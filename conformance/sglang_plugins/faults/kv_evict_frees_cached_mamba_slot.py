@@ -47,4 +47,5 @@ FAULT = sglang_fault(
     (Hook(EVICT_TARGET, "around", free_a_cached_slot_on_kv_shortfall), Hook(STORE_TARGET, "after", remember_stored)),
     options=("kv_pool=small",),
     suites=("leaks", "prefix_branching", "kl"),
+    group="option",
 )

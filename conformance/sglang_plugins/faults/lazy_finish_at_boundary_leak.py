@@ -9,6 +9,7 @@ Requests that finish anywhere else are untouched.
 
 from __future__ import annotations
 
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 from conformance.sglang_plugins.faults.spec import Hook, call_losing_frees, sglang_fault
 
 NAME = "lazy_finish_at_boundary_leak"
@@ -26,8 +27,9 @@ FAULT = sglang_fault(
     "extra_buffer_lazy: a request that finishes on the very decode step that crosses a track "
     "boundary does not give back its old keep slot.",
     "ordering of mamba_lazy_post_decode_at_boundary and the finish path (PR 27118 class)",
-    "sglang:mamba_used_tokens > 0 at idle before any flush; SGLang's strict idle check logs 'memory leak detected'",
+    f"{MAMBA_USED_TOKENS} > 0 at idle before any flush; SGLang's strict idle check logs 'memory leak detected'",
     (Hook(TARGET, "around", post_decode_losing_on_finish),),
     strategies=("extra_buffer_lazy",),
     suites=("leaks", "kl"),
+    group="programs",
 )

@@ -9,6 +9,7 @@ off, so the old slot leaves the request but never returns to the pool.
 
 from __future__ import annotations
 
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 from conformance.sglang_plugins.faults.spec import Hook, call_losing_frees, sglang_fault
 
 NAME = "lazy_slot_not_returned"
@@ -24,7 +25,7 @@ FAULT = sglang_fault(
     "extra_buffer_lazy: after a decode track boundary the old keep slot is not freed when the "
     "temporary second slot becomes the keep slot: one mamba slot leaked per boundary crossed.",
     "the mamba_lazy_post_decode_at_boundary give-back of SGLang PR 27118 (lazy extra buffer)",
-    "sglang:mamba_used_tokens > 0 at idle before any flush; SGLang's strict idle check logs 'memory leak detected'",
+    f"{MAMBA_USED_TOKENS} > 0 at idle before any flush; SGLang's strict idle check logs 'memory leak detected'",
     (Hook(TARGET, "around", post_decode_without_free),),
     strategies=("extra_buffer_lazy",),
     suites=("leaks", "kl"),  # kl's decode_hit decodes across track boundaries; the leaks suite may not

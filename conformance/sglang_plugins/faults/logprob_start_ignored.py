@@ -32,4 +32,5 @@ FAULT = sglang_fault(
     "input_token_logprobs start at the hit instead of logprob_start_len: they differ from a cold prefill",
     (Hook(TARGET, "around", limit_ignoring_logprob_start),),
     suites=("kl", "prefix_branching"),
+    group="programs",
 )

@@ -53,4 +53,5 @@ FAULT = sglang_fault(
     (Hook(CAP_TARGET, "around", reclaim_when_the_cap_holds), Hook(STORE_TARGET, "after", remember_stored)),
     options=("mamba_pool=small",),
     suites=("kl", "prefix_branching", "leaks"),
+    group="option",
 )

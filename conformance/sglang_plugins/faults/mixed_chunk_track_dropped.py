@@ -42,4 +42,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "after", drop_prefill_tracking),),
     options=("mixed_chunk=on",),
     suites=("kl", "prefix_branching"),
+    group="option",
 )

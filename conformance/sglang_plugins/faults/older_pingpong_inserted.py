@@ -36,4 +36,5 @@ FAULT = sglang_fault(
     "a follow-up hitting the last decode track continues from a state one track interval old: outputs differ from cold",
     (Hook(TARGET, "around", select_older),),
     suites=("kl", "prefix_branching"),
+    group="programs",
 )

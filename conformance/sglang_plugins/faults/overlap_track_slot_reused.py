@@ -44,4 +44,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", same_slot),),
     options=("overlap=on",),  # the extra_buffer default: its cell is the plain premerge one
     suites=("kl", "prefix_branching"),
+    group="option",
 )

@@ -59,4 +59,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", free_tail_after_cap_step),),
     options=("path_cap=1",),
     suites=("leaks", "kl", "prefix_branching"),
+    group="option",
 )

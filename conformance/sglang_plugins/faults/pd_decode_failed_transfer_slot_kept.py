@@ -38,4 +38,5 @@ FAULT = sglang_fault(
     strategies=("no_buffer",),
     suites=("disagg",),
     cell_fault="disagg_transfer_fail",
+    group="pd",
 )

@@ -37,4 +37,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", drop_last_layer),),
     strategies=("no_buffer",),
     suites=("disagg",),
+    group="pd",
 )

@@ -29,4 +29,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", lose_frees),),
     strategies=("no_buffer",),
     suites=("disagg",),
+    group="pd",
 )

@@ -30,4 +30,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", send_neighbour),),
     strategies=("no_buffer",),
     suites=("disagg",),
+    group="pd",
 )

@@ -9,6 +9,7 @@ whose state went into the radix cache (the kept slot), two when nothing was inse
 
 from __future__ import annotations
 
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "pingpong_leak_on_finish"
@@ -31,7 +32,7 @@ FAULT = sglang_fault(
     "the free step sees them as empty and drops the references (one slot per finished "
     "request whose state was cached, two otherwise).",
     "SGLang PR 26941 class (ping-pong track slots leaked until the idle check killed the server)",
-    "sglang:mamba_used_tokens > 0 at idle before any flush; SGLang's strict idle check logs 'memory leak detected'",
+    f"{MAMBA_USED_TOKENS} > 0 at idle before any flush; SGLang's strict idle check logs 'memory leak detected'",
     (Hook(TARGET, "around", free_mamba_cache),),
     suites=("leaks",),
 )

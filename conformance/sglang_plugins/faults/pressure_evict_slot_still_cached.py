@@ -79,4 +79,5 @@ FAULT = sglang_fault(
     (Hook(EVICT_TARGET, "around", free_a_cached_slot_first), Hook(STORE_TARGET, "after", remember_stored)),
     options=("mamba_pool=small",),
     suites=("kl", "prefix_branching", "leaks"),
+    group="option",
 )

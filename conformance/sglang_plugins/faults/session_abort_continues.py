@@ -46,4 +46,5 @@ FAULT = sglang_fault(
     "the next turn's prompt_tokens and outputs differ from what SGLang builds after an abort",
     (Hook(CACHE_TARGET, "around", cache_then_confirm), Hook(RELEASE_TARGET, "around", release_then_confirm)),
     suites=("leaks",),  # the leak session scripts abort a streaming turn and continue
+    group="programs",
 )

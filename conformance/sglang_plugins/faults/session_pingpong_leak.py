@@ -8,6 +8,7 @@ ping-pong track slots are dropped without being freed.
 
 from __future__ import annotations
 
+from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
 from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "session_pingpong_leak"
@@ -33,7 +34,7 @@ FAULT = sglang_fault(
     "allocated (3 slots per session under extra_buffer).",
     "SGLang PR 26941 (extra_buffer + overlap + streaming sessions: stale "
     "mamba_ping_pong_track_buffer references leaked 3 slots per session; the idle check then killed the server)",
-    "sglang:mamba_used_tokens > 0 at idle after the sessions scenario; SGLang's strict idle check logs 'memory leak detected'",
+    f"{MAMBA_USED_TOKENS} > 0 at idle after the sessions scenario; SGLang's strict idle check logs 'memory leak detected'",
     (Hook(TARGET, "replace", free_slot_mamba),),
     suites=("leaks",),
 )

@@ -1,7 +1,7 @@
 """How a seeded fault of real SGLang is declared, installed, and seen to fire.
 
 A fault module (one per fault, listed in ``catalogue.FAULT_MODULES``) exports ``FAULT``,
-a :class:`conformance.matrix.faults.Fault` of layer ``sglang`` made by :func:`sglang_fault`: the
+a :class:`conformance.matrix.faults.SeededFault` of layer ``sglang`` made by :func:`sglang_fault`: the
 real bug it models, the cells where it can show, and its :class:`Hook` records -- each a
 dotted SGLang symbol, a hook type of SGLang's ``HookRegistry``
 (``before``/``after``/``around``/``replace``) and the function.  Nothing
@@ -22,7 +22,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from conformance.matrix.faults import Fault
+from conformance.matrix.faults import SeededFault
 
 HOOK_TYPES = ("before", "after", "around", "replace")
 #: Firings written to the plugin report: the first ten, then every power of ten.
@@ -50,7 +50,7 @@ class Hook:
 def sglang_fault(name: str, description: str, real_bug: str, observable: str, hooks: tuple[Hook, ...], *,
                  strategies: tuple[str, ...] = ("extra_buffer",), families: tuple[str, ...] = ("qwen3-next",),
                  suites: tuple[str, ...] = ("kl",), cell_fault: str = "none", options: tuple[str, ...] = (),
-                 cache_variant: str = "radix", seen_by: tuple[str, ...] = ()) -> Fault:
+                 cache_variant: str = "radix", seen_by: tuple[str, ...] = (), group: str = "scripted") -> SeededFault:
     """A seeded fault of real SGLang (layer ``sglang``, selected by ``HYBRID_CONFORMANCE_SGLANG_FAULT``).
 
     ``real_bug``: the SGLang bug (PR) or bug class it stands for; ``observable``: what a
@@ -61,16 +61,17 @@ def sglang_fault(name: str, description: str, real_bug: str, observable: str, ho
     ``options``: the server-option axis values (``axis=value``, ``conformance.matrix.axes``) the fault
     only shows under (its cell sets them); ``cache_variant``: the matrix cache variant of its
     cell (``hicache``: SGLang's host tier); ``seen_by``: the check outside the suites that sees
-    it (``conformance.matrix.faults.SEEN_BY``), then scored through that.  Where it is injected is read off its hooks.
+    it (``conformance.matrix.faults.SEEN_BY``), then scored through that; ``group``: why it was written
+    (``conformance.matrix.faults.GROUPS``).  Where it is injected is read off its hooks.
     """
-    return Fault(
+    return SeededFault(
         name, "sglang", description, real_bug, ", ".join(f"{h.target} ({h.how.upper()})" for h in hooks), observable,
         suites=suites, strategies=strategies, families=families, cell_fault=cell_fault, hooks=tuple(hooks), options=tuple(options),
-        cache_variant=cache_variant, seen_by=tuple(seen_by),
+        cache_variant=cache_variant, seen_by=tuple(seen_by), group=group,
     )
 
 
-def install(fault: Fault, role: str) -> dict[str, Any]:
+def install(fault: SeededFault, role: str) -> dict[str, Any]:
     """Register and apply ``fault``'s hooks in SGLang's scheduler process; prove they took effect."""
     if role != "scheduler":
         return {}

@@ -36,4 +36,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", prepare_short_on_stop),),
     strategies=("no_buffer",),
     suites=("kl", "prefix_branching"),
+    group="programs",
 )

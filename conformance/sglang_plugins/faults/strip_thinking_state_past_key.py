@@ -45,4 +45,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", donate_newest_past_key),),
     options=("reasoning=strip-thinking",),
     suites=("kl",),
+    group="option",
 )

@@ -46,4 +46,5 @@ FAULT = sglang_fault(
     (Hook(TARGET, "around", claim_the_cut_tracked),),
     options=("chunked_prefill=sub-chunk",),
     suites=("prefix_branching", "kl"),
+    group="option",
 )

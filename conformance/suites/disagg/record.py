@@ -8,9 +8,9 @@ from typing import Any, Sequence
 from conformance.recordings import KLRecording
 from conformance.client import SGLangClient
 from conformance.workloads.prompts import extension
-from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE
 from conformance.session.suite_support import idle_probe
 from conformance.workloads.runners import cache_enabled, generate_tokens, judge_against_cold
+from conformance.sglang_contract.metric_names import KV_USED_TOKENS, MAMBA_USED_TOKENS
 
 SCENARIO = "pd_prefill_hit"
 
@@ -48,7 +48,7 @@ def record_pd_logprobs(
 
 def probe_both(pd: Any, scenario: str, *, requests: int, gauges: Sequence[str]) -> list:
     """Flush each PD server and wait for its idle gauges; the probes are kept on ``pd.extra``."""
-    extra = tuple(g for g in gauges if g not in (MAMBA_GAUGE, KV_GAUGE))
+    extra = tuple(g for g in gauges if g not in (MAMBA_USED_TOKENS, KV_USED_TOKENS))
     probes = [idle_probe(client, f"{role} {scenario}", requests=requests, zero_gauges=extra) for role, client in (("prefill", pd.prefill), ("decode", pd.decode))]
     pd.extra.setdefault("idle_probes", []).extend(probes)
     return probes

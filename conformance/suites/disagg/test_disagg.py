@@ -31,7 +31,7 @@ import pytest
 from conformance.checks.disagg import CHECK, disagg_verdict, threshold_history
 from conformance.checks.gsm8k import gsm8k_verdict, is_correct
 from conformance.checks.kl import NOISE_FACTOR, kl_verdict
-from conformance.checks.leaks import KV_GAUGE, MAMBA_GAUGE, MAMBA_PEAK_GAUGE, leak_verdict
+from conformance.checks.leaks import leak_verdict
 from conformance.checks.transfer_failures import transfer_failure_verdict
 from conformance.suites.disagg.record import probe_both, record_pd_logprobs
 from conformance.errors import KitError
@@ -39,6 +39,7 @@ from conformance.matrix.faults import DISAGG_FAILURE_ENV
 from conformance.records import Verdict
 from conformance.report.phases import timed
 from conformance.session.suite_support import exact_mode, grids, no_prefill_stores, settle, sizes_for, vocab_size
+from conformance.sglang_contract.metric_names import KIT_MAMBA_USED_PEAK, KV_USED_TOKENS, MAMBA_USED_TOKENS
 from conformance.targets.disagg import not_applicable, pd_launch_refusal, serve_pd, target_refusal
 from conformance.targets.pd_launch import transport
 from conformance.workloads.gsm8k import pick_items
@@ -59,7 +60,7 @@ TRANSFER_FAILURE_LOAD_S = 900.0
 
 
 def _gauges(pd) -> tuple[str, ...]:
-    return (MAMBA_GAUGE, KV_GAUGE, *pd.spec.extra_gauges)
+    return (MAMBA_USED_TOKENS, KV_USED_TOKENS, *pd.spec.extra_gauges)
 
 
 @pytest.fixture(scope="session")
@@ -157,7 +158,7 @@ def test_pd_leaks(cell, request, record_verdict):
     size = sizes_for(pd)
     chunk, _grid = grids(cell)
     prompts = token_prompts([chunk + 1 + 7 * i for i in range(size.load_requests)], vocab_size=vocab_size(base), seed=SEEDS["load"])
-    gauges = (*OCCUPANCY_GAUGES, MAMBA_PEAK_GAUGE)  # a short PD decode can finish between SGLang's own gauge samples
+    gauges = (*OCCUPANCY_GAUGES, KIT_MAMBA_USED_PEAK)  # a short PD decode can finish between SGLang's own gauge samples
     timeline, _out = sample_occupancy(pd.decode, lambda: generate_tokens(pd.router, prompts, size.load_new_tokens), gauges=gauges)
     probes = list(pd.extra.get("idle_probes", [])) + probe_both(pd, "after load", requests=len(prompts), gauges=_gauges(pd))
     logs = "\n".join(pd.log_texts().values())
@@ -174,7 +175,7 @@ def test_pd_transfer_failures(cell, request, record_verdict):
     size = sizes_for(pd)
     chunk, _grid = grids(cell)
     prompts = token_prompts([chunk + 1 + 7 * i for i in range(TRANSFER_FAILURE_REQUESTS + 1)], vocab_size=vocab_size(pd), seed=SEEDS["transfer_failures"])
-    gauges = (*OCCUPANCY_GAUGES, MAMBA_PEAK_GAUGE)
+    gauges = (*OCCUPANCY_GAUGES, KIT_MAMBA_USED_PEAK)
     timeline, rec = sample_occupancy(pd.decode, lambda: record_transfer_failures(
         pd.router, prompts[:-1], new_tokens=size.load_new_tokens, failure_prob=float(prob), follow_up_prompt=prompts[-1]),
         gauges=gauges, max_s=TRANSFER_FAILURE_LOAD_S)
