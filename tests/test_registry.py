@@ -133,7 +133,7 @@ def test_a_verb_and_the_plugin_resolve_one_command_line_to_the_same_options(monk
     assert cli == plugin and cli.models == ("qwen3-next", "nemotron-h") and cli.page_sizes == (1, 64) and cli.log_dir == Path("out/logs")
     assert options.options_from_args(build_parser().parse_args(["plan"])) == options.resolve(lambda flag: None)  # the defaults agree
     known_bugs = options.options_from_args(build_parser().parse_args(["known-bugs"]))  # a verb without --gpus-per-worker
-    assert known_bugs.gpus_per_worker == options.GPUS.default and known_bugs.target == options.FUZZ_TARGET
+    assert known_bugs.gpus_per_worker == options.GPUS.default and known_bugs.target == registry.FUZZ_TARGET
 
 
 def test_run_forwards_the_targets_own_options_only_to_it() -> None:

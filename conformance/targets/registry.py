@@ -5,7 +5,7 @@ Everything the kit used to ask by comparing a target's name, or by testing one o
 flags, it asks the target object (``target_for(name)`` / ``TARGETS[name]``), and the
 target answers: how a cell's server (and its PD unit) starts and on which GPUs, what
 preflight checks (:meth:`Target.needs`), which suites and checks apply, whether results are
-exact, the model it serves, what its engine is (:class:`Engine`: idle gauges, lookahead,
+exact, the model it serves, what its engine is (:class:`ServingEngine`: idle gauges, lookahead,
 the evidence its servers leave, the perf label), which options ``run`` forwards to
 pytest, which verbs take it.  Every list of target names the fronts offer (``mutants``,
 ``fuzz``, ``replay``, ``perf-ab``, ...) is derived here.  Adding a target is one entry here
@@ -44,7 +44,7 @@ PERF_AB = "perf-ab"
 
 
 @dataclass(frozen=True)
-class Engine:
+class ServingEngine:
     """What answers on a target's servers.  What preflight needs, how long idle gauges take,
     whether decoding looks ahead, the evidence the servers leave beside their logs and how
     the perf block names them follow from it."""
@@ -90,9 +90,9 @@ class Engine:
         return f"SGLang {version} ({target})"
 
 
-KIT_ENGINE = Engine("the kit's own engine", sglang=False)
-SGLANG = Engine("SGLang")
-SGLANG_WITH_KIT_PLUGINS = Engine("SGLang with the kit's plugins", plugins=True, flags=("--device",))
+KIT_ENGINE = ServingEngine("the kit's own engine", sglang=False)
+SGLANG = ServingEngine("SGLang")
+SGLANG_WITH_KIT_PLUGINS = ServingEngine("SGLang with the kit's plugins", plugins=True, flags=("--device",))
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class Target:
     #: the target serves no HTTP cell: the in-process pool tier; server suites are
     #: deselected, a run that ran nothing is not green, the report header shows SGLang's probes).
     server: Callable[[Any], ServerTarget] | None = None
-    engine: Engine = SGLANG
+    engine: ServingEngine = SGLANG
     placement: Placement = CPU
     #: Which model it serves: ``"always"`` the tiny twins, ``"flag"`` the twins with ``--twins``
     #: (else the HF models), ``"never"`` no model (the pool tier).
