@@ -23,6 +23,17 @@ from conformance import __version__
 from conformance.errors import KitError
 from conformance.session.options import GSM8K_DIR, PROGRAM_OPTIONS, REPORT_DIR, SEED, SELECTION, SHRINK, add_arguments
 from conformance.targets.registry import FUZZ_TARGET, HTTP_TARGETS, MUTANT_TARGETS, target_for
+from conformance.programs.replay import add_arguments as add_replay_arguments
+from conformance.commands.known_bugs import add_arguments as add_known_bugs_arguments
+from conformance.commands.perf_ab import add_arguments as add_perf_ab_arguments
+from conformance.commands.history import add_parser as add_history_parser
+from conformance.reference.twins import make_twins
+from conformance.report.compare import load_report_file, compare_reports, render_compare
+from conformance.mutants.command import run_mutants
+from conformance.programs.explore import parse_budget
+from conformance.programs.replay import replay
+from conformance.commands.history import run_history
+from conformance.commands.history import rerun_in_source
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,18 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--rotate", metavar="KEY", help="fuzz one cell of the selection, chosen by KEY (a commit hash; 'date': today's UTC date)")
     fuzz.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest after --")
 
-    from conformance.programs.replay import add_arguments as add_replay_arguments
-
     add_replay_arguments(sub.add_parser("replay", help="play one program file (a shrunk finding) against a target"))
-    from conformance.commands.known_bugs import add_arguments as add_known_bugs_arguments
-
     add_known_bugs_arguments(sub.add_parser("known-bugs", help="replay every known SGLang bug in range (fixtures/known_bugs.toml); red when one no longer reproduces"))
 
-    from conformance.commands.perf_ab import add_arguments as add_perf_ab_arguments
-
     add_perf_ab_arguments(sub.add_parser("perf-ab", help="paired A/B perf: two servers of a cell, one slowed by a graded seeded fault; a paired test per run"))
-    from conformance.commands.history import add_parser as add_history_parser
-
     add_history_parser(sub)
 
     for p in (run, mut, fuzz):
@@ -112,22 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_serve(serve_args: list[str]) -> int:
     """``serve`` takes the reference server's own options (and its --help) as they are."""
-    from conformance.reference.server import main as serve_main
+    from conformance.reference.server import main as serve_main  # deferred: the reference server imports torch; only `serve` needs it
 
     return int(serve_main(serve_args) or 0)
 
 
 def cmd_make_twins(args: argparse.Namespace) -> int:
-    from conformance.reference.twins import make_twins
-
     for path in make_twins(args.names or None, force=args.force):
         print(path)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from conformance.report.compare import load_report_file, compare_reports, render_compare
-
     if args.perf_threshold is not None and not args.perf_threshold >= 0:
         raise KitError(f"--perf-threshold: expected a fraction >= 0 (e.g. 0.3), got {args.perf_threshold}")
     result = compare_reports(load_report_file(Path(args.old)), load_report_file(Path(args.new)), perf_threshold=args.perf_threshold)
@@ -136,11 +135,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_mutants(args: argparse.Namespace) -> int:
-    from conformance.mutants.command import run_mutants
-
     if args.programs:
-        from conformance.programs.explore import parse_budget
-
         parse_budget(args.programs)  # one line before anything starts
         if not target_for(args.target).serves_http():
             served = " or ".join(t for t in MUTANT_TARGETS if t in HTTP_TARGETS)
@@ -150,14 +145,10 @@ def cmd_mutants(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from conformance.programs.replay import replay
-
     return replay(args)
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from conformance.commands.history import run_history
-
     return run_history(args)
 
 
@@ -189,8 +180,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         if getattr(args, "rerun_in_source", False) and args.sglang_source:  # run / fuzz / mutants against a checkout: re-run in its venv
-            from conformance.commands.history import rerun_in_source
-
             return rerun_in_source(argv, args.sglang_source)
         if args.command == "serve":
             return cmd_serve(argv[1:])

@@ -38,6 +38,17 @@ from conformance.session.run_state import RUN_KEY, RunState, run_state
 from conformance.matrix.suites import SUITES, suite_of_module
 from conformance.targets.registry import POOL, Target, target_for
 from conformance.targets.serving import not_serving
+from conformance.sglang_api.probes import probe
+from conformance.workloads.gsm8k import load_gsm8k
+from conformance.suites.perf import quiet
+from conformance.targets.serving import serve_cell
+from conformance.targets.option_refusal import log_refusal
+from conformance.targets.serving import log_path_for
+from conformance.report.run_report import NOT_APPLICABLE_SKIP
+from conformance.session.suite_support import idle_probe
+from conformance.session.suite_support import idle_deadline
+from conformance.workloads.cell_store import CellStore
+from conformance.session.known_bugs import expect, installed_release
 
 #: The report hooks, perf selection and quiet mode, the request-program suite's options and marker, and its run-wide cache-off twins.
 pytest_plugins = ["conformance.session.report_hooks", "conformance.suites.perf.selection", "conformance.suites.perf.quiet", "conformance.programs.options",
@@ -158,8 +169,6 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     sel = ", ".join(f"{k}={v}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes), ("tier", o.tier)) if v)
     lines = [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
     if not target_for(o).serves_http():  # the pool tier: the release's feature probes, one line (conformance.sglang_api.probes)
-        from conformance.sglang_api.probes import probe
-
         lines.append(f"hybrid-conformance: {probe().summary()}")
     return lines
 
@@ -185,8 +194,6 @@ def conformance_options(pytestconfig: pytest.Config) -> Options:
 @pytest.fixture(scope="session")
 def gsm8k_data(conformance_options: Options) -> Any:
     """GSM8K from --gsm8k-dir / HYBRID_CONFORMANCE_GSM8K_DIR (sha256-checked), else datasets."""
-    from conformance.workloads.gsm8k import load_gsm8k
-
     try:
         return load_gsm8k(conformance_options.gsm8k_dir)
     except KitError as e:
@@ -228,9 +235,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 def _start_endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, stack: contextlib.ExitStack) -> Any:
-    from conformance.suites.perf import quiet
-    from conformance.targets.serving import serve_cell
-
     state = run_state(request.config)
     log_dir = state.options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     if cell.id in state.not_applicable:  # SGLang already refused it at an earlier test's launch
@@ -241,9 +245,6 @@ def _start_endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory
             ep = stack.enter_context(timed(serve_cell(cell, state.options, log_dir=log_dir), f"{state.options.target} server"))
     except KitError as e:
         problem = str(e)
-        from conformance.targets.option_refusal import log_refusal
-        from conformance.targets.serving import log_path_for
-
         refused = log_refusal(cell, log_path_for(cell, log_dir))
         if refused:
             _not_applicable(state, cell, f"SGLang refuses the cell's {'server options' if cell.options else 'strategy for this model'} at start: {refused}")
@@ -285,8 +286,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def _not_applicable(state: RunState, cell: Cell, reason: str) -> None:
     """Record the cell as not applicable (report.json ``not_applicable``) and skip its test."""
-    from conformance.report.run_report import NOT_APPLICABLE_SKIP
-
     state.not_applicable[cell.id] = reason
     pytest.skip(f"{NOT_APPLICABLE_SKIP}{reason}")
 
@@ -311,14 +310,10 @@ def _dead_reason(ep: Any) -> str | None:
 
 def _teardown_idle_check(ep: Any) -> None:
     """At cell teardown: every scenario's idle probe, and one last one, must read 0."""
-    from conformance.session.suite_support import idle_probe
-
     dead = _dead_reason(ep)
     if dead:
         raise KitError(f"cell {ep.cell.id}: server is not serving at teardown: {dead}")
     probes = list(ep.extra.get("idle_probes", []))
-    from conformance.session.suite_support import idle_deadline
-
     probes.append(idle_probe(ep.client, "cell teardown", requests=0, deadline_s=idle_deadline(ep)))
     bad = [p for p in probes if not p.reached]
     if bad:
@@ -342,11 +337,7 @@ def _scenario_idle_probe(request: pytest.FixtureRequest) -> Iterator[None]:
     ep = _CELL_SERVERS.peek(cell.id) if cell is not None else None  # still open: it closes after this teardown
     if ep is None or _dead_reason(ep):
         return
-    from conformance.session.suite_support import idle_probe
-
     try:
-        from conformance.session.suite_support import idle_deadline
-
         probe = idle_probe(ep.client, f"after {request.node.name}", requests=1, deadline_s=idle_deadline(ep))
     except KitError:
         return
@@ -356,8 +347,6 @@ def _scenario_idle_probe(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def cell_store(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Recordings shared by the run's cells (also across xdist workers)."""
-    from conformance.workloads.cell_store import CellStore
-
     o = run_state(pytestconfig).options
     if o.report_dir is not None:
         return CellStore(o.report_dir / "shared")
@@ -373,8 +362,6 @@ def record_verdict(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdic
     def record(verdict: Verdict) -> Verdict:
         options = run_state(request.config).options
         if verdict.status == "fail":  # a known SGLang bug is filed as such (fixtures/known_bugs.toml)
-            from conformance.session.known_bugs import expect, installed_release
-
             verdict = expect(verdict, cell=cell_obj.id if cell_obj else None, target=options.target, release=installed_release())
         payload = {"cell": cell_json(cell_obj, options) if cell_obj else None, "check": verdict.check, "verdict": verdict.to_json()}
         request.node.user_properties.append(("hc_verdict", json.dumps(payload, default=float)))

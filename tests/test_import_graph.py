@@ -228,3 +228,60 @@ def test_finder_tells_a_submodule_from_a_name_in_the_package(tmp_path: Path) -> 
     assert [describe([c]).splitlines()[0] for c in find_cycles(edges)] == ["fake -> fake.a -> fake"]
     root = _write(tmp_path / "clean", {"fake/__init__.py": "", "fake/a.py": "from fake import b\n", "fake/b.py": "import os\n"})
     assert find_cycles(import_edges(root, "fake")) == []
+
+
+# ------------------------------------------------------------------ imports at the top
+#: At most this many imports of the kit's own modules stand inside a function, each with a
+#: ``# deferred: why`` comment on its line (an optional heavy dependency: torch, SGLang's pools).
+MAX_DEFERRED = 10
+
+
+def deferred_imports(root: Path, package: str = PACKAGE) -> list[tuple[str, int, str]]:
+    """(file, line, source line) of every import of ``package`` made inside a function."""
+    out = []
+    for path, _ in _modules(root, package).values():
+        text = path.read_text()
+        lines = text.splitlines()
+
+        def visit(body: list[ast.stmt], in_function: bool) -> None:
+            for node in body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    visit(node.body, True)
+                    continue
+                if in_function and isinstance(node, (ast.Import, ast.ImportFrom)):
+                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                    relative = isinstance(node, ast.ImportFrom) and node.level > 0
+                    if relative or any(n.split(".")[0] == package for n in names):
+                        out.append((str(path.relative_to(root)), node.lineno, lines[node.lineno - 1].strip()))
+                    continue
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    sub = getattr(node, field, None)
+                    if isinstance(sub, list):
+                        visit(sub, in_function)
+
+        visit(ast.parse(text, str(path)).body, False)
+    return out
+
+
+def deferred_problems(found: list[tuple[str, int, str]], limit: int = MAX_DEFERRED) -> list[str]:
+    problems = [f"{f}:{n}: a deferred import without a '# deferred: why' comment: {src}" for f, n, src in found if "# deferred:" not in src]
+    if len(found) > limit:
+        problems.append(f"{len(found)} imports of the kit inside functions (at most {limit}): move them to the top")
+    return problems
+
+
+def test_the_kits_imports_stand_at_the_top() -> None:
+    found = deferred_imports(ROOT)
+    assert not deferred_problems(found), "\n".join(deferred_problems(found))
+
+
+def test_the_deferred_import_count_sees_a_hidden_import(tmp_path: Path) -> None:
+    root = _write(tmp_path, {
+        "fake/__init__.py": "",
+        "fake/a.py": "def f():\n    from fake import b  # deferred: heavy\n    return b\n",
+        "fake/b.py": "class C:\n    def g(self):\n        if True:\n            import fake.a\n",
+    })
+    found = deferred_imports(root, "fake")
+    assert [(f, n) for f, n, _ in found] == [("fake/a.py", 2), ("fake/b.py", 4)]
+    assert deferred_problems(found) == ["fake/b.py:4: a deferred import without a '# deferred: why' comment: import fake.a"]
+    assert deferred_problems(found, limit=1)[-1] == "2 imports of the kit inside functions (at most 1): move them to the top"

@@ -7,13 +7,12 @@ import argparse
 from conformance.commands.run import cmd_run
 from conformance.session.options import PROGRAM_OPTIONS, forward
 from conformance.programs.explore import parse_budget
+from conformance.commands.rotation import rotate
 
 
 def cmd_fuzz(args: argparse.Namespace) -> int:
     parse_budget(args.budget)  # one line before anything starts
     if args.rotate:
-        from conformance.commands.rotation import rotate
-
         args, line = rotate(args)
         print(line, flush=True)
     extra = forward(args, PROGRAM_OPTIONS)

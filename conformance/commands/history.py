@@ -37,6 +37,14 @@ from conformance.errors import KitError
 from conformance.report.history_html import fold
 from conformance.sglang_api.release_pins import pins_for, release_of
 from conformance.targets.reference import PYTHON_ENV as REFERENCE_PYTHON_ENV
+from conformance.matrix.cells import load_matrix
+from conformance.commands.sglang_source import checkout, without_flag
+from conformance.report.versions import SOURCE_ENV
+from conformance.sglang_api.probes import Features
+from conformance.matrix.strategy import STRATEGIES
+from conformance.report.run_report import NOTHING_APPLIES
+from conformance.commands.selection import workers
+from conformance.report.history_html import render_html
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL_SUITE = suite("leaks").path / "test_pool_invariants.py"
@@ -94,8 +102,6 @@ def parse_models(text: str | None) -> tuple[str, ...]:
     """--models: model ids, families or twins of the matrix (checked before any venv is made)."""
     if not text:
         return ()
-    from conformance.matrix.cells import load_matrix
-
     chosen = tuple(m.strip() for m in text.split(",") if m.strip())
     if not chosen:
         raise KitError(f"--models: no model given in {text!r}")
@@ -181,9 +187,6 @@ def ensure_source_venv(co, venv_dir: Path, *, reinstall: bool = False) -> Path:
 
 def rerun_in_source(argv: Sequence[str], path: str, *, venv_dir: Path | None = None) -> int:
     """``hybrid-conformance <argv>`` (``--sglang-source`` removed) inside the checkout's venv."""
-    from conformance.commands.sglang_source import checkout, without_flag
-    from conformance.report.versions import SOURCE_ENV
-
     co = checkout(path)
     venv = ensure_source_venv(co, venv_dir or default_venv_dir())
     print(f"hybrid-conformance: sglang from {co.path} at {co.commit[:12]} (version {co.version}) in {venv}", file=sys.stderr)
@@ -201,8 +204,6 @@ def probe_in(venv: Path) -> dict:
 
 
 def summary_of(features: dict) -> str:
-    from conformance.sglang_api.probes import Features
-
     known = {k: v for k, v in features.items() if k in Features.__dataclass_fields__}
     known["strategies"] = tuple(known.get("strategies") or ())
     return Features(**known).summary()
@@ -257,7 +258,7 @@ def _case_outcome(case: ET.Element) -> tuple[str, str]:
 
 
 def pool_rows(release: str, venv: Path, tier: str, *, machine: bool = True) -> list[Row]:
-    from conformance.targets.pool.scenarios import SCENARIOS
+    from conformance.targets.pool.scenarios import SCENARIOS  # deferred: the pool tier imports torch and SGLang's pools; only the pool rows need it
 
     with tempfile.TemporaryDirectory(prefix="history-pool-") as tmp:
         junit = Path(tmp) / "junit.xml"
@@ -318,9 +319,6 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
         return [Row(release, check, "na", gap)]
     if not requested:
         return [Row(release, check, "na", "not requested (--with-sglang-cpu runs it; minutes per release)")]
-    from conformance.matrix.cells import load_matrix
-    from conformance.matrix.strategy import STRATEGIES
-
     cells = load_matrix().select(target=SGLANG_CPU, tier=tier, models=list(models) or None)
     ungated = _gate_refusal(features)  # extra-buffer strategies SGLang would stop at its device assert
     accepted = [s for s in STRATEGIES if s in features.get("strategies", ()) and not (ungated and STRATEGIES[s].has_buffer)]
@@ -340,8 +338,6 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
             return rows + [Row(release, check, "fail", f"exit {out.returncode}, no report.json: {_last_line(out.stderr or out.stdout)}")]
         report = json.loads(report_file.read_text())
         rows += report_rows(release, report, replay_dir=(out_dir / "replays" / release) if out_dir else None)
-        from conformance.report.run_report import NOTHING_APPLIES
-
         if not report.get("complete", True) and report.get("incomplete_reasons") != [NOTHING_APPLIES]:  # n/a rows say it all
             why = "; ".join(report.get("incomplete_reasons") or []) or "incomplete"
             rows.append(Row(release, f"{check} run", "fail", f"exit {out.returncode}: the run is incomplete: {why}"[:400]))
@@ -349,16 +345,12 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
 
 
 def _features(features: dict):
-    from conformance.sglang_api.probes import Features
-
     known = {k: v for k, v in features.items() if k in Features.__dataclass_fields__}
     known["strategies"] = tuple(known.get("strategies") or ())
     return Features(**known)
 
 
 def _refused(features: dict, strategy: str) -> str:
-    from conformance.matrix.strategy import STRATEGIES
-
     gate = _gate_refusal(features) if STRATEGIES[strategy].has_buffer else None
     return _features(features).not_applicable(strategy) or gate or f"sglang {features.get('version')}: {strategy} not accepted"
 
@@ -413,8 +405,6 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
             reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None,
             sources: Sequence[str] = (), models: Sequence[str] = (), workers: int = 1) -> tuple[list[Row], dict[str, str]]:
     """Rows for each release, then for each source checkout (column ``src-<commit>``)."""
-    from conformance.commands.sglang_source import checkout
-
     rows: list[Row] = []
     probes: dict[str, str] = {}
     installs: list[tuple[str, Callable[[], Path]]] = [(r, lambda r=r: ensure_venv(r, venv_dir, reinstall=reinstall)) for r in releases]
@@ -452,8 +442,6 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
 def parse_workers(text: str | None) -> int:
     """``-n`` as ``run`` reads it for the sglang-cpu target (default min(2, cores); ``auto``;
     ``0`` for none), checked before any release is installed: one-line KitError otherwise."""
-    from conformance.commands.selection import workers
-
     return workers(text, target=SGLANG_CPU)
 
 
@@ -480,8 +468,6 @@ def failed_releases(rows: Sequence[Row]) -> list[str]:
 
 
 def run_history(args) -> int:
-    from conformance.commands.sglang_source import checkout
-
     if not args.releases and not args.sglang_source:
         raise KitError("history: give --releases, --sglang-source or both")
     releases = parse_releases(args.releases) if args.releases else []
@@ -531,8 +517,6 @@ def add_parser(sub) -> None:
 
 def write_outputs(out_dir: Path, doc: dict, releases: Sequence[str]) -> None:
     """history.json (the --format json document) and history.html (release x check grid)."""
-    from conformance.report.history_html import render_html
-
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "history.json").write_text(json.dumps(doc, indent=2))
     rows = [Row(**r) for r in doc["rows"]]

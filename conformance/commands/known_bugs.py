@@ -19,13 +19,15 @@ from typing import Callable
 from conformance.errors import KitError
 from conformance.session.known_bugs import KnownBug, check_entries, installed_release, known_bugs_file, load
 from conformance.session.options import Options, options_from_args
+from conformance.session.options import DTYPE, LAUNCHER, MATRIX, TWINS, add_arguments as add_options
+from conformance.programs.replay import REPLAY_TARGET
+from conformance.targets.registry import FUZZ_TARGET
+from conformance.programs.program import load_program
+from conformance.programs.replay import find_cell, play
+from conformance.programs.runner import ProgramFailure
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from conformance.session.options import DTYPE, LAUNCHER, MATRIX, TWINS, add_arguments as add_options
-    from conformance.programs.replay import REPLAY_TARGET
-    from conformance.targets.registry import FUZZ_TARGET
-
     add_options(p, (REPLAY_TARGET, DTYPE, MATRIX, LAUNCHER, TWINS), target=FUZZ_TARGET)
     p.add_argument("--file", help=f"the known-bugs file (default: {known_bugs_file()})")
     p.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
@@ -33,10 +35,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def replayer(options: Options, log_dir: Path) -> Callable[[KnownBug], str | None]:
     """bug -> its replay's failure line, or None when the program passed."""
-    from conformance.programs.program import load_program
-    from conformance.programs.replay import find_cell, play
-    from conformance.programs.runner import ProgramFailure
-
     def replay(bug: KnownBug) -> str | None:
         program = load_program(str(bug.replay_path()))
         cell = find_cell(program, options.matrix_path)

@@ -24,16 +24,24 @@ from pathlib import Path
 
 from conformance.errors import KitError
 from conformance.targets.registry import PERF_AB, accepting, target_help
+from conformance.checks.perf_ab import ALPHA
+from conformance.session.options import DTYPE, LAUNCHER, MATRIX, TARGET, add_arguments as add_options
+from conformance.suites.perf.ab import AbPlan
+from conformance.checks.perf_ab import MIN_PAIRS
+from conformance.matrix.cells import load_matrix
+from conformance.session.options import options_from_args
+from conformance.suites.perf.ab import fault_runs, graded_runs
+from conformance.session.preflight import preflight_only
+from conformance.sglang_plugins.faults.step_slowdown import parse_grade
+from conformance.sglang_plugins.faults.spec import FaultInstallError
+from conformance.targets import preimport
+from conformance.sglang_plugins.faults.catalogue import faults
 
 #: The targets ``perf-ab`` takes: their servers load the kit's SGLang plugins (the graded fault lives there).
 AB_TARGETS = accepting(PERF_AB)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from conformance.checks.perf_ab import ALPHA
-    from conformance.session.options import DTYPE, LAUNCHER, MATRIX, TARGET, add_arguments as add_options
-    from conformance.suites.perf.ab import AbPlan
-
     target = dataclasses.replace(TARGET, choices=AB_TARGETS, help=f"{target_help(AB_TARGETS)} (default: {{default}})")
     add_options(p, (target, DTYPE, MATRIX, LAUNCHER), target=AB_TARGETS[0])
     p.add_argument("--cell", default="qwen3-next-80b-extra_buffer-p1-t256", help="the matrix cell both servers serve (default: %(default)s)")
@@ -48,15 +56,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_perf_ab(args: argparse.Namespace) -> int:
-    from conformance.checks.perf_ab import MIN_PAIRS
-    from conformance.matrix.cells import load_matrix
-    from conformance.session.options import options_from_args
-    from conformance.suites.perf.ab import AbPlan, fault_runs, graded_runs
-    from conformance.session.preflight import preflight_only
-    from conformance.sglang_plugins.faults.step_slowdown import parse_grade
-    from conformance.sglang_plugins.faults.spec import FaultInstallError
-    from conformance.targets import preimport
-
     if args.fault is not None and args.grades is not None:
         raise KitError("--fault and --grades: give one (a seeded fault on one side, or graded step slowdowns)")
     fault = _fault_named(args.fault)
@@ -106,8 +105,6 @@ def _fault_named(name: str | None) -> str | None:
     """The seeded SGLang fault ``--fault`` names (None: no fault, or 'none'); one line when unknown."""
     if name is None or name == "none":
         return None
-    from conformance.sglang_plugins.faults.catalogue import faults
-
     known = faults()
     if name not in known:
         raise KitError(f"--fault: unknown seeded SGLang fault {name!r} (docs/faults.md; 'none' for a clean pair)")

@@ -20,6 +20,11 @@ from conformance.errors import KitError
 from conformance.matrix.faults import FAULT_ENV, PAIRED_AB, PD_FAULT_ENV, POOL_LAYER, REFERENCE_LAYER, SGLANG_FAULT_ENV, SGLANG_LAYER, SeededFault
 from conformance.matrix.strategy import BASELINE, strategy_named
 from conformance.targets.registry import target_for
+from conformance.reference.faults import FAULTS
+from conformance.sglang_plugins.faults.catalogue import faults
+from conformance.matrix.cells import load_matrix
+from conformance.matrix.cells import TIERS
+from conformance.matrix import axes
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,7 @@ def _reference_cell(fault: SeededFault) -> MutantPlan:
 
 
 def reference_plans() -> dict[str, MutantPlan]:
-    from conformance.reference.faults import FAULTS
-    from conformance.reference.pd import PD_FAULTS
+    from conformance.reference.pd import PD_FAULTS  # deferred: the PD roles import torch; only the reference catalogue needs them
 
     plans = {name: _reference_cell(f) for name, f in FAULTS.items()}
     plans.update({name: PD for name in PD_FAULTS})
@@ -86,7 +90,7 @@ def reference_plans() -> dict[str, MutantPlan]:
 
 
 def pool_plans() -> dict[str, MutantPlan]:
-    from conformance.mutants.pool_faults import FAULTS
+    from conformance.mutants.pool_faults import FAULTS  # deferred: the pool faults import torch and SGLang's pools; only the pool catalogue needs them
 
     plans = {}
     for name, spec in FAULTS.items():
@@ -106,8 +110,6 @@ def sglang_cpu_plans(names: tuple[str, ...] | None = None) -> dict[str, MutantPl
     ones need -- so one clean run per cell vouches for all of them; each fault runs its own
     catching suite first and stops at the first failure.  A fault only the paired A/B sees
     (``seen_by``) gets a paired A/B plan instead (:func:`paired_ab_plan`)."""
-    from conformance.sglang_plugins.faults.catalogue import faults
-
     selected = {n: f for n, f in faults().items() if names is None or n in names}
     ab = {n: paired_ab_plan(f) for n, f in selected.items() if PAIRED_AB in f.seen_by}
     selected = {n: f for n, f in selected.items() if n not in ab}
@@ -153,8 +155,6 @@ PAIRED_AB_KEY = "perf-ab"
 def paired_ab_plan(f: SeededFault) -> MutantPlan:
     """A fault the paired A/B sees: one pair of servers of its first premerge cell (its first
     model family and strategy, plain), the fault on one drawn side (``perf-ab --fault``)."""
-    from conformance.matrix.cells import load_matrix
-
     cells = [c for c in load_matrix().cells if c.model.family == f.families[0] and c.strategy.name == f.strategies[0]
              and c.tier == "premerge" and not c.fault.injected and not c.options and c.cache_variant.name == "radix"]
     if not cells:
@@ -166,16 +166,12 @@ def paired_ab_plan(f: SeededFault) -> MutantPlan:
 
 def _fault_tier(cell_fault: str) -> str:
     """The smallest tier of the matrix with a cell of the matrix fault ``cell_fault``."""
-    from conformance.matrix.cells import TIERS, load_matrix
-
     tiers = {c.tier for c in load_matrix().cells if c.fault.name == cell_fault}
     return next((t for t in TIERS if t in tiers), TIERS[0])
 
 
 def at_defaults(f: SeededFault) -> bool:
     """The fault's server options are all its strategy's defaults (its cell is a plain one)."""
-    from conformance.matrix import axes
-
     return axes.all_default(f.options, strategy_named(f.strategies[0]))
 
 

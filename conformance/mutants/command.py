@@ -42,15 +42,16 @@ from conformance.mutants.runs import run_plan
 from conformance.mutants.scoring import catcher
 from conformance.programs.cold_twins import TwinBroker
 from conformance.targets.registry import target_for
+from conformance.sglang_api.probes import probe
+from conformance.sglang_plugins.faults.catalogue import faults
+from conformance.session.preflight import preflight_only
+from conformance.targets.launcher import install_signal_handlers
 
 
 def sglang_not_applicable(names: tuple[str, ...]) -> dict[str, str]:
     """Fault -> SGLang's own line, for each seeded fault whose hook target the installed
     release lacks (``sglang_api.probes``): a renamed symbol makes the fault not applicable,
     reported, not scored."""
-    from conformance.sglang_api.probes import probe
-    from conformance.sglang_plugins.faults.catalogue import faults
-
     features = probe()
     if not features.importable:
         raise KitError(f"mutants --target sglang-cpu: sglang {features.version} is not importable: {features.import_error}")
@@ -95,16 +96,12 @@ def run_mutants(*, target: str, only: str | None, report_dir: Path, fast: bool =
         if len(not_applicable) == len(plans):
             raise KitError(f"mutants: no selected fault applies to the installed SGLang ({next(iter(not_applicable.values()))})")
         plans = sglang_cpu_plans(tuple(n for n in plans if n not in not_applicable))
-    from conformance.session.preflight import preflight_only
-
     if preflight_only():  # what would run, and nothing else (the docs test's "as typed" mode)
         for name, plan in plans.items():
             console.print(f"{escape(name)}: {escape(plan.key)} (timeout {plan.timeout_s:.0f}s)")
         console.print(f"preflight only: {len(plans)} faults planned, nothing started")
         return 0
     report_dir.mkdir(parents=True, exist_ok=True)
-    from conformance.targets.launcher import install_signal_handlers
-
     install_signal_handlers()  # a SIGTERM unwinds: the running pytest's group and the cold twins are stopped
     with contextlib.ExitStack() as stack:
         if target_for(target).serves_http():  # one cache-off twin per cold cell for every run of this command

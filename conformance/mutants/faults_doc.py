@@ -10,15 +10,14 @@ from __future__ import annotations
 import sys
 
 from conformance.matrix.faults import LAYERS, SeededFault
+from conformance.reference.faults import FAULTS as REFERENCE
+from conformance.sglang_plugins.faults.catalogue import faults as sglang_faults
 
 
 def all_faults() -> list[SeededFault]:
     """Every seeded fault the kit knows, layer by layer, each registry in its own order."""
-    from conformance.mutants.pool_faults import FAULTS as POOL
-    from conformance.reference.faults import FAULTS as REFERENCE
-    from conformance.reference.pd import PD_FAULTS
-    from conformance.sglang_plugins.faults.catalogue import faults as sglang_faults
-
+    from conformance.mutants.pool_faults import FAULTS as POOL  # deferred: imports torch and SGLang's pools; only the page's pool section needs them
+    from conformance.reference.pd import PD_FAULTS  # deferred: the PD roles import torch; only the page's PD section needs them
     return [*REFERENCE.values(), *PD_FAULTS.values(), *POOL.values(), *sglang_faults().values()]
 
 

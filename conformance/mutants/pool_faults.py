@@ -19,6 +19,7 @@ import torch
 from conformance.errors import KitError
 from conformance.matrix.faults import FAULT_ENV, SeededFault, registry
 from conformance.matrix.strategy import BUFFERED, LAZY, NAMES
+from conformance.sglang_api import pool as sglang_api
 
 #: What catches a pool fault: the first invariant of the pool suite that breaks.
 CAUGHT_AS = "a pool invariant of the pool suite (`conformance/suites/leaks`, `-m pool`) fails"
@@ -291,8 +292,6 @@ def get(name: str) -> SeededFault:
 @contextlib.contextmanager
 def apply(name: str) -> Iterator[SeededFault]:
     """Install one fault for the duration of the block (undone in reverse order)."""
-    from conformance.sglang_api import pool as sglang_api
-
     fault = get(name)
     api = sglang_api.load()
     undo: list[tuple[object, str, object, bool]] = []

@@ -30,6 +30,9 @@ from conformance.mutants.catalogue import MutantPlan
 from conformance.mutants.scoring import CAUGHT, category
 from conformance.matrix.suites import suite
 from conformance.targets.registry import target_for
+from conformance.checks.leaks import scan_log
+from conformance.sglang_plugins.activation import FAULT_PLUGIN, read_report
+from conformance.report.compare import compare_files
 
 @dataclass
 class Outcome:
@@ -127,8 +130,6 @@ _POOL_LINE = re.compile(r"\[(\w+)\] total=(\d+), available=(-?\d+), evictable=(-
 def _leak_line(log: str) -> str:
     """SGLang's idle-check report in one line: the pools whose terms do not add up (the
     report spans one line per pool), else the first leak/error line of the log."""
-    from conformance.checks.leaks import scan_log
-
     lines = log.splitlines()
     for i, line in enumerate(lines):
         if "memory leak detected" not in line:
@@ -153,8 +154,6 @@ def _died_line(why: str, report_dir: Path, *, startup: bool = False) -> str:
 
 def fired_count(report_dir: Path, fault: str) -> int:
     """How often a real-SGLang fault's hooks fired in the servers of one run (plugin reports)."""
-    from conformance.sglang_plugins.activation import FAULT_PLUGIN, read_report
-
     counts = [0]
     for path in (report_dir / "logs").rglob("*.plugins.jsonl"):  # a paired A/B: logs/<run>/<side>/
         counts += [int(r.get("count", 0)) for r in read_report(path) if r.get("plugin") == FAULT_PLUGIN and r.get("status") == "fired" and r.get("fault") == fault]
@@ -163,8 +162,6 @@ def fired_count(report_dir: Path, fault: str) -> int:
 
 def perf_regressions(clean_dir: Path, report_dir: Path) -> list[str]:
     """``compare``'s perf rows between the clean run of a plan and a fault's run of it."""
-    from conformance.report.compare import compare_files
-
     if not (clean_dir / "report.json").exists() or not (report_dir / "report.json").exists():
         return []
     rows = compare_files(clean_dir / "report.json", report_dir / "report.json").rows

@@ -32,6 +32,11 @@ from conformance.session.suite_support import exact_mode, idle_deadline, lookahe
 from conformance.sglang_contract.metric_names import KIT_KV_TOTAL, KIT_MAMBA_TOTAL, MAMBA_TOTAL_TOKENS, MAX_TOTAL_NUM_TOKENS
 from conformance.targets.base import Endpoint
 from conformance.targets.serving import not_serving
+from conformance.reference import twins
+from conformance.targets.serving import serve_cell
+from conformance.programs.evidence import refuse_missing, request_log
+from conformance.programs.noise import calibrate
+from conformance.programs.oracle import Limits
 
 COLD_VARIANT = CacheVariant("cold", "radix cache disabled: the programs' cache-off twin", ("--disable-radix-cache",))
 NO_BUFFER = dataclasses.replace(STRATEGIES[BASELINE], description="cache-off twin")
@@ -52,8 +57,6 @@ def prepare_twin(cell: Cell) -> None:
     through it."""
     import transformers
 
-    from conformance.reference import twins
-
     spec = twins.load_spec(cell.model.twin)
     twins.ensure_twin(cell.model.twin)
     getattr(transformers, spec.architecture)
@@ -61,8 +64,6 @@ def prepare_twin(cell: Cell) -> None:
 
 @contextlib.contextmanager
 def serve_cold(cell: Cell, options: Any, log_dir: Path) -> Iterator[Endpoint]:
-    from conformance.targets.serving import serve_cell
-
     with timed(serve_cell(cold_cell(cell), options, log_dir=log_dir), "cold twin") as ep:
         yield ep
 
@@ -86,10 +87,6 @@ def path_cap(info: dict, cell: Cell) -> int | None:
 
 
 def target_for(ep: Endpoint, cold: Endpoint) -> ProgramTarget:
-    from conformance.programs.evidence import refuse_missing, request_log
-    from conformance.programs.noise import calibrate
-    from conformance.programs.oracle import Limits
-
     info = ep.info or ep.client.server_info()
     metrics = ep.client.metrics()
     refuse_missing(metrics, target=ep.target, attempts=[_later(ep.client)] * 25)

@@ -36,6 +36,7 @@ from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.programs.bind import cold_cell, prepare_twin, serve_cold
 from conformance.targets.reaper_client import pid_exists
+from conformance.session.run_state import run_state
 
 WORKERINPUT_KEY = "hybrid_conformance_twin_broker"
 _BROKER = pytest.StashKey["TwinBroker"]()
@@ -220,8 +221,6 @@ def pytest_configure_node(node: Any) -> None:
         return
     broker = config.stash.get(_BROKER, None)
     if broker is None:
-        from conformance.session.run_state import run_state
-
         options = run_state(config).options
         factory = getattr(config, "_tmp_path_factory", None)
         log_dir = options.log_dir or (factory.getbasetemp() / "server-logs" if factory else Path(tempfile.mkdtemp(prefix="hc-twin-logs-")))

@@ -29,6 +29,8 @@ from typing import Any, Mapping, Sequence
 
 from conformance.sglang_contract.metric_names import KIT_EVICTIONS_TOTAL, KIT_MAMBA_TOTAL, KIT_PREFILL_CUTS_TOTAL
 from conformance.sglang_plugins.token_digest import token_digest
+from conformance.errors import KitError
+from conformance.targets.registry import target_for
 
 #: evidence name -> the counter on /metrics it is read from
 COUNTERS: dict[str, str] = {
@@ -223,9 +225,6 @@ def request_log(log_path: Path | None, *, target: str, attempts: int = 25, pause
     KitError: the oracle would otherwise grant no cut and no lazy drop, or guess."""
     import time
 
-    from conformance.errors import KitError
-    from conformance.targets.registry import target_for
-
     plugin_log = target_for(target).engine.plugin_log(log_path)
     if plugin_log is None:
         return None
@@ -244,9 +243,6 @@ def refuse_missing(values: Mapping[str, float], *, target: str, attempts: Any = 
     the oracle depends on that ``/metrics`` lacks is a KitError, not a silently permissive
     oracle.  ``attempts``: more scrapes to try first (the observe plugin publishes at the
     first idle moment)."""
-    from conformance.errors import KitError
-    from conformance.targets.registry import target_for
-
     if not target_for(target).loads_kit_plugins():
         return
     for more in [None, *(attempts or ())]:

@@ -19,6 +19,8 @@ import pytest
 from conformance.errors import KitError
 from conformance.matrix.cells import DEFAULT_TIER
 from conformance.session.options import PROGRAM_OPTIONS, add_pytest_options
+from conformance.programs.explore import parse_budget
+from conformance.programs.explore import default_budget
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("hybrid-conformance programs", "hybrid-conformance: randomized request programs (-m programs)")
@@ -26,8 +28,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from conformance.programs.explore import parse_budget
-
     budget = config.getoption("--budget") or os.environ.get("HYBRID_CONFORMANCE_BUDGET")
     if budget:
         try:
@@ -47,8 +47,6 @@ class ProgramOptions:
 
 def program_options(config: pytest.Config, report_dir: Path | None) -> ProgramOptions:
     opt = config.getoption
-    from conformance.programs.explore import default_budget
-
     budget = opt("--budget") or os.environ.get("HYBRID_CONFORMANCE_BUDGET") or default_budget(opt("--tier") or DEFAULT_TIER)
     raw_seed = opt("--seed")
     if raw_seed is None:

@@ -22,6 +22,10 @@ from conformance.matrix.cells import Cell, load_matrix
 from conformance.session.options import DTYPE, GPUS, LAUNCHER, MATRIX, TARGET, TWINS, Options, add_arguments as add_options, options_from_args
 from conformance.programs.program import Program, load_program
 from conformance.targets.registry import FUZZ_TARGET, HTTP_TARGETS, target_help
+from conformance.programs.runner import ProgramFailure
+from conformance.programs.bind import serve_cold, target_for
+from conformance.programs.runner import run_program
+from conformance.targets.serving import serve_cell
 
 
 def find_cell(program: Program, matrix_path: str | None) -> Cell:
@@ -48,8 +52,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from conformance.programs.runner import ProgramFailure
-
     program = load_program(args.file)
     cell = find_cell(program, args.matrix)
     if args.repeat < 1:
@@ -75,10 +77,6 @@ def replay(args: argparse.Namespace) -> int:
 def play(program: Program, cell: Cell, options: Options, log_dir: Path, repeat: int = 1) -> Iterator[Any]:
     """Serve ``cell`` and its cache-off twin, play ``program`` ``repeat`` times: each run's
     ``RunStats`` or its ``ProgramFailure``."""
-    from conformance.programs.bind import serve_cold, target_for
-    from conformance.programs.runner import ProgramFailure, run_program
-    from conformance.targets.serving import serve_cell
-
     with serve_cell(cell, options, log_dir=log_dir) as ep, serve_cold(cell, options, log_dir) as cold:
         target = target_for(ep, cold)
         for _ in range(repeat):

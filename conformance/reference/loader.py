@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from conformance.errors import KitError
 from conformance.reference.toy_model import TOY_NAME, load_toy
+from conformance.reference.model import load_twin
 
 
 def known_models() -> list[str]:
     """Every model name ``--model`` accepts."""
     names = [TOY_NAME]
     try:
-        from conformance.reference.model import known_twins
+        from conformance.reference.model import known_twins  # deferred: the model imports torch, and its absence is reported here in one line
     except ImportError:
         return names
     return names + list(known_twins())
@@ -24,6 +25,4 @@ def load_model(name: str):
     known = known_models()
     if name not in known:
         raise KitError(f"unknown model {name!r}; known: {', '.join(known)}")
-    from conformance.reference.model import load_twin
-
     return load_twin(name)

@@ -21,6 +21,7 @@ from conformance.errors import KitError
 from conformance.reference.engine import STRATEGIES, Engine, EngineConfig, validate_config
 from conformance.reference.faults import FaultSwitch
 from conformance.reference.routes import create_app
+from conformance.reference.loader import known_models, load_model
 
 log = logging.getLogger("sglang.srt.entrypoints.http_server")
 REQUEST_TIMEOUT_S = 600.0
@@ -147,8 +148,6 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def build_engine(args: argparse.Namespace, faults: FaultSwitch) -> Engine:
-    from conformance.reference.loader import known_models, load_model
-
     if args.strategy not in STRATEGIES:
         raise KitError(f"unknown strategy {args.strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if args.model not in known_models():

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from conformance.errors import KitError
+from conformance.reference.tokenizer import tokenizer_fingerprint
+from conformance.reference.tokenizer import save_tokenizer
 
 GENERATOR_VERSION = 1  # bump when generation code changes the weights for the same spec
 TWIN_DIR = Path(os.environ.get(
@@ -58,8 +60,6 @@ class TwinSpec:
     source: Path | None = None
 
     def hashed_fields(self) -> dict[str, Any]:
-        from conformance.reference.tokenizer import tokenizer_fingerprint
-
         return {
             "generator": GENERATOR_VERSION, "tokenizer": tokenizer_fingerprint(), "name": self.name, "family": self.family,
             "architecture": self.architecture, "seed": self.seed, "max_context": self.max_context,
@@ -133,7 +133,7 @@ def build_model(spec: TwinSpec):
     import torch
     import transformers
 
-    from conformance.reference.twin_init import apply_init_recipe
+    from conformance.reference.twin_init import apply_init_recipe  # deferred: imports torch; only building a twin needs it
 
     config = build_config(spec)
     model_cls = getattr(transformers, spec.architecture)
@@ -194,8 +194,6 @@ def _publish_layout(folder: Path, family: str) -> None:
 
 def generate(spec: TwinSpec, dest: Path) -> None:
     """Write the full HF folder of ``spec`` into ``dest`` (which must not exist yet)."""
-    from conformance.reference.tokenizer import save_tokenizer
-
     import transformers
 
     transformers.logging.disable_progress_bar()

@@ -17,6 +17,9 @@ from typing import Any, Iterable, Mapping
 from conformance.records import Verdict, merge
 from conformance.report.versions import versions
 from conformance.targets.registry import target_for
+from conformance.errors import KitError
+from conformance.reference import twins
+from conformance.report import build_report, write_report
 
 #: Precedence when one check of a cell has several outcomes: a finding beats an error
 #: (the check did not complete), which beats a pass, which beats a skip.
@@ -147,9 +150,6 @@ def machine() -> dict[str, Any]:
 
 def twin_hashes(names: Iterable[str]) -> dict[str, dict[str, Any]]:
     """Per twin: its spec hash and the sha256 of its weights (null until generated)."""
-    from conformance.errors import KitError
-    from conformance.reference import twins
-
     out: dict[str, dict[str, Any]] = {}
     for name in names:
         try:
@@ -222,8 +222,6 @@ def completeness(state: Any, cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def write_run_report(state: Any, *, wall_s: float) -> dict[str, Any]:
-    from conformance.report import build_report, write_report
-
     outcomes = state.outcomes
     order = {c.id: i for i, c in enumerate(_matrix_cells(state))}
     cells = sorted(collect_cells(outcomes, state.not_applicable), key=lambda c: order.get(c["id"], len(order)))

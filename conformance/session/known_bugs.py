@@ -33,6 +33,7 @@ from packaging.version import InvalidVersion, Version
 from conformance.errors import KitError
 from conformance.records import Verdict
 from conformance.targets.registry import KIT_ENGINE_TARGETS
+from conformance.session.preflight import sglang_version
 
 try:
     import tomllib
@@ -216,8 +217,6 @@ def load(path: str | os.PathLike[str] | None = None) -> list[KnownBug]:
 
 
 def installed_release() -> str | None:
-    from conformance.session.preflight import sglang_version
-
     return sglang_version()
 
 

@@ -33,6 +33,14 @@ from conformance.errors import KitError
 from conformance.matrix.cells import Cell
 from conformance.session.options import Options
 from conformance.targets.registry import target_for
+from conformance.workloads import gsm8k
+from conformance.targets.sglang import NO_GPU_HINT, visible_gpus
+from conformance.sglang_plugins import activation
+from conformance.targets.sglang_cpu import STANDIN_PATH
+from conformance.targets import preimport
+from conformance.sglang_api.probes import MOONCAKE_DISTS
+from conformance.targets.pd_launch import CPU_TRANSFER_BACKEND, CPU_TRANSFER_ENV, CPU_TRANSFER_PROTOCOL
+from conformance.reference import twins
 
 if TYPE_CHECKING:  # annotations only: the CLI's preflight runs without pytest
     import pytest
@@ -144,8 +152,6 @@ def gsm8k_line(req: Request) -> Line:
 def check_gsm8k(directory: str | None) -> Line:
     """The local folder sha256-checked; else the hub that lm-eval would load it from must
     at least be reachable (checked with a 3 s connect, nothing downloaded)."""
-    from conformance.workloads import gsm8k
-
     d = directory or os.environ.get(gsm8k.ENV_DIR)
     hint = f"point --gsm8k-dir or {gsm8k.ENV_DIR} at a folder with {gsm8k.TEST_FILE} and {gsm8k.TRAIN_FILE}"
     try:
@@ -181,8 +187,6 @@ def gpus_needed(cell: Cell, *, twins: bool, suites: Sequence[str]) -> int:
 def gpu_line(req: Request) -> Line:
     if not target_for(req).needs().gpus:
         return Line("gpus", True, f"not needed (target {req.target} runs on CPU)")
-    from conformance.targets.sglang import NO_GPU_HINT, visible_gpus
-
     if not req.cells:
         return Line("gpus", True, "no cell selected")
     need = max(gpus_needed(c, twins=req.twins, suites=req.suites) for c in req.cells)
@@ -269,9 +273,6 @@ def plugins_line(req: Request) -> Line | None:
     """sglang-cpu: the kit's entry points are registered where SGLang looks, and the stand-in exists."""
     if not target_for(req).needs().plugins:
         return None
-    from conformance.sglang_plugins import activation
-    from conformance.targets.sglang_cpu import STANDIN_PATH
-
     want = {"sglang.srt.plugins": {activation.CPU_PLUGIN, activation.OBSERVE_PLUGIN, activation.FAULT_PLUGIN}, "sglang.srt.platforms": {activation.PLATFORM_NAME}}
     missing = [f"{group}:{name}" for group, names in want.items() for name in sorted(names - {ep.name for ep in metadata.entry_points(group=group)})]
     if missing:
@@ -285,8 +286,6 @@ def launch_line(req: Request) -> Line | None:
     """sglang-cpu: how its servers will start (``HYBRID_CONFORMANCE_LAUNCH``, checked here)."""
     if not target_for(req).needs().plugins:
         return None
-    from conformance.targets import preimport
-
     try:
         mode = preimport.mode()
     except KitError as e:
@@ -312,9 +311,6 @@ def pd_transport_line(req: Request) -> Line | None:
     rest of the run goes on).  Read from the same child-interpreter probe as the sglang line."""
     if "disagg" not in req.suites or not target_for(req).needs().pd_transport or not any(c.strategy.pd for c in req.cells):
         return None
-    from conformance.sglang_api.probes import MOONCAKE_DISTS
-    from conformance.targets.pd_launch import CPU_TRANSFER_BACKEND, CPU_TRANSFER_ENV, CPU_TRANSFER_PROTOCOL
-
     engine = _dist_version(*reversed(MOONCAKE_DISTS)) or "no mooncake distribution installed"
     router = _dist_version("sglang-router") or "sglang-router not installed"
     env = " ".join(f"{k}={v}" for k, v in CPU_TRANSFER_ENV.items())
@@ -331,8 +327,6 @@ def pd_transport_line(req: Request) -> Line | None:
 def twins_line(req: Request) -> Line | None:
     if not target_for(req).serves_twins(req.twins) or not req.cells:
         return None
-    from conformance.reference import twins
-
     names = sorted({c.model.twin for c in req.cells})
     try:
         cached = [n for n in names if (twins.twin_folder(twins.load_spec(n)) / "config.json").is_file()]

@@ -20,6 +20,10 @@ from conformance.report import phases
 from conformance.report.phases import suite_of_nodeid
 from conformance.report.outcomes import TEARDOWN_PROPS, cell_json, cell_of_item, cell_of_nodeid, one_line
 from conformance.session.run_state import run_state
+from conformance.session.preflight import preflight_only
+from conformance.session.preflight import item_failures
+from conformance.targets.launcher import install_signal_handlers
+from conformance.report.run_report import NOTHING_JUDGED_PREFIX, write_run_report
 
 _CONFIG_REF: dict[str, pytest.Config] = {}
 
@@ -48,9 +52,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Find, per collected test, a need this machine lacks (preflight); stop after it
     when asked (``HYBRID_CONFORMANCE_PREFLIGHT_ONLY``); expect every test's report."""
-    from conformance.session.preflight import preflight_only
-    from conformance.session.preflight import item_failures
-
     state = run_state(session.config)
     state.preflight_failures = item_failures(session.items, state.options)
     if not hasattr(session.config, "workerinput"):
@@ -96,8 +97,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    from conformance.targets.launcher import install_signal_handlers
-
     _CONFIG_REF["config"] = session.config
     install_signal_handlers()
 
@@ -111,8 +110,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state.phases.add("(controller)", "teardown", 0.0, phases.take())  # what the controller timed itself (e.g. cold twins it hosts)
     if state.options.report_dir is None:
         return
-    from conformance.report.run_report import NOTHING_JUDGED_PREFIX, write_run_report
-
     report = write_run_report(state, wall_s=time.time() - state.started)
     if any(r.startswith(NOTHING_JUDGED_PREFIX) for r in report.get("incomplete_reasons", ())) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a run that judged nothing is red, not green

@@ -19,6 +19,7 @@ from conformance.records import Verdict
 from conformance.report.phases import phase
 from conformance.targets.registry import target_for
 from conformance.workloads import idle
+from conformance.checks.hit_bounds import StrategyGrid, prefill_never_tracked
 
 
 class ServedCell(Protocol):
@@ -147,8 +148,6 @@ def no_prefill_stores(endpoint) -> str | None:
     """Why no prefill on this server can store a Mamba state (the prefill_hit scenario then has
     nothing to hit: a skip saying so, never a pass), or None.  Read off the server's own
     ``chunked_prefill_size`` (the ``chunked_prefill = sub-chunk`` axis cell: 32 < grid 64)."""
-    from conformance.checks.hit_bounds import StrategyGrid, prefill_never_tracked
-
     cell, g = endpoint.cell, endpoint.cell.grid
     info = endpoint.info or {}
     budget = int(info.get("chunked_prefill_size") or 0)

@@ -23,6 +23,9 @@ from dataclasses import dataclass, fields
 from conformance.matrix import axes
 from conformance.matrix.strategy import LAZY
 from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
+from conformance.sglang_plugins.cpu.device_gate import gate_location
+from conformance.sglang_plugins.cpu.device_gate import PLATFORM_TARGETS
+from conformance.sglang_plugins.faults.catalogue import faults
 
 NEW_STRATEGY_FLAG = "--mamba-radix-cache-strategy"
 OLD_STRATEGY_FLAG = "--mamba-scheduler-strategy"
@@ -302,17 +305,11 @@ def _mamba_used_gauge() -> bool:
 
 
 def _extra_buffer_gate() -> str | None:
-    from conformance.sglang_plugins.cpu.device_gate import gate_location
-
     where = gate_location()
     return where if where in (None, "platform") else "server_args"
 
 
 def _extra_buffer_gate_method() -> str | None:
-    from conformance.sglang_plugins.cpu.device_gate import gate_location
-
-    from conformance.sglang_plugins.cpu.device_gate import PLATFORM_TARGETS
-
     where = gate_location()
     if where in (None, "platform"):
         return None
@@ -321,8 +318,6 @@ def _extra_buffer_gate_method() -> str | None:
 
 def _fault_hook_targets() -> tuple[str, ...]:
     """Every SGLang symbol a seeded fault of the kit hooks (the catalogue imports no SGLang)."""
-    from conformance.sglang_plugins.faults.catalogue import faults
-
     return tuple(sorted({h.target for f in faults().values() for h in f.hooks}))
 
 

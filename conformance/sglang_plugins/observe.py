@@ -65,6 +65,8 @@ import time
 from typing import Any, Callable
 
 from conformance.sglang_contract.metric_names import KIT_PREFIX
+from conformance.sglang_plugins.activation import REPORT_ENV
+from conformance.sglang_plugins.token_digest import token_digest
 
 TARGET = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter._maybe_log_idle_metrics"
 #: Before the scheduler's components were split out (0.5.12 and older) the idle publisher is
@@ -224,8 +226,6 @@ def track_slots(req: Any) -> int:
 def requests_path() -> str | None:
     """Where this server's per-request evidence goes (None: the kit gave no report path)."""
     import os
-
-    from conformance.sglang_plugins.activation import REPORT_ENV
 
     report = os.environ.get(REPORT_ENV)
     return report.removesuffix(REPORT_SUFFIX) + REQUESTS_SUFFIX if report else None
@@ -462,8 +462,6 @@ def _key_tokens(key: Any) -> list[int]:
 
 def _remember(value: Any, tokens: list[int]) -> None:
     """A mamba state the tree took: remember its slot(s) and record it."""
-    from conformance.sglang_plugins.token_digest import token_digest
-
     stored = (len(tokens), token_digest(tokens))
     for slot in _slots(value):
         _TREE_STATES[slot] = stored

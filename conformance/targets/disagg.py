@@ -26,6 +26,9 @@ from conformance.targets.pd_launch import ROUTER_LAUNCHER, PDPorts, PDSpec, cont
 from conformance.targets.plugin_proof import check_plugins
 from conformance.targets.registry import target_for
 from conformance.targets.sglang import Validation, strip_launcher
+from conformance.targets.option_refusal import resolution_refusal
+from conformance.targets.sglang import validate_server_args
+from conformance.sglang_plugins.activation import REPORT_ENV
 
 ROLES = ("prefill", "decode", "router")
 #: Starts of a PD unit when a picked port was taken by another process in between.
@@ -52,8 +55,6 @@ def pd_launch_refusal(cell: Cell, log_dir: Path) -> str | None:
     """SGLang's refusal, from its PD server logs, of a cell outside the 0.5.23 PD contract
     (a server stopped while resolving its arguments); None for any other start failure,
     which stays a failure, and for every cell inside the contract."""
-    from conformance.targets.option_refusal import resolution_refusal
-
     if cell.strategy.pd:
         return None
     for role in ("prefill", "decode"):
@@ -102,8 +103,6 @@ def validate_router_argv(argv: Sequence[str], launcher: str = ROUTER_LAUNCHER) -
 
 def validate_pd_spec(spec: PDSpec, cell: Cell, *, config: Path | None = None) -> dict[str, Validation]:
     """Each role's command through its own parser: SGLang's for prefill/decode."""
-    from conformance.targets.sglang import validate_server_args
-
     server_launcher = spec.launchers.get("server", "python -m sglang.launch_server")
     out = {role: validate_server_args(strip_launcher(s.argv, server_launcher), cell, config=config)
            for role, s in (("prefill", spec.prefill), ("decode", spec.decode))}
@@ -191,8 +190,6 @@ def _with_report(env: dict[str, str], report: Path | None) -> dict[str, str]:
     """``env`` plus where the kit's plugins inside this PD server prove they ran (a fresh file)."""
     if report is None:
         return dict(env)
-    from conformance.sglang_plugins.activation import REPORT_ENV
-
     report.parent.mkdir(parents=True, exist_ok=True)
     report.unlink(missing_ok=True)
     return {**env, REPORT_ENV: str(report)}

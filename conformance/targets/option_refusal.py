@@ -24,6 +24,7 @@ from pathlib import Path
 
 from conformance.matrix.axes import needed
 from conformance.matrix.cells import Cell
+from conformance.sglang_api.validate import UNSUPPORTED_FOR_MODEL
 
 #: Where SGLang resolves and validates its server arguments.
 _RESOLUTION_FRAMES = re.compile(r'File "[^"]*sglang/srt/(arg_groups/[^"]+|server_args\.py)"')
@@ -50,8 +51,6 @@ def launch_refusal(cell: Cell, log_text: str) -> str | None:
     such refusal; a core cell only SGLang's refusal of its strategy for the model's
     architecture (``mamba extra_buffer is not supported for NemotronHForCausalLM model``):
     any other refusal of a core cell stays a failure."""
-    from conformance.sglang_api.validate import UNSUPPORTED_FOR_MODEL
-
     line = resolution_refusal(log_text)
     if line is None or cell.options or UNSUPPORTED_FOR_MODEL.search(line):
         return line

@@ -26,6 +26,9 @@ from conformance.targets.base import LaunchSpec
 from conformance.targets.sglang import SGLangTarget, gpus_for_worker, worker_index
 from conformance.targets.sglang_cpu import SGLangCpuTarget
 from conformance.sglang_contract.metric_names import PD_PENDING_TRANSFERS
+from conformance.sglang_api.probes import probe
+from conformance.targets.launcher import free_port  # the launcher (httpx, process groups) only when ports are picked
+from conformance.sglang_plugins import activation
 
 LAZY_REFUSAL = "extra_buffer_lazy is refused under PD disaggregation by SGLang 0.5.23 (not applicable)"
 ROUTER_LAUNCHER = "python -m sglang_router.launch_router"
@@ -56,8 +59,6 @@ def env_for_role(cell: Cell, role: str, env: dict[str, str]) -> dict[str, str]:
 def cpu_transfer_refusal() -> str | None:
     """SGLang's own answer when asked for its default PD transfer engine here (probed once);
     None when it builds (the non-CUDA Mooncake wheel and libibverbs installed)."""
-    from conformance.sglang_api.probes import probe
-
     refusal = probe().pd_transfer_refusal
     if refusal:
         return f"not applicable on sglang-cpu: SGLang's PD transfer engine refuses this machine: {refusal} (ci/setup-cpu.sh installs it)"
@@ -74,8 +75,6 @@ class PDPorts:
 
     @classmethod
     def pick(cls) -> "PDPorts":
-        from conformance.targets.launcher import free_port  # the launcher (httpx, process groups) only when ports are picked
-
         ports: list[int] = []
         while len(ports) < 5:  # distinct free ports
             p = free_port()
@@ -198,8 +197,6 @@ def sglang_cpu_pd_spec(cell: Cell, target: SGLangCpuTarget, *, ports: PDPorts) -
     """Real SGLang's prefill and decode servers on CPU (the cell's ``sglang-cpu`` command and
     environment, plus the PD flags, Mooncake over TCP and the CPU plugin's PD bridges:
     ``conformance.sglang_plugins.cpu.pd_bridge``) and ``sglang_router`` in front."""
-    from conformance.sglang_plugins import activation
-
     shared = ["--disaggregation-bootstrap-port", str(ports.bootstrap), "--disaggregation-transfer-backend", CPU_TRANSFER_BACKEND]
     launcher = f"{target.python} -m sglang.launch_server"
 

@@ -32,6 +32,9 @@ from conformance.targets.pd_launch import (
 from conformance.targets.reference import ReferenceTarget
 from conformance.targets.sglang import SGLangTarget, gpus_for_worker, visible_gpus, worker_index
 from conformance.targets.sglang_cpu import SGLangCpuTarget
+from conformance.sglang_api.probes import probe # a cell with server options or a gated strategy: SGLang's answers
+from conformance.targets.option_refusal import gate_refusal, probed_refusal
+from conformance.targets.pool.gate import PoolGate # pytest's own: only inside a pytest session
 
 #: The options of the SGLang-on-GPU launch that ``run`` forwards to pytest for the targets that use them.
 GPU_LAUNCH_OPTIONS = ("sglang_launcher", "gpus_per_worker", "twins")
@@ -258,9 +261,6 @@ class Target:
         gated = self.engine.plugins and cell.strategy.has_buffer
         if not self.needs().probe or not (cell.options or gated):
             return None
-        from conformance.sglang_api.probes import probe  # a cell with server options or a gated strategy: SGLang's answers
-        from conformance.targets.option_refusal import gate_refusal, probed_refusal
-
         features = probe()
         return probed_refusal(cell, features) or (gate_refusal(cell, features) if gated else None)
 
@@ -307,8 +307,6 @@ class Target:
         gate that fails a run which tested nothing."""
         if self.serves_http():
             return {}
-        from conformance.targets.pool.gate import PoolGate  # pytest's own: only inside a pytest session
-
         return {"hybrid-conformance-pool-gate": PoolGate()}
 
 

@@ -19,6 +19,8 @@ from conformance.targets.base import Endpoint, LaunchSpec
 from conformance.targets.launcher import ServerProcess, free_port
 from conformance.targets.plugin_proof import check_plugins, check_weights_loaded
 from conformance.targets.registry import target_for
+from conformance.sglang_plugins.activation import read_report
+from conformance.sglang_plugins.activation import REPORT_ENV
 
 
 def spec_for(cell: Cell, options: Any, *, port: int | None = None) -> LaunchSpec:
@@ -29,8 +31,6 @@ def spec_for(cell: Cell, options: Any, *, port: int | None = None) -> LaunchSpec
 def _with_plugin_failure(error: ServerStartError, name: str, report: Path, log_path: Path) -> ServerStartError:
     """A start-up failure whose root cause is a kit plugin that failed inside SGLang (SGLang
     logs that and carries on, so the crash comes later): name the plugin's error instead."""
-    from conformance.sglang_plugins.activation import read_report
-
     bad = [r for r in read_report(report) if r.get("status") == "error"]
     if not bad:
         return error
@@ -80,8 +80,6 @@ def _start_cell(cell: Cell, options: Any, log_dir: Path) -> StartedCell:
     env = dict(spec.env)
     plugin_report = log_path.with_suffix(".plugins.jsonl")
     if spec.plugins:
-        from conformance.sglang_plugins.activation import REPORT_ENV
-
         plugin_report.parent.mkdir(parents=True, exist_ok=True)
         plugin_report.unlink(missing_ok=True)
         env[REPORT_ENV] = str(plugin_report)

@@ -26,6 +26,10 @@ from conformance.matrix.faults import SGLANG_FAULT_ENV
 from conformance.sglang_api.probes import NEW_STRATEGY_FLAG, OLD_STRATEGY_FLAG
 from conformance.sglang_api.validate import Validation, validate_args
 from conformance.targets.base import LaunchSpec
+from conformance.sglang_api import probes
+from conformance.reference.twins import ensure_twin # the folder; no model load
+from conformance.sglang_plugins import activation
+from conformance.sglang_plugins.faults import fault_for_launch
 
 DEFAULT_LAUNCHER = "python -m sglang.launch_server"
 CONFIG_DIR = FIXTURES_DIR / "models" / "configs"
@@ -113,8 +117,6 @@ def detect_strategy_flag(launcher: str = DEFAULT_LAUNCHER) -> str:
     Ask the feature probe (SGLang's own parser) when sglang is importable here; else run
     ``<launcher> --help`` (bounded); else assume the newest name.
     """
-    from conformance.sglang_api import probes
-
     flag = probes.probe().strategy_flag
     if flag:
         return flag
@@ -148,8 +150,6 @@ class SGLangTarget:
 
     def model_path(self, cell: Cell) -> str:
         if self.twins:
-            from conformance.reference.twins import ensure_twin  # the folder; no model load
-
             return str(ensure_twin(cell.model.twin))
         return cell.model.hf_path
 
@@ -184,9 +184,6 @@ def fault_plugin_env(env: dict[str, str]) -> tuple[str, ...]:
     """With a seeded SGLang fault selected (cell env or the kit's own), switch the kit's fault
     plugin on in ``env`` (added to ``SGLANG_PLUGINS`` when that whitelist is set) and return
     the plugins the launch must prove ran; else change nothing."""
-    from conformance.sglang_plugins import activation
-    from conformance.sglang_plugins.faults import fault_for_launch
-
     fault = fault_for_launch(env)
     if not fault:
         return ()
@@ -203,8 +200,6 @@ def fault_plugin_env(env: dict[str, str]) -> tuple[str, ...]:
 def config_folder(cell: Cell, *, twins: bool = False) -> Path:
     """A config.json-only folder with the model's architecture (no weights)."""
     if twins:
-        from conformance.reference.twins import ensure_twin  # the folder; no model load
-
         return ensure_twin(cell.model.twin)
     folder = CONFIG_DIR / cell.model.id
     if not (folder / "config.json").exists():

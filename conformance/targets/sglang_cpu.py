@@ -30,6 +30,8 @@ from conformance.sglang_plugins import activation
 from conformance.sglang_plugins.faults import fault_for_launch
 from conformance.targets.base import LaunchSpec
 from conformance.targets.sglang import SGLangTarget
+from conformance.sglang_api.probes import probe
+from conformance.reference.twins import ensure_twin # the folder, generated on first use; no model load
 
 STANDIN_PATH = Path(__file__).resolve().parents[1] / "sglang_plugins" / "standin"
 DTYPES = ("float32", "bfloat16")
@@ -54,8 +56,6 @@ HICACHE_CPU_ARGS = ("--hicache-io-backend", "direct", "--hicache-ratio", "2")
 
 
 def _platform_answers_extra_buffer() -> bool:
-    from conformance.sglang_api.probes import probe
-
     features = probe()
     return features.platform_extra_buffer_answer or not features.importable
 
@@ -70,8 +70,6 @@ def _paged_kernels_need_interpreter(cell: Cell) -> bool:
     (no device question to answer): SGLang's own kernels then run in Triton's interpreter."""
     if cell.page_size <= 1:
         return False
-    from conformance.sglang_api.probes import probe
-
     return probe().paged_alloc_triton_only
 
 
@@ -91,8 +89,6 @@ class SGLangCpuTarget:
 
     def server_args(self, cell: Cell, *, port: int) -> list[str]:
         base = SGLangTarget(twins=True, launcher=f"{self.python} -m sglang.launch_server")
-        from conformance.reference.twins import ensure_twin  # the folder, generated on first use; no model load
-
         args = base.server_args(cell, model_path=str(ensure_twin(cell.model.twin)), port=port)
         args += [
             "--device", "cpu",

@@ -22,6 +22,7 @@ from typing import Any
 from conformance.sglang_plugins import activation
 from conformance.sglang_plugins.cpu import device_gate, torch_device
 from conformance.sglang_plugins.cpu.catalogue import bindings
+from conformance.sglang_plugins.cpu import pd_bridge
 
 
 class InstallError(RuntimeError):
@@ -95,8 +96,6 @@ def install(role: str) -> dict[str, Any]:
         raise InstallError(f"stand-ins did not take effect: {', '.join(missing)}")
     done["replaced"], done["bound"], done["absent"] = replaced, bound, absent
     if activation.pd_enabled():
-        from conformance.sglang_plugins.cpu import pd_bridge
-
         done["pd_bridges"] = pd_bridge.install()
     return done
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from conformance.matrix.faults import SeededFault
+from conformance.sglang_plugins import activation
 
 HOOK_TYPES = ("before", "after", "around", "replace")
 #: Firings written to the plugin report: the first ten, then every power of ten.
@@ -88,7 +89,7 @@ def install(fault: SeededFault, role: str) -> dict[str, Any]:
 
 def _takes_effect(hook: Hook) -> bool:
     """True when resolving the target reaches ``hook.fn`` through the registry's wrappers."""
-    from conformance.sglang_plugins.cpu.install import _is_ours
+    from conformance.sglang_plugins.cpu.install import _is_ours  # deferred: the CPU stand-ins import torch; only a server with them installed asks
 
     module_path, _, attr = hook.target.rpartition(".")
     owner = pkgutil.resolve_name(module_path)
@@ -102,8 +103,6 @@ def fired(name: str, **detail: Any) -> None:
     n = _FIRED.get(name, 0) + 1
     _FIRED[name] = n
     if n in _REPORTED:
-        from conformance.sglang_plugins import activation
-
         activation.write_report(activation.FAULT_PLUGIN, "fired", fault=name, count=n, **detail)
 
 

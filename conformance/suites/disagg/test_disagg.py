@@ -47,6 +47,7 @@ from conformance.workloads.gsm8k_lm_eval import LmEvalGSM8K
 from conformance.workloads.prompts import prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import OCCUPANCY_GAUGES, generate_tokens, sample_occupancy
 from conformance.workloads.transfer_failures import record_transfer_failures
+from conformance.report.outcomes import note_launch, note_server
 
 #: A PD test may start the unit and the non-PD server: four real SGLang processes on sglang-cpu
 #: (over ten minutes on a loaded 2-core machine), more than the runs' per-test timeout.
@@ -66,8 +67,6 @@ def _gauges(pd) -> tuple[str, ...]:
 @pytest.fixture(scope="session")
 def pd_endpoint(cell, conformance_options, tmp_path_factory, request):
     """The cell's PD unit (prefill + decode + router), started once per cell (one launch)."""
-    from conformance.report.outcomes import note_launch, note_server
-
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     stack = contextlib.ExitStack()
     try:

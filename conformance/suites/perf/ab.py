@@ -38,6 +38,9 @@ from conformance.matrix.faults import SGLANG_FAULT_ENV, STEP_SLOWDOWN_ENV
 from conformance.matrix.cells import Cell
 from conformance.workloads.perf import _Streamed, stream_one
 from conformance.workloads.prompts import token_prompts
+from conformance.targets.serving import serve_cell
+from conformance.checks.perf_ab import ab_verdict
+from conformance.session.suite_support import vocab_size
 
 FAULT = "step_slowdown"
 SIDES = ("a", "b")
@@ -209,8 +212,6 @@ def graded_pair(cell: Cell, options: Any, *, work_dir: Path) -> Iterator[GradedP
 def started_pair(cell: Cell, options: Any, envs: dict[str, dict[str, str | None]], *, work_dir: Path) -> Iterator[dict[str, Any]]:
     """Start A then B, each with its own fault switches (``envs[side]``; None: unset), logs
     under ``work_dir/<side>``; stop both on exit."""
-    from conformance.targets.serving import serve_cell
-
     with contextlib.ExitStack() as stack:
         endpoints = {}
         for side in SIDES:
@@ -261,9 +262,6 @@ def graded_runs(cell: Cell, options: Any, *, grades: list[float], repeats: int, 
     each slowing a randomly drawn side (grade 0: the clean pair)."""
     import time
 
-    from conformance.checks.perf_ab import ab_verdict
-    from conformance.session.suite_support import vocab_size
-
     rng = random.Random(seed)
     for r in range(repeats):
         with graded_pair(cell, options, work_dir=work_dir / f"r{r}") as pair:
@@ -291,9 +289,6 @@ def fault_runs(cell: Cell, options: Any, *, fault: str | None, repeats: int, pla
     cannot move between the servers, so no crossover (the CPU time is judged, as always).  How ``mutants`` scores a fault whose record names the
     paired A/B among the checks that see it."""
     import time
-
-    from conformance.checks.perf_ab import ab_verdict
-    from conformance.session.suite_support import vocab_size
 
     rng = random.Random(seed)
     clean: dict[str, str | None] = {SGLANG_FAULT_ENV: None, STEP_SLOWDOWN_ENV: None}
