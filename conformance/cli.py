@@ -32,8 +32,8 @@ from conformance.report.compare import load_report_file, compare_reports, render
 from conformance.mutants.command import run_mutants
 from conformance.programs.explore import parse_budget
 from conformance.programs.replay import replay
+from conformance.commands import history
 from conformance.commands.history import run_history
-from conformance.commands.history import rerun_in_source
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         if getattr(args, "rerun_in_source", False) and args.sglang_source:  # run / fuzz / mutants against a checkout: re-run in its venv
-            return rerun_in_source(argv, args.sglang_source)
+            return history.rerun_in_source(argv, args.sglang_source)
         if args.command == "serve":
             return cmd_serve(argv[1:])
         return command(args.command)(args)

@@ -38,7 +38,7 @@ from conformance.session.run_state import RUN_KEY, RunState, run_state
 from conformance.matrix.suites import SUITES, suite_of_module
 from conformance.targets.registry import POOL, Target, target_for
 from conformance.targets.serving import not_serving
-from conformance.sglang_api.probes import probe
+from conformance.sglang_api import probes
 from conformance.workloads.gsm8k import load_gsm8k
 from conformance.suites.perf import quiet
 from conformance.targets.serving import serve_cell
@@ -169,7 +169,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     sel = ", ".join(f"{k}={v}" for k, v in (("models", o.models), ("strategies", o.strategies), ("faults", o.faults), ("page_sizes", o.page_sizes), ("tier", o.tier)) if v)
     lines = [f"hybrid-conformance: target={o.target}" + (" twins" if o.twins else "") + (f"; {sel}" if sel else "")]
     if not target_for(o).serves_http():  # the pool tier: the release's feature probes, one line (conformance.sglang_api.probes)
-        lines.append(f"hybrid-conformance: {probe().summary()}")
+        lines.append(f"hybrid-conformance: {probes.probe().summary()}")
     return lines
 
 

@@ -38,7 +38,8 @@ from conformance.report.history_html import fold
 from conformance.sglang_api.release_pins import pins_for, release_of
 from conformance.targets.reference import PYTHON_ENV as REFERENCE_PYTHON_ENV
 from conformance.matrix.cells import load_matrix
-from conformance.commands.sglang_source import checkout, without_flag
+from conformance.commands import sglang_source
+from conformance.commands.sglang_source import without_flag
 from conformance.report.versions import SOURCE_ENV
 from conformance.sglang_api.probes import Features
 from conformance.matrix.strategy import STRATEGIES
@@ -187,7 +188,7 @@ def ensure_source_venv(co, venv_dir: Path, *, reinstall: bool = False) -> Path:
 
 def rerun_in_source(argv: Sequence[str], path: str, *, venv_dir: Path | None = None) -> int:
     """``hybrid-conformance <argv>`` (``--sglang-source`` removed) inside the checkout's venv."""
-    co = checkout(path)
+    co = sglang_source.checkout(path)
     venv = ensure_source_venv(co, venv_dir or default_venv_dir())
     print(f"hybrid-conformance: sglang from {co.path} at {co.commit[:12]} (version {co.version}) in {venv}", file=sys.stderr)
     env = venv_env(venv) | {SOURCE_ENV: f"{co.path}@{co.commit}"}
@@ -409,7 +410,7 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
     probes: dict[str, str] = {}
     installs: list[tuple[str, Callable[[], Path]]] = [(r, lambda r=r: ensure_venv(r, venv_dir, reinstall=reinstall)) for r in releases]
     for path in sources:
-        co = checkout(path)
+        co = sglang_source.checkout(path)
         installs.append((co.label, lambda co=co: ensure_source_venv(co, venv_dir, reinstall=reinstall)))
     for release, install in installs:
         start = time.monotonic()
@@ -472,7 +473,7 @@ def run_history(args) -> int:
         raise KitError("history: give --releases, --sglang-source or both")
     releases = parse_releases(args.releases) if args.releases else []
     sources = [args.sglang_source] if args.sglang_source else []
-    columns = [*releases, *(checkout(p).label for p in sources)]
+    columns = [*releases, *(sglang_source.checkout(p).label for p in sources)]
     venv_dir = Path(args.venv_dir).expanduser() if args.venv_dir else default_venv_dir()
     start = time.monotonic()
     as_json = args.format == "json"
@@ -486,7 +487,7 @@ def run_history(args) -> int:
     failed = failed_releases(rows)
     doc = {"rows": [asdict(r) for r in rows], "probes": probes}
     if sources:
-        doc["sources"] = {co.label: {"path": str(co.path), "commit": co.commit, "version": co.version} for co in map(checkout, sources)}
+        doc["sources"] = {co.label: {"path": str(co.path), "commit": co.commit, "version": co.version} for co in map(sglang_source.checkout, sources)}
     write_outputs(out_dir, doc, columns)
     log(f"history: {out_dir / 'history.json'} and {out_dir / 'history.html'}")
     if as_json:

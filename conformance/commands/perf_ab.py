@@ -30,7 +30,7 @@ from conformance.suites.perf.ab import AbPlan
 from conformance.checks.perf_ab import MIN_PAIRS
 from conformance.matrix.cells import load_matrix
 from conformance.session.options import options_from_args
-from conformance.suites.perf.ab import fault_runs, graded_runs
+from conformance.suites.perf import ab
 from conformance.session.preflight import preflight_only
 from conformance.sglang_plugins.faults.step_slowdown import parse_grade
 from conformance.sglang_plugins.faults.spec import FaultInstallError
@@ -82,8 +82,8 @@ def cmd_perf_ab(args: argparse.Namespace) -> int:
     flagged: dict[float, int] = {g: 0 for g in grades}
     rows = []
     common = {"repeats": args.repeats, "plan": AbPlan(pairs=args.pairs), "alpha": args.alpha, "seed": args.seed, "work_dir": log_dir}
-    runs_of = (fault_runs(cell, opts, fault=fault, **common) if args.fault is not None
-               else graded_runs(cell, opts, grades=grades, **common))
+    runs_of = (ab.fault_runs(cell, opts, fault=fault, **common) if args.fault is not None
+               else ab.graded_runs(cell, opts, grades=grades, **common))
     try:
         for run in runs_of:
             wrong += not run.right

@@ -15,7 +15,7 @@ from conformance.commands.selection import selected_cells
 from conformance.errors import KitError
 from conformance.matrix.cells import Cell
 from conformance.session.options import Options, options_from_args
-from conformance.sglang_api.probes import probe
+from conformance.sglang_api import probes
 from conformance.targets.disagg import not_applicable, pd_spec_for, validate_pd_spec
 from conformance.targets.registry import VALIDATE, accepting, target_for
 from conformance.targets.serving import spec_for
@@ -61,7 +61,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def validate_rows(rows: list[dict[str, Any]], cells: list[Cell], options: Options) -> int:
     """SGLang's own parser on each row's server command and the cell's PD commands; the
     failures (each also one stderr line)."""
-    print(f"hybrid-conformance: {probe().summary()}", file=sys.stderr)
+    print(f"hybrid-conformance: {probes.probe().summary()}", file=sys.stderr)
     failures = 0
     pd_opts = dataclasses.replace(options, gpus_per_worker=3 * max(c.model.tp_size for c in cells)) if cells else options
     for row, cell in zip(rows, cells):

@@ -42,7 +42,7 @@ from conformance.mutants.runs import run_plan
 from conformance.mutants.scoring import catcher
 from conformance.programs.cold_twins import TwinBroker
 from conformance.targets.registry import target_for
-from conformance.sglang_api.probes import probe
+from conformance.sglang_api import probes
 from conformance.sglang_plugins.faults.catalogue import faults
 from conformance.session.preflight import preflight_only
 from conformance.targets.launcher import install_signal_handlers
@@ -52,7 +52,7 @@ def sglang_not_applicable(names: tuple[str, ...]) -> dict[str, str]:
     """Fault -> SGLang's own line, for each seeded fault whose hook target the installed
     release lacks (``sglang_api.probes``): a renamed symbol makes the fault not applicable,
     reported, not scored."""
-    features = probe()
+    features = probes.probe()
     if not features.importable:
         raise KitError(f"mutants --target sglang-cpu: sglang {features.version} is not importable: {features.import_error}")
     known = faults()

@@ -33,7 +33,7 @@ from packaging.version import InvalidVersion, Version
 from conformance.errors import KitError
 from conformance.records import Verdict
 from conformance.targets.registry import KIT_ENGINE_TARGETS
-from conformance.session.preflight import sglang_version
+from conformance.session import preflight
 
 try:
     import tomllib
@@ -217,7 +217,7 @@ def load(path: str | os.PathLike[str] | None = None) -> list[KnownBug]:
 
 
 def installed_release() -> str | None:
-    return sglang_version()
+    return preflight.sglang_version()
 
 
 def expect(verdict: Verdict, *, cell: str | None, target: str, release: str | None, bugs: Iterable[KnownBug] | None = None) -> Verdict:

@@ -23,8 +23,7 @@ from dataclasses import dataclass, fields
 from conformance.matrix import axes
 from conformance.matrix.strategy import LAZY
 from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
-from conformance.sglang_plugins.cpu.device_gate import gate_location
-from conformance.sglang_plugins.cpu.device_gate import PLATFORM_TARGETS
+from conformance.sglang_plugins.cpu import device_gate
 from conformance.sglang_plugins.faults.catalogue import faults
 
 NEW_STRATEGY_FLAG = "--mamba-radix-cache-strategy"
@@ -305,15 +304,15 @@ def _mamba_used_gauge() -> bool:
 
 
 def _extra_buffer_gate() -> str | None:
-    where = gate_location()
+    where = device_gate.gate_location()
     return where if where in (None, "platform") else "server_args"
 
 
 def _extra_buffer_gate_method() -> str | None:
-    where = gate_location()
+    where = device_gate.gate_location()
     if where in (None, "platform"):
         return None
-    return where.removeprefix("sglang.srt.") if where in PLATFORM_TARGETS else where.rsplit(".", 1)[-1]
+    return where.removeprefix("sglang.srt.") if where in device_gate.PLATFORM_TARGETS else where.rsplit(".", 1)[-1]
 
 
 def _fault_hook_targets() -> tuple[str, ...]:

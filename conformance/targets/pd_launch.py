@@ -26,7 +26,7 @@ from conformance.targets.base import LaunchSpec
 from conformance.targets.sglang import SGLangTarget, gpus_for_worker, worker_index
 from conformance.targets.sglang_cpu import SGLangCpuTarget
 from conformance.sglang_contract.metric_names import PD_PENDING_TRANSFERS
-from conformance.sglang_api.probes import probe
+from conformance.sglang_api import probes
 from conformance.targets.launcher import free_port  # the launcher (httpx, process groups) only when ports are picked
 from conformance.sglang_plugins import activation
 
@@ -59,7 +59,7 @@ def env_for_role(cell: Cell, role: str, env: dict[str, str]) -> dict[str, str]:
 def cpu_transfer_refusal() -> str | None:
     """SGLang's own answer when asked for its default PD transfer engine here (probed once);
     None when it builds (the non-CUDA Mooncake wheel and libibverbs installed)."""
-    refusal = probe().pd_transfer_refusal
+    refusal = probes.probe().pd_transfer_refusal
     if refusal:
         return f"not applicable on sglang-cpu: SGLang's PD transfer engine refuses this machine: {refusal} (ci/setup-cpu.sh installs it)"
     return None

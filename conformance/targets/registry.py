@@ -32,7 +32,7 @@ from conformance.targets.pd_launch import (
 from conformance.targets.reference import ReferenceTarget
 from conformance.targets.sglang import SGLangTarget, gpus_for_worker, visible_gpus, worker_index
 from conformance.targets.sglang_cpu import SGLangCpuTarget
-from conformance.sglang_api.probes import probe # a cell with server options or a gated strategy: SGLang's answers
+from conformance.sglang_api import probes # a cell with server options or a gated strategy: SGLang's answers
 from conformance.targets.option_refusal import gate_refusal, probed_refusal
 from conformance.targets.pool.gate import PoolGate # pytest's own: only inside a pytest session
 
@@ -261,7 +261,7 @@ class Target:
         gated = self.engine.plugins and cell.strategy.has_buffer
         if not self.needs().probe or not (cell.options or gated):
             return None
-        features = probe()
+        features = probes.probe()
         return probed_refusal(cell, features) or (gate_refusal(cell, features) if gated else None)
 
     def serves_twins(self, twins: bool = False) -> bool:

@@ -30,7 +30,7 @@ from conformance.sglang_plugins import activation
 from conformance.sglang_plugins.faults import fault_for_launch
 from conformance.targets.base import LaunchSpec
 from conformance.targets.sglang import SGLangTarget
-from conformance.sglang_api.probes import probe
+from conformance.sglang_api import probes
 from conformance.reference.twins import ensure_twin # the folder, generated on first use; no model load
 
 STANDIN_PATH = Path(__file__).resolve().parents[1] / "sglang_plugins" / "standin"
@@ -56,7 +56,7 @@ HICACHE_CPU_ARGS = ("--hicache-io-backend", "direct", "--hicache-ratio", "2")
 
 
 def _platform_answers_extra_buffer() -> bool:
-    features = probe()
+    features = probes.probe()
     return features.platform_extra_buffer_answer or not features.importable
 
 
@@ -70,7 +70,7 @@ def _paged_kernels_need_interpreter(cell: Cell) -> bool:
     (no device question to answer): SGLang's own kernels then run in Triton's interpreter."""
     if cell.page_size <= 1:
         return False
-    return probe().paged_alloc_triton_only
+    return probes.probe().paged_alloc_triton_only
 
 
 @dataclass

@@ -20,7 +20,7 @@ import inspect
 import pkgutil
 import re
 from typing import Any, Callable
-from conformance.sglang_plugins.platform import platform_answers_extra_buffer
+from conformance.sglang_plugins import platform
 
 #: The methods that hold the gate, newest first: 0.5.16-0.5.18 split it out of the
 #: strategy handling ("extra_buffer needs CUDA/MUSA/NPU/ROCm (FLA)."); 0.5.11-0.5.15 assert
@@ -43,7 +43,7 @@ def gate_location() -> str | None:
     """Where this SGLang gates extra_buffer on the device: ``platform`` (an
     ``SRTPlatform.support_mamba_cache_extra_buffer`` answer), the method of :data:`TARGETS`
     whose assert this hook answers, or None (neither found)."""
-    if platform_answers_extra_buffer():
+    if platform.platform_answers_extra_buffer():
         return "platform"
     for target in TARGETS:
         try:

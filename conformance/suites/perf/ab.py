@@ -40,7 +40,7 @@ from conformance.workloads.perf import _Streamed, stream_one
 from conformance.workloads.prompts import token_prompts
 from conformance.targets.serving import serve_cell
 from conformance.checks.perf_ab import ab_verdict
-from conformance.session.suite_support import vocab_size
+from conformance.session import suite_support
 
 FAULT = "step_slowdown"
 SIDES = ("a", "b")
@@ -265,7 +265,7 @@ def graded_runs(cell: Cell, options: Any, *, grades: list[float], repeats: int, 
     rng = random.Random(seed)
     for r in range(repeats):
         with graded_pair(cell, options, work_dir=work_dir / f"r{r}") as pair:
-            vocab = vocab_size(pair.endpoints["a"])
+            vocab = suite_support.vocab_size(pair.endpoints["a"])
             for g in rng.sample(grades, len(grades)):
                 t0 = time.monotonic()
                 if plan.crossover:
@@ -297,6 +297,6 @@ def fault_runs(cell: Cell, options: Any, *, fault: str | None, repeats: int, pla
         envs = {side: {**clean, SGLANG_FAULT_ENV: fault} if fault and side == slowed else clean for side in SIDES}
         with started_pair(cell, options, envs, work_dir=work_dir / f"r{r}") as endpoints:
             t0 = time.monotonic()
-            pairs = oriented(measure_pairs(endpoints["a"].client, endpoints["b"].client, plan, vocab_size=vocab_size(endpoints["a"]),
+            pairs = oriented(measure_pairs(endpoints["a"].client, endpoints["b"].client, plan, vocab_size=suite_support.vocab_size(endpoints["a"]),
                                            seed=f"{seed}:{r}:{fault}", pids=server_pids(endpoints)), slowed)
             yield GradedRun(r, 0.0, slowed, ab_verdict(pairs, alpha=alpha), time.monotonic() - t0, fault or "", tuple(pairs))
