@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from conformance.report import write_report
+from conformance.report.files import write_report
 from conformance.report.markdown import render_markdown
 from conformance.report.plots import kl_figure, segments
 from conformance.report.schema import build_report, key_numbers, load_report

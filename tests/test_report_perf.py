@@ -15,7 +15,9 @@ import pytest
 from conformance.checks.perf import perf_verdict
 from conformance.recordings import PerfRecording, RequestTiming
 from conformance.errors import KitError
-from conformance.report import build_report, compare_reports, write_report
+from conformance.report.compare import compare_reports
+from conformance.report.files import write_report
+from conformance.report.schema import build_report
 from conformance.report.perf import BLOCK_KEYS, DEFAULT_THRESHOLDS, RATIOS, ratio_changes
 from conformance.report.schema import ReportError, validate_report
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from matplotlib import image as mpimg
 
-from conformance.report import write_report
+from conformance.report.files import write_report
 from conformance.report.markdown import render_markdown
 from conformance.report.plots import wilson_interval
 from conformance.report.schema import build_report, load_report

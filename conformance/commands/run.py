@@ -19,7 +19,8 @@ from conformance.session.options import Options, forward
 from conformance.report.run_report import PREFLIGHT_FILE_ENV
 from conformance.session.preflight import Preflight, preflight_only
 from conformance.report.progress import ProgressPlugin, wanted
-from conformance.report import build_report, write_report
+from conformance.report.files import write_report
+from conformance.report.schema import build_report
 from conformance.report.run_report import run_facts
 from conformance.report.summary import print_summary
 from conformance.matrix.suites import suite

@@ -19,7 +19,8 @@ from conformance.report.versions import versions
 from conformance.targets.registry import target_for
 from conformance.errors import KitError
 from conformance.reference import twins
-from conformance.report import build_report, write_report
+from conformance.report.files import write_report
+from conformance.report.schema import build_report
 
 #: Precedence when one check of a cell has several outcomes: a finding beats an error
 #: (the check did not complete), which beats a pass, which beats a skip.
