@@ -16,24 +16,12 @@ import argparse
 import importlib
 import os
 import sys
-from pathlib import Path
 from typing import Callable, Sequence
 
 from conformance import __version__
 from conformance.errors import KitError
 from conformance.session.options import GSM8K_DIR, PROGRAM_OPTIONS, REPORT_DIR, SEED, SELECTION, SHRINK, add_arguments
-from conformance.targets.registry import FUZZ_TARGET, HTTP_TARGETS, MUTANT_TARGETS, target_for
-from conformance.programs.replay import add_arguments as add_replay_arguments
-from conformance.commands.known_bugs import add_arguments as add_known_bugs_arguments
-from conformance.commands.perf_ab import add_arguments as add_perf_ab_arguments
-from conformance.commands.history import add_parser as add_history_parser
-from conformance.reference.twins import make_twins
-from conformance.report.compare import load_report_file, compare_reports, render_compare
-from conformance.mutants.command import run_mutants
-from conformance.programs.explore import parse_budget
-from conformance.programs.replay import replay
-from conformance.commands import history
-from conformance.commands.history import run_history
+from conformance.targets.registry import FUZZ_TARGET, MUTANT_TARGETS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,7 +29,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"hybrid-conformance: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``only``, the verbs of :data:`LOADED_ARGUMENTS` other than
+    ``only`` get their help line but not their options (their modules stay unimported)."""
     parser = _Parser(prog="hybrid-conformance", description="Conformance kit for Mamba state caching in SGLang hybrid models")
     parser.add_argument("--version", action="version", version=f"hybrid-conformance {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -93,11 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     fuzz.add_argument("--rotate", metavar="KEY", help="fuzz one cell of the selection, chosen by KEY (a commit hash; 'date': today's UTC date)")
     fuzz.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest after --")
 
-    add_replay_arguments(sub.add_parser("replay", help="play one program file (a shrunk finding) against a target"))
-    add_known_bugs_arguments(sub.add_parser("known-bugs", help="replay every known SGLang bug in range (fixtures/known_bugs.toml); red when one no longer reproduces"))
-
-    add_perf_ab_arguments(sub.add_parser("perf-ab", help="paired A/B perf: two servers of a cell, one slowed by a graded seeded fault; a paired test per run"))
-    add_history_parser(sub)
+    for name, (help_, adder) in LOADED_ARGUMENTS.items():
+        verb = sub.add_parser(name, help=help_)
+        if only is None or only == name:
+            _load(adder)(verb)
 
     for p in (run, mut, fuzz):
         p.set_defaults(rerun_in_source=True)
@@ -120,59 +109,42 @@ def cmd_serve(serve_args: list[str]) -> int:
     return int(serve_main(serve_args) or 0)
 
 
-def cmd_make_twins(args: argparse.Namespace) -> int:
-    for path in make_twins(args.names or None, force=args.force):
-        print(path)
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    if args.perf_threshold is not None and not args.perf_threshold >= 0:
-        raise KitError(f"--perf-threshold: expected a fraction >= 0 (e.g. 0.3), got {args.perf_threshold}")
-    result = compare_reports(load_report_file(Path(args.old)), load_report_file(Path(args.new)), perf_threshold=args.perf_threshold)
-    print(render_compare(result))
-    return 1 if result.regressed else 0
-
-
-def cmd_mutants(args: argparse.Namespace) -> int:
-    if args.programs:
-        parse_budget(args.programs)  # one line before anything starts
-        if not target_for(args.target).serves_http():
-            served = " or ".join(t for t in MUTANT_TARGETS if t in HTTP_TARGETS)
-            raise KitError(f"--programs: the {args.target} tier has no server for request programs; use --target {served}")
-    return run_mutants(target=args.target, only=args.only, report_dir=Path(args.report_dir), fast=args.fast,
-                       programs=args.programs, seed=args.seed, programs_only=args.programs_only, shrink_s=args.shrink_budget)
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    return replay(args)
-
-
-def cmd_history(args: argparse.Namespace) -> int:
-    return run_history(args)
-
-
 #: Each verb's body; ``conformance.commands`` ones as ``module:function``, loaded when that
 #: verb runs (``run`` brings pytest, the report and hypothesis; ``--help`` needs none of them).
-COMMANDS: dict[str, str | Callable[[argparse.Namespace], int]] = {
+COMMANDS: dict[str, str] = {
     "run": "conformance.commands.run:cmd_run", "preflight": "conformance.commands.preflight:cmd_preflight",
     "plan": "conformance.commands.plan:cmd_plan", "fuzz": "conformance.commands.fuzz:cmd_fuzz",
-    "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants, "history": cmd_history, "replay": cmd_replay,
+    "make-twins": "conformance.commands.make_twins:cmd_make_twins", "compare": "conformance.commands.compare:cmd_compare",
+    "mutants": "conformance.mutants.command:cmd_mutants", "history": "conformance.commands.history:run_history",
+    "replay": "conformance.programs.replay:replay",
     "known-bugs": "conformance.commands.known_bugs:cmd_known_bugs", "perf-ab": "conformance.commands.perf_ab:cmd_perf_ab",
 }
 
 
+#: Verbs whose options are declared in their own (heavier) module: help line, ``module:function``
+#: adding the options; :func:`main` loads only the verb it runs.
+LOADED_ARGUMENTS: dict[str, tuple[str, str]] = {
+    "replay": ("play one program file (a shrunk finding) against a target", "conformance.programs.replay:add_arguments"),
+    "known-bugs": ("replay every known SGLang bug in range (fixtures/known_bugs.toml); red when one no longer reproduces",
+                   "conformance.commands.known_bugs:add_arguments"),
+    "perf-ab": ("paired A/B perf: two servers of a cell, one slowed by a graded seeded fault; a paired test per run",
+                "conformance.commands.perf_ab:add_arguments"),
+    "history": ("run the pool tier (and more) on each SGLang release of a list, print release x check", "conformance.commands.history:add_arguments"),
+}
+
+
+def _load(entry: str) -> Callable:
+    module, _, attr = entry.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def command(name: str) -> Callable[[argparse.Namespace], int]:
-    entry = COMMANDS[name]
-    if isinstance(entry, str):
-        module, _, attr = entry.partition(":")
-        return getattr(importlib.import_module(module), attr)
-    return entry
+    return _load(COMMANDS[name])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(only=next((a for a in argv if not a.startswith("-")), ""))
     args = parser.parse_args(argv) if argv[:1] != ["serve"] else argparse.Namespace(command="serve")
     if not args.command:
         parser.print_help()
@@ -180,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         if getattr(args, "rerun_in_source", False) and args.sglang_source:  # run / fuzz / mutants against a checkout: re-run in its venv
-            return history.rerun_in_source(argv, args.sglang_source)
+            return _load("conformance.commands.history:rerun_in_source")(argv, args.sglang_source)
         if args.command == "serve":
             return cmd_serve(argv[1:])
         return command(args.command)(args)

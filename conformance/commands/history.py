@@ -19,6 +19,8 @@ the command prints a release x check table (or ``--format json``:
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import os
 import shlex
@@ -499,8 +501,7 @@ def run_history(args) -> int:
     return 1 if failed else 0
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("history", help="run the pool tier (and more) on each SGLang release of a list, print release x check")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--releases", help="comma list of SGLang releases, e.g. 0.5.12,0.5.13")
     p.add_argument("--sglang-source", metavar="PATH", help="also an SGLang git checkout (column src-<commit>): its python/ installed --no-deps in a venv keyed by its commit")
     p.add_argument("--venv-dir", help=f"where the per-release venvs live (default: ${VENVS_ENV} or ~/.cache/hybrid-conformance/venvs)")

@@ -25,6 +25,7 @@ A run that times out proved nothing: a fault is then NOT caught and a clean run 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -41,7 +42,8 @@ from conformance.mutants.catalogue import catalogue_for, sglang_cpu_plans
 from conformance.mutants.runs import run_plan
 from conformance.mutants.scoring import catcher
 from conformance.programs.cold_twins import TwinBroker
-from conformance.targets.registry import target_for
+from conformance.targets.registry import HTTP_TARGETS, MUTANT_TARGETS, target_for
+from conformance.programs.explore import parse_budget
 from conformance.sglang_api import probes
 from conformance.sglang_plugins.faults.catalogue import faults
 from conformance.session.preflight import preflight_only
@@ -155,3 +157,13 @@ def _run_plans(target: str, plans: dict, report_dir: Path, console: Console, *, 
     skipped = f" ({len(not_applicable)} not applicable on this SGLang: {', '.join(not_applicable)})" if not_applicable else ""
     console.print(f"mutation score: {caught}/{len(outcomes)}{skipped}")
     return 0 if clean_ok and caught == len(outcomes) else 1
+
+
+def cmd_mutants(args: argparse.Namespace) -> int:
+    if args.programs:
+        parse_budget(args.programs)  # one line before anything starts
+        if not target_for(args.target).serves_http():
+            served = " or ".join(t for t in MUTANT_TARGETS if t in HTTP_TARGETS)
+            raise KitError(f"--programs: the {args.target} tier has no server for request programs; use --target {served}")
+    return run_mutants(target=args.target, only=args.only, report_dir=Path(args.report_dir), fast=args.fast,
+                       programs=args.programs, seed=args.seed, programs_only=args.programs_only, shrink_s=args.shrink_budget)
