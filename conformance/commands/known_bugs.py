@@ -2,7 +2,8 @@
 (``fixtures/known_bugs.toml``) the installed release is in range of; strict.
 
 Each entry's program is played once on its cell (and the cache-off twin) with the
-recorded env.  An entry whose program still fails as its ``match`` says prints
+recorded env.  An entry whose program still fails with a finding of its kind (and facts,
+and ``match``: ``KnownBug.reproduced_by``) prints
 "known SGLang bug, still present"; one whose program passes (or fails otherwise) is red:
 exit 1, "no longer reproduces: remove or narrow the entry".  Entries out of range are
 listed and not played.  Exit 0 when every entry in range reproduced (or none is in range).
@@ -16,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from conformance.errors import KitError
+from conformance.findings import Finding
 from conformance.session.known_bugs import KnownBug, check_entries, installed_release, known_bugs_file, load
 
 
@@ -29,12 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def replayer(args: argparse.Namespace, log_dir: Path):
-    """bug -> its replay's failure line, or None when the program passed."""
+    """bug -> its replay's findings, or None when the program passed."""
     from conformance.programs.program import load_program
     from conformance.programs.replay import find_cell, play
     from conformance.programs.runner import ProgramFailure
 
-    def replay(bug: KnownBug) -> str | None:
+    def replay(bug: KnownBug) -> list[Finding] | None:
         program = load_program(str(bug.replay_path()))
         cell = find_cell(program, args.matrix)
         saved = dict(os.environ)
@@ -44,7 +46,7 @@ def replayer(args: argparse.Namespace, log_dir: Path):
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        return str(outcome) if isinstance(outcome, ProgramFailure) else None
+        return outcome.findings if isinstance(outcome, ProgramFailure) else None
 
     return replay
 
