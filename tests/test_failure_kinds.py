@@ -63,7 +63,7 @@ def _two_kinds(p: Program) -> RunStats:
         raise program_failure(len(p.steps), [Finding(NEW, "request r9: cached_tokens 0: SGLang held a state of 256 tokens")], [])
     if bursts:
         raise program_failure(len(p.steps), [Finding(KNOWN, "request r1 differs from the cold computation: cold side misaligned",
-                                                     {"cold_token": 0, "last_vocab_id": True})], [])
+                                                     {"cold_token": 0, "token": 31999})], [])
     return RunStats(requests=1, compared_tokens=1)
 
 

@@ -146,3 +146,17 @@ def test_without_per_node_records_the_hit_is_bounded_and_says_why(tmp_path: Path
     no_log = HitBook(GRID, Limits(context_len=100000, kv_total=1e6, mamba_total=1000))
     c2 = _served("c", T[:300] + (7,), (1,), 256, 3, 4)
     assert _judge(no_log, _served("a", T[:300], (1,), 0, 1, 2), c2) == [None, None] and c2.expected == "no per-node records on this target"
+
+
+def test_a_flush_forgets_every_state_the_tree_held(tmp_path: Path) -> None:
+    """Seen on 0.5.23 (the first run of the new rule, lazy_alloc_fail cell): a program's first
+    request was owed a 448 state a previous program stored before the flush that starts
+    every program; the plugin now records the tree's reset."""
+    p = T[:578]
+    records = [_prefill("old", 578, 448), stored(p[:448]), {"ev": "tree_reset"}, _prefill("r1", 578, 448)]
+    r1 = _served("r1", p, (1, 2), 0, 1, 2)
+    assert _judge(_book(tmp_path, records), r1) == [None] and r1.expected == "exact"
+    (tmp_path / "kept").mkdir()  # not vacuous: without the reset the same state is owed
+    r1 = _served("r1", p, (1, 2), 0, 1, 2)
+    (problem,) = _judge(_book(tmp_path / "kept", [r for r in records if r["ev"] != "tree_reset"]), r1)
+    assert problem is not None and "SGLang held a state of 448 tokens" in problem

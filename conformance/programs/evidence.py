@@ -88,6 +88,8 @@ class RequestLog:
     freed_by: dict[int, str] = field(default_factory=dict)
     #: every admission of each request (a retracted request is admitted again)
     admissions: dict[str, int] = field(default_factory=dict)
+    #: where the tree was reset (a flush): every state it took before is gone
+    resets_at: list[int] = field(default_factory=list)
     started: bool = False
     #: the server records per-node state evictions (its start line says the hooks are in place)
     per_node: bool = False
@@ -130,6 +132,8 @@ class RequestLog:
             book.setdefault((int(rec["len"]), str(rec["key"])), []).append(self._records)
             if ev == "state_evicted":
                 self.freed_by[self._records] = str(rec.get("by", "walk"))  # a record before ``by``: the plugin recorded walks only
+        elif ev == "tree_reset":
+            self.resets_at.append(self._records)
         elif ev == "lazy_drop":
             self.drops.setdefault(str(rec["rid"]), []).append(int(rec["was"]))
 
@@ -172,7 +176,7 @@ class RequestLog:
         if not self.per_node or named not in self.states_stored:
             return None
         window = self._window(storers, rid)
-        if window is None or not any(n < window[1] for n in self.states_stored[named]):
+        if window is None or not any(self._reset_before(window[1]) < n < window[1] for n in self.states_stored[named]):
             return None  # taken only later (by ``rid`` itself, say): nothing it held could have been freed
         return any(window[0] < e < window[1] and self.freed_by.get(e) in by for e in self.states_evicted.get(named, ()))
 
@@ -184,11 +188,12 @@ class RequestLog:
         at = self.admitted_at.get(rid)
         if not self.per_node or at is None:
             return None
+        since = self._reset_before(at)
         held: list[int] = []
         freed: dict[int, set[str]] = {}
         t = tuple(tokens)
         for n in sorted({n for n, _ in self.states_stored if 0 < n <= min(limit, len(t))}):
-            stores = [k for k in self.states_stored.get((n, token_digest(t[:n])), ()) if k < at]
+            stores = [k for k in self.states_stored.get((n, token_digest(t[:n])), ()) if since < k < at]
             if not stores:
                 continue
             frees = [e for e in self.states_evicted.get((n, token_digest(t[:n])), ()) if stores[-1] < e < at]
@@ -206,7 +211,12 @@ class RequestLog:
         at = self.admitted_at.get(rid)
         if not self.per_node or at is None:
             return None
-        return any(n < at for n in self.states_stored.get((len(key), token_digest(key)), ()))
+        since = self._reset_before(at)
+        return any(since < n < at for n in self.states_stored.get((len(key), token_digest(key)), ()))
+
+    def _reset_before(self, at: int) -> int:
+        """The record number of the last tree reset (a flush) before record ``at`` (0: none)."""
+        return max((r for r in self.resets_at if r < at), default=0)
 
     def state_stored(self, key: Sequence[int]) -> bool | None:
         """Per node: did SGLang's tree ever take a mamba state for exactly the prefix ``key``

@@ -428,7 +428,7 @@ class ProgramRun:
                 self.stats.max_flip_margin = max(self.stats.max_flip_margin, seen.flip_margin)
             self.stats.compared_tokens += len(s.output_ids)
             if problems:
-                self.fail(difference_finding(s, problems, vocab_size=self.t.info.get("vocab_size")))
+                self.fail(difference_finding(s, problems))
 
     def _idle_checks(self) -> None:
         c = self.t.client
@@ -485,7 +485,7 @@ class ProgramRun:
         self.sessions.clear()
 
 
-def difference_finding(s: Served, differences: list[Any], *, vocab_size: Any = None) -> Finding:
+def difference_finding(s: Served, differences: list[Any]) -> Finding:
     """A request that differs from its cold computation (``checks.differential.Difference``,
     the first of them naming the kind): its output on a hit or a miss, output logprobs it
     asked for and did not get, its input logprobs, or a cold side that does not line up with
@@ -495,10 +495,7 @@ def difference_finding(s: Served, differences: list[Any], *, vocab_size: Any = N
             "logprobs_missing": "logprobs_missing", "cold_misaligned": "cold_misaligned", "input": "input_logprobs_differ"}[first.part]
     line = (f"request {s.rid} ({len(s.input_ids)} input tokens, cached_tokens {s.cached_tokens}) differs from the cold computation: "
             f"{'; '.join(d.line for d in differences[:2])}")
-    facts = {"rid": s.rid, "cached_tokens": s.cached_tokens, "input": len(s.input_ids), **dict(first.facts)}
-    if vocab_size and "token" in facts:
-        facts["last_vocab_id"] = facts["token"] == int(vocab_size) - 1  # SGLang clips the last id of its input logprobs (known bug)
-    return Finding(kind, line, facts)
+    return Finding(kind, line, {"rid": s.rid, "cached_tokens": s.cached_tokens, "input": len(s.input_ids), **dict(first.facts)})
 
 
 def not_serving(client: SGLangClient, alive: Any = None, log_text: Any = None) -> str | None:

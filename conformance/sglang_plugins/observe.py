@@ -47,7 +47,7 @@ on the place where the tree's removed states are seen records each such state
 (``state_evicted``, same length and digest, and ``by``: what freed it -- SGLang's eviction
 ``walk``, an ``insert`` (the per-path cap runs inside it), or ``other``, read from the tree
 operation in progress, :data:`_WITHIN`); a hook on the tree's reset (a flush) forgets the
-slots.  Where the removed states are seen differs per release (feature probes,
+slots and records the reset (``tree_reset``: every state taken before it is gone).  Where the removed states are seen differs per release (feature probes,
 :data:`STATE_FREE_PLANS`, first match per tree class of :data:`STATE_TREES`): the eviction
 step's result (``_apply_eviction_result``, 0.5.23), the device-frees drain every tree step goes
 through (``_drain_device_frees``: walks, SGLang's per-path state cap, demotes; 0.5.17-0.5.22),
@@ -543,9 +543,14 @@ def states_left(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> An
 
 def tree_reset(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook on the tree's reset (a flush): no slot holds a tree state any more, so a
-    slot reused later is never taken for the prefix it held before (result unchanged)."""
+    slot reused later is never taken for the prefix it held before; the reset is recorded
+    (``tree_reset``: every state taken before it is gone; result unchanged)."""
     result = original(cache, *args, **kwargs)
     _TREE_STATES.clear()
+    try:
+        write_requests([{"ev": "tree_reset"}])
+    except Exception:  # an observer never breaks the server
+        pass
     return result
 
 
