@@ -25,7 +25,6 @@ from conformance.findings import VACUOUS, Finding, failing
 from conformance.records import Verdict
 from conformance.session.known_bugs import explaining, installed_release, load
 from conformance.session.suite_support import settle
-from conformance.targets.registry import target_for as target_of
 
 CHECK = "programs"
 pytestmark = [pytest.mark.programs]
@@ -103,7 +102,7 @@ def expected_hit(total: Any) -> str:
 def known_failure(cell: Any, target: str) -> Any:
     """``failure -> bool``: does an entry of ``fixtures/known_bugs.toml`` in range excuse every
     finding of a program failure on this cell (then the exploration goes on past it)?"""
-    release = installed_release() if target_of(target).kit_plugins else None
+    release = installed_release()
     bugs = load()
     return lambda failure: all(explaining(f, check=CHECK, cell=cell.id, target=target, release=release, bugs=bugs) for f in failure.findings)
 
