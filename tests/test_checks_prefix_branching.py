@@ -118,7 +118,7 @@ def _chain(hits: list[int]) -> TreeRecording:
 def test_multi_turn_reuse_judges_each_turns_hit():
     """Issue 43: a stored prefix not reused across turns (answers right, hits lower) showed in
     no scripted suite; each turn of a chain now hits what the tree kept of the turn before."""
-    from conformance.findings import findings_of
+    from conformance.checks.findings import findings_of
 
     ok = prefix_branching_verdict(_chain([0, 64, 128, 192]), oracle())
     assert ok.status == "pass" and ok.metrics["hits_expected"] == 3, ok.reason

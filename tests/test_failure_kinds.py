@@ -1,6 +1,6 @@
 """Issue 43, pieces 1 and 4: every failure has a kind and its facts, each failing thing is
 judged on its own, shrinking keeps the kind, and a known SGLang bug neither ends a cell's
-exploration nor carries a new finding beside it (``conformance/findings.py``,
+exploration nor carries a new finding beside it (``conformance/checks/findings.py``,
 ``conformance/session/known_bugs.py``, ``conformance/programs/explore.py``).  No server."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from conformance.checks.kl import kl_verdict
 from conformance.checks.leaks import death_findings, leak_verdict
 from conformance.errors import KitError
-from conformance.findings import KINDS, Finding, failing, findings_of
+from conformance.checks.findings import KINDS, Finding, failing, findings_of
 from conformance.programs.explore import Budget, Exploration, Found, explore
 from conformance.programs.program import Burst, Program, Send
 from conformance.programs.runner import ProgramFailure, RunStats, failure_type, program_failure

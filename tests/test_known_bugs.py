@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conformance.errors import KitError
-from conformance.findings import Finding, failing
+from conformance.checks.findings import Finding, failing
 from conformance.session.known_bugs import STILL_PRESENT, KnownBug, check_entries, expect, load
 from conformance.records import Verdict
 from conformance.report.run_report import known_bugs_seen

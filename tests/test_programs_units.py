@@ -537,7 +537,7 @@ def test_idle_problems_allow_session_locks_only() -> None:
 
 # ------------------------------------------------------------------ exploration (a fake server)
 def _fails_on_burst(p: Program):
-    from conformance.findings import Finding
+    from conformance.checks.findings import Finding
     from conformance.programs.runner import RunStats, program_failure
 
     if any(isinstance(s, Burst) for s in p.steps):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from conformance.recordings import AgreementStep, TokenLogprobs
-from conformance.findings import VACUOUS, Finding, failing
+from conformance.checks.findings import VACUOUS, Finding, failing
 from conformance.records import Verdict
 
 CHECK = "agreement"

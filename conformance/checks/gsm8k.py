@@ -27,7 +27,7 @@ from typing import Literal
 from conformance.checks.stats import mcnemar_exact, required_n, standard_error, wilson_interval
 from conformance.errors import KitError
 from conformance.recordings import GSM8KAnswer, GSM8KRecording
-from conformance.findings import Finding, failing
+from conformance.checks.findings import Finding, failing
 from conformance.records import Verdict
 
 CHECK = "gsm8k"

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from conformance.errors import KitError
-from conformance.findings import VACUOUS, Finding, failing
+from conformance.checks.findings import VACUOUS, Finding, failing
 from conformance.recordings import KLRecording, KLSequence, TopK
 from conformance.records import Verdict
 

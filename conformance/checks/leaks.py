@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from conformance.findings import VACUOUS, Finding, failing
+from conformance.checks.findings import VACUOUS, Finding, failing
 from conformance.recordings import IdleProbe, OccupancySample, SessionRecording
 from conformance.records import Verdict
 from conformance.server_log import last_crash

@@ -24,7 +24,7 @@ from conformance.checks.kl import topk_kl
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
 from conformance.recordings import TreeRecording, TreeRequestRecord
-from conformance.findings import Finding, failing
+from conformance.checks.findings import Finding, failing
 from conformance.records import Verdict
 
 T = TypeVar("T")

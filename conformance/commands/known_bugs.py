@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from conformance.errors import KitError
-from conformance.findings import Finding
+from conformance.checks.findings import Finding
 from conformance.session.known_bugs import KnownBug, check_entries, installed_release, known_bugs_file, load
 from conformance.session.options import Options, options_from_args
 from conformance.session.options import DTYPE, LAUNCHER, MATRIX, TWINS, add_arguments as add_options

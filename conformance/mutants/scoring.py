@@ -20,7 +20,7 @@ fault run can end in is its own category, reported and never scored as caught:
 * ``missed`` -- the run passed.
 
 A failing check of report.json is read per finding (``details.findings``, each with its kind,
-:data:`conformance.findings.KINDS`): a line ``<check> [<kind>]: <line>`` per finding, caught
+:data:`conformance.checks.findings.KINDS`): a line ``<check> [<kind>]: <line>`` per finding, caught
 only when the kind names a fault's effect or SGLang's own invariant (``Kind.catch``).
 
 Pure: lines in (``runs._caught_by``'s, :func:`verdict_lines`), a category and the catching checks out.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping
 
-from conformance.findings import DEATH, HANG, KINDS, KIT, VACUOUS, findings_of
+from conformance.checks.findings import DEATH, HANG, KINDS, KIT, VACUOUS, findings_of
 from conformance.server_log import SGLANG_ASSERTION
 
 #: SGLang's own invariant, as the score names it.

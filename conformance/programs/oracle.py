@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from conformance.checks.leaks import idle_invariant
-from conformance.findings import Finding
+from conformance.checks.findings import Finding
 from conformance.programs.evidence import Evidence, RequestLog
 from conformance.sglang_contract.metric_names import CACHED_TOKENS_TOTAL, IDLE_TERMS
 from conformance.checks.hit_bounds import (

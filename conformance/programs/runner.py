@@ -24,7 +24,7 @@ from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.leaks import death_findings, pool_finding
 from conformance.client import SGLangClient
 from conformance.errors import KitError
-from conformance.findings import Finding
+from conformance.checks.findings import Finding
 from conformance.programs.evidence import Evidence
 from conformance.programs.flights import Clock, Flight, FlightDeck
 from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens

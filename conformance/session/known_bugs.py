@@ -3,7 +3,7 @@
 An entry is a finding a clean run on real SGLang reproduces and that was judged SGLang's
 fault (an answer that differs from the cache-off answer, a stored prefix not reused when
 nothing evicted it): the release range it holds for, the check that reports it, the
-finding's **kind** (``conformance.findings.KINDS``) and constraints on its facts (``where``),
+finding's **kind** (``conformance.checks.findings.KINDS``) and constraints on its facts (``where``),
 optionally a regex that narrows it further (``match``, searched in the finding's line), a
 replay program file, the SGLang issue/PR, and the facts that place it (the SGLang code, the
 failure line, what each release measured).  The format
@@ -35,7 +35,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from conformance.errors import KitError
-from conformance.findings import Finding, findings_of, kind_named
+from conformance.checks.findings import Finding, findings_of, kind_named
 from conformance.records import Verdict
 from conformance.targets.registry import KIT_ENGINE_TARGETS
 from conformance.session import preflight

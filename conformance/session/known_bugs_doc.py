@@ -30,7 +30,7 @@ id = "prefill-cut-drops-checkpoint"      # required: unique slug (a-z, 0-9, '-')
 summary = "one line: what SGLang does wrong"
 releases = ">=0.5.20,<0.5.24"            # required: PEP 440 range over the installed sglang
 check = "programs"                       # required: the check as report.json names it
-kind = "hit_below_held"                  # required: the finding's kind (conformance/findings.py)
+kind = "hit_below_held"                  # required: the finding's kind (conformance/checks/findings.py)
 where = { cached_tokens = "<256" }       # optional: constraints on the finding's facts
 match = "SGLang held a state of 256"     # optional: a regex that narrows (searched in the finding's line)
 replay = "fixtures/known_bugs/prefill-cut-drops-checkpoint.json"  # required: a program file
@@ -46,7 +46,7 @@ notes = ["facts that place the bug: controls, what the fixing release changes"]
 ```
 
 Every failing verdict carries its findings (`details.findings` in report.json), one per
-failing request, kl sequence, pool or death, each with a **kind** (`conformance/findings.py`:
+failing request, kl sequence, pool or death, each with a **kind** (`conformance/checks/findings.py`:
 `answer_differs_on_hit`, `hit_below_held`, `state_not_stored`, `leak_mamba`, `leak_kv`,
 `server_died:exception`, ...) and its facts (`cached_tokens`, `scenario`, `pool`,
 `exception`, ...). An entry excuses a finding of its `kind` whose facts meet every `where`

@@ -21,7 +21,7 @@ from conformance.programs.cold_twins import twins_for
 from conformance.programs.explore import cell_seed, Exploration, explore, failure_file, parse_budget, replay_command
 from conformance.programs.options import program_options
 from conformance.programs.runner import run_program
-from conformance.findings import VACUOUS, Finding, failing
+from conformance.checks.findings import VACUOUS, Finding, failing
 from conformance.records import Verdict
 from conformance.session.known_bugs import explaining, installed_release, load
 from conformance.session.suite_support import settle
