@@ -40,4 +40,5 @@ FAULT = sglang_fault(
     "the prefix oracle's on branching trees and multi-turn chains; every answer equals the cold one",
     (Hook(TARGET, "around", match_half),),
     suites=("prefix_branching",),
+    group="programs",
 )
