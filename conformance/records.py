@@ -63,4 +63,7 @@ def merge(check: str, verdicts: list[Verdict]) -> Verdict:
     details: dict[str, Any] = {}
     for v in verdicts:
         details.update(v.details)
+    details.pop("findings", None)
+    if fails and all(v.details.get("findings") for v in fails):  # each failing part's findings, judged on their own
+        details["findings"] = [f for v in fails for f in v.details["findings"]]
     return Verdict(check, pick.status, metrics, "; ".join(v.reason for v in fails) if fails else pick.reason, details)

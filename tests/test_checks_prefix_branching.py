@@ -100,3 +100,28 @@ def test_the_oracle_passed_in_is_not_mutated():
     o = oracle()
     prefix_branching_verdict(sglang_scenario(256), o)
     assert o.expected_hit(PREFIX + (13,) * 80) == 0
+
+
+def _chain(hits: list[int]) -> TreeRecording:
+    """A chain of multi_turn_tree's shape: each turn the previous turn's prompt + output + 65 tokens."""
+    from conformance.workloads.trees import multi_turn_tree
+
+    tree = multi_turn_tree(chunk=CHUNK, track_interval=TRACK, vocab_size=500)
+    chain = [r for r in tree.requests if r.path.startswith("chunks/")]
+    rows, prompt = [], ()
+    for r, hit in zip(chain, hits):
+        prompt = r.tokens if r.extends is None else prompt + OUT + r.tokens
+        rows.append(TreeRequestRecord(r.path, prompt, OUT, hit, r.group, cold_output=OUT, flushed_before=r.flush_before))
+    return TreeRecording(tuple(rows))
+
+
+def test_multi_turn_reuse_judges_each_turns_hit():
+    """Issue 43: a stored prefix not reused across turns (answers right, hits lower) showed in
+    no scripted suite; each turn of a chain now hits what the tree kept of the turn before."""
+    from conformance.checks.findings import findings_of
+
+    ok = prefix_branching_verdict(_chain([0, 64, 128, 192]), oracle())
+    assert ok.status == "pass" and ok.metrics["hits_expected"] == 3, ok.reason
+    lost = prefix_branching_verdict(_chain([0, 64, 64, 192]), oracle())  # turn 2 fell back to turn 0's state
+    assert lost.status == "fail" and lost.reason.startswith("chunks/2: cached_tokens 64, expected 128")
+    assert [f.kind for f in findings_of(lost)] == ["hit_below_certain"]

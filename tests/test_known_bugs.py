@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conformance.errors import KitError
+from conformance.checks.findings import Finding, failing
 from conformance.session.known_bugs import STILL_PRESENT, KnownBug, check_entries, expect, load
 from conformance.records import Verdict
 from conformance.report.run_report import known_bugs_seen
@@ -19,6 +20,7 @@ from conformance.session.suite_support import settle
 ROOT = Path(__file__).resolve().parents[1]
 CELL = "qwen3-next-80b-extra_buffer-p1-t256"
 FAILURE = "step 4: request r2: cached_tokens 0, the prefix oracle allows [320] (input 325 tokens; the pools never had to evict)"
+LOST = Finding("hit_below_certain", FAILURE, {"cached_tokens": 0, "input": 325})
 
 
 def _file(tmp_path: Path, body: str) -> Path:
@@ -34,6 +36,8 @@ id = "lost-prefix"
 summary = "a stored prefix is not reused although nothing evicted it"
 releases = ">=0.5.20,<0.5.24"
 check = "programs"
+kind = "hit_below_certain"
+where = { cached_tokens = "<320" }
 match = "cached_tokens \\\\d+, the prefix oracle allows"
 replay = "REPLAY"
 issue = "https://github.com/sgl-project/sglang/issues/1"
@@ -47,8 +51,8 @@ def test_the_repository_file_loads_and_every_entry_has_its_replay() -> None:
 
 def test_a_matching_failure_is_a_known_bug_still_present_and_xfails(tmp_path: Path) -> None:
     bugs = load(_file(tmp_path, ENTRY))
-    failing = Verdict("programs", "fail", {"examples": 3}, FAILURE)
-    v = expect(failing, cell=CELL, target="sglang-cpu", release="0.5.23", bugs=bugs)
+    failed = failing("programs", [LOST], {"examples": 3})
+    v = expect(failed, cell=CELL, target="sglang-cpu", release="0.5.23", bugs=bugs)
     assert v.status == "fail" and v.metrics == {"examples": 3}
     assert v.reason.startswith(f"{STILL_PRESENT} (lost-prefix, https://github.com/sgl-project/sglang/issues/1)")
     assert v.details["known_bug"]["id"] == "lost-prefix"
@@ -58,11 +62,15 @@ def test_a_matching_failure_is_a_known_bug_still_present_and_xfails(tmp_path: Pa
     assert rows == [{"cell": CELL, "check": "programs", **v.details["known_bug"]}]
     # anything else stays a plain, red failure
     for other in (
-        expect(failing, cell=CELL, target="sglang-cpu", release="0.5.24", bugs=bugs),  # out of range
-        expect(failing, cell=CELL, target="reference", release="0.5.23", bugs=bugs),  # the reference engine: a kit bug
-        expect(Verdict("kl", "fail", {}, FAILURE), cell=CELL, target="sglang-cpu", release="0.5.23", bugs=bugs),  # another check
-        expect(Verdict("programs", "fail", {}, "request r1 differs from the cold computation"), cell=CELL, target="sglang-cpu",
-               release="0.5.23", bugs=bugs),  # another finding
+        expect(failed, cell=CELL, target="sglang-cpu", release="0.5.24", bugs=bugs),  # out of range
+        expect(failed, cell=CELL, target="reference", release="0.5.23", bugs=bugs),  # the reference engine: a kit bug
+        expect(failing("kl", [LOST]), cell=CELL, target="sglang-cpu", release="0.5.23", bugs=bugs),  # another check
+        expect(failing("programs", [Finding("answer_differs_on_hit", "request r1 differs from the cold computation")]), cell=CELL,
+               target="sglang-cpu", release="0.5.23", bugs=bugs),  # another kind
+        expect(failing("programs", [Finding("hit_below_certain", FAILURE, {"cached_tokens": 320})]), cell=CELL,
+               target="sglang-cpu", release="0.5.23", bugs=bugs),  # facts outside the entry's where
+        expect(Verdict("programs", "fail", {}, FAILURE), cell=CELL, target="sglang-cpu",
+               release="0.5.23", bugs=bugs),  # a failure without kinds: never excused by a line alone
     ):
         assert "known_bug" not in other.details
         with pytest.raises(pytest.fail.Exception):
@@ -71,17 +79,21 @@ def test_a_matching_failure_is_a_known_bug_still_present_and_xfails(tmp_path: Pa
 
 def test_an_entry_that_stops_reproducing_is_red(tmp_path: Path) -> None:
     bugs = load(_file(tmp_path, ENTRY))
-    still = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: FAILURE)
+    still = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: [LOST])
     assert [r.ok for r in still] == [True] and STILL_PRESENT in still[0].line
     fixed = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: None)
     assert [r.ok for r in fixed] == [False] and "no longer reproduces: remove or narrow the entry" in fixed[0].line
-    other = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: "step 1: idle invariant: mamba leaked")
+    other = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: [Finding("leak_mamba", "step 1: idle invariant: mamba leaked")])
     assert [r.ok for r in other] == [False] and "a different finding" in other[0].line
     assert check_entries(bugs, target="sglang-cpu", release="0.6.0", replay=lambda b: pytest.fail("played out of range")) == []
 
 
 @pytest.mark.parametrize("body,why", [
     (ENTRY.replace('check = "programs"\n', ""), "needs check"),
+    (ENTRY.replace('kind = "hit_below_certain"\n', ""), "needs kind"),
+    (ENTRY.replace('kind = "hit_below_certain"', 'kind = "lost"'), "unknown finding kind 'lost'"),
+    (ENTRY.replace('where = { cached_tokens = "<320" }', 'where = { cached_tokens = "<" }'), "where.cached_tokens"),
+    (ENTRY.replace('where = { cached_tokens = "<320" }', 'where = "cached"'), "where must be a table"),
     (ENTRY.replace('releases = ">=0.5.20,<0.5.24"', 'releases = "0.5.x"'), "is not a version range"),
     (ENTRY.replace('id = "lost-prefix"', 'id = "Lost Prefix"'), "must be a slug"),
     (ENTRY + 'targets = ["reference"]\n', "a kit bug"),

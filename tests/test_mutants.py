@@ -59,7 +59,7 @@ def test_fast_reference_subset_catches_and_scores(tmp_path: Path, gsm8k_env: Non
     text = console.export_text()
     assert code == 0, text
     assert text.rstrip().splitlines()[-1] == "mutation score: 2/2"
-    assert "prefix_branching: " in text and "kl: " in text
+    assert "prefix_branching [" in text and "kl [" in text  # each finding with its kind
 
 
 def test_uncaught_fault_fails_the_command(tmp_path: Path, gsm8k_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -407,3 +407,49 @@ def test_programs_mode_writes_who_caught_each_fault_as_data(tmp_path: Path) -> N
     assert f["caught_by"] == "both" and f["scripted"]["caught"] and f["scripted"]["caught_by"] == ["kl"]
     assert f["programs"]["caught"] and f["programs"]["examples_to_failure"] == 2 and f["programs"]["by"]
     assert g["caught_by"] == "neither" and not g["programs"]["caught"] and g["programs"]["examples_to_failure"] is None
+
+
+# ------------------------------------------------------------------ scoring that names the catcher (issue 43)
+_TYPE_ERROR_LOG = ('Scheduler hit an exception: Traceback (most recent call last):\n'
+                   '  File "/x/site-packages/sglang/srt/managers/scheduler.py", line 12, in event_loop\n'
+                   "    n = len(batch.extra)\n"
+                   "TypeError: object of type 'NoneType' has no len()\n")
+_LEAK_LOG = ("ValueError: pool memory leak detected! [full] total=8192, available=8192, evictable=0, protected=0, session_held=0, uncached=0\n"
+             "[mamba] total=48, available=45, evictable=0, protected=0, session_held=0, uncached=0\n")
+
+
+def _leaks_report(tmp_path: Path, log: str) -> list[str]:
+    from conformance.checks.leaks import leak_verdict
+    from conformance.recordings import IdleProbe
+
+    v = leak_verdict([IdleProbe("s", reached=True, values={}, waited_s=0.0)], log_text=log, alive=False, exit_code=1,
+                     require_load_evidence=False, gauges=(), scenario_errors=["ServerDiedError: GET /metrics: connection refused"])
+    (tmp_path / "report.json").write_text(json.dumps({"cells": [{"checks": {"leaks": v.to_json()}}]}))
+    return runs._caught_by(tmp_path, "", 1)
+
+
+def test_a_leaks_suite_death_from_a_plain_type_error_is_not_caught(tmp_path: Path) -> None:
+    """Before: any death in the leaks suite scored "caught by leaks" (its line "server process
+    is not alive ..." named the check).  A plain TypeError is a death, not a leak found."""
+    lines = _leaks_report(tmp_path, _TYPE_ERROR_LOG)
+    assert all(line.startswith("leaks [server_died:exception]: ") for line in lines), lines
+    assert scoring.category(lines) == ("server death", [])
+    (tmp_path / "leak").mkdir()  # not vacuous: SGLang's own leak report in the log of the same death is its invariant firing
+    kind, checks = scoring.category(_leaks_report(tmp_path / "leak", _LEAK_LOG))
+    assert kind == scoring.CAUGHT and "SGLang's idle check (strict, in the server)" in checks
+
+
+@pytest.mark.parametrize("verdict,column", [
+    ({"status": "fail", "reason": "only 0/4 prompts hit", "details": {"findings": [{"kind": "vacuous", "line": "only 0/4 prompts hit the cache"}]}}, "vacuous"),
+    ({"status": "fail", "reason": "no program ran", "details": {"findings": [{"kind": "vacuous", "line": "no program ran within the budget"}]}}, "vacuous"),
+    ({"status": "fail", "reason": "r1", "details": {"findings": [{"kind": "hung", "line": "request r1 did not answer within 330s"}]}}, "hang"),
+    ({"status": "fail", "reason": "known SGLang bug, still present (x): ...", "details": {"known_bug": {"id": "x"},
+      "findings": [{"kind": "answer_differs_on_hit", "line": "request r3 differs"}]}}, "known bug"),
+    ({"status": "fail", "reason": "gauge", "details": {"findings": [{"kind": "kit_error", "line": "s: gauge(s) x missing from /metrics"}]}}, "crash"),
+])
+def test_vacuity_hangs_and_known_bugs_are_their_own_columns(verdict: dict, column: str) -> None:
+    lines = scoring.verdict_lines("kl", verdict)
+    assert scoring.category(lines) == (column, [])
+    caught = scoring.verdict_lines("prefix_branching", {"status": "fail", "reason": "x", "details": {"findings": [
+        {"kind": "hit_below_held", "line": "request r2: cached_tokens 0: SGLang held a state of 256 tokens"}]}})
+    assert scoring.category(lines + caught) == (scoring.CAUGHT, ["prefix_branching"])  # a named effect beside them is the catch

@@ -212,10 +212,14 @@ def test_a_state_the_tree_took_and_an_eviction_step_freed_is_recorded_per_node(t
     insert(lost, 8)
     insert(lost, 9, exist=True)  # a state already there: slot 9 stays the request's, not the tree's
     observe.write_requests([{"ev": "evict", "num_tokens_evicted": 64, "swa_num_tokens_evicted": 0, "mamba_num_evicted": 1}])
-    drain(8, 9, 3)  # 9 and 3 were never the tree's states
+    observe._within("walk", drain, 8, 9, 3)  # SGLang's eviction walk; 9 and 3 were never the tree's states
+    elsewhere = list(range(200, 264))
+    insert(elsewhere, 10)
+    drain(10)  # freed outside any walk: no eviction
     observe.write_requests([{"ev": "prefill", "rid": "c", "prefix": 0, "extend": 70, "cut": False, "track": 64}])
     lines = [json.loads(l) for l in (tmp_path / "cell.requests.jsonl").read_text().splitlines()]
-    assert [l for l in lines if l["ev"] == "state_evicted"] == [{"ev": "state_evicted", "len": 64, "key": token_digest(lost)}]
+    assert [l for l in lines if l["ev"] == "state_evicted"] == [{"ev": "state_evicted", "len": 64, "key": token_digest(lost), "by": "walk"},
+                                                               {"ev": "state_evicted", "len": 64, "key": token_digest(elsewhere), "by": "other"}]
     assert observe._TREE_STATES == {7: (64, token_digest(kept))}
     assert observe.tree_reset(lambda c: "reset", cache) == "reset" and observe._TREE_STATES == {}  # a flush: slot 7 is no tree state now
 
@@ -227,6 +231,8 @@ def test_a_state_the_tree_took_and_an_eviction_step_freed_is_recorded_per_node(t
     assert log.state_evicted_between(lost, ["b"], "c") is True
     assert log.state_evicted_between(lost, ["b"], "a") is None  # taken only after a's prefill: no state a could have missed
     assert log.state_evicted_between(kept[:32], ["a"], "c") is None  # a prefix the tree never took a state for: no answer
+    assert log.state_evicted_between(elsewhere, ["b"], "c") is False  # freed, but not by an eviction walk
+    assert log.state_evicted_between(elsewhere, ["b"], "c", by=("walk", "other")) is True
     legacy = RequestLog(tmp_path / "legacy.requests.jsonl")
     legacy.add({"ev": "start"})  # a server without the per-node hooks: no answer, not "not evicted"
     assert legacy.state_evicted_between(lost, ["b"], "c") is None and legacy.state_stored(lost) is None
@@ -366,7 +372,7 @@ def test_a_walk_records_the_remembered_states_the_tree_no_longer_holds(tmp_path,
     walk = SimpleNamespace(num_tokens_evicted=32, swa_num_tokens_evicted=0, mamba_num_evicted=1)
     assert observe.states_left(lambda c, p: walk, tree, "params") is walk
     assert observe._TREE_STATES == {3: (64, "aa")}
-    assert [json.loads(l) for l in (tmp_path / "cell.requests.jsonl").read_text().splitlines()] == [{"ev": "state_evicted", "len": 96, "key": "bb"}]
+    assert [json.loads(l) for l in (tmp_path / "cell.requests.jsonl").read_text().splitlines()] == [{"ev": "state_evicted", "len": 96, "key": "bb", "by": "walk"}]
     broken = SimpleNamespace(all_mamba_values_flatten=lambda: 1 / 0)
     assert observe.states_left(lambda c, p: walk, broken, "params") is walk  # an observer never breaks the server
 

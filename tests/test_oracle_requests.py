@@ -173,13 +173,13 @@ def test_a_lost_hit_is_an_eviction_only_when_sglang_freed_that_state(tmp_path) -
     from conformance.sglang_plugins.token_digest import token_digest
 
     held = _evicted_follow_up(tmp_path)  # the counter grew (the other root's state), a's state never freed
-    assert held and "still held the state stored for the prefix of 128 tokens" in held
+    assert held and held.kind == "hit_below_held" and "SGLang held a state of 128 tokens for this prompt and reused 0" in held
     (tmp_path / "freed").mkdir()
     freed = {"ev": "state_evicted", "len": 128, "key": token_digest(tuple(range(1000, 1128)))}
     assert _evicted_follow_up(tmp_path / "freed", freed) is None
     (tmp_path / "other").mkdir()
     other = {"ev": "state_evicted", "len": 128, "key": token_digest(tuple(range(3000, 3128)))}
-    assert "still held" in (_evicted_follow_up(tmp_path / "other", other) or "")  # a walk freed the other root's, not a's
+    assert "SGLang held a state of 128 tokens" in (_evicted_follow_up(tmp_path / "other", other) or "")  # a walk freed the other root's, not a's
 
 
 def test_a_checkpoint_the_tree_never_took_before_the_hit_is_lost_not_held(tmp_path) -> None:
@@ -456,7 +456,8 @@ def test_a_hit_needs_its_state_seen_stored_before_the_request_was_admitted(tmp_p
     assert late and "cached_tokens 320" in late and "before it admitted" in late and y.held_seen is False
     (tmp_path / "seen").mkdir()
     seen, y = _overlapping_hit(tmp_path / "seen", {"ev": "state_stored", "len": 320})
-    assert seen is None and y.held_seen is True and y.permission == "concurrent"
+    # the records settle what the model could only permit: the hit is the state SGLang held
+    assert seen is None and y.held_seen is True and y.permission == "" and y.model_permission == "concurrent" and y.expected == "exact"
     # before: the model's concurrent permission alone admitted it; a server without per-node records still does
     (tmp_path / "old").mkdir()
     old, y = _overlapping_hit(tmp_path / "old", per_node=False)
@@ -540,7 +541,7 @@ def test_a_capped_tree_drops_states_without_pressure_but_only_on_sglangs_record(
     assert _capped_follow_up(tmp_path / "cap", freed) is None
     (tmp_path / "held").mkdir()
     held = _capped_follow_up(tmp_path / "held")
-    assert held and "still held the state stored for the prefix of 128 tokens" in held
+    assert held and held.kind == "hit_below_held" and "SGLang held a state of 128 tokens" in held
     (tmp_path / "other").mkdir()
     other = {"ev": "state_evicted", "len": 128, "key": token_digest(tuple(range(3000, 3128)))}
-    assert "still held" in (_capped_follow_up(tmp_path / "other", other) or "")
+    assert "SGLang held a state of 128 tokens" in (_capped_follow_up(tmp_path / "other", other) or "")

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.programs.explore import Exploration, Finding
+from conformance.programs.explore import Exploration, Found
 from conformance.programs.program import Program
-from conformance.programs.runner import ProgramFailure, RunStats
+from conformance.checks.leaks import pool_finding
+from conformance.programs.runner import RunStats, program_failure
 from conformance.suites.programs.test_programs import programs_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +133,7 @@ def test_verdict_refuses_to_pass_vacuously() -> None:
 
 
 def test_verdict_of_a_finding_names_file_and_replay() -> None:
-    f = Finding(ProgramFailure(2, "idle invariant: mamba: 1 used at idle", []), Program((), ()), 7, 12.5)
+    f = Found(program_failure(2, [pool_finding("mamba: 1 used at idle", "idle invariant: mamba: 1 used at idle")], []), Program((), ()), 7, 12.5)
     v = programs_verdict(Exploration(examples=7, finding=f), budget="premerge", seed=3, failure=f.failure.what,
                          replay="hybrid-conformance replay x.json --target reference", file="x.json")
     assert v.status == "fail" and v.metrics["examples_to_failure"] == 7 and "replay: hybrid-conformance replay x.json" in v.reason

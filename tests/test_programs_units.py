@@ -372,9 +372,9 @@ def test_hitbook_allows_a_hit_where_sglang_cut_a_packed_prefill(strategy: str, c
     book, members = burst(4096)  # 20 x 386 tokens > 4096: SGLang may cut one of them anywhere
     assert all(book.judge(m) is None for m in members)
     book, members = burst(None)  # a server that never cuts: the hit is unexplained
-    assert f"cached_tokens {cut_hit}" in "".join(filter(None, (book.judge(m) for m in members)))
+    assert f"cached_tokens {cut_hit}" in "".join(str(f) for f in (book.judge(m) for m in members) if f)
     book, members = burst(100000)  # the burst fits one prefill batch: nothing is cut
-    assert f"cached_tokens {cut_hit}" in "".join(filter(None, (book.judge(m) for m in members)))
+    assert f"cached_tokens {cut_hit}" in "".join(str(f) for f in (book.judge(m) for m in members) if f)
 
 
 @pytest.mark.parametrize("hit,allowed", [(421, True), (446, True), (384, True), (300, False), (386, False)])
@@ -537,10 +537,11 @@ def test_idle_problems_allow_session_locks_only() -> None:
 
 # ------------------------------------------------------------------ exploration (a fake server)
 def _fails_on_burst(p: Program):
-    from conformance.programs.runner import ProgramFailure, RunStats
+    from conformance.checks.findings import Finding
+    from conformance.programs.runner import RunStats, program_failure
 
     if any(isinstance(s, Burst) for s in p.steps):
-        raise ProgramFailure(len(p.steps), "a burst was sent", [])
+        raise program_failure(len(p.steps), [Finding("unclassified", "a burst was sent")], [])
     return RunStats(requests=len(p.steps), steps=len(p.steps))
 
 

@@ -121,6 +121,20 @@ def cut_batch_then_follow_ups(client) -> tuple[int, ...]:
     return got
 
 
+def repeats_then_hits(client) -> tuple[tuple[int, bool], ...]:
+    """A 300-token prompt (its checkpoint at 256), then four follow-ups of it + 5 tokens, one
+    at a time: (cached_tokens, output equals the cold one) of each follow-up."""
+    (p,) = prompts((300,), seed=28)
+    client.flush_cache()
+    generate_tokens(client, [p], 1)
+    follows = [p + tail(5, f"again{i}") for i in range(4)]
+    hits = [generate_tokens(client, [f], 3)[0] for f in follows]
+    client.flush_cache()
+    colds = [generate_tokens(client, [f], 3)[0] for f in follows]
+    client.flush_cache()
+    return tuple((cached_tokens(h), output_ids(h) == output_ids(c)) for h, c in zip(hits, colds))
+
+
 @dataclass(frozen=True)
 class Probe:
     where: tuple[str, str]
@@ -136,6 +150,8 @@ PROGRAM_PROBES: dict[str, Probe] = {
     "stop_finish_key_short": Probe(NO_BUFFER, stop_then_follow_up, lambda h: h.cached == h.committed - 1 and h.diverged),
     "session_abort_continues": Probe(EXTRA, turn_after_abort, lambda got: got[0] != got[1]),
     "cut_batch_checkpoint_dropped": Probe(EXTRA, cut_batch_then_follow_ups, lambda hits: any(h < 448 for h in hits)),
+    # the answers stay right: harm is a stored state not reused
+    "stored_state_not_reused": Probe(EXTRA, repeats_then_hits, lambda rows: all(same for _, same in rows) and any(h < 256 for h, _ in rows)),
 }
 LEAKS = ("dup_insert_leak", "lazy_finish_at_boundary_leak")
 

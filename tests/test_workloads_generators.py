@@ -97,3 +97,14 @@ def test_first_turn_abort_script_aborts_the_session_first_turn_then_continues():
     assert first.turns[0].abort_after_s is not None and first.turns[1].abort_after_s is None
     assert first.turns[0].max_new_tokens > first.turns[1].max_new_tokens  # long enough to be aborted mid-decode
     assert first == first_turn_abort_script(vocab_size=1024, track_interval=256)
+
+
+def test_multi_turn_tree_chains_each_turn_on_the_last() -> None:
+    from conformance.workloads.trees import multi_turn_tree
+
+    tree = multi_turn_tree(chunk=64, track_interval=256, vocab_size=500, turns=4)
+    paths = [r.path for r in tree.requests]
+    assert paths == [f"{c}/{t}" for c in ("chunks", "track") for t in range(4)]
+    assert [r.extends for r in tree.requests] == [None, "chunks/0", "chunks/1", "chunks/2", None, "track/0", "track/1", "track/2"]
+    assert [r.group for r in tree.requests] == list(range(8)) and tree.requests[0].flush_before
+    assert len(tree.requests[0].tokens) == 67 and len(tree.requests[4].tokens) == 254  # past the chunk; its decode crosses the track

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from conformance.recordings import AgreementStep, TokenLogprobs
+from conformance.checks.findings import VACUOUS, Finding, failing
 from conformance.records import Verdict
 
 CHECK = "agreement"
@@ -29,6 +30,11 @@ def _top_gap(a: TokenLogprobs, b: TokenLogprobs) -> float:
             if tok in db:
                 gap = max(gap, abs(lp - db[tok]))
     return gap
+
+
+def _differs(s: AgreementStep) -> str:
+    """The kind of an answer that differs from the reference engine's on this step."""
+    return "answer_differs_on_hit" if s.sglang.cached_tokens > 0 else "answer_differs_on_miss"
 
 
 def agreement_verdict(steps: Sequence[AgreementStep], *, logprob_tol: float = DEFAULT_LOGPROB_TOL) -> Verdict:
@@ -48,20 +54,23 @@ def agreement_verdict(steps: Sequence[AgreementStep], *, logprob_tol: float = DE
         hits += int(s.sglang.cached_tokens > 0 or s.reference.cached_tokens > 0)
         if s.sglang.cached_tokens != s.reference.cached_tokens:
             cached_mismatches += 1
-            fails.append(f"{s.name}: cached_tokens sglang {s.sglang.cached_tokens} vs reference {s.reference.cached_tokens}")
+            fails.append(Finding("hit_not_expected", f"{s.name}: cached_tokens sglang {s.sglang.cached_tokens} vs reference {s.reference.cached_tokens}",
+                                 {"step": s.name, "cached_tokens": s.sglang.cached_tokens, "expected": s.reference.cached_tokens}))
         if first_diff is not None or len(a.token_ids) != len(b.token_ids):
-            fails.append(f"{s.name}: greedy tokens differ from position {same} (sglang {a.token_ids[same:same + 3]} vs reference {b.token_ids[same:same + 3]})")
+            fails.append(Finding(_differs(s), f"{s.name}: greedy tokens differ from position {same} (sglang {a.token_ids[same:same + 3]} vs reference {b.token_ids[same:same + 3]})",
+                                 {"step": s.name, "cached_tokens": s.sglang.cached_tokens, "position": same}))
         if max(lp_gap, top_gap) > logprob_tol:
-            fails.append(f"{s.name}: logprobs differ by {max(lp_gap, top_gap):.3g} > {logprob_tol:g}")
+            fails.append(Finding(_differs(s), f"{s.name}: logprobs differ by {max(lp_gap, top_gap):.3g} > {logprob_tol:g}",
+                                 {"step": s.name, "cached_tokens": s.sglang.cached_tokens}))
         rows.append({"step": s.name, "cached_sglang": s.sglang.cached_tokens, "cached_reference": s.reference.cached_tokens,
                      "tokens": n, "first_token_diff": first_diff, "max_logprob_gap": lp_gap, "max_top_logprob_gap": top_gap})
     metrics = {"steps": len(steps), "tokens": tokens, "token_mismatches": mismatched_tokens, "cached_mismatches": cached_mismatches,
                "steps_with_hits": hits, "max_logprob_gap": max_lp, "max_top_logprob_gap": max_top, "logprob_tol": logprob_tol}
     details = {"steps": rows}
     if fails:
-        return Verdict(CHECK, "fail", metrics, "; ".join(fails[:6]), details)
+        return failing(CHECK, fails, metrics, details, reason="; ".join(f.line for f in fails[:6]))
     if not tokens:
-        return Verdict(CHECK, "fail", metrics, "vacuous: no token was compared", details)
+        return failing(CHECK, [Finding(VACUOUS, "vacuous: no token was compared")], metrics, details)
     if not hits:
-        return Verdict(CHECK, "fail", metrics, "vacuous: no step hit the cache on either target, so no cached path was compared", details)
+        return failing(CHECK, [Finding(VACUOUS, "vacuous: no step hit the cache on either target, so no cached path was compared")], metrics, details)
     return Verdict(CHECK, "pass", metrics, "", details)

@@ -165,15 +165,35 @@ def _top_problem(served: Sequence[tuple[float, int]], cold: Sequence[tuple[float
 
 
 @dataclass(frozen=True)
+class Difference:
+    """One way a served request differs from its cold computation: which part of the answer
+    (:data:`PARTS`), the line, the served token's facts (position, token, cold token)."""
+
+    part: str
+    line: str
+    facts: tuple[tuple[str, int], ...] = ()
+
+
+#: Where a difference is: the served output (tokens, logprobs, top-k), output logprobs the
+#: request asked for and did not get, the cold side not lining up with the served tokens,
+#: the served input logprobs.
+PARTS = ("output", "logprobs_missing", "cold_misaligned", "input")
+
+
+@dataclass(frozen=True)
 class Comparison:
-    """One served request against its cold computation, in one walk: the problems (first
+    """One served request against its cold computation, in one walk: the differences (first
     few), and what a passing request measured -- each compared output token's top-k KL
     (cold || served) and the largest |served - cold| logprob (the noise an exact-mode tolerance must stay above)."""
 
-    problems: list[str]
+    differences: list[Difference]
     topk_kls: list[float]
     logprob_gap: float
     flip_margin: float = 0.0  # the largest flip margin of a compared token (:func:`flip_margin`; the greedy tie's noise)
+
+    @property
+    def problems(self) -> list[str]:
+        return [d.line for d in self.differences]
 
 
 def differential_problems(
@@ -189,42 +209,45 @@ def compare_served(
     """The served request against the cold computation (:class:`Comparison`).
     ``expect_logprobs``: the request asked for output logprobs, so fewer than one per
     output token is itself a finding (nothing would be compared)."""
-    problems: list[str] = []
+    problems: list[Difference] = []
     kls: list[float] = []
     gaps = [0.0]
     margins = [0.0]
     if expect_logprobs and len(served.output) < len(output_ids):
-        problems.append(f"served {len(served.output)} output logprobs for {len(output_ids)} output tokens, although the request asked for them")
+        problems.append(Difference("logprobs_missing", f"served {len(served.output)} output logprobs for {len(output_ids)} output tokens, although the request asked for them"))
     base = len(input_ids)
     for k, tok in enumerate(output_ids):
         got = _at(cold, base + k)
         if got is None:
-            problems.append(f"cold side has no logprob for output token {k} (position {base + k})")
+            problems.append(Difference("cold_misaligned", f"cold side has no logprob for output token {k} (position {base + k})", (("position", base + k),)))
             break
         (cold_lp, cold_tok), top = got
         if cold_tok != tok:
-            problems.append(f"cold side misaligned at output token {k}: its position {base + k} holds token {cold_tok}, the served token is {tok}")
+            problems.append(Difference("cold_misaligned", f"cold side misaligned at output token {k}: its position {base + k} holds token {cold_tok}, the served token is {tok}",
+                                       (("position", base + k), ("token", tok), ("cold_token", cold_tok))))
             break
         if cold_lp is None:
-            problems.append(f"cold side misaligned at output token {k}: no logprob (null) for token {tok} at position {base + k}")
+            problems.append(Difference("cold_misaligned", f"cold side misaligned at output token {k}: no logprob (null) for token {tok} at position {base + k}",
+                                       (("position", base + k), ("token", tok))))
             break
         best = top[0][0] if top else cold_lp
         if cold_lp < best - tol.tie_eps:
-            problems.append(
+            problems.append(Difference("output",
                 f"output token {k} (position {base + k}) = {tok} is not the cold argmax "
-                f"{top[0][1] if top else '?'}: cold logprob {cold_lp:.5g} vs best {best:.5g}")
+                f"{top[0][1] if top else '?'}: cold logprob {cold_lp:.5g} vs best {best:.5g}", (("position", base + k), ("token", tok))))
             break
         if k < len(served.output):
             gaps.append(abs(served.output[k] - cold_lp))
             if gaps[-1] > tol.logprob_atol:
-                problems.append(f"output logprob {k} (position {base + k}): served {served.output[k]:.6g}, cold {cold_lp:.6g}")
+                problems.append(Difference("output", f"output logprob {k} (position {base + k}): served {served.output[k]:.6g}, cold {cold_lp:.6g}",
+                                           (("position", base + k), ("token", tok))))
                 break
         if k < len(served.output_top) and served.output_top[k] and top:
             kls.append(topk_kl(tuple((t, lp) for lp, t in top), tuple((t, lp) for lp, t in served.output_top[k])))
             margins.append(flip_margin(cold_lp, top, served.output_top[k]))
             why = _top_problem(served.output_top[k], top, tol, kls[-1])
             if why:
-                problems.append(f"output token {k} (position {base + k}): {why}")
+                problems.append(Difference("output", f"output token {k} (position {base + k}): {why}", (("position", base + k), ("token", tok))))
                 break
     if served.input_start is not None:
         for j, (lp, tok) in enumerate(served.input):
@@ -233,13 +256,14 @@ def compare_served(
                 continue
             got = _at(cold, pos)
             if got is None or got[0][0] is None:
-                problems.append(f"cold side has no input logprob at position {pos}")
+                problems.append(Difference("cold_misaligned", f"cold side has no input logprob at position {pos}", (("position", pos),)))
                 break
             if got[0][1] != tok:
-                problems.append(f"input logprob at position {pos} names token {tok}, the input has {got[0][1]}")
+                problems.append(Difference("input", f"input logprob at position {pos} names token {tok}, the input has {got[0][1]}",
+                                           (("position", pos), ("token", tok))))
                 break
             gaps.append(abs(lp - got[0][0]))
             if gaps[-1] > tol.logprob_atol:
-                problems.append(f"input logprob at position {pos}: served {lp:.6g}, cold {got[0][0]:.6g}")
+                problems.append(Difference("input", f"input logprob at position {pos}: served {lp:.6g}, cold {got[0][0]:.6g}", (("position", pos),)))
                 break
     return Comparison(problems, kls, max(gaps), max(margins))

@@ -27,6 +27,7 @@ from typing import Literal
 from conformance.checks.stats import mcnemar_exact, required_n, standard_error, wilson_interval
 from conformance.errors import KitError
 from conformance.recordings import GSM8KAnswer, GSM8KRecording
+from conformance.checks.findings import Finding, failing
 from conformance.records import Verdict
 
 CHECK = "gsm8k"
@@ -94,7 +95,8 @@ def gsm8k_verdict(
             return Verdict(CHECK, "skip", metrics, missing or "agreement mode needs the baseline cell's answers to the same questions", details)
         differing = [a.index for a, b in pairs if a.completion != b.completion]
         if differing:
-            return Verdict(CHECK, "fail", metrics, f"{len(differing)}/{len(pairs)} completions differ from the baseline (items {differing[:8]})", details)
+            return failing(CHECK, [Finding("answers_differ", f"{len(differing)}/{len(pairs)} completions differ from the baseline (items {differing[:8]})",
+                                           {"differing": len(differing), "items": differing[:8]})], metrics, details)
         return Verdict(CHECK, "pass", metrics, "", details)
 
     only_base = sum(1 for a, b in pairs if is_correct(b, primary) and not is_correct(a, primary))
@@ -114,7 +116,7 @@ def gsm8k_verdict(
     if p_worse is not None and p_worse < alpha:
         fails.append(f"significantly worse than the baseline: {only_base} vs {only_this} discordant, McNemar p={p_worse:.3g}")
     if fails:
-        return Verdict(CHECK, "fail", metrics, "; ".join(fails + ([missing] if missing else [])), details)
+        return failing(CHECK, [Finding("accuracy_below", f) for f in fails], metrics, details, reason="; ".join(fails + ([missing] if missing else [])))
     return Verdict(CHECK, "pass", metrics, missing, details)
 
 

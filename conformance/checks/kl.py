@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from conformance.errors import KitError
+from conformance.checks.findings import VACUOUS, Finding, failing
 from conformance.recordings import KLRecording, KLSequence, TopK
 from conformance.records import Verdict
 
@@ -236,33 +237,45 @@ def kl_verdict(
         "topk_min_limit": lim_floor,
         "floor_factor": floor_factor,
     }
-    fails: list[str] = []
+    fails: list[Finding] = []
     if hit_fraction < hit_fraction_min:
-        fails.append(f"only {len(hits)}/{len(rec.sequences)} prompts hit the cache (need {hit_fraction_min:.0%})")
+        fails.append(Finding(VACUOUS, f"only {len(hits)}/{len(rec.sequences)} prompts hit the cache (need {hit_fraction_min:.0%})"))
     if noise_floor is None:
-        fails.append("no noise floor was measured (record the cold generate and the one-by-one prefill)")
+        fails.append(Finding(VACUOUS, "no noise floor was measured (record the cold generate and the one-by-one prefill)"))
     elif noise_floor > abs_cap:
-        fails.append(f"noise floor {noise_floor:.3g} exceeds the absolute cap {abs_cap:.3g}: the target is too noisy to judge")
-    worst = rec.sequences[seq_max_i]
-    if stats[seq_max_i].topk_mean > limit:
-        fails.append(
-            f"top-k KL {stats[seq_max_i].topk_mean:.3g} > limit {limit:.3g} on sequence {seq_max_i} "
-            f"({worst.scenario}, start {worst.start}, cached {worst.cached_tokens})"
-        )
+        fails.append(Finding(VACUOUS, f"noise floor {noise_floor:.3g} exceeds the absolute cap {abs_cap:.3g}: the target is too noisy to judge"))
+    for i in sorted(stats, key=lambda i: -stats[i].topk_mean):  # each hit sequence judged on its own, the worst first
+        fails += _sequence_findings(i, rec.sequences[i], stats[i], limit, token_limit)
     if k3_mean > k3_max:
-        fails.append(f"k3 mean {k3_mean:.3g} > SGLang threshold {k3_max:.3g}")
-    if exact:
-        if token_limit is not None and max_token > token_limit:
-            fails.append(f"exact mode: max per-token KL {max_token:.3g} > {token_limit:.3g}")
-        if argmax_mism:
-            fails.append(f"exact mode: {argmax_mism}/{tokens} served greedy tokens differ from the cold argmax")
-        if cold_mism:
-            fails.append(f"exact mode: {cold_mism}/{tokens} served tokens differ from the cold generate")
+        worst = max(stats, key=lambda i: stats[i].k3)
+        fails.append(Finding("answer_differs_on_hit", f"k3 mean {k3_mean:.3g} > SGLang threshold {k3_max:.3g}",
+                             {**_sequence_facts(worst, rec.sequences[worst]), "k3_mean": k3_mean}))
 
     details = _details(rec, stats, limit, chunk, track_interval)
     if fails:
-        return Verdict(CHECK, "fail", metrics, "; ".join(fails), details)
+        return failing(CHECK, fails, metrics, details)
     return Verdict(CHECK, "pass", metrics, "", details)
+
+
+def _sequence_facts(i: int, seq: KLSequence) -> dict:
+    return {"sequence": i, "scenario": seq.scenario, "start": seq.start, "cached_tokens": seq.cached_tokens}
+
+
+def _sequence_findings(i: int, seq: KLSequence, st: _SeqStats, limit: float, token_limit: float | None) -> list[Finding]:
+    """One hit sequence against the limits: each way it differs from the cold run, a finding."""
+    where = f"on sequence {i} ({seq.scenario}, start {seq.start}, cached {seq.cached_tokens})"
+    facts = _sequence_facts(i, seq)
+    tokens = len(seq.served.token_ids)
+    out = []
+    if st.topk_mean > limit:
+        out.append(Finding("answer_differs_on_hit", f"top-k KL {st.topk_mean:.3g} > limit {limit:.3g} {where}", {**facts, "topk_kl": st.topk_mean}))
+    if token_limit is not None and st.topk_max > token_limit:
+        out.append(Finding("answer_differs_on_hit", f"exact mode: max per-token KL {st.topk_max:.3g} > {token_limit:.3g} {where}", facts))
+    if token_limit is not None and st.argmax_mismatches:
+        out.append(Finding("answer_differs_on_hit", f"exact mode: {st.argmax_mismatches}/{tokens} served greedy tokens differ from the cold argmax {where}", facts))
+    if token_limit is not None and st.cold_mismatches:
+        out.append(Finding("answer_differs_on_hit", f"exact mode: {st.cold_mismatches}/{tokens} served tokens differ from the cold generate {where}", facts))
+    return out
 
 
 def _empty_metrics() -> dict[str, float | int | None]:

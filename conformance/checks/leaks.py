@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from conformance.checks.findings import VACUOUS, Finding, failing
 from conformance.recordings import IdleProbe, OccupancySample, SessionRecording
 from conformance.records import Verdict
 from conformance.server_log import last_crash
@@ -39,6 +40,69 @@ LOG_PATTERNS = (
     re.compile(r"scheduler (?:process )?(?:died|is dead|exited|crashed)", re.I),
     re.compile(r"Child process unexpectedly failed", re.I),
 )
+
+
+#: One pool's line of SGLang's own idle-check report: ``[mamba] total=48, available=45, evictable=0, ...``.
+_POOL_REPORT = re.compile(r"\[(?P<pool>\w+)\] total=(?P<total>-?\d+)(?P<terms>(?:, \w+=-?\d+(?=,|\s|$))*)")
+_TERM = re.compile(r"(\w+)=(-?\d+)")
+#: SGLang's report's pool name -> the finding kind of a broken idle invariant there (the
+#: kit's own gauges name the pools ``mamba`` and ``kv``).
+POOL_KINDS = {"mamba": "leak_mamba", "full": "leak_kv", "swa": "leak_kv", "kv": "leak_kv", "host_kv": "leak_host", "host_mamba": "leak_host"}
+
+
+def leak_report_pools(text: str) -> list[tuple[str, str]]:
+    """The pools whose terms do not add up in the last "memory leak detected" report of a
+    server log (SGLang's idle check: ``available + evictable + protected + session_held +
+    uncached == total`` per pool), each with its report line: ``[("mamba", "[mamba] total=48, ...")]``."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if "memory leak detected" in line]
+    if not starts:
+        return []
+    out = []
+    for line in lines[starts[-1]: starts[-1] + 8]:
+        for m in _POOL_REPORT.finditer(line):
+            terms = [int(v) for _, v in _TERM.findall(m["terms"])]
+            if sum(terms) != int(m["total"]):
+                out.append((m["pool"], line[m.start():].strip()))
+    return out
+
+
+def pool_finding(problem: str, line: str | None = None) -> Finding:
+    """A problem of an idle probe (:func:`idle_invariant`'s ``"<pool>: ..."``, after a flush,
+    a gauge that must read 0, a server that never went idle) as a finding of its kind; a
+    missing gauge judges nothing (``kit_error``)."""
+    text = problem.removeprefix("after /flush_cache: ")
+    pool = text.split(":", 1)[0]
+    if "missing from /metrics" in text:
+        kind = "kit_error"
+    elif text.startswith("server never went idle"):
+        kind = "hung"
+    else:
+        kind = POOL_KINDS.get(pool, "stuck_at_idle")
+    return Finding(kind, line or problem, {"pool": pool, "by": "idle_invariant"} if kind.startswith("leak_") else {})
+
+
+def death_findings(line: str, log_text: str, *, startup: bool = False) -> list[Finding]:
+    """What a server's death (or its log's error lines) names, as findings each carrying
+    ``line``: SGLang's own idle check (one finding per pool its report shows broken,
+    ``leak_<pool>``, or ``server_died:idle_check``), one of SGLang's own assertions
+    (``server_died:assertion``), another exception (``server_died:exception``: not SGLang's
+    invariant), or nothing the log explains (``server_died:unexplained`` / ``:startup``)."""
+    pools = leak_report_pools(log_text)
+    if pools:
+        return [Finding(POOL_KINDS.get(pool, "leak_kv"), line, {"pool": pool, "by": "sglang_idle_check", "report": report[:200]})
+                for pool, report in pools]
+    if "memory leak detected" in log_text:
+        return [Finding("server_died:idle_check", line, {"by": "sglang_idle_check"})]
+    crash = last_crash(log_text)
+    if crash is not None and crash.in_sglang:
+        where = f"{crash.path.rsplit('/', 1)[-1]}:{crash.line}"
+        exception = crash.exception.split(":", 1)[0].rsplit(".", 1)[-1]
+        kind = "server_died:assertion" if crash.sglang_assertion else "server_died:exception"
+        return [Finding(kind, line, {"at": where, "exception": exception})]
+    if crash is not None:
+        return [Finding("server_died:exception", line, {"exception": crash.exception.split(":", 1)[0].rsplit(".", 1)[-1], "in_sglang": False})]
+    return [Finding("server_died:startup" if startup else "server_died:unexplained", line)]
 
 
 def is_idle(values: Mapping[str, float]) -> bool:
@@ -207,7 +271,7 @@ def track_slot_verdict(
     metrics: dict = {"lazy_resident_ratio": None, "track_slots_mean_per_request": None}
     if use is None or use.mean_per_request is None:
         why = "the target exports no track-slot gauge" if use is None else "no decode step was observed under load"
-        return Verdict(CHECK, "fail", metrics, f"{s.name}: resident track slots unmeasured: {why}")
+        return failing(CHECK, [Finding(VACUOUS, f"{s.name}: resident track slots unmeasured: {why}")], metrics)
     metrics.update(
         track_slots_mean_per_request=round(use.mean_per_request, 4),
         track_slots_peak_per_request=use.peak_per_request,
@@ -253,7 +317,7 @@ def track_slot_verdict(
             )
     details["notes"] = notes
     if fails:
-        return Verdict(CHECK, "fail", metrics, "; ".join(fails + notes), details)
+        return failing(CHECK, [Finding("track_slots", f) for f in fails], metrics, details, reason="; ".join(fails + notes))
     return Verdict(CHECK, "pass", metrics, "; ".join(notes), details)
 
 
@@ -304,30 +368,42 @@ def leak_verdict(
         "idle_wait_s_max": max((p.waited_s for p in probes), default=None),
     }
     details = {"timeline": rows, "log_lines": log_lines[:50], "probes": [_probe_row(p) for p in probes]}
-    fails: list[str] = []
+    fails: list[Finding] = []
     if sessions is not None:
         aborted = [t for t in sessions.turns if t.aborted]
         metrics["aborted_turns"] = len(aborted)
         metrics["abort_tokens_streamed_min"] = min((t.tokens_at_abort or 0 for t in aborted), default=None)
         details["turns"] = [dict(t.__dict__) for t in sessions.turns]
-        fails += abort_problems(sessions)
+        fails += [Finding("session_abort" if aborted else "vacuous", p) for p in abort_problems(sessions)]
+    died = []
     if not alive:
-        fails.append(f"server process is not alive after the scenarios (exit code {exit_code})")
+        died.append(f"server process is not alive after the scenarios (exit code {exit_code})")
     elif exit_code is not None and exit_code not in ok_exit_codes:
-        fails.append(f"server exited with status {exit_code}")
+        died.append(f"server exited with status {exit_code}")
     if log_lines:
-        fails.append(f"{len(log_lines)} bad log line(s), first: {log_lines[0][:160]}")
+        died.append(f"{len(log_lines)} bad log line(s), first: {log_lines[0][:160]}")
         reports = [line for line in log_lines if LOG_PATTERNS[0].search(line)]
         if reports and reports[0] != log_lines[0]:  # SGLang's own leak report, not only the traceback's first line
-            fails.append(f"SGLang's leak report: {reports[0][:200]}")
-    fails += [f"scenario error: {e}" for e in scenario_errors]
+            died.append(f"SGLang's leak report: {reports[0][:200]}")
+    for line in died:  # one cause, named by the log: each line judged as that cause
+        fails += death_findings(line, log_text)
+    cause = fails[-1] if died else None
+
+    def consequence(line: str) -> Finding:
+        """What a dead server leaves (a scenario that raised, gauges it no longer serves) is
+        its death's finding; on a live server the kit could not judge."""
+        return Finding(cause.kind, line, cause.facts) if cause is not None else Finding("kit_error", line)
+
+    fails += [consequence(f"scenario error: {e}") for e in scenario_errors]
     for p in probes:
         missing = [g for g in gauges if g not in p.values]
         if missing:
-            fails.append(f"{p.scenario}: gauge(s) {', '.join(missing)} missing from /metrics")
+            fails.append(consequence(f"{p.scenario}: gauge(s) {', '.join(missing)} missing from /metrics"))
+        elif not p.reached and p.problems:
+            fails += [pool_finding(q, f"{p.scenario}: idle invariant broken before any flush ({q})") for q in p.problems]
         elif not p.reached:
-            why = "; ".join(p.problems) if p.problems else ", ".join(f"{g}={p.values[g]:g}" for g in gauges)
-            fails.append(f"{p.scenario}: idle invariant broken before any flush ({why})")
+            why = ", ".join(f"{g}={p.values[g]:g}" for g in gauges)
+            fails.append(Finding("kit_error", f"{p.scenario}: idle invariant broken before any flush ({why})"))
     if not probes and not fails:
         return Verdict(CHECK, "skip", metrics, "no scenario ran: nothing shows the pools return to idle", details)
     if probes and not any(p.requests for p in probes) and not fails:
@@ -335,11 +411,11 @@ def leak_verdict(
     if require_load_evidence and not fails:
         moved = peak(timeline, MAMBA_USED_TOKENS) or peak(timeline, KIT_MAMBA_USED_PEAK)
         if not timeline:
-            fails.append("no occupancy sample under load: cannot tell the gauges are live")
+            fails.append(Finding(VACUOUS, "no occupancy sample under load: cannot tell the gauges are live"))
         elif not moved:
-            fails.append(f"{MAMBA_USED_TOKENS} (and {KIT_MAMBA_USED_PEAK} where published) never rose above 0 under load: a leak would be invisible")
+            fails.append(Finding(VACUOUS, f"{MAMBA_USED_TOKENS} (and {KIT_MAMBA_USED_PEAK} where published) never rose above 0 under load: a leak would be invisible"))
     if fails:
-        return Verdict(CHECK, "fail", metrics, "; ".join(fails), details)
+        return failing(CHECK, fails, metrics, details)
     return Verdict(CHECK, "pass", metrics, "", details)
 
 

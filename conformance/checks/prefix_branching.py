@@ -24,6 +24,7 @@ from conformance.checks.kl import topk_kl
 from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
 from conformance.recordings import TreeRecording, TreeRequestRecord
+from conformance.checks.findings import Finding, failing
 from conformance.records import Verdict
 
 T = TypeVar("T")
@@ -123,10 +124,13 @@ def prefix_branching_verdict(
             obs_tokens += r.cached_tokens
             if not hit_ok:
                 hit_mism += 1
-                problems.append(f"{r.path}: cached_tokens {r.cached_tokens}, expected {'/'.join(map(str, sorted(ok)))}")
+                problems.append(Finding("hit_below_certain" if r.cached_tokens < min(ok) else "hit_not_expected",
+                                        f"{r.path}: cached_tokens {r.cached_tokens}, expected {'/'.join(map(str, sorted(ok)))}",
+                                        {"path": r.path, "cached_tokens": r.cached_tokens, "expected": sorted(ok)}))
             if not out_ok:
                 out_mism += 1
-                problems.append(f"{r.path}: {why} (cached {r.cached_tokens})")
+                problems.append(Finding("answer_differs_on_hit", f"{r.path}: {why} (cached {r.cached_tokens})",
+                                        {"path": r.path, "cached_tokens": r.cached_tokens}))
             rows.append(
                 {
                     "path": r.path,
@@ -151,8 +155,7 @@ def prefix_branching_verdict(
     }
     details = {"requests": rows, "tree": rec.tree}
     if problems:
-        more = f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""
-        return Verdict(CHECK, "fail", metrics, "; ".join(problems[:5]) + more, details)
+        return failing(CHECK, problems, metrics, details, shown=5)
     if hits_expected == 0:
         return Verdict(CHECK, "skip", metrics, "vacuous workload: the oracle expects no cache hit in this tree", details)
     return Verdict(CHECK, "pass", metrics, "", details)

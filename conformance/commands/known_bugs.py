@@ -2,7 +2,8 @@
 (``fixtures/known_bugs.toml``) the installed release is in range of; strict.
 
 Each entry's program is played once on its cell (and the cache-off twin) with the
-recorded env.  An entry whose program still fails as its ``match`` says prints
+recorded env.  An entry whose program still fails with a finding of its kind (and facts,
+and ``match``: ``KnownBug.reproduced_by``) prints
 "known SGLang bug, still present"; one whose program passes (or fails otherwise) is red:
 exit 1, "no longer reproduces: remove or narrow the entry".  Entries out of range are
 listed and not played.  Exit 0 when every entry in range reproduced (or none is in range).
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from conformance.errors import KitError
+from conformance.checks.findings import Finding
 from conformance.session.known_bugs import KnownBug, check_entries, installed_release, known_bugs_file, load
 from conformance.session.options import Options, options_from_args
 from conformance.session.options import DTYPE, LAUNCHER, MATRIX, TWINS, add_arguments as add_options
@@ -33,9 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
 
 
-def replayer(options: Options, log_dir: Path) -> Callable[[KnownBug], str | None]:
-    """bug -> its replay's failure line, or None when the program passed."""
-    def replay(bug: KnownBug) -> str | None:
+def replayer(options: Options, log_dir: Path) -> Callable[[KnownBug], list[Finding] | None]:
+    """bug -> its replay's findings, or None when the program passed."""
+    def replay(bug: KnownBug) -> list[Finding] | None:
         program = load_program(str(bug.replay_path()))
         cell = find_cell(program, options.matrix_path)
         saved = dict(os.environ)
@@ -45,7 +47,7 @@ def replayer(options: Options, log_dir: Path) -> Callable[[KnownBug], str | None
         finally:
             os.environ.clear()
             os.environ.update(saved)
-        return str(outcome) if isinstance(outcome, ProgramFailure) else None
+        return outcome.findings if isinstance(outcome, ProgramFailure) else None
 
     return replay
 

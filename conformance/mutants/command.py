@@ -3,9 +3,10 @@
 Reference target: each fault of ``conformance.reference.faults.FAULTS`` is switched on
 with ``HYBRID_CONFORMANCE_FAULT=<name>`` for the server-tier suites on the cells its plan
 names (``catalogue.reference_plans``); caught = a named check reported it
-(:mod:`conformance.mutants.scoring`: a failing check of report.json, the cell teardown's
-idle check, SGLang's own strict idle check); a death, a timeout or a crash is reported in
-its own category, not scored caught.  Per fault, ``<report-dir>/mutants.json`` holds its
+(:mod:`conformance.mutants.scoring`: a finding of a failing check of report.json whose kind
+names the fault's effect, the cell teardown's idle check, SGLang's own strict idle check or
+assertion); a death, a timeout, a hang, a vacuity, a known bug's xfail or a crash is reported
+in its own category, not scored caught.  Per fault, ``<report-dir>/mutants.json`` holds its
 category and the checks that caught it (with ``--programs``: the scripted and the programs
 outcome side by side, :func:`conformance.mutants.power.write_json`).
 Pool target: each fault of ``conformance.mutants.pool_faults`` is loaded as a pytest

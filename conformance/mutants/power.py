@@ -31,7 +31,7 @@ from rich.table import Table
 
 from conformance.mutants.catalogue import MutantPlan
 from conformance.mutants.runs import Outcome, run_plan
-from conformance.mutants.scoring import SGLANG_IDLE_CHECK, catcher, category
+from conformance.mutants.scoring import CAUGHT, SGLANG_IDLE_CHECK, catcher, category, verdict_lines
 from conformance.targets.registry import target_for
 
 #: Why a programs run has no finding when no program was judged at all (the server never served).
@@ -110,8 +110,8 @@ def programs_finding(report_dir: Path) -> tuple[int | None, float | None, str]:
         m = v.get("metrics", {})
         if v.get("status") == "fail" and m.get("examples_to_failure") is not None:
             reason = v.get("reason", "")
-            if catcher(f"programs: {reason}") is None:  # the server died under a program: not a finding of the oracle
-                kind, _ = category([f"programs: {reason}"])
+            kind, _ = category(verdict_lines("programs", v))
+            if kind != CAUGHT:  # the server died under a program, a hang, a known bug: not a finding of the oracle
                 return None, None, f"{kind}, not scored caught: {reason}"
             return int(m["examples_to_failure"]), float(m.get("seconds_to_failure") or 0.0), reason
         return None, None, v.get("reason") or f"{m.get('examples')} programs, {m.get('seconds')}s: nothing found"

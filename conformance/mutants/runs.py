@@ -27,10 +27,10 @@ from pathlib import Path
 
 from conformance.matrix.faults import FAULT_ENV, PAIRED_AB
 from conformance.mutants.catalogue import MutantPlan
-from conformance.mutants.scoring import CAUGHT, category
+from conformance.mutants.scoring import CAUGHT, category, verdict_lines
 from conformance.matrix.suites import suite
 from conformance.targets.registry import target_for
-from conformance.checks.leaks import scan_log
+from conformance.checks.leaks import leak_report_pools, scan_log
 from conformance.sglang_plugins.activation import FAULT_PLUGIN, read_report
 from conformance.report.compare import compare_files
 
@@ -99,7 +99,7 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
         for cell in report.get("cells", []):
             for check, v in cell.get("checks", {}).items():
                 if v.get("status") == "fail":
-                    found.append(f"{check}: {(v.get('reason') or '')[:110]}")
+                    found += verdict_lines(check, v)  # one line per finding, with its kind
                 elif v.get("status") == "error" and "ServerDiedError" in (v.get("reason") or ""):
                     # a server died under the check's requests: what its log says killed it
                     # (SGLang's strict idle check is a catch; an unexplained death is not)
@@ -124,19 +124,15 @@ def _caught_by(report_dir: Path, output: str, exit_code: int) -> list[str]:
 
 
 _EXIT_CODE = re.compile(r"exit(?:ed)?(?: during start-up)? with (?:code|status) (-?\d+)")
-_POOL_LINE = re.compile(r"\[(\w+)\] total=(\d+), available=(-?\d+), evictable=(-?\d+), protected=(-?\d+), session_held=(-?\d+), uncached=(-?\d+)")
 
 
 def _leak_line(log: str) -> str:
     """SGLang's idle-check report in one line: the pools whose terms do not add up (the
     report spans one line per pool), else the first leak/error line of the log."""
-    lines = log.splitlines()
-    for i, line in enumerate(lines):
-        if "memory leak detected" not in line:
-            continue
-        block = [line] + [ln for ln in lines[i + 1 : i + 8] if ln.startswith("[")]
-        bad = [ln[m.start():].strip() for ln in block for m in _POOL_LINE.finditer(ln) if sum(map(int, m.groups()[2:])) != int(m.group(2))]
-        return "SGLang's idle check: memory leak detected: " + " | ".join(bad or [line.strip()])
+    if "memory leak detected" in log:
+        bad = [line for _, line in leak_report_pools(log)]
+        first = next(line for line in log.splitlines() if "memory leak detected" in line)
+        return "SGLang's idle check: memory leak detected: " + " | ".join(bad or [first.strip()])
     found = scan_log(log)
     return found[0] if found else ""
 

@@ -14,9 +14,12 @@ lazy-drop relaxations are then granted to those requests only, at those places. 
 places each eviction walk among the prefills, which orders an eviction after a store the
 client's clock cannot place (a burst member's).  Per node (every release 0.5.11 on, where
 the plugin's start line says ``state_evictions``): which mamba states
-SGLang's tree took and which of them an eviction step freed, each named by its prefix's
-length and digest (``conformance/sglang_plugins/token_digest.py``), so "was THIS stored prefix evicted"
-has an answer (:meth:`RequestLog.state_evicted_between`), not only "did any eviction run".
+SGLang's tree took and which of them a tree step freed, each named by its prefix's
+length and digest (``conformance/sglang_plugins/token_digest.py``) and each free by what
+freed it (``by``: SGLang's eviction ``walk``, an ``insert``'s per-path cap, ``other``), so
+"was THIS stored prefix evicted" has an answer (:meth:`RequestLog.state_evicted_between`),
+not only "did any eviction run", and the states the tree held at a request's admission are
+known (:meth:`RequestLog.held_at_admission`): the hit SGLang owed it.
 Pure bookkeeping apart from :meth:`RequestLog.refresh` (a file read).
 """
 
@@ -54,6 +57,20 @@ class Prefill:
     track: int | None  # the length its mamba checkpoint is tracked at (None: none)
 
 
+@dataclass(frozen=True)
+class Held:
+    """What SGLang's tree held for a prompt when it admitted the request (per-node records)."""
+
+    held: tuple[int, ...]  # lengths of the states taken before the admission and not freed since
+    freed: Mapping[int, set[str]]  # length -> what freed it (taken before the admission, freed before it)
+    admissions: int = 1  # how often SGLang admitted the request (a retracted one is admitted again)
+
+    @property
+    def owed(self) -> int:
+        """The hit SGLang's match owed: its longest held state (0: none)."""
+        return max(self.held, default=0)
+
+
 @dataclass
 class RequestLog:
     """The per-request evidence file the observe plugin appends to, read incrementally."""
@@ -70,6 +87,12 @@ class RequestLog:
     #: per node: (prefix length, digest) -> record numbers where the tree took / freed that state
     states_stored: dict[tuple[int, str], list[int]] = field(default_factory=dict)
     states_evicted: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    #: record number of a ``state_evicted`` -> what freed it (``walk``, ``insert``, ``other``)
+    freed_by: dict[int, str] = field(default_factory=dict)
+    #: every admission of each request (a retracted request is admitted again)
+    admissions: dict[str, int] = field(default_factory=dict)
+    #: where the tree was reset (a flush): every state it took before is gone
+    resets_at: list[int] = field(default_factory=list)
     started: bool = False
     #: the server records per-node state evictions (its start line says the hooks are in place)
     per_node: bool = False
@@ -102,6 +125,7 @@ class RequestLog:
             before = self.prefills.setdefault(rid, [])
             if not before or chunk.prefix != before[-1].prefix + before[-1].extend:
                 self.admitted_at[rid] = self._records
+                self.admissions[rid] = self.admissions.get(rid, 0) + 1
             before.append(chunk)
             self.first_prefill_at.setdefault(rid, self._records)
         elif ev == "evict":
@@ -109,6 +133,10 @@ class RequestLog:
         elif ev in ("state_stored", "state_evicted"):
             book = self.states_stored if ev == "state_stored" else self.states_evicted
             book.setdefault((int(rec["len"]), str(rec["key"])), []).append(self._records)
+            if ev == "state_evicted":
+                self.freed_by[self._records] = str(rec.get("by", "walk"))  # a record before ``by``: the plugin recorded walks only
+        elif ev == "tree_reset":
+            self.resets_at.append(self._records)
         elif ev == "lazy_drop":
             self.drops.setdefault(str(rec["rid"]), []).append(int(rec["was"]))
 
@@ -136,10 +164,11 @@ class RequestLog:
             return None
         return max(starts), end
 
-    def state_evicted_between(self, key: Sequence[int], storers: list[str], rid: str) -> bool | None:
-        """Per node: did an eviction step free the mamba state SGLang's tree held for exactly
-        the prefix ``key`` (token ids) after the first prefill of every one of ``storers`` and
-        before ``rid``'s first prefill?  None: no per-node answer -- this server records no
+    def state_evicted_between(self, key: Sequence[int], storers: list[str], rid: str, by: Sequence[str] = ("walk",)) -> bool | None:
+        """Per node: did SGLang's eviction walk (``by``: what may have freed it; with a per-path
+        cap also an ``insert``) free the mamba state SGLang's tree held for exactly the prefix
+        ``key`` (token ids) after the first prefill of every one of ``storers`` and before
+        ``rid``'s first prefill?  A free by anything else is no eviction.  None: no per-node answer -- this server records no
         per-node evidence (a release whose tree lacks a hook point, or the hooks were not applied), its tree never
         took a state for exactly ``key`` before ``rid``'s first prefill (the oracle's key is not
         SGLang's: a different length or tokens; or the state was lost), or a storer or ``rid``
@@ -150,9 +179,32 @@ class RequestLog:
         if not self.per_node or named not in self.states_stored:
             return None
         window = self._window(storers, rid)
-        if window is None or not any(n < window[1] for n in self.states_stored[named]):
+        if window is None or not any(self._reset_before(window[1]) < n < window[1] for n in self.states_stored[named]):
             return None  # taken only later (by ``rid`` itself, say): nothing it held could have been freed
-        return any(window[0] < e < window[1] for e in self.states_evicted.get(named, ()))
+        return any(window[0] < e < window[1] and self.freed_by.get(e) in by for e in self.states_evicted.get(named, ()))
+
+    def held_at_admission(self, tokens: Sequence[int], limit: int, rid: str) -> Held | None:
+        """Per node: the states of prefixes of ``tokens`` (up to ``limit`` tokens, the match
+        limit) SGLang's tree held when it last admitted ``rid`` -- taken before it and not
+        freed since -- and those it took and then freed (with what freed them).  None: no
+        per-node evidence on this server, or no prefill record of ``rid``."""
+        at = self.admitted_at.get(rid)
+        if not self.per_node or at is None:
+            return None
+        since = self._reset_before(at)
+        held: list[int] = []
+        freed: dict[int, set[str]] = {}
+        t = tuple(tokens)
+        for n in sorted({n for n, _ in self.states_stored if 0 < n <= min(limit, len(t))}):
+            stores = [k for k in self.states_stored.get((n, token_digest(t[:n])), ()) if since < k < at]
+            if not stores:
+                continue
+            frees = [e for e in self.states_evicted.get((n, token_digest(t[:n])), ()) if stores[-1] < e < at]
+            if frees:
+                freed[n] = {self.freed_by.get(e, "walk") for e in frees}
+            else:
+                held.append(n)
+        return Held(tuple(held), freed, self.admissions.get(rid, 0))
 
     def stored_before_admission(self, key: Sequence[int], rid: str) -> bool | None:
         """Per node: had SGLang's tree taken a mamba state for exactly the prefix ``key``
@@ -162,7 +214,12 @@ class RequestLog:
         at = self.admitted_at.get(rid)
         if not self.per_node or at is None:
             return None
-        return any(n < at for n in self.states_stored.get((len(key), token_digest(key)), ()))
+        since = self._reset_before(at)
+        return any(since < n < at for n in self.states_stored.get((len(key), token_digest(key)), ()))
+
+    def _reset_before(self, at: int) -> int:
+        """The record number of the last tree reset (a flush) before record ``at`` (0: none)."""
+        return max((r for r in self.resets_at if r < at), default=0)
 
     def state_stored(self, key: Sequence[int]) -> bool | None:
         """Per node: did SGLang's tree ever take a mamba state for exactly the prefix ``key``

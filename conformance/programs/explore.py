@@ -16,6 +16,12 @@
 Hypothesis is driven in short rounds of ``ROUND`` examples (each round seeded from the
 run's seed) so a time budget stops between rounds; programs already run are remembered,
 so a repeat costs nothing and a failing one re-raises its first finding.
+
+Each kind of finding raises its own exception type (``runner.failure_type``), so hypothesis
+shrinks each kind apart; the result keeps the first failure as found and the smallest
+program that failed with the same kind (other kinds met while shrinking are reported
+beside it).  A failure a known SGLang bug explains (``known``) does not end the exploration:
+it is kept, and the cell goes on looking for anything else within the same budget.
 """
 
 from __future__ import annotations
@@ -99,13 +105,21 @@ def spec_for_size(base: GenSpec, size: str) -> GenSpec:
 
 
 @dataclass
-class Finding:
+class Found:
+    """A failing program: ``failure``/``program`` the smallest of the first failure's kind,
+    ``first``/``first_program`` the first failure as found, ``others`` one failure of each
+    other kind met while shrinking."""
+
     failure: ProgramFailure
     program: Program
     examples_to_failure: int
     seconds_to_failure: float
     shrink_runs: int = 0
     shrunk_steps: int = 0
+    first: ProgramFailure | None = None
+    first_program: Program | None = None
+    others: list[ProgramFailure] = field(default_factory=list)
+
 
 
 @dataclass
@@ -115,7 +129,9 @@ class Exploration:
     examples: int = 0
     seconds: float = 0.0
     restarts: int = 0
-    finding: Finding | None = None
+    finding: Found | None = None
+    #: failures a known SGLang bug explains, each with its program (exploration went on past them)
+    known: list[Found] = field(default_factory=list)
     replayed_from_db: bool = False
     rounds: int = 0
     stats: list[RunStats] = field(default_factory=list)
@@ -141,18 +157,26 @@ def explore(
     seed: int = 0,
     db_dir: Path | None = None,
     ensure_alive: Callable[[], bool] | None = None,
+    known: Callable[[ProgramFailure], bool] | None = None,
 ) -> Exploration:
     """Run random programs until the budget is spent or one fails (then shrink it).
 
     ``run(program)`` plays one program and raises :class:`ProgramFailure` on a finding;
     any other exception stops the exploration and propagates.  ``ensure_alive()`` is
     called before each program and restarts a dead server (True when it restarted one).
+    ``known(failure)``: a known SGLang bug explains every finding of ``failure`` -- kept in
+    ``Exploration.known``, counted as a program that ran, and the exploration goes on.
     """
     spec = spec_for_size(spec, budget.size)
     out = Exploration()
     memo: dict[str, ProgramFailure | None] = {}
     t0 = time.monotonic()
-    state: dict = {"failed_at": None, "shrink_runs": 0, "last": None}
+    state: dict = {"failed_at": None, "shrink_runs": 0, "by_kind": {}}
+
+    def keep(program: Program, failure: ProgramFailure) -> None:
+        """The last failing program of each kind: hypothesis shrinks each kind (exception type)
+        on its own and accepts only smaller programs, so the last is its smallest."""
+        state["by_kind"][failure.kind] = (program, failure)
 
     def out_of_time() -> bool:
         if budget.seconds is not None and time.monotonic() - t0 >= budget.seconds:
@@ -166,7 +190,7 @@ def explore(
         key = hashlib.sha256(program.dumps().encode()).hexdigest()
         if key in memo:
             if memo[key] is not None:
-                state["last"] = (program, memo[key])  # hypothesis replays its smallest failing program last
+                keep(program, memo[key])  # hypothesis replays its smallest failing program last
                 raise memo[key]
             return
         failed_at = state["failed_at"]
@@ -179,12 +203,20 @@ def explore(
         try:
             stats = run(program)
         except ProgramFailure as failure:
+            if known is not None and known(failure):  # a known SGLang bug: keep it, look on for anything else
+                memo[key] = None
+                if failed_at is None:
+                    out.examples += 1
+                    out.known.append(Found(failure, program, out.examples, time.monotonic() - t0, first=failure, first_program=program))
+                else:
+                    state["shrink_runs"] += 1
+                return
             memo[key] = failure
-            state["last"] = (program, failure)
+            keep(program, failure)
             if failed_at is None:
                 state["failed_at"] = time.monotonic()
                 out.examples += 1
-                out.finding = Finding(failure, program, out.examples, time.monotonic() - t0)
+                out.finding = Found(failure, program, out.examples, time.monotonic() - t0, first=failure, first_program=program)
             else:
                 state["shrink_runs"] += 1
             raise failure
@@ -223,20 +255,25 @@ def explore(
         out.seconds = time.monotonic() - t0
         out.rounds = round_no
         if out.finding is not None:
-            if state.get("last") is not None:
-                out.finding.program, out.finding.failure = state["last"]
+            kind = out.finding.failure.kind
+            out.finding.program, out.finding.failure = state["by_kind"][kind]
+            out.finding.others = [f for k, (_, f) in state["by_kind"].items() if k != kind]
             out.finding.shrink_runs = state["shrink_runs"]
             out.finding.shrunk_steps = len(out.finding.program.steps)
     return out
 
 
-def failure_file(finding: Finding, *, out_dir: Path, cell: dict, env: dict[str, str], target: str, seed: int, budget: Budget) -> Path:
+def failure_file(finding: Found, *, out_dir: Path, cell: dict, env: dict[str, str], target: str, seed: int, budget: Budget) -> Path:
     """Write the shrunk program with what it found; returns the file."""
     program = replace(finding.program, cell=cell, env=env, note=finding.failure.what)
     data = program.to_json()
+    first = finding.first or finding.failure
     data["finding"] = {
         "step": finding.failure.step,
         "what": finding.failure.what,
+        "kind": finding.failure.kind,
+        "findings": [f.to_json() for f in finding.failure.findings],
+        "first": {"step": first.step, "what": first.what, "kind": first.kind},
         "trace": finding.failure.trace[-60:],
         "target": target,
         "seed": seed,

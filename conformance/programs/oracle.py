@@ -2,8 +2,11 @@
 
 * **outputs**: every answered request equals a cold computation of the same full input
   (``conformance.checks.differential``), hit or not;
-* **hits**: ``cached_tokens`` is one the prefix oracle allows given what overlapped
-  (``conformance.checks.hit_bounds``);
+* **hits**: where SGLang records per node which states its tree took and freed, the hit it
+  owed each request -- its longest state the tree held at the admission (:class:`Expected`,
+  exact) -- and no less (``hit_below_held``); and ``cached_tokens`` is one the prefix oracle
+  allows given what overlapped (``conformance.checks.hit_bounds``), a state the release's
+  storage rule stores for sure lost only to SGLang's eviction walk;
 * **answers**: ``prompt_tokens`` is the input the program meant (sessions included), a
   request that was not aborted finished by length or a stop, and a refusal is explained
   by the pool's own numbers (context length, largest input, KV pool) -- as is the service
@@ -17,10 +20,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from conformance.checks.leaks import idle_invariant
+from conformance.checks.findings import Finding
 from conformance.programs.evidence import Evidence, RequestLog
 from conformance.sglang_contract.metric_names import CACHED_TOKENS_TOTAL, IDLE_TERMS
 from conformance.checks.hit_bounds import (
@@ -77,8 +81,13 @@ class Served:
     error: str = ""
     http_status: int | None = None
     judged: bool = False
-    #: which relaxation of the oracle admitted the hit ("" = a certain store; see PERMISSIONS)
+    #: which relaxation of the oracle admitted the hit ("" = a certain store, or SGLang's per-node
+    #: records settled it; see PERMISSIONS)
     permission: str = ""
+    #: the relaxation the prefix model alone needed ("" = a certain store): the count before the records settle it
+    model_permission: str = ""
+    #: "exact" when SGLang's per-node records gave the hit it owed, else why only the model bounds it
+    expected: str = ""
     held_seen: bool | None = None  # SGLang's per-node records showed the hit's state stored before admission
 
     @property
@@ -363,14 +372,55 @@ class HitBook:
         )
 
     # ------------------------------------------------------------ judging
-    def judge(self, r: Served) -> str | None:
-        """Judge ``r``'s hit; a problem string or None (then ``r.permission`` says what admitted it)."""
+    def judge(self, r: Served) -> Finding | None:
+        """Judge ``r``'s hit; a finding or None (then ``r.permission`` says what admitted it,
+        ``r.expected`` whether the hit SGLang owed was exact)."""
         r.judged = True
-        if not r.answered or r.refused_for_closed_session:
+        if not answered_by_sglang(r):
             return None  # never ran: SGLang's placeholder answer says nothing about the tree
-        return self._judge_hit(r) or self._unheld_hit(r)
+        owed = self._expected(r)
+        r.expected = "exact" if owed.exact else owed.why
+        return self._below_held(r, owed) or self._judge_hit(r, owed) or self._unheld_hit(r)
 
-    def _unheld_hit(self, r: Served) -> str | None:
+    def _expected(self, r: Served) -> Expected:
+        """The hit SGLang owed ``r``, from its per-node records: the longest state of a prefix
+        of ``r``'s input (within the match limit) its tree took before ``r``'s admission and did
+        not free since.  Bounded (``why``) where the records cannot say it."""
+        log = self._requests()
+        if log is None:
+            return Expected(False, why="no per-node records on this target")
+        if not log.per_node:
+            return Expected(False, why="the server records no per-node states")
+        if r.in_streaming_session or r.kind == "turn":
+            return Expected(False, why="a session's turn (the session may hold its prefix)")
+        held = log.held_at_admission(r.input_ids, key_limit(len(r.input_ids), self.grid.page_size, r.logprob_start), self.server_rid(r.rid))
+        if held is None:
+            return Expected(False, why="no prefill record of it (aborted before SGLang admitted it)")
+        if held.admissions > 1:
+            return Expected(False, why="retracted and admitted again")
+        return Expected(True, held.owed, freed=held.freed)
+
+    def _below_held(self, r: Served, owed: Expected) -> Finding | None:
+        """A hit below what SGLang's tree held: a state of a longer prefix taken before the
+        admission and not freed since, or freed by something other than SGLang's eviction walk
+        (with a per-path cap also an insert).  Settled by the records, never by a permission."""
+        if not owed.exact:
+            return None
+        hit = r.cached_tokens
+        facts = {"cached_tokens": hit, "input": len(r.input_ids), "held": owed.owed}
+        if hit < owed.owed:
+            return Finding("hit_below_held", f"cached_tokens {hit}: SGLang held a state of {owed.owed} tokens for this prompt and reused "
+                           f"{hit}; nothing freed it (input {len(r.input_ids)} tokens; per-node records)", facts)
+        excused = {"walk"} | ({"insert"} if self.limits.path_cap is not None else set())
+        outside = {n: sorted(by) for n, by in owed.freed.items() if n > hit and not by & excused}
+        if outside:
+            n = max(outside)
+            return Finding("hit_below_held", f"cached_tokens {hit}: SGLang's tree took a state of {n} tokens for this prompt and freed it "
+                           f"outside its eviction walk (by {', '.join(outside[n])}) before the admission (input {len(r.input_ids)} tokens; "
+                           "per-node records)", {**facts, "freed": n, "freed_by": outside[n]})
+        return None
+
+    def _unheld_hit(self, r: Served) -> Finding | None:
         """SGLang's own records against its answer: a hit of ``k`` tokens is a node of its
         tree holding a mamba state for exactly those ``k`` tokens, so the tree must have been
         seen taking one (``state_stored``) before ``r`` was admitted -- whatever the model
@@ -383,12 +433,23 @@ class HitBook:
         key = tuple(r.input_ids[: r.cached_tokens])
         r.held_seen = log.stored_before_admission(key, self.server_rid(r.rid))
         if r.held_seen is False:
-            return (f"cached_tokens {r.cached_tokens}, but SGLang's tree took no mamba state for those "
-                    f"{r.cached_tokens} tokens before it admitted the request (per-node state_stored records)")
+            return Finding("hit_above_stored", f"cached_tokens {r.cached_tokens}, but SGLang's tree took no mamba state for those "
+                           f"{r.cached_tokens} tokens before it admitted the request (per-node state_stored records)",
+                           {"cached_tokens": r.cached_tokens, "input": len(r.input_ids)})
         return None
 
-    def _judge_hit(self, r: Served) -> str | None:
-        """The prefix model's verdict on ``r``'s hit (``judge``)."""
+    def _judge_hit(self, r: Served, owed: Expected | None = None) -> Finding | None:
+        """The prefix model's verdict on ``r``'s hit (``judge``); where the records gave the
+        hit SGLang owed and ``r`` got it, they settle what the model could only permit
+        (``r.model_permission`` keeps what it needed)."""
+        problem = self._model_hit(r)
+        r.model_permission = r.permission
+        if problem is None and owed is not None and owed.exact and r.cached_tokens == owed.owed and r.permission != "eviction":
+            r.permission = ""
+        return problem
+
+    def _model_hit(self, r: Served) -> Finding | None:
+        """The prefix model alone: ``cached_tokens`` within what may have been stored."""
         self._update_evicted()
         universe = [q for q in self.records if q is not r and q.done_seq and q.sent_seq < r.done_seq]
         certain: set[Key] = set()
@@ -422,13 +483,15 @@ class HitBook:
             if hit == 0:
                 r.permission = "abort_waiting"
                 return None
-        evicted, why = self._eviction_seen(r, hit, stored_by, limit)
-        if evicted:
+        seen = self._eviction_seen(r, hit, stored_by, limit)
+        if seen.evicted:
             allowed |= allowed_hits(r.input_ids, certain, maybe, limit=limit, evicted=True)
             if hit in allowed:
                 r.permission = "eviction"
                 return None
-        return f"cached_tokens {hit}, the prefix oracle allows {sorted(allowed)} (input {len(r.input_ids)} tokens; {why})"
+        kind = "hit_above_allowed" if hit > max(allowed, default=0) else seen.kind
+        return Finding(kind, f"cached_tokens {hit}, the prefix oracle allows {sorted(allowed)} (input {len(r.input_ids)} tokens; {seen.why})",
+                       {"cached_tokens": hit, "input": len(r.input_ids), "allowed": sorted(allowed)})
 
     def _admitted_by(self, r: Served, hit: int, certain: set[Key], universe: list[Served], limit: int) -> str:
         """"" when a certain store explains ``hit``, else the relaxation that does."""
@@ -440,7 +503,7 @@ class HitBook:
         plain = self._keys(universe, cut=False) - certain
         return "concurrent" if hit in allowed_hits(r.input_ids, certain, plain, limit=limit, evicted=False) else "cut_prefill"
 
-    def _eviction_seen(self, r: Served, hit: int, stored_by: list[tuple[Served, set[Key]]], limit: int) -> tuple[bool, str]:
+    def _eviction_seen(self, r: Served, hit: int, stored_by: list[tuple[Served, set[Key]]], limit: int) -> Seen:
         """May a certain store longer than ``hit`` be gone at ``r``'s admission?  Only when
         the pools could have had to evict (the bound) and -- evidence, not permission --
         SGLang's eviction counter grew after the last request that stored such a prefix
@@ -448,52 +511,95 @@ class HitBook:
         the whole burst has) SGLang's eviction walk ran after the storers' prefills and
         before ``r``'s.  With a per-path cap SGLang drops states on insert, pools full or
         not: then, where the pools never had to evict, only SGLang's per-node record of that
-        very state freed is evidence.  (bool, what was seen, for the finding)."""
+        very state freed is evidence.  Where SGLang records per node, its records of those very
+        states answer before any bound.  What was seen names the finding's kind when not."""
         capped = self.limits.path_cap is not None
-        if not self.evicted and not capped:
-            return False, "the pools never had to evict"
-        if self.evidence is None and self.evicted:
-            return True, "after possible evictions"
         t = tuple(r.input_ids)
         owed = [(q, k) for q, keys in stored_by for k in keys if hit < len(k) <= limit and t[: len(k)] == k]
         storers = list({id(q): q for q, _ in owed}.values())
+        if not self.evicted and not capped:
+            never = self._never_stored(r, owed)  # what SGLang's records say names the finding
+            return Seen(False, never, "state_not_stored") if never else Seen(False, "the pools never had to evict")
+        if self.evidence is None and self.evicted:
+            return Seen(True, "after possible evictions")
         per_node = self._state_evicted(r, owed)
         if per_node is not None:
             return per_node
         if not self.evicted:
-            return False, (f"the pools never had to evict, and no per-node record shows the per-path cap "
-                           f"({self.limits.path_cap}) freeing the state")
+            return Seen(False, f"the pools never had to evict, and no per-node record shows the per-path cap "
+                               f"({self.limits.path_cap}) freeing the state")
         seen = self.evidence.grew("evictions", max((q.done_seq for q in storers), default=0), r.done_seq)
         if seen is None:
-            return True, "after possible evictions (no eviction counter)"
+            return Seen(True, "after possible evictions (no eviction counter)")
         if seen:
-            return True, "after evictions SGLang counted"
+            return Seen(True, "after evictions SGLang counted")
         log = self._requests()
         if storers and log is not None and log.evicted_between([self.server_rid(q.rid) for q in storers], self.server_rid(r.rid)):
-            return True, "after evictions SGLang ran between the storing prefill and this one's"
-        return False, "SGLang's eviction counter did not move since the prefix was stored"
+            return Seen(True, "after evictions SGLang ran between the storing prefill and this one's")
+        return Seen(False, "SGLang's eviction counter did not move since the prefix was stored")
 
-    def _state_evicted(self, r: Served, owed: list[tuple[Served, Key]]) -> tuple[bool, str] | None:
-        """Per node, where SGLang records which tree states an eviction freed: a certain store
-        (``owed``: its storer and key, longer than the hit) may be gone only when SGLang freed
-        exactly that state after its storer's prefill and before ``r``'s; when every such state
-        was answered for and none was freed, SGLang's tree still held them (a stored prefix
-        not reused); when one was never taken before ``r`` was admitted, SGLang lost it (an
-        eviction cannot explain it).  None: some state without a per-node answer (judge on the
-        counters and walks)."""
+    def _state_evicted(self, r: Served, owed: list[tuple[Served, Key]]) -> Seen | None:
+        """Per node, where SGLang records which tree states it freed and by what: a certain
+        store (``owed``: its storer and key, longer than the hit) may be gone only when SGLang's
+        eviction walk (with a per-path cap, also an insert) freed exactly that state after its
+        storer's prefill and before ``r``'s; when every such state was answered for and none was
+        freed so, SGLang's tree still held them (a stored prefix not reused); when one was never
+        taken before ``r`` was admitted, SGLang lost it (an eviction cannot explain it).  None:
+        some state without a per-node answer (judge on the counters and walks)."""
         log = self._requests()
         if log is None or not log.per_node:
             return None
         rid = self.server_rid(r.rid)
-        answers = [(len(k), log.state_evicted_between(k, [self.server_rid(q.rid)], rid)) for q, k in owed]
+        by = ("walk", "insert") if self.limits.path_cap is not None else ("walk",)
+        answers = [(len(k), log.state_evicted_between(k, [self.server_rid(q.rid)], rid, by=by)) for q, k in owed]
         if any(a for _, a in answers):
-            return True, "after SGLang's eviction freed the state stored for that prefix"
-        never = [len(k) for (_, k), (_, a) in zip(owed, answers) if a is None and log.stored_before_admission(k, rid) is False]
+            return Seen(True, "after SGLang's eviction freed the state stored for that prefix")
+        never = self._never_stored(r, [o for o, (_, a) in zip(owed, answers) if a is None])
         if never:  # no eviction can have freed a state the tree never held: the checkpoint was lost
-            return False, f"SGLang's tree never took the state for the prefix of {max(never)} tokens before it admitted this request (per-node records)"
+            return Seen(False, never, "state_not_stored")
         if not answers or any(a is None for _, a in answers):
             return None
-        return False, f"SGLang's tree still held the state stored for the prefix of {max(n for n, _ in answers)} tokens (no eviction step freed it)"
+        return Seen(False, f"SGLang's tree still held the state stored for the prefix of {max(n for n, _ in answers)} tokens "
+                           "(no eviction step freed it)", "hit_below_held")
+
+
+    def _never_stored(self, r: Served, owed: list[tuple[Served, Key]]) -> str:
+        """Per node: the longest certain store SGLang's tree never took before ``r``'s
+        admission, in words ("" when none, or no per-node records)."""
+        log = self._requests()
+        if log is None or not log.per_node:
+            return ""
+        rid = self.server_rid(r.rid)
+        never = [len(k) for _, k in owed if log.stored_before_admission(k, rid) is False]
+        return (f"SGLang's tree never took the state for the prefix of {max(never)} tokens before it admitted this request "
+                "(per-node records)") if never else ""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What the oracle saw of evictions for a hit below a certain store: whether it may have
+    been evicted, the words for the finding, and the finding's kind when it may not."""
+
+    evicted: bool
+    why: str
+    kind: str = "hit_below_certain"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The hit SGLang owed a request: ``exact`` from its per-node records (``owed``: its
+    longest state the tree held at the admission; ``freed``: the states it took and freed
+    before it, with what freed them), else bounded by the prefix model alone (``why``)."""
+
+    exact: bool
+    owed: int = 0
+    why: str = ""
+    freed: Mapping[int, set[str]] = field(default_factory=dict)
+
+
+def answered_by_sglang(r: Served) -> bool:
+    """Did SGLang run ``r`` (not a placeholder answer for a turn refused after its session closed)?"""
+    return r.answered and not r.refused_for_closed_session
 
 
 def lazy_checkpoint_may_drop(q: Served, grid: StrategyGrid) -> bool:
@@ -508,31 +614,33 @@ def lazy_checkpoint_may_drop(q: Served, grid: StrategyGrid) -> bool:
     return any(m % grid.track_grid == 0 for m in range(start, end + 1))
 
 
-def answer_problems(s: Served, limits: Limits) -> list[str]:
+def answer_problems(s: Served, limits: Limits) -> list[Finding]:
     """The answer's shape: refusal explained, prompt as meant, finish as expected."""
     fits, why = limits.fits(len(s.input_ids), s.max_new)
+    facts = {"input": len(s.input_ids), "max_new": s.max_new}
     if not s.answered or s.finish_type == "abort" and not s.abort_requested:
         reason = s.error or str(s.meta.get("finish_reason"))
         if s.abort_requested and not s.error.startswith(("no answer", "ConnectError", "RemoteProtocol")):
             return []
         if fits:
-            return [f"refused although it fits ({why}): {reason[:200]}"]
+            return [Finding("refused_fits", f"request {s.rid}: refused although it fits ({why}): {reason[:200]}", facts)]
         return []
     if s.refused_for_closed_session:
         return []
     problems = []
     if not fits:
-        problems.append(f"served a request that does not fit ({why})")
+        problems.append(Finding("served_unfit", f"request {s.rid}: served a request that does not fit ({why})", facts))
     prompt = s.meta.get("prompt_tokens")
     if prompt is not None and int(prompt) != len(s.input_ids):
-        problems.append(f"prompt_tokens {prompt}, the program's input has {len(s.input_ids)} tokens")
+        problems.append(Finding("prompt_mismatch", f"request {s.rid}: prompt_tokens {prompt}, the program's input has {len(s.input_ids)} tokens",
+                                {**facts, "prompt_tokens": int(prompt)}))
     n = len(s.output_ids)
     if s.finish_type == "length" and n != s.max_new:
-        problems.append(f"finished by length after {n} tokens, max_new_tokens {s.max_new}")
+        problems.append(Finding("finish_wrong", f"request {s.rid}: finished by length after {n} tokens, max_new_tokens {s.max_new}", facts))
     if s.finish_type not in ("length", "stop", "abort"):
-        problems.append(f"unexpected finish reason {s.meta.get('finish_reason')!r}")
+        problems.append(Finding("finish_wrong", f"request {s.rid}: unexpected finish reason {s.meta.get('finish_reason')!r}", facts))
     if n > s.max_new:
-        problems.append(f"{n} output tokens > max_new_tokens {s.max_new}")
+        problems.append(Finding("finish_wrong", f"request {s.rid}: {n} output tokens > max_new_tokens {s.max_new}", facts))
     return problems
 
 

@@ -65,7 +65,7 @@ def replay(args: argparse.Namespace) -> int:
     for i, outcome in enumerate(play(program, cell, options_from_args(args), log_dir, args.repeat)):
         if isinstance(outcome, ProgramFailure):
             failures += 1
-            print(f"run {i + 1}: FAIL at {outcome}")
+            print(f"run {i + 1}: FAIL at {outcome} [{', '.join(dict.fromkeys(f.kind for f in outcome.findings))}]")
             print("\n".join(outcome.trace[-40:]))
             continue
         print(f"run {i + 1}: PASS ({outcome.requests} requests, {outcome.hits} hits, {outcome.compared_tokens} tokens compared, "

@@ -5,9 +5,11 @@
 need), and after every step hands the oracle what happened: answers that arrived (their
 shape, and a batched cold computation of each on the cache-off twin), hits whose
 overlapping requests all finished, and -- whenever nothing is in flight -- the idle
-invariant and the reuse counters.  The first finding raises :class:`ProgramFailure`
-with the step, the request and the numbers; whatever was in flight is aborted and open
-sessions are closed, so the next program starts from a usable server.
+invariant and the reuse counters.  The first finding raises a :class:`ProgramFailure`
+of its kind (:func:`failure_type`: one exception type per kind of finding, so hypothesis
+shrinks each kind on its own) with the step, the request and the numbers; whatever was in
+flight is aborted and open sessions are closed, so the next program starts from a usable
+server.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from typing import Any
 
 from conformance.checks.differential import Tolerance, cold_from_meta, compare_served, served_logprobs
 from conformance.checks.hit_bounds import StrategyGrid
+from conformance.checks.leaks import death_findings, pool_finding
 from conformance.client import SGLangClient
 from conformance.errors import KitError
+from conformance.checks.findings import Finding
 from conformance.programs.evidence import Evidence
 from conformance.programs.flights import Clock, Flight, FlightDeck
 from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
@@ -38,11 +42,35 @@ LOGPROB_OPTIONS = {"return_logprob": True, "top_logprobs_num": 5}
 
 
 class ProgramFailure(AssertionError):
-    """A program broke the oracle: ``step`` is the step index (len(steps) = the end)."""
+    """A program broke the oracle: ``step`` is the step index (len(steps) = the end),
+    ``findings`` what it found (one, or one per pool a death's leak report names)."""
 
-    def __init__(self, step: int, what: str, trace: list[str]) -> None:
+    def __init__(self, step: int, findings: list[Finding], trace: list[str]) -> None:
+        what = findings[0].line
         super().__init__(f"step {step}: {what}")
-        self.step, self.what, self.trace = step, what, trace
+        self.step, self.what, self.trace, self.findings = step, what, trace, list(findings)
+
+    @property
+    def kind(self) -> str:
+        return self.findings[0].kind
+
+
+_FAILURE_TYPES: dict[str, type[ProgramFailure]] = {}
+
+
+def failure_type(kind: str) -> type[ProgramFailure]:
+    """The :class:`ProgramFailure` subclass of one kind of finding.  Hypothesis tells failures
+    apart by exception type and the line that raised them, and every finding is raised from
+    one line (:meth:`ProgramRun.fail`): one type per kind keeps a shrink from turning one
+    kind of finding into another."""
+    if kind not in _FAILURE_TYPES:
+        _FAILURE_TYPES[kind] = type(f"ProgramFailure[{kind}]", (ProgramFailure,), {"__module__": __name__})
+    return _FAILURE_TYPES[kind]
+
+
+def program_failure(step: int, findings: list[Finding], trace: list[str]) -> ProgramFailure:
+    """The failure of its first finding's kind."""
+    return failure_type(findings[0].kind)(step, findings, trace)
 
 
 @dataclass
@@ -82,20 +110,39 @@ class RunStats:
     max_topk_kl: float = 0.0  # largest per-token top-k KL (cold || served) of a request that passed
     max_flip_margin: float = 0.0  # largest flip margin (checks.differential.flip_margin) of a request that passed
     hits_seen_stored: int = 0  # judged hits whose state SGLang's per-node records showed stored before admission
+    #: judged hits per relaxation the prefix model alone needed (before the per-node records settled them)
+    model_permissions: dict[str, int] = field(default_factory=dict)
+    #: judged requests whose owed hit SGLang's per-node records gave exactly, and the others by why they are only bounded
+    expected_exact: int = 0
+    expected_bounded: dict[str, int] = field(default_factory=dict)
+
+    def note_hit(self, s: Served) -> None:
+        """Count one judged request: what admitted its hit, before and after the records, and
+        whether the hit SGLang owed it was exact."""
+        for book, name in ((self.permissions, s.permission), (self.model_permissions, s.model_permission)):
+            if name:
+                book[name] = book.get(name, 0) + 1
+        if s.expected == "exact":
+            self.expected_exact += 1
+        elif s.expected:
+            self.expected_bounded[s.expected] = self.expected_bounded.get(s.expected, 0) + 1
 
     @classmethod
     def total(cls, runs: "list[RunStats]") -> "RunStats":
         """The sum over several programs' runs (the largest logprob gap of any)."""
-        permissions: dict[str, int] = {}
-        for r in runs:
-            for k, n in r.permissions.items():
-                permissions[k] = permissions.get(k, 0) + n
+        def summed(name: str) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for r in runs:
+                for k, n in getattr(r, name).items():
+                    out[k] = out.get(k, 0) + n
+            return out
+
         return cls(
             sum(r.requests for r in runs), sum(r.hits for r in runs), sum(r.compared_tokens for r in runs),
             sum(r.idle_checks for r in runs), sum(r.steps for r in runs), sum(r.seconds for r in runs),
-            max((r.max_logprob_gap for r in runs), default=0.0), permissions, sum(r.cold_s for r in runs), sum(r.idle_s for r in runs),
+            max((r.max_logprob_gap for r in runs), default=0.0), summed("permissions"), sum(r.cold_s for r in runs), sum(r.idle_s for r in runs),
             max((r.max_topk_kl for r in runs), default=0.0), max((r.max_flip_margin for r in runs), default=0.0),
-            sum(r.hits_seen_stored for r in runs),
+            sum(r.hits_seen_stored for r in runs), summed("model_permissions"), sum(r.expected_exact for r in runs), summed("expected_bounded"),
         )
 
 
@@ -149,7 +196,7 @@ class ProgramRun:
             dead = self._dead()
             self._cleanup()
             if dead:
-                raise ProgramFailure(self.step_no, f"server died: {dead}", self.trace) from None
+                raise program_failure(self.step_no, self._death(dead), self.trace) from None
             raise
         except BaseException:
             self._cleanup()
@@ -159,14 +206,18 @@ class ProgramRun:
             self.stats.seconds = time.monotonic() - t0
         return self.stats
 
-    def fail(self, what: str) -> None:
-        raise ProgramFailure(self.step_no, what, self.trace)
+    def fail(self, *findings: Finding) -> None:
+        raise program_failure(self.step_no, list(findings), self.trace)
+
+    def _death(self, why: str, *, where: str = "server died") -> list[Finding]:
+        """A dead server's findings, named by its log (``checks.leaks.death_findings``)."""
+        return death_findings(f"{where}: {why}", self.t.log_text() if self.t.log_text else "")
 
     def _start(self) -> None:
         c = self.t.client
         dead = self._dead()
         if dead:
-            self.fail(f"server not serving before the program started: {dead}")
+            self.fail(*self._death(dead, where="server not serving before the program started"))
         c.flush_cache(attempts=40, pause_s=0.25)
         metrics = c.metrics()
         self.evidence.reset(self.clock.tick(), metrics)
@@ -224,7 +275,7 @@ class ProgramRun:
         if step.gate is not None and step.gate.rid in self.flights:
             g = self.flights[step.gate.rid]
             if not g.wait_tokens(step.gate.tokens, WAIT_S):
-                self.fail(f"gate: {step.gate.rid} streamed no {step.gate.tokens} tokens within {WAIT_S:.0f}s")
+                self.fail(Finding("hung", f"gate: {step.gate.rid} streamed no {step.gate.tokens} tokens within {WAIT_S:.0f}s"))
         ids, max_new, payload, opts = self.resolver.send(step, self.served)
         self._launch(step.rid, ids, max_new, payload, opts, stream=step.stream or step.abort_at is not None, kind="send",
                      overflow=step.overflow, abort_at=step.abort_at)
@@ -274,13 +325,13 @@ class ProgramRun:
         try:
             self.t.client.close_session(self.sessions.pop(sid))
         except KitError as e:
-            self.fail(f"close_session {sid}: {e}")
+            self.fail(Finding("session_refused", f"close_session {sid}: {e}"))
         self.resolver.close(sid)
 
     # ------------------------------------------------------------ waiting
     def _wait(self, flight: Flight) -> None:
         if not flight.done.wait(WAIT_S + 30):
-            self.fail(f"request {','.join(flight.rids)} did not answer within {WAIT_S + 30:.0f}s")
+            self.fail(Finding("hung", f"request {','.join(flight.rids)} did not answer within {WAIT_S + 30:.0f}s"))
 
     def _wait_all(self) -> None:
         for flight in list(self.pending):
@@ -314,10 +365,10 @@ class ProgramRun:
         fresh = self._collect()
         dead = self._dead() if any(not s.answered for s in fresh) else self._exited()
         if dead:
-            self.fail(f"server died: {dead}")
+            self.fail(*self._death(dead))
         for s in fresh:
             for problem in answer_problems(s, self.t.limits):
-                self.fail(f"request {s.rid}: {problem}")
+                self.fail(problem)
         self._compare_cold([s for s in fresh if s.answered])
         ready = self.book.ready([f.sent_seq for f in self.pending])
         if fresh or any(self.evidence.stale(s.done_seq) for s in ready):  # the evidence counters, read after these answers arrived (oracle relaxations rest on them; answers collected while waiting for a follow-up's base count too)
@@ -330,10 +381,9 @@ class ProgramRun:
                 self.stats.requests += 1
                 self.stats.hits += s.cached_tokens > 0
                 self.stats.hits_seen_stored += bool(s.held_seen)
-                if s.permission:
-                    self.stats.permissions[s.permission] = self.stats.permissions.get(s.permission, 0) + 1
+                self.stats.note_hit(s)
             if problem:
-                self.fail(f"request {s.rid}: {problem}")
+                self.fail(Finding(problem.kind, f"request {s.rid}: {problem.line}", {**problem.facts, "rid": s.rid}))
         if not self.pending:
             self._idle_checks()
 
@@ -371,15 +421,14 @@ class ProgramRun:
             served = served_logprobs(s.meta, served_start)
             seen = compare_served(s.input_ids, s.output_ids, served, cold, self.t.tol,
                                   expect_logprobs=bool(s.options.get("return_logprob")) and s.finish_type != "abort")
-            problems = seen.problems
+            problems = seen.differences
             if not problems:
                 self.stats.max_logprob_gap = max(self.stats.max_logprob_gap, seen.logprob_gap)
                 self.stats.max_topk_kl = max([self.stats.max_topk_kl, *seen.topk_kls])
                 self.stats.max_flip_margin = max(self.stats.max_flip_margin, seen.flip_margin)
             self.stats.compared_tokens += len(s.output_ids)
             if problems:
-                hit = f"cached_tokens {s.cached_tokens}"
-                self.fail(f"request {s.rid} ({len(s.input_ids)} input tokens, {hit}) differs from the cold computation: {'; '.join(problems[:2])}")
+                self.fail(difference_finding(s, problems))
 
     def _idle_checks(self) -> None:
         c = self.t.client
@@ -390,7 +439,7 @@ class ProgramRun:
         self.stats.idle_s += time.monotonic() - t0
         self.stats.idle_checks += 1
         if probe.problems:
-            self.fail("idle invariant: " + "; ".join(probe.problems[:3]))
+            self.fail(*(pool_finding(p, f"idle invariant: {p}") for p in probe.problems[:3]))
         reported = sum(s.cached_tokens for s in self._since_idle if s.answered and not s.abort_requested)
         aborted_max = sum(len(s.input_ids) for s in self._since_idle if s.abort_requested)
         now = probe.values.get(CACHED_TOKENS_TOTAL)
@@ -405,7 +454,8 @@ class ProgramRun:
         problems = counter_problems(reported, metric_delta, log_delta, aborted_max=aborted_max)
         self._since_idle = []
         if problems:
-            self.fail("reuse counters: " + "; ".join(problems))
+            self.fail(Finding("reuse_counter_mismatch", "reuse counters: " + "; ".join(problems),
+                              {"reported": reported, "metric_delta": metric_delta, "log_delta": log_delta}))
 
     # ------------------------------------------------------------ liveness / cleanup
     def _dead(self) -> str | None:
@@ -435,6 +485,17 @@ class ProgramRun:
         self.sessions.clear()
 
 
+def difference_finding(s: Served, differences: list[Any]) -> Finding:
+    """A request that differs from its cold computation (``checks.differential.Difference``,
+    the first of them naming the kind): its output on a hit or a miss, output logprobs it
+    asked for and did not get, its input logprobs, or a cold side that does not line up with
+    the served tokens."""
+    first = differences[0]
+    kind = {"output": "answer_differs_on_hit" if s.cached_tokens > 0 else "answer_differs_on_miss",
+            "logprobs_missing": "logprobs_missing", "cold_misaligned": "cold_misaligned", "input": "input_logprobs_differ"}[first.part]
+    line = (f"request {s.rid} ({len(s.input_ids)} input tokens, cached_tokens {s.cached_tokens}) differs from the cold computation: "
+            f"{'; '.join(d.line for d in differences[:2])}")
+    return Finding(kind, line, {"rid": s.rid, "cached_tokens": s.cached_tokens, "input": len(s.input_ids), **dict(first.facts)})
 
 
 def run_program(program: Program, target: ProgramTarget) -> RunStats:

@@ -2,16 +2,20 @@
 
 An entry is a finding a clean run on real SGLang reproduces and that was judged SGLang's
 fault (an answer that differs from the cache-off answer, a stored prefix not reused when
-nothing evicted it): the release range it holds for, the check that reports it, a regex
-of that check's failure line, a replay program file, the SGLang issue/PR, and the facts
-that place it (the SGLang code, the failure line, what each release measured).  The format
+nothing evicted it): the release range it holds for, the check that reports it, the
+finding's **kind** (``conformance.checks.findings.KINDS``) and constraints on its facts (``where``),
+optionally a regex that narrows it further (``match``, searched in the finding's line), a
+replay program file, the SGLang issue/PR, and the facts that place it (the SGLang code, the
+failure line, what each release measured).  The format
 is written down in ``docs/known-bugs.md``, which is generated from the file
 (``conformance/session/known_bugs_doc.py``).
 
-* :func:`expect` -- a failing verdict that an entry in range matches keeps its status
+* :func:`expect` -- each finding of a failing verdict (``details.findings``) is judged on
+  its own; a verdict whose every finding an entry in range excuses keeps its status
   ``fail`` and its numbers, gains ``details.known_bug`` and a reason that starts
   "known SGLang bug, still present"; the test then xfails instead of failing (``suites.settle``),
-  so the run stays green on it and red on anything else.
+  so the run stays green on it and red on anything else (a verdict with one finding no
+  entry excuses stays red, the excused ones listed in ``details.known_findings``).
 * :func:`check_entries` -- strict: every entry in range is replayed; one that no longer
   reproduces is red ("remove or narrow the entry").  ``hybrid-conformance known-bugs``.
 
@@ -31,6 +35,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from conformance.errors import KitError
+from conformance.checks.findings import Finding, findings_of, kind_named
 from conformance.records import Verdict
 from conformance.targets.registry import KIT_ENGINE_TARGETS
 from conformance.session import preflight
@@ -46,13 +51,30 @@ KNOWN_BUGS_ENV = "HYBRID_CONFORMANCE_KNOWN_BUGS"
 DEFAULT_FILE = ROOT / "fixtures" / "known_bugs.toml"
 STILL_PRESENT = "known SGLang bug, still present"
 NO_LONGER = "no longer reproduces: remove or narrow the entry"
-REQUIRED = ("id", "summary", "releases", "check", "match", "replay")
+REQUIRED = ("id", "summary", "releases", "check", "kind", "replay")
 #: Facts that place an entry: the bug it is another sighting of, where SGLang holds it, the
 #: failure line, what each release measured, and notes (controls, what the fix changes).
 FACTS = ("variant_of", "code_path", "seen_as", "measured", "notes")
-OPTIONAL = ("issue", "pr", "cells", "targets", *FACTS)
+OPTIONAL = ("match", "where", "issue", "pr", "cells", "targets", *FACTS)
 ID = re.compile(r"[a-z0-9][a-z0-9-]*")
 MEASURED = re.compile(r"(?P<release>\d+(?:\.\d+)+): (?P<result>FAIL|PASS)(?:, (?P<what>\S.*))?")
+#: A ``where`` constraint on a number: ``">0"``, ``"<=512"``.
+COMPARE = re.compile(r"(?P<op><=|>=|!=|<|>)\s*(?P<value>-?\d+(?:\.\d+)?(?:[eE]-?\d+)?)")
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "!=": lambda a, b: a != b,
+}
+
+
+def satisfies(value: Any, constraint: Any) -> bool:
+    """A fact against one ``where`` constraint: a list (one of), a comparison string on a
+    number (``">0"``), or a value (equal).  A missing fact satisfies nothing."""
+    if value is None:
+        return False
+    if isinstance(constraint, list):
+        return value in constraint
+    if isinstance(constraint, str) and (m := COMPARE.fullmatch(constraint.strip())):
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and _OPS[m["op"]](value, float(m["value"]))
+    return bool(value == constraint)
 
 
 @dataclass(frozen=True)
@@ -82,8 +104,10 @@ class KnownBug:
     summary: str
     releases: str
     check: str
-    match: str
+    kind: str
     replay: str
+    match: str = ""
+    where: tuple[tuple[str, Any], ...] = ()
     issue: str = ""
     pr: str = ""
     cells: tuple[str, ...] = ()
@@ -120,15 +144,31 @@ class KnownBug:
         return (check == self.check and target in self.targets and (not self.cells or cell in self.cells)
                 and self.in_range(release))
 
-    def matches(self, reason: str) -> bool:
-        return re.search(self.match, reason or "") is not None
+    def matches(self, line: str) -> bool:
+        """The optional regex, which only narrows (no ``match``: any line)."""
+        return not self.match or re.search(self.match, line or "") is not None
+
+    def excuses(self, finding: Finding) -> bool:
+        """This entry explains ``finding``: its kind, every ``where`` constraint on its facts,
+        and ``match`` (if any) on its line.  Cells, release and check: :meth:`applies`."""
+        return (finding.kind == self.kind and all(satisfies(finding.facts.get(k), c) for k, c in self.where)
+                and self.matches(finding.line))
+
+    def reproduced_by(self, finding: Finding) -> bool:
+        """Does the replay's finding reproduce this entry?  A programs entry's replay is the
+        finding itself (:meth:`excuses`); another check's replay is a program of the same
+        mechanism, so its kind (and ``match``) must agree, not the facts of that check
+        (a kl sequence's scenario)."""
+        if self.check == "programs":
+            return self.excuses(finding)
+        return finding.kind == self.kind and self.matches(finding.line)
 
     def replay_path(self) -> Path:
         p = Path(self.replay)
         return p if p.is_absolute() else ROOT / p
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "summary": self.summary, "issue": self.issue, "pr": self.pr, "releases": self.releases,
+        return {"id": self.id, "summary": self.summary, "kind": self.kind, "issue": self.issue, "pr": self.pr, "releases": self.releases,
                 "replay": self.replay, "status": STILL_PRESENT}
 
 
@@ -148,10 +188,14 @@ def _entry(raw: object, where: str) -> KnownBug:
         raise KitError(f"{where}: bug {name!r} has unknown field {unknown[0]!r}; known: {', '.join(REQUIRED + OPTIONAL)}")
     if not ID.fullmatch(raw["id"]):
         raise KitError(f"{where}: bug id {raw['id']!r} must be a slug of a-z, 0-9 and '-'")
+    kind_named(raw["kind"], f"{where}: bug {name!r}")
+    if "match" in raw and (not isinstance(raw["match"], str) or not raw["match"].strip()):
+        raise KitError(f"{where}: bug {name!r}: match must be a non-empty regular expression (or left out)")
     try:
-        re.compile(raw["match"])
+        re.compile(raw.get("match", ""))
     except re.error as e:
         raise KitError(f"{where}: bug {name!r}: match is not a regular expression ({e})") from None
+    where_ = _where(raw.get("where", {}), where, name)
     try:
         releases = SpecifierSet(raw["releases"])
     except InvalidSpecifier:
@@ -171,10 +215,25 @@ def _entry(raw: object, where: str) -> KnownBug:
             raise KitError(f"{where}: bug {name!r}: {key} must be a non-empty string")
         if key in raw:
             texts[key] = raw[key].strip()
-    if "seen_as" in texts and not re.search(raw["match"], texts["seen_as"]):
+    if "seen_as" in texts and not re.search(raw.get("match", ""), texts["seen_as"]):
         raise KitError(f"{where}: bug {name!r}: its match does not match its seen_as (the failure line the entry documents)")
     lists["measured"] = tuple(_measurement(line, releases, where, name) for line in lists.get("measured", ()))
-    return KnownBug(**{k: raw[k] for k in REQUIRED}, issue=str(raw.get("issue", "")), pr=str(raw.get("pr", "")), **lists, **texts)
+    return KnownBug(**{k: raw[k] for k in REQUIRED}, match=raw.get("match", ""), where=where_, issue=str(raw.get("issue", "")),
+                    pr=str(raw.get("pr", "")), **lists, **texts)
+
+
+def _where(raw: Any, where: str, name: str) -> tuple[tuple[str, Any], ...]:
+    """``where = { fact = constraint }``: each constraint a value, a list of values, or a
+    comparison on a number (``">0"``)."""
+    if not isinstance(raw, dict):
+        raise KitError(f"{where}: bug {name!r}: where must be a table of fact = constraint")
+    for fact, c in raw.items():
+        ok = isinstance(c, (bool, int, float)) or isinstance(c, list) and all(isinstance(x, (str, int, float, bool)) for x in c)
+        if isinstance(c, str):
+            ok = bool(c.strip()) and (c.strip()[0] not in "<>!" or COMPARE.fullmatch(c.strip()) is not None)
+        if not ok:
+            raise KitError(f"{where}: bug {name!r}: where.{fact} = {c!r} must be a value, a list of values, or a comparison like \">0\"")
+    return tuple(sorted(raw.items()))
 
 
 def _measurement(line: str, releases: SpecifierSet, where: str, name: str) -> Measurement:
@@ -220,16 +279,34 @@ def installed_release() -> str | None:
     return preflight.sglang_version()
 
 
+def explaining(finding: Finding, *, check: str, cell: str | None, target: str, release: str | None,
+               bugs: Iterable[KnownBug] | None = None) -> KnownBug | None:
+    """The first entry in range (check, target, cell, release) that excuses ``finding``, or None."""
+    for bug in load() if bugs is None else bugs:
+        if bug.applies(check=check, cell=cell, target=target, release=release) and bug.excuses(finding):
+            return bug
+    return None
+
+
 def expect(verdict: Verdict, *, cell: str | None, target: str, release: str | None, bugs: Iterable[KnownBug] | None = None) -> Verdict:
-    """``verdict`` as the report files it: a failure an in-range entry matches is marked a
-    known SGLang bug, still present; anything else unchanged."""
+    """``verdict`` as the report files it: a failure whose every finding an in-range entry
+    excuses is marked a known SGLang bug, still present; one with a finding no entry excuses
+    stays a plain failure (the excused ones named in ``details.known_findings``)."""
     if verdict.status != "fail":
         return verdict
-    for bug in load() if bugs is None else bugs:
-        if bug.applies(check=verdict.check, cell=cell, target=target, release=release) and bug.matches(verdict.reason):
-            reason = f"{STILL_PRESENT} ({bug.id}{', ' + bug.issue if bug.issue else ''}): {verdict.reason}"
-            return dataclasses.replace(verdict, reason=reason, details={**verdict.details, "known_bug": bug.to_json()})
-    return verdict
+    bugs = load() if bugs is None else list(bugs)
+    found = findings_of(verdict)
+    why = [(f, explaining(f, check=verdict.check, cell=cell, target=target, release=release, bugs=bugs)) for f in found]
+    known = [(f, b) for f, b in why if b is not None]
+    if not known:
+        return verdict
+    if len(known) < len(why):
+        rows = [{"kind": f.kind, "line": f.line[:200], "known_bug": b.id} for f, b in known]
+        return dataclasses.replace(verdict, details={**verdict.details, "known_findings": rows})
+    ids = list(dict.fromkeys(b.id for _, b in known))
+    first = known[0][1]
+    reason = f"{STILL_PRESENT} ({', '.join(ids)}{', ' + first.issue if first.issue else ''}): {verdict.reason}"
+    return dataclasses.replace(verdict, reason=reason, details={**verdict.details, "known_bug": first.to_json()})
 
 
 def is_known_bug(verdict: Verdict) -> bool:
@@ -248,19 +325,20 @@ class Replayed:
 
 
 def check_entries(bugs: Iterable[KnownBug], *, target: str, release: str | None,
-                  replay: Callable[[KnownBug], str | None]) -> list[Replayed]:
+                  replay: Callable[[KnownBug], list[Finding] | None]) -> list[Replayed]:
     """Replay every entry in range for ``target``/``release``: ``replay(bug)`` returns the
-    failure line, or None when the program passed.  Strict: a pass, or a failure its
-    ``match`` does not explain, is not a reproduction."""
+    replay's findings, or None when the program passed.  Strict: a pass, or findings the
+    entry does not excuse (another kind, facts outside its ``where``), is not a reproduction."""
     out = []
     for bug in bugs:
         if target not in bug.targets or not bug.in_range(release):
             continue
-        line = replay(bug)
-        if line is None:
+        found = replay(bug)
+        if found is None:
             out.append(Replayed(bug, False, f"{bug.id}: {NO_LONGER} (the replay passed on sglang {release})"))
-        elif not bug.matches(line):
-            out.append(Replayed(bug, False, f"{bug.id}: the replay failed otherwise than the entry says ({line[:200]}): a different finding"))
+        elif not any(bug.reproduced_by(f) for f in found):
+            seen = "; ".join(f"{f.kind}: {f.line}" for f in found)
+            out.append(Replayed(bug, False, f"{bug.id}: the replay failed otherwise than the entry says ({seen[:200]}): a different finding"))
         else:
             out.append(Replayed(bug, True, f"{bug.id}: {STILL_PRESENT} on sglang {release}"))
     return out

@@ -30,23 +30,35 @@ id = "prefill-cut-drops-checkpoint"      # required: unique slug (a-z, 0-9, '-')
 summary = "one line: what SGLang does wrong"
 releases = ">=0.5.20,<0.5.24"            # required: PEP 440 range over the installed sglang
 check = "programs"                       # required: the check as report.json names it
-match = "cached_tokens \\\\d+, the prefix oracle allows"   # required: regex of the failure line
+kind = "hit_below_held"                  # required: the finding's kind (conformance/checks/findings.py)
+where = { cached_tokens = "<256" }       # optional: constraints on the finding's facts
+match = "SGLang held a state of 256"     # optional: a regex that narrows (searched in the finding's line)
 replay = "fixtures/known_bugs/prefill-cut-drops-checkpoint.json"  # required: a program file
 issue = "https://github.com/sgl-project/sglang/issues/NNNNN"      # optional: the SGLang issue
 pr = ""                                  # optional: the fix
 cells = ["qwen3-next-80b-extra_buffer-p1-t256"]                   # optional: default every cell
 targets = ["sglang-cpu"]                 # optional: default ["sglang-cpu"]; never "reference"
 code_path = "python/sglang/srt/mem_cache/unified_radix_cache.py: UnifiedRadixCache.cache_unfinished_req"
-seen_as = "request r2: cached_tokens 0, the prefix oracle allows [320] (input 325 tokens; ...)"
+seen_as = "request r2: cached_tokens 0: SGLang held a state of 256 tokens for this prompt and reused 0; ..."
 measured = ["0.5.20: FAIL, cached_tokens 0", "0.5.24: PASS, 2 hits"]  # "<release>: FAIL|PASS[, what]"
 notes = ["facts that place the bug: controls, what the fixing release changes"]
 # variant_of = "another-slug"            # optional: the same SGLang bug, seen by another check
 ```
 
+Every failing verdict carries its findings (`details.findings` in report.json), one per
+failing request, kl sequence, pool or death, each with a **kind** (`conformance/checks/findings.py`:
+`answer_differs_on_hit`, `hit_below_held`, `state_not_stored`, `leak_mamba`, `leak_kv`,
+`server_died:exception`, ...) and its facts (`cached_tokens`, `scenario`, `pool`,
+`exception`, ...). An entry excuses a finding of its `kind` whose facts meet every `where`
+constraint (a value, a list of values, or a comparison on a number such as `">0"`; a fact
+the finding lacks meets none) and whose line `match`, if given, matches; each finding is
+judged on its own, so one excused finding never carries another.
+
 `replay` is a program file `hybrid-conformance replay FILE --target sglang-cpu` plays (the
 programs suite writes one for every finding); its `env` holds no seeded fault, and it must
-fail, as `match` says, on every release `releases` names. `match` is searched in the
-failing verdict's reason and in the replay's failure line. The last five fields are the
+fail with a finding the entry excuses on every release `releases` names (for an entry of
+another check, whose replay is a program of the same mechanism: a finding of its kind whose
+line `match` matches). The last five fields are the
 facts this page shows, all optional: `code_path` (the SGLang file and function that hold
 the bug), `seen_as` (the failure line; `match` must match it), `measured` (what each
 release showed: a release measured failing lies inside `releases`, one measured passing
@@ -58,11 +70,15 @@ cache-off twin, not through a prefill server, a decode server and the router); o
 it stays out of this file and its cells stay red on the releases it holds for
 (`docs/history.md`, "What older releases show").
 
-In a run, a failing verdict that an entry in range matches (check, target, cell, release,
-`match`) keeps its status `fail` and its numbers, gains `details.known_bug` and a reason
-starting "known SGLang bug, still present"; its test xfails, so the run stays green on it
-and red on anything else; report.json lists it under `known_bugs`. A failure is filed
-under the first entry that matches it, in the file's order. Strictness: this command
+In a run, a failing verdict whose every finding an entry in range excuses (check, target,
+cell, release, kind, `where`, `match`) keeps its status `fail` and its numbers, gains
+`details.known_bug` and a reason starting "known SGLang bug, still present"; its test
+xfails, so the run stays green on it and red on anything else (a verdict with one finding
+no entry excuses stays red, the excused ones listed in `details.known_findings`);
+report.json lists it under `known_bugs`. A finding is filed under the first entry that
+excuses it, in the file's order. In the programs suite a failure every finding of which an
+entry excuses does not end the cell's exploration: it is kept, and the cell goes on looking
+for anything else within the same budget. Strictness: this command
 replays every entry in range and exits 1 when one no longer reproduces (then remove or
 narrow the entry):
 
@@ -99,7 +115,9 @@ def section(bug: KnownBug, level: str = "###") -> list[str]:
     """One entry: what SGLang does wrong, where, how it shows, what each release measured."""
     out = [f"{level} `{bug.id}`", "", bug.summary.strip(), ""]
     out += [f"*Releases:* {_releases(bug)}", ""]
-    out += [f"*Check:* `{bug.check}`" + (f"; *seen as:* `{bug.seen_as}`" if bug.seen_as else ""), ""]
+    where = ", ".join(f"`{k} {c if isinstance(c, str) and c[:1] in '<>!' else '= ' + repr(c)}`" for k, c in bug.where)
+    out += [f"*Check:* `{bug.check}`; *kind:* `{bug.kind}`" + (f" where {where}" if where else "")
+            + (f"; *matching:* `{bug.match}`" if bug.match else "") + (f"; *seen as:* `{bug.seen_as}`" if bug.seen_as else ""), ""]
     if bug.code_path:
         out += [f"*SGLang code:* {bug.code_path}", ""]
     for label, link in (("Issue", bug.issue), ("Fix", bug.pr)):

@@ -44,8 +44,10 @@ on each tree's insert records each mamba state the tree took (``state_stored``: 
 prefix's length and :func:`conformance.sglang_plugins.token_digest.token_digest`, for an insert that did not
 find a state already there, ``mamba_exist`` False), and keeps which pool slot holds it; a hook
 on the place where the tree's removed states are seen records each such state
-(``state_evicted``, same length and digest); a hook on the tree's reset (a flush) forgets the
-slots.  Where the removed states are seen differs per release (feature probes,
+(``state_evicted``, same length and digest, and ``by``: what freed it -- SGLang's eviction
+``walk``, an ``insert`` (the per-path cap runs inside it), or ``other``, read from the tree
+operation in progress, :data:`_WITHIN`); a hook on the tree's reset (a flush) forgets the
+slots and records the reset (``tree_reset``: every state taken before it is gone).  Where the removed states are seen differs per release (feature probes,
 :data:`STATE_FREE_PLANS`, first match per tree class of :data:`STATE_TREES`): the eviction
 step's result (``_apply_eviction_result``, 0.5.23), the device-frees drain every tree step goes
 through (``_drain_device_frees``: walks, SGLang's per-path state cap, demotes; 0.5.17-0.5.22),
@@ -428,11 +430,25 @@ def before_run_batch(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> N
         pass
 
 
+#: The tree operations in progress, innermost last (``walk``, ``insert``): what a state freed
+#: now was freed by (SGLang's scheduler runs them on one thread).
+_WITHIN: list[str] = []
+
+
+def _within(cause: str, original: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Run SGLang's ``original`` with ``cause`` as the tree operation in progress."""
+    _WITHIN.append(cause)
+    try:
+        return original(*args, **kwargs)
+    finally:
+        _WITHIN.pop()
+
+
 def evict_counted(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook on the eviction walk: count walks that evicted anything, and record each
     in the per-request file, so its place among the prefill records says which requests'
-    stores it came after (result unchanged)."""
-    result = original(cache, *args, **kwargs)
+    stores it came after; the states it frees are recorded ``by`` the walk (result unchanged)."""
+    result = _within("walk", original, cache, *args, **kwargs)
     try:
         counts = {f: int(getattr(result, f, 0) or 0) for f in EVICT_FIELDS}
         if any(counts.values()):
@@ -468,16 +484,19 @@ def _remember(value: Any, tokens: list[int]) -> None:
     write_requests([{"ev": "state_stored", "len": stored[0], "key": stored[1]}])
 
 
-def _forget(slots: list[int]) -> None:
-    """The tree's states in ``slots`` left it: record each (slots it never held are ignored)."""
+def _forget(slots: list[int], by: str | None = None) -> None:
+    """The tree's states in ``slots`` left it: record each, with what freed it (``by``, else
+    the tree operation in progress; slots it never held are ignored)."""
+    cause = by or (_WITHIN[-1] if _WITHIN else "other")
     gone = [_TREE_STATES.pop(s) for s in slots if s in _TREE_STATES]
-    write_requests([{"ev": "state_evicted", "len": n, "key": d} for n, d in gone])
+    write_requests([{"ev": "state_evicted", "len": n, "key": d, "by": cause} for n, d in gone])
 
 
 def state_stored(original: Callable, cache: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook on the tree's insert: a mamba state the tree took (no state there before)
-    is recorded with its prefix, and its slot remembered (result unchanged)."""
-    result = original(cache, params, *args, **kwargs)
+    is recorded with its prefix, and its slot remembered; a state freed while it runs (the
+    per-path cap) is freed ``by`` the insert (result unchanged)."""
+    result = _within("insert", original, cache, params, *args, **kwargs)
     try:
         value, key = getattr(params, "mamba_value", None), getattr(params, "key", None)
         if value is not None and key is not None and not getattr(cache, "disable", False) and not result.mamba_exist:
@@ -515,7 +534,7 @@ def states_left(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> An
     try:
         if _TREE_STATES and any(int(getattr(result, f, 1) or 0) for f in EVICT_FIELDS):
             held = set(_slots(cache.all_mamba_values_flatten()))
-            _forget([s for s in list(_TREE_STATES) if s not in held])
+            _forget([s for s in list(_TREE_STATES) if s not in held], by="walk")
     except Exception:  # an observer never breaks the server
         pass
     return result
@@ -523,9 +542,14 @@ def states_left(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> An
 
 def tree_reset(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook on the tree's reset (a flush): no slot holds a tree state any more, so a
-    slot reused later is never taken for the prefix it held before (result unchanged)."""
+    slot reused later is never taken for the prefix it held before; the reset is recorded
+    (``tree_reset``: every state taken before it is gone; result unchanged)."""
     result = original(cache, *args, **kwargs)
     _TREE_STATES.clear()
+    try:
+        write_requests([{"ev": "tree_reset"}])
+    except Exception:  # an observer never breaks the server
+        pass
     return result
 
 

@@ -8,6 +8,10 @@ subtree the later siblings are sent together (concurrently). The first subtree a
 gets grandchildren (depth 2), and a decode subtree extends a request whose decode
 crossed a track boundary. Optional eviction pressure sends long filler prompts before
 the last group.
+
+:func:`multi_turn_tree` builds chains instead, a conversation's shape: each turn extends the
+previous turn's prompt + output, one group per turn, so each turn's hit is what the tree
+kept of the turn before (reuse across turns, which the programs only reach by chance).
 """
 
 from __future__ import annotations
@@ -112,3 +116,25 @@ def branching_tree(
     reqs[0] = replace(reqs[0], flush_before=True)
     name = f"tree-c{chunk}-t{track_interval}-f{fanout}-d{depth}{'-conc' if concurrent else ''}{f'-p{pressure}' if pressure else ''}-s{seed}"
     return BranchTree(name, tuple(reqs), tuple(points), fillers)
+
+
+def multi_turn_tree(*, chunk: int, track_interval: int, vocab_size: int, turns: int = 4, max_new_tokens: int = 4,
+                    seed: int = 0, low: int = 3) -> BranchTree:
+    """Two chains of ``turns`` turns, each turn the previous turn's prompt + output + new
+    tokens, sent one at a time: one chain starts past the first chunk and adds a chunk and a
+    token per turn (each turn's prefill crosses a checkpoint), the other starts two tokens
+    before the track boundary so its first decode crosses it, then adds three tokens per turn."""
+    if turns < 2:
+        raise KitError(f"multi_turn_tree: need at least 2 turns, got {turns}")
+    rng = random.Random(f"turns:{seed}")
+
+    def toks(n: int) -> tuple[int, ...]:
+        return tuple(rng.randrange(low, vocab_size) for _ in range(n))
+
+    reqs: list[TreeRequest] = []
+    for name, first, step in (("chunks", chunk + 3, chunk + 1), ("track", track_interval - 2, 3)):
+        reqs.append(TreeRequest(f"{name}/0", toks(first), len(reqs), max_new_tokens=max(max_new_tokens, 4)))
+        for t in range(1, turns):
+            reqs.append(TreeRequest(f"{name}/{t}", toks(step), len(reqs), extends=f"{name}/{t - 1}", max_new_tokens=max_new_tokens))
+    reqs[0] = replace(reqs[0], flush_before=True)
+    return BranchTree(f"turns-c{chunk}-t{track_interval}-n{turns}-s{seed}", tuple(reqs), ())

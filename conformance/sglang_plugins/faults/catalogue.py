@@ -41,6 +41,7 @@ FAULT_MODULES = (
     "lazy_finish_at_boundary_leak",
     "stop_finish_key_short",
     "cut_batch_checkpoint_dropped",   # the oracle's per-request cut evidence (issue 26)
+    "stored_state_not_reused",        # the hit SGLang owed from its tree's per-node records (issue 43)
     "session_abort_continues",
     # group "option": one per server-option axis (conformance.matrix.axes), shows only with its option on
     "mixed_chunk_track_dropped",

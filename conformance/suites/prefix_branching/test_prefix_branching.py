@@ -1,6 +1,8 @@
 """Prefix-branching suite: generated trees (branch points at, one before and one after chunk
 and track boundaries; concurrent siblings; eviction pressure); observed ``cached_tokens``
-against the prefix oracle, and outputs on a hit against cold outputs.  On a cell whose
+against the prefix oracle, and outputs on a hit against cold outputs; multi-turn chains
+(each turn extends the previous turn's prompt + output) judged the same way, turn by turn.
+On a cell whose
 eviction policy (or small KV pool) the kit models, which stored prefix the first KV
 eviction gave up, against the policy's order (``conformance/checks/eviction_order.py``).
 """
@@ -19,7 +21,7 @@ from conformance.session.suite_support import exact_mode, grids, lookahead, orac
 from conformance.targets.registry import target_for
 from conformance.workloads.prompts import token_prompts
 from conformance.workloads.runners import generate_tokens, output_ids, record_tree
-from conformance.workloads.trees import branching_tree
+from conformance.workloads.trees import BranchTree, branching_tree, multi_turn_tree
 
 pytestmark = pytest.mark.prefix_branching
 
@@ -53,16 +55,31 @@ def test_branching_tree(endpoint, shape, record_verdict):
         **SHAPES[shape],
         **_pressure(endpoint, shape, chunk),
     )
+    settle(record_verdict(_tree_verdict(endpoint, tree)))
+
+
+def test_multi_turn_reuse(endpoint, record_verdict):
+    """Each turn of a chain extends the previous turn's prompt + output: its hit is what the
+    tree kept of the turn before, judged against the prefix oracle turn by turn, so a stored
+    prefix not reused across turns (answers right, hits lower) fails here, not only when the
+    programs happen to draw a follow-up."""
+    chunk, grid = grids(endpoint.cell)
+    tree = multi_turn_tree(chunk=chunk, track_interval=grid, vocab_size=vocab_size(endpoint), max_new_tokens=sizes_for(endpoint).tree_new_tokens)
+    settle(record_verdict(_tree_verdict(endpoint, tree)))
+
+
+def _tree_verdict(endpoint, tree: BranchTree):
+    """Play ``tree`` on the cell's server and judge its hits and outputs."""
+    size = sizes_for(endpoint)
     recording = record_tree(endpoint.client, tree, top_k=0 if exact_mode(endpoint) else size.top_k)
-    verdict = prefix_branching_verdict(
+    return prefix_branching_verdict(
         recording,
         oracle_for(endpoint),
         lookahead=lookahead(endpoint),
         chunked_prefill_size=endpoint.info.get("chunked_prefill_size") or None,
         exact=exact_mode(endpoint),
-        kl_cap=cell.model.thresholds.kl_abs_cap,
+        kl_cap=endpoint.cell.model.thresholds.kl_abs_cap,
     )
-    settle(record_verdict(verdict))
 
 
 #: The eviction-order scenario's prompt length (a multiple of every track grid; far below the context).

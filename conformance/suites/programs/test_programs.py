@@ -21,7 +21,9 @@ from conformance.programs.cold_twins import twins_for
 from conformance.programs.explore import cell_seed, Exploration, explore, failure_file, parse_budget, replay_command
 from conformance.programs.options import program_options
 from conformance.programs.runner import run_program
+from conformance.checks.findings import VACUOUS, Finding, failing
 from conformance.records import Verdict
+from conformance.session.known_bugs import explaining, installed_release, load
 from conformance.session.suite_support import settle
 
 CHECK = "programs"
@@ -56,21 +58,53 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         **{f"noise_{k}": v for k, v in (noise or {}).items()},  # non-exact mode: what the tolerance was measured from
         "cold_s": round(total.cold_s, 1), "idle_s": round(total.idle_s, 1),
         **{f"permitted_{k}": n for k, n in sorted(total.permissions.items())},
+        **{f"model_permitted_{k}": n for k, n in sorted(total.model_permissions.items())},
+        "expected_exact": total.expected_exact, "expected_bounded": sum(total.expected_bounded.values()),
     }
-    details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {})}
+    details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {}), "expected_hit": expected_hit(total)}
+    known = [f for k in ex.known for f in k.failure.findings]
+    if known:
+        metrics["known_failures"] = len(ex.known)
+        details["known"] = [{"kind": k.failure.kind, "what": k.failure.what, "program": k.program.summary().splitlines()} for k in ex.known[:5]]
     if ex.finding is not None:
         f = ex.finding
         metrics.update({"examples_to_failure": f.examples_to_failure, "seconds_to_failure": round(f.seconds_to_failure, 1),
                         "shrink_runs": f.shrink_runs, "shrunk_steps": f.shrunk_steps})
-        details.update({"failure_file": file, "replay": replay, "program": f.program.summary().splitlines()})
-        return Verdict(CHECK, "fail", metrics, f"{failure}; replay: {replay}", details)
+        first = f.first or f.failure
+        details.update({"failure_file": file, "replay": replay, "program": f.program.summary().splitlines(),
+                        "first_failure": {"kind": first.kind, "what": first.what, "step": first.step},
+                        **({"also_seen": [{"kind": o.kind, "what": o.what} for o in f.others]} if f.others else {})})
+        found = [*f.failure.findings, *(g for o in f.others for g in o.findings), *known]
+        return failing(CHECK, found, metrics, details, reason=f"{failure}; replay: {replay}")
+    if known:
+        return failing(CHECK, known, metrics, details, reason=f"{ex.known[0].failure.what}; replay: {replay}" if replay else ex.known[0].failure.what)
     if ex.examples == 0:
-        return Verdict(CHECK, "fail", metrics, "no program ran within the budget: nothing was tested", details)
+        return failing(CHECK, [Finding(VACUOUS, "no program ran within the budget: nothing was tested")], metrics, details)
     if total.requests == 0:
-        return Verdict(CHECK, "fail", metrics, "the programs sent no request the oracle could judge", details)
+        return failing(CHECK, [Finding(VACUOUS, "the programs sent no request the oracle could judge")], metrics, details)
     if total.compared_tokens == 0:
-        return Verdict(CHECK, "fail", metrics, f"the programs judged {total.requests} request(s) but compared no token with the cold computation: nothing was tested", details)
+        return failing(CHECK, [Finding(VACUOUS, f"the programs judged {total.requests} request(s) but compared no token with the cold "
+                                                "computation: nothing was tested")], metrics, details)
     return Verdict(CHECK, "pass", metrics, "", details)
+
+
+def expected_hit(total: Any) -> str:
+    """Whether the hit SGLang owed each judged request was exact (its per-node records) or
+    only bounded by the prefix model, and why: the verdict says it per cell."""
+    bounded = total.expected_bounded
+    if not bounded:
+        return f"exact ({total.expected_exact} requests)" if total.expected_exact else "no request judged"
+    why = ", ".join(f"{n} {reason}" for reason, n in sorted(bounded.items(), key=lambda kv: -kv[1]))
+    head = "exact" if total.expected_exact else "bounded"
+    return f"{head} for {total.expected_exact} requests, bounded for {sum(bounded.values())} ({why})" if total.expected_exact else f"{head}: {why}"
+
+
+def known_failure(cell: Any, target: str) -> Any:
+    """``failure -> bool``: does an entry of ``fixtures/known_bugs.toml`` in range excuse every
+    finding of a program failure on this cell (then the exploration goes on past it)?"""
+    release = installed_release()
+    bugs = load()
+    return lambda failure: all(explaining(f, check=CHECK, cell=cell.id, target=target, release=release, bugs=bugs) for f in failure.findings)
 
 
 def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: Any, pytestconfig: pytest.Config, conformance_options: Any) -> None:
@@ -84,13 +118,14 @@ def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: 
     twin = f"{cold.base_url} pid {cold.pid}"  # the run's one twin for this cold cell (the report shows it is shared)
     db = opts.db_root / endpoint.target / cell.id if opts.db_root else None
     ex = explore(lambda p: run_program(p, target), gen_spec(endpoint, target), budget, seed=cell_seed(opts.seed, cell.id), db_dir=db,
-                 ensure_alive=lambda: restart_if_dead(endpoint))
+                 ensure_alive=lambda: restart_if_dead(endpoint), known=known_failure(cell, endpoint.target))
     failure = replay = path = ""
-    if ex.finding is not None:
+    found = ex.finding or (ex.known[0] if ex.known else None)
+    if found is not None:
         env = {**cell.env, **{k: v for k, v in os.environ.items() if k in FAULT_SWITCHES and v}}
-        file = failure_file(ex.finding, out_dir=opts.failures_dir, cell=cell.describe(), env=env, target=endpoint.target,
+        file = failure_file(found, out_dir=opts.failures_dir, cell=cell.describe(), env=env, target=endpoint.target,
                             seed=opts.seed, budget=budget)
-        path, failure = str(file), ex.finding.failure.what
+        path, failure = str(file), found.failure.what
         replay = replay_command(file, endpoint.target, getattr(conformance_options, "dtype", None))
         restart_if_dead(endpoint)  # leave a serving server to the cell's other tests and its teardown check
     settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path, cold_twin=twin, noise=target.noise)))
