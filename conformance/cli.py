@@ -1,4 +1,4 @@
-"""The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare | history | fuzz | replay | known-bugs | perf-ab.
+"""The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare | history | fuzz | replay | known-bugs | report-bug | perf-ab.
 
 This module is the parser wiring and ``main``; the options are declared once in
 ``conformance.session.options`` and the verbs' bodies live in ``conformance.commands``.
@@ -25,6 +25,7 @@ from conformance.session.options import GSM8K_DIR, PROGRAM_OPTIONS, REPORT_DIR, 
 from conformance.targets.registry import FUZZ_TARGET, HTTP_TARGETS, MUTANT_TARGETS, target_for
 from conformance.programs.replay import add_arguments as add_replay_arguments
 from conformance.commands.known_bugs import add_arguments as add_known_bugs_arguments
+from conformance.commands.report_bug import add_arguments as add_report_bug_arguments
 from conformance.commands.perf_ab import add_arguments as add_perf_ab_arguments
 from conformance.commands.history import add_parser as add_history_parser
 from conformance.reference.twins import make_twins
@@ -32,7 +33,7 @@ from conformance.report.compare import load_report_file, compare_reports, render
 from conformance.mutants.command import run_mutants
 from conformance.programs.explore import parse_budget
 from conformance.programs.replay import replay
-from conformance.commands import history
+from conformance.commands import bisect, history
 from conformance.commands.history import run_history
 
 
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_replay_arguments(sub.add_parser("replay", help="play one program file (a shrunk finding) against a target"))
     add_known_bugs_arguments(sub.add_parser("known-bugs", help="replay every known SGLang bug in range (fixtures/known_bugs.toml); red when one no longer reproduces"))
+    add_report_bug_arguments(sub.add_parser("report-bug", help="write a folder an SGLang engineer can act on for one known bug: "
+                                            "README, the server command, a standalone repro script, a regression test"))
 
     add_perf_ab_arguments(sub.add_parser("perf-ab", help="paired A/B perf: two servers of a cell, one slowed by a graded seeded fault; a paired test per run"))
     add_history_parser(sub)
@@ -149,7 +152,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    return run_history(args)
+    return bisect.run_bisect(args) if args.bisect else run_history(args)
 
 
 #: Each verb's body; ``conformance.commands`` ones as ``module:function``, loaded when that
@@ -158,7 +161,8 @@ COMMANDS: dict[str, str | Callable[[argparse.Namespace], int]] = {
     "run": "conformance.commands.run:cmd_run", "preflight": "conformance.commands.preflight:cmd_preflight",
     "plan": "conformance.commands.plan:cmd_plan", "fuzz": "conformance.commands.fuzz:cmd_fuzz",
     "make-twins": cmd_make_twins, "compare": cmd_compare, "mutants": cmd_mutants, "history": cmd_history, "replay": cmd_replay,
-    "known-bugs": "conformance.commands.known_bugs:cmd_known_bugs", "perf-ab": "conformance.commands.perf_ab:cmd_perf_ab",
+    "known-bugs": "conformance.commands.known_bugs:cmd_known_bugs", "report-bug": "conformance.commands.report_bug:cmd_report_bug",
+    "perf-ab": "conformance.commands.perf_ab:cmd_perf_ab",
 }
 
 

@@ -387,8 +387,10 @@ class HitBook:
                     f"{r.cached_tokens} tokens before it admitted the request (per-node state_stored records)")
         return None
 
-    def _judge_hit(self, r: Served) -> str | None:
-        """The prefix model's verdict on ``r``'s hit (``judge``)."""
+    def _bounds(self, r: Served) -> tuple[list[Served], set[Key], list[tuple[Served, set[Key]]], set[Key], int]:
+        """What ``r``'s hit is judged against: the requests that may have stored before it
+        answered, the keys stored for sure before it was sent (and by whom), the others they
+        may have stored, and SGLang's match limit."""
         self._update_evicted()
         universe = [q for q in self.records if q is not r and q.done_seq and q.sent_seq < r.done_seq]
         certain: set[Key] = set()
@@ -398,8 +400,16 @@ class HitBook:
                 mine = self._certain_stores(q).certain
                 certain |= mine
                 stored_by.append((q, mine))
-        maybe = self._keys(universe) - certain
-        limit = key_limit(len(r.input_ids), self.grid.page_size, r.logprob_start)
+        return universe, certain, stored_by, self._keys(universe) - certain, key_limit(len(r.input_ids), self.grid.page_size, r.logprob_start)
+
+    def allowed(self, r: Served) -> set[int]:
+        """The hits the prefix model allows ``r`` before any relaxation (the first thing ``judge`` asks)."""
+        _, certain, _, maybe, limit = self._bounds(r)
+        return allowed_hits(r.input_ids, certain, maybe, limit=limit, evicted=False)
+
+    def _judge_hit(self, r: Served) -> str | None:
+        """The prefix model's verdict on ``r``'s hit (``judge``)."""
+        universe, certain, stored_by, maybe, limit = self._bounds(r)
         hit = r.cached_tokens
         allowed = allowed_hits(r.input_ids, certain, maybe, limit=limit, evicted=False)
         if hit in allowed:
