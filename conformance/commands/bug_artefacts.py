@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from conformance.commands import repro_player
 from conformance.commands.bug_plan import tolerance
 from conformance.matrix.cells import Cell
 from conformance.programs.program import Program
 from conformance.session.known_bugs import KnownBug, Measurement
 from conformance.targets.base import LaunchSpec
 
+#: The standalone player the scripts carry (read as text: the kit itself never imports ``requests``).
+PLAYER = Path(__file__).with_name("repro_player.py")
 #: The port the folder's commands default to (SGLang's own default).
 PORT = 30000
 #: Flags ``popen_launch_server`` passes itself (the model, where to listen).
@@ -133,7 +134,7 @@ def _pairs(argv: list[str]) -> list[str]:
 
 def player_code() -> str:
     """The player module's code without its docstring (the generated file has its own)."""
-    text = Path(repro_player.__file__).read_text()
+    text = PLAYER.read_text()
     body = ast.parse(text).body[0]
     return "\n".join(text.splitlines()[body.end_lineno :]).lstrip("\n")
 
