@@ -135,30 +135,26 @@ def search(bug: KnownBug, releases: Sequence[str], probe: Callable[[str], Probe]
     live = [r for r in live if seen.get(r, Probe(r, "")).status != "na"]
     if anchor is None:
         return Bracket(seen)
-    lo, hi = 0, live.index(anchor)  # first bad in live[lo:hi + 1]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        s = status(live[mid])
-        if s == "na":
-            del live[mid]
-            hi -= 1
-        elif s == "bad":
-            hi = mid
-        else:
-            lo = mid + 1
+    hi = _first(live, 0, live.index(anchor), "bad", status)  # below the anchor (the anchor itself when none)
     first_bad, last_good = live[hi], live[hi - 1] if hi > 0 else None
-    lo, hi = live.index(anchor) + 1, len(live)  # first good in live[lo:hi] (hi: none)
+    hi = _first(live, live.index(anchor) + 1, len(live), "good", status)
+    return Bracket(seen, first_bad, last_good, live[hi - 1], live[hi] if hi < len(live) else None)
+
+
+def _first(live: list[str], lo: int, hi: int, want: str, status: Callable[[str], str]) -> int:
+    """The index of the first release of ``live[lo:hi]`` whose status is ``want`` (``hi``: none),
+    by bisection; an n/a release met on the way leaves ``live``."""
     while lo < hi:
         mid = (lo + hi) // 2
         s = status(live[mid])
         if s == "na":
             del live[mid]
             hi -= 1
-        elif s == "good":
+        elif s == want:
             hi = mid
         else:
             lo = mid + 1
-    return Bracket(seen, first_bad, last_good, live[hi - 1], live[hi] if hi < len(live) else None)
+    return hi
 
 
 # ------------------------------------------------------------------ a release's replay

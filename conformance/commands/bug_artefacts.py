@@ -162,7 +162,7 @@ def repro(case: BugCase) -> str:
         "Needs only `requests`.",
         '"""',
     ]
-    return "\n".join(doc) + "\n\n" + player_code() + f"\n\nPLAN = {plan_text(case.plan)}\n\n\nif __name__ == \"__main__\":\n    sys.exit(main(PLAN))\n"
+    return "\n".join(doc) + "\n\n" + player_code() + f"\n\nPLAN = {plan_text(case.plan)}\n\n\nif __name__ == \"__main__\":\n    raise SystemExit(main(PLAN))\n"
 
 
 def _class_name(bug_id: str) -> str:

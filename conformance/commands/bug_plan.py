@@ -138,7 +138,7 @@ class _Simulation:
         return {"op": "burst", "rids": step.rids(), "inputs": [list(p) for p in prompts], "payload": payload}
 
     def turn(self, step: Turn) -> dict[str, Any]:
-        needs = [r for r in (self.last_turn.get(step.sid), step.parent) if r]
+        needs = list(dict.fromkeys(r for r in (self.last_turn.get(step.sid), step.parent) if r))
         self.pending -= set(needs)
         ids, payload, meta = self.resolver.turn(step, session_ref(step.sid), self.served)
         _literal(payload, "session_params")

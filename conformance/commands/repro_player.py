@@ -20,7 +20,6 @@ judges (``conformance/programs/``):
 import argparse
 import json
 import re
-import sys
 import threading
 import time
 import uuid
