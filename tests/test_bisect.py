@@ -11,6 +11,7 @@ loadable, and refuses a clash.  The documented command runs as typed in the sche
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import shutil
 import subprocess
@@ -115,9 +116,8 @@ def test_write_changes_only_the_entrys_measured_lines(known_bugs_copy, capsys):
     assert run_bisect(args(b.id, write=True), probe=truth(("0.5.13", "0.5.19"))) == 0
     assert "--write: 1 measured line(s)" in capsys.readouterr().out
     after = known_bugs_copy.read_text()
-    added = [ln for ln in after.splitlines() if ln not in before.splitlines()]
-    assert added == ['    "0.5.22: PASS, the replay (history --bisect)",']
-    assert [ln for ln in before.splitlines() if ln not in after.splitlines()] == []
+    diff = [ln for ln in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0) if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
+    assert diff == ['+    "0.5.22: PASS, the replay (history --bisect)",']
     again = next(x for x in load(known_bugs_copy) if x.id == b.id)
     assert [m.release for m in again.measured] == sorted((m.release for m in again.measured), key=Version)
     assert write_measured(known_bugs_copy, again, [Measurement("0.5.22", False, "x")]) == []  # already measured: unchanged

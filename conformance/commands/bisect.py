@@ -95,7 +95,7 @@ class Bracket:
 
     def lines(self) -> list[str]:
         probed = [f"  {r}: {p.status.upper() if p.status != 'na' else 'n/a'}, {p.line[:200]}" for r, p in _ordered(self.probes)]
-        below = f" (last good {self.last_good})" if self.last_good else " (the oldest release probed: maybe earlier)"
+        below = f" (last good {self.last_good})" if self.last_good else " (the oldest release that ran the replay: maybe earlier)"
         above = f"first good {self.first_good} (last bad {self.last_bad})" if self.first_good else f"no good release after {self.last_bad} (the newest probed)"
         found = f"first bad {self.first_bad}{below}; {above}" if self.first_bad else "no release reproduces the entry"
         return [*probed, found]
