@@ -1,4 +1,4 @@
-"""The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare | history | fuzz | replay | known-bugs | perf-ab.
+"""The ``hybrid-conformance`` command: run | preflight | plan | serve | make-twins | mutants | compare | history | fuzz | replay | known-bugs | report-bug | perf-ab.
 
 This module is the parser wiring and ``main``; the options are declared once in
 ``conformance.session.options`` and the verbs' bodies live in ``conformance.commands``.
@@ -115,9 +115,10 @@ COMMANDS: dict[str, str] = {
     "run": "conformance.commands.run:cmd_run", "preflight": "conformance.commands.preflight:cmd_preflight",
     "plan": "conformance.commands.plan:cmd_plan", "fuzz": "conformance.commands.fuzz:cmd_fuzz",
     "make-twins": "conformance.commands.make_twins:cmd_make_twins", "compare": "conformance.commands.compare:cmd_compare",
-    "mutants": "conformance.mutants.command:cmd_mutants", "history": "conformance.commands.history:run_history",
+    "mutants": "conformance.mutants.command:cmd_mutants", "history": "conformance.commands.bisect:cmd_history",
     "replay": "conformance.programs.replay:replay",
-    "known-bugs": "conformance.commands.known_bugs:cmd_known_bugs", "perf-ab": "conformance.commands.perf_ab:cmd_perf_ab",
+    "known-bugs": "conformance.commands.known_bugs:cmd_known_bugs",
+    "report-bug": "conformance.commands.report_bug:cmd_report_bug", "perf-ab": "conformance.commands.perf_ab:cmd_perf_ab",
 }
 
 
@@ -129,6 +130,8 @@ LOADED_ARGUMENTS: dict[str, tuple[str, str]] = {
                    "conformance.commands.known_bugs:add_arguments"),
     "perf-ab": ("paired A/B perf: two servers of a cell, one slowed by a graded seeded fault; a paired test per run",
                 "conformance.commands.perf_ab:add_arguments"),
+    "report-bug": ("write a folder an SGLang engineer can act on for one known bug: "
+                   "README, the server command, a standalone repro script, a regression test", "conformance.commands.report_bug:add_arguments"),
     "history": ("run the pool tier (and more) on each SGLang release of a list, print release x check", "conformance.commands.history:add_arguments"),
 }
 

@@ -471,6 +471,8 @@ def failed_releases(rows: Sequence[Row]) -> list[str]:
 
 
 def run_history(args) -> int:
+    if args.write:
+        raise KitError("history: --write goes with --bisect ID")
     if not args.releases and not args.sglang_source:
         raise KitError("history: give --releases, --sglang-source or both")
     releases = parse_releases(args.releases) if args.releases else []
@@ -515,6 +517,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(as run's -n; default: min(2, cores); each runs one server at a time)")
     p.add_argument("--reinstall", action="store_true", help="rebuild each release's venv")
     p.add_argument("--out", default="reports/history", help="where history.json, history.html and FAILs' replay files go (default: %(default)s)")
+    p.add_argument("--bisect", metavar="ID", help="instead: find the first bad and first good release of a known bug (fixtures/known_bugs.toml) "
+                   "by replaying its program file in each release's venv (default releases: those with a venv); conformance/commands/bisect.py")
+    p.add_argument("--write", action="store_true", help="with --bisect: write the bracket into the entry's measured lines")
 
 
 def write_outputs(out_dir: Path, doc: dict, releases: Sequence[str]) -> None:

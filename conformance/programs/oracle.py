@@ -448,8 +448,10 @@ class HitBook:
             r.permission = ""
         return problem
 
-    def _model_hit(self, r: Served) -> Finding | None:
-        """The prefix model alone: ``cached_tokens`` within what may have been stored."""
+    def _bounds(self, r: Served) -> tuple[list[Served], set[Key], list[tuple[Served, set[Key]]], set[Key], int]:
+        """What ``r``'s hit is judged against: the requests that may have stored before it
+        answered, the keys stored for sure before it was sent (and by whom), the others they
+        may have stored, and SGLang's match limit."""
         self._update_evicted()
         universe = [q for q in self.records if q is not r and q.done_seq and q.sent_seq < r.done_seq]
         certain: set[Key] = set()
@@ -459,8 +461,16 @@ class HitBook:
                 mine = self._certain_stores(q).certain
                 certain |= mine
                 stored_by.append((q, mine))
-        maybe = self._keys(universe) - certain
-        limit = key_limit(len(r.input_ids), self.grid.page_size, r.logprob_start)
+        return universe, certain, stored_by, self._keys(universe) - certain, key_limit(len(r.input_ids), self.grid.page_size, r.logprob_start)
+
+    def allowed(self, r: Served) -> set[int]:
+        """The hits the prefix model allows ``r`` before any relaxation (the first thing ``judge`` asks)."""
+        _, certain, _, maybe, limit = self._bounds(r)
+        return allowed_hits(r.input_ids, certain, maybe, limit=limit, evicted=False)
+
+    def _model_hit(self, r: Served) -> Finding | None:
+        """The prefix model alone: ``cached_tokens`` within what may have been stored."""
+        universe, certain, stored_by, maybe, limit = self._bounds(r)
         hit = r.cached_tokens
         allowed = allowed_hits(r.input_ids, certain, maybe, limit=limit, evicted=False)
         if hit in allowed:

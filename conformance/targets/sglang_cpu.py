@@ -53,6 +53,10 @@ GRPC_OFFSET = 10000
 #: refuses on a shared machine ("No host memory is left for HiCache ...").
 HICACHE_FLAG = "--enable-hierarchical-cache"
 HICACHE_CPU_ARGS = ("--hicache-io-backend", "direct", "--hicache-ratio", "2")
+#: SGLang's own self-checks every sglang-cpu server runs with (its strict idle leak check
+#: kills the scheduler on a leak; the tree sanity check): SGLang's switches, not the kit's,
+#: so a bug folder's GPU regression test passes them too (``conformance/commands/bug_artefacts.py``).
+SGLANG_SELF_CHECKS = {"SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1", "SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK": "1"}
 
 
 def _platform_answers_extra_buffer() -> bool:
@@ -126,8 +130,7 @@ class SGLangCpuTarget:
             activation.OBSERVE_ENV: "1",
             # the conv state takes the activations as they are: it must be the model's dtype
             "SGLANG_MAMBA_CONV_DTYPE": self.dtype,
-            "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
-            "SGLANG_ENABLE_TREE_CACHE_SANITY_CHECK": "1",
+            **SGLANG_SELF_CHECKS,
             "OMP_NUM_THREADS": "1",
             "TOKENIZERS_PARALLELISM": "false",
             **cell.env,
