@@ -18,6 +18,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from conformance.checks.findings import Finding
 from packaging.version import Version
 
 from conformance import cli
@@ -90,8 +92,10 @@ def test_nothing_reproducing_and_an_unknown_id_are_red(capsys):
 
 def test_a_failure_the_entry_does_not_explain_is_na():
     b = bug()
-    assert Probe.classify(b, "0.5.13", "request r2: cached_tokens 192, the prefix oracle allows [256] (input 261 tokens; the pools never had to evict)").status == "bad"
-    assert Probe.classify(b, "0.5.13", "server died: something else").status == "na"
+    line = "request r2: cached_tokens 192, the prefix oracle allows [256] (input 261 tokens; the pools never had to evict)"
+    assert Probe.classify(b, "0.5.13", [Finding(b.kind, line)]).status == "bad"
+    assert Probe.classify(b, "0.5.13", [Finding("server_died:exception", "server died: something else")]).status == "na"
+    assert Probe.classify(b, "0.5.13", [Finding("leak_kv", line)]).status == "na"  # the entry's line under another kind
     assert Probe.classify(b, "0.5.18", None).status == "good"
 
 

@@ -33,6 +33,7 @@ from packaging.version import Version
 from conformance.commands.history import READY, _run, default_venv_dir, ensure_venv, parse_releases, run_history, venv_env
 from conformance.commands.known_bugs import replayer
 from conformance.commands.report_bug import find_bug
+from conformance.checks.findings import Finding
 from conformance.errors import KitError
 from conformance.matrix.cells import DEFAULT_TARGET
 from conformance.session.known_bugs import KnownBug, Measurement, known_bugs_file, load
@@ -54,12 +55,14 @@ class Probe:
     line: str = ""
 
     @classmethod
-    def classify(cls, bug: KnownBug, release: str, failure: str | None) -> Probe:
-        if failure is None:
+    def classify(cls, bug: KnownBug, release: str, findings: Sequence[Finding] | None) -> Probe:
+        """The replay's findings judged as ``known-bugs`` judges them (``KnownBug.reproduced_by``)."""
+        if findings is None:
             return cls(release, "good", "the replay passed")
-        if bug.matches(failure):
-            return cls(release, "bad", failure)
-        return cls(release, "na", f"failed otherwise than the entry says: {failure}")
+        if hit := next((f for f in findings if bug.reproduced_by(f)), None):
+            return cls(release, "bad", f"{hit.kind}: {hit.line}")
+        seen = "; ".join(f"{f.kind}: {f.line}" for f in findings)
+        return cls(release, "na", f"failed otherwise than the entry says: {seen}")
 
 
 @dataclass(frozen=True)
@@ -174,15 +177,16 @@ def probe_in_venv(bug: KnownBug, release: str, venv_dir: Path, log_dir: Path) ->
     result = json.loads(lines[-1])
     if result.get("error"):
         return Probe(release, "na", result["error"])
-    return Probe.classify(bug, release, result.get("failure"))
+    found = result.get("findings")
+    return Probe.classify(bug, release, None if found is None else [Finding.from_json(f) for f in found])
 
 
 def _probe_main(bug_id: str, log_dir: Path) -> int:
-    """In a release's venv: replay one entry, print ``{"failure": line or null}`` or ``{"error": line}``."""
+    """In a release's venv: replay one entry, print ``{"findings": [...] or null}`` or ``{"error": line}``."""
     bug = find_bug(bug_id, load())
     try:
-        failure = replayer(options_from_args(argparse.Namespace(target=DEFAULT_TARGET)), log_dir)(bug)
-        print(json.dumps({"failure": failure}))
+        found = replayer(options_from_args(argparse.Namespace(target=DEFAULT_TARGET)), log_dir)(bug)
+        print(json.dumps({"findings": None if found is None else [f.to_json() for f in found]}))
     except KitError as e:
         print(json.dumps({"error": str(e)}))
     return 0
@@ -267,6 +271,11 @@ def run_bisect(args: argparse.Namespace, probe: Callable[[KnownBug, str], Probe]
     return 1 if problems else 0
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    """The ``history`` verb: ``--bisect ID`` bisects one known bug, otherwise the release x check table."""
+    return run_bisect(args) if args.bisect else run_history(args)
+
+
 def _logged(p: Probe) -> Probe:
     print(f"  replayed {p.release}: {p.status}", file=sys.stderr, flush=True)
     return p
@@ -282,8 +291,3 @@ def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - runs i
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
-
-
-def cmd_history(args: argparse.Namespace) -> int:
-    """The ``history`` verb: ``--bisect ID`` bisects one known bug, otherwise the release x check table."""
-    return run_bisect(args) if args.bisect else run_history(args)

@@ -30,7 +30,7 @@ TIMEOUT_S = 300.0
 METRIC_LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(\S+)")
 
 
-class Finding:
+class Observation:
     """One judged number: what the kit expects, what the server answered."""
 
     def __init__(self, rid, what, expected, observed, ok):
@@ -40,7 +40,7 @@ class Finding:
         return f"{'ok' if self.ok else 'DIFFERS':8} {self.rid}: {self.what}: expected {self.expected}, got {self.observed}"
 
 
-class Flight:
+class InFlight:
     """One ``/generate`` call on its own thread (a burst is one call for several rids)."""
 
     def __init__(self, rids, payload, stream):
@@ -130,7 +130,7 @@ class Player:
 
     # ------------------------------------------------------------ flights
     def launch(self, step, rids, payload, stream):
-        flight = Flight(tuple(rids), payload, stream)
+        flight = InFlight(tuple(rids), payload, stream)
         for rid in rids:
             self.flights[rid] = flight
         threading.Thread(target=self._run_flight, args=(flight,), daemon=True).start()
@@ -223,7 +223,7 @@ class Player:
 
     # ------------------------------------------------------------ judging
     def note(self, rid, what, expected, observed, ok):
-        finding = Finding(rid, what, expected, observed, ok)
+        finding = Observation(rid, what, expected, observed, ok)
         self.findings.append(finding)
         self.out(finding.line())
 
