@@ -46,6 +46,7 @@ from conformance.checks.hit_bounds import (
     in_flight_boundary_finish_store,
     unprepared_boundary_finish_store,
 )
+from conformance.checks.reuse import Reuse, kv_held
 from conformance.checks.strip_thinking import finish_store_of, possible_finish_stores_of, reasoned
 
 PREFILL_LINE = re.compile(r"Prefill batch.*?#cached-token:\s*(\d+)")
@@ -89,6 +90,8 @@ class Served:
     #: "exact" when SGLang's per-node records gave the hit it owed, else why only the model bounds it
     expected: str = ""
     held_seen: bool | None = None  # SGLang's per-node records showed the hit's state stored before admission
+    #: what the tree held for it, what the storage rule allowed, what it returned (where the owed hit was exact)
+    reuse: Reuse | None = None
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -380,7 +383,19 @@ class HitBook:
             return None  # never ran: SGLang's placeholder answer says nothing about the tree
         owed = self._expected(r)
         r.expected = "exact" if owed.exact else owed.why
+        r.reuse = self._reuse(r, owed.owed) if owed.exact else None
         return self._below_held(r, owed) or self._judge_hit(r, owed) or self._unheld_hit(r)
+
+    def _reuse(self, r: Served, owed: int) -> Reuse:
+        """Reported, not judged (``checks.reuse``): the KV tokens the tree held for ``r``'s
+        prompt -- the prompt + output of each request answered before ``r`` was sent -- against
+        the hit the storage rule allowed (``owed``) and the one SGLang returned."""
+        inserted = [(q.rid, q.input_ids if reasoned(q.options) else q.input_ids + q.output_ids[:-1])
+                    for q in self.records if q is not r and q.regular and q.done_seq and q.done_seq < r.sent_seq]
+        kv, source = kv_held(r.input_ids, inserted, self.grid.page_size)
+        log = self._requests()
+        at_most = source is not None and log is not None and log.evicted_between([self.server_rid(source)], self.server_rid(r.rid))
+        return Reuse(kv, owed, r.cached_tokens, at_most)
 
     def _expected(self, r: Served) -> Expected:
         """The hit SGLang owed ``r``, from its per-node records: the longest state of a prefix

@@ -61,7 +61,8 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         **{f"model_permitted_{k}": n for k, n in sorted(total.model_permissions.items())},
         "expected_exact": total.expected_exact, "expected_bounded": sum(total.expected_bounded.values()),
     }
-    details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {}), "expected_hit": expected_hit(total)}
+    details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {}), "expected_hit": expected_hit(total),
+                               "reuse": total.reuse.to_json()}  # reported, not judged (checks.reuse)
     known = [f for k in ex.known for f in k.failure.findings]
     if known:
         metrics["known_failures"] = len(ex.known)
