@@ -5,7 +5,9 @@ Tests that cost minutes of another kind are ``scheduled``: they run in the sched
 (``ci/workflows/nightly.yml``, job ``scheduled-tests``: ``pytest -m scheduled``), never in the
 README's test command. Scheduled are the ``release_range`` tests (each needs venvs of other
 SGLang releases from PyPI) and the direct probes of seeded real-SGLang faults (``fault_probe``,
-one real SGLang server each) outside the ``fault_probe_fast`` subset CI keeps. A default run
+one real SGLang server each) outside the ``fault_probe_fast`` subset CI keeps, and tests marked
+``scheduled`` with their reason (minutes of fuzzing on real SGLang, repeated real-SGLang starts
+where CI keeps one). A default run
 deselects them (deselected, not skipped, and said so in the header); a marker expression that
 names ``scheduled``, ``release_range`` or ``fault_probe`` runs them.
 """

@@ -121,6 +121,7 @@ def test_wrong_key_or_gone_broker_is_refused(fake: FakeTwins, tmp_path: Path) ->
         RemoteTwins("no-key", OPTS)
 
 
+@pytest.mark.scheduled(reason="two fuzzing workers on real SGLang: the nightly's scheduled-tests job")
 def test_fuzz_two_workers_share_one_twin(tmp_path: Path) -> None:
     """Two xdist workers, two cells of one model (reference engine): one cold twin's log."""
     cmd = ["hybrid-conformance", "fuzz", "--models", "qwen3-next", "--strategies", "no_buffer,extra_buffer", "--faults", "none",

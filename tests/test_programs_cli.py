@@ -111,6 +111,7 @@ def test_fuzz_rotate_as_typed(tmp_path: Path) -> None:
     assert cell["id"] == "qwen3-next-80b-extra_buffer-p1-t256" and cell["checks"]["programs"]["status"] == "pass"
 
 
+@pytest.mark.scheduled(reason="minutes of fuzzing on real SGLang: the nightly's scheduled-tests job")
 def test_fuzz_sglang_cpu_as_typed(tmp_path: Path) -> None:
     out = sh(FUZZ_SGLANG_CPU, tmp_path, timeout=2400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

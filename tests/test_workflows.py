@@ -19,6 +19,7 @@ from typing import Iterator
 
 import pytest
 import yaml
+from conformance.session.options import PLUGIN_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / "ci" / "workflows"
@@ -52,7 +53,9 @@ def cli_surface() -> tuple[dict[str, set[str]], dict[tuple[str, str], tuple[str,
 
 CLI_FLAGS, CLI_CHOICES = cli_surface()
 # pytest, pytest-xdist and pytest-timeout flags the workflows may use.
-PYTEST_FLAGS = {"-m", "-k", "-q", "-v", "-x", "-p", "-n", "-o", "-ra", "-rA", "--junitxml", "--timeout", "--dist", "--maxfail", "--durations"}
+#: pytest's own flags the workflows use, and the kit plugin's options (one registry: conformance.session.options).
+PYTEST_FLAGS = {"-m", "-k", "-q", "-v", "-x", "-p", "-n", "-o", "-ra", "-rA", "--junitxml", "--timeout", "--dist", "--maxfail", "--durations",
+                *(o.flag for o in PLUGIN_OPTIONS)}
 
 _FLAG = re.compile(r"(?:^|[\s+])(--?[A-Za-z][\w-]*)")
 _SEPARATORS = re.compile(r"\s*(?:&&|\|\||;|\|)\s*")
@@ -228,6 +231,8 @@ def test_nightly_runs_the_scheduled_tests_the_readme_command_leaves_out():
     calls = [invocation(seg) for sc in scripts for seg in segments(sc) if (invocation(seg) or ("",))[0] == "pytest"]
     assert any(option(inv[3], "-m") == "scheduled" for inv in calls), calls
     assert any(seg == "bash ci/setup-cpu.sh" for sc in scripts for seg in segments(sc))
+    # the README's first pytest runs the reference target's premerge cells; the rest of the standard tier runs here
+    assert any(option(inv[3], "--target") == "reference" and option(inv[3], "--tier") == "standard" for inv in calls), calls
 
 
 def known_bug_replays(wf: dict) -> list[tuple[dict, list[str]]]:
