@@ -94,10 +94,11 @@ class TransferFailureRecording:
 # ------------------------------------------------------------------ agreement
 @dataclass(frozen=True)
 class ServedStep:
-    """One request as one server answered it."""
+    """One request as one server answered it (``input_len``: its prompt's length)."""
 
     cached_tokens: int
     logprobs: TokenLogprobs
+    input_len: int = 0
 
 
 @dataclass(frozen=True)

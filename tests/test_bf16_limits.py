@@ -1,4 +1,4 @@
-"""bfloat16 limits from measured noise (issue 26, finding 10).
+"""bfloat16 limits from measured noise (issue 26, finding 10), under a fixed ceiling (issue 43).
 
 Programs: the oracle capped every output token's top-k KL at the model's ``kl_abs_cap``
 (5e-3), below the clean bfloat16 maximum measured on sglang-cpu (7.2e-3, docs/kl-noise.md),
@@ -7,6 +7,9 @@ paths (``programs/noise.py`` -> ``differential.tolerance_from_noise``): here the
 generates recorded on real SGLang 0.5.23 in bfloat16 (tests/data/checks, qwen3-next
 extra_buffer), and a token at the clean maximum.  KL suite: 100 x the floor was always
 above the cap, so its limit was the cap; now it follows the floor.  Shifted hits still fail.
+The programs' noise is measured on the cache-off twin against itself, and the limits it sets
+never exceed ``KL_CEILING`` / ``TIE_CEILING``: a seeded fault of KL 0.25 is refused however
+noisy the calibration.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from pathlib import Path
 import pytest
 
 from conformance.checks.differential import (
-    MIN_NOISE_TOKENS, MIN_TIE, NOISE_FACTOR, Cold, ServedLogprobs, Tolerance, differential_problems, noise_samples, tolerance_from_noise,
+    KL_CEILING, MIN_NOISE_TOKENS, MIN_TIE, NOISE_FACTOR, TIE_CEILING, Cold, ServedLogprobs, Tolerance, differential_problems, noise_samples,
+    tolerance_from_noise,
 )
-from conformance.checks.kl import MIN_LIMIT, NOISE_FACTOR, kl_verdict
+from conformance.checks.kl import MIN_LIMIT, NOISE_FACTOR, kl_verdict, topk_kl
+from conformance.programs import noise
 from conformance.errors import KitError
 from conformance.recordings import KLSequence, TokenLogprobs
 
@@ -62,10 +67,13 @@ CLEAN_MAX = 7.2e-3
 
 
 def at_clean_max(s: KLSequence) -> KLSequence:
-    """``s`` with its first served token's top-k moved (mass from the best to the second
-    token, bisected) until its top-k KL against the reference is the measured clean maximum."""
-    from conformance.checks.kl import topk_kl
+    """``s`` with its first served token's top-k KL at the measured clean maximum."""
+    return at_kl(s, CLEAN_MAX)
 
+
+def at_kl(s: KLSequence, target: float) -> KLSequence:
+    """``s`` with its first served token's top-k moved (mass from the best to the second
+    token, bisected) until its top-k KL against the reference is ``target``."""
     ref, top = s.reference.top[0], s.served.top[0]
 
     def moved(d: float):
@@ -74,7 +82,7 @@ def at_clean_max(s: KLSequence) -> KLSequence:
     lo, hi = 0.0, 2.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if topk_kl(ref, moved(mid)) < CLEAN_MAX else (lo, mid)
+        lo, hi = (mid, hi) if topk_kl(ref, moved(mid)) < target else (lo, mid)
     served = dataclasses.replace(s.served, top=(moved(lo), *s.served.top[1:]))
     return dataclasses.replace(s, served=served)
 
@@ -185,3 +193,100 @@ def test_a_shift_of_every_logprob_alike_does_not_widen_the_greedy_tie() -> None:
     assert margin(0.4, None) == pytest.approx(0.8)  # the second not served in the top-k: twice the first's deviation
     kls = [0.001] * MIN_NOISE_TOKENS
     assert tolerance_from_noise(kls, [margin(0.9, 0.9)] * MIN_NOISE_TOKENS).tie_eps == MIN_TIE
+
+
+# ------------------------------------------------------------------ the ceiling (issue 43)
+
+#: What the calibration on the server under test gave on sglang-cpu 0.5.23 in bfloat16
+#: (qwen3-next twin): a token KL of 0.07 and a flip margin of 1.0, so a 0.28 KL cap and a 4-nat tie.
+LIVE_KL, LIVE_MARGIN = 0.07, 1.0
+#: The seeded fault: a hit whose first token's top-k KL is 0.25 (real bugs: 0.26-0.34).
+SEEDED_KL = 0.25
+
+
+def test_the_ceiling_refuses_a_seeded_kl_025_fault_however_noisy_the_calibration() -> None:
+    """Before: the limits were the noise x 4 with no ceiling, so a calibration as noisy as the
+    live one on 0.5.23 (0.28 KL, 4 nats) let a recorded bf16 hit moved to KL 0.25 pass.  Now the
+    cap stops at KL_CEILING and the same hit is refused."""
+    kls, margins = [LIVE_KL] * MIN_NOISE_TOKENS, [LIVE_MARGIN] * MIN_NOISE_TOKENS
+    uncapped = Tolerance(False, tie_eps=NOISE_FACTOR * LIVE_MARGIN, logprob_atol=float("inf"), kl_cap=NOISE_FACTOR * LIVE_KL)
+    capped = tolerance_from_noise(kls, margins)
+    assert (capped.kl_cap, capped.tie_eps) == (KL_CEILING, TIE_CEILING) and uncapped.kl_cap > SEEDED_KL
+    seqs = sequences()
+    hit = next(s for s in seqs if s.cached_tokens > 0)
+    seeded = at_kl(hit, SEEDED_KL)
+    assert noise_samples(*as_request(seeded, seeded.served))[0][0] == pytest.approx(SEEDED_KL, rel=1e-3)
+    assert not differential_problems(*as_request(seeded, seeded.served), uncapped)  # the old limit excused it
+    (problem,) = differential_problems(*as_request(seeded, seeded.served), capped)
+    assert f"top-k KL 0.25 > {KL_CEILING:.3g}" in problem
+
+
+def test_the_ceiling_is_not_vacuous_clean_bf16_hits_pass_under_it() -> None:
+    """Every recorded clean bf16 hit passes the capped tolerance, and on the recorded cold
+    paths the noise, not the ceiling, sets the limits (the ceiling bites only on noisy calibrations)."""
+    seqs = sequences()
+    capped = tolerance_from_noise([LIVE_KL] * MIN_NOISE_TOKENS, [LIVE_MARGIN] * MIN_NOISE_TOKENS)
+    assert not any(differential_problems(*as_request(s, s.served), capped) for s in seqs)
+    token = at_clean_max(seqs[0])
+    assert not differential_problems(*as_request(token, token.served), capped)
+    measured = noise_tolerance(seqs)
+    assert measured.kl_cap < KL_CEILING and measured.tie_eps < TIE_CEILING
+
+
+def test_the_greedy_tie_stops_at_its_ceiling() -> None:
+    """A served token 3 nats below the cold's best passed the 4-nat tie the live calibration
+    gave; under the 2-nat ceiling it is no tie.  One 1.5 nats below (under every clean flip
+    margin seen, 1.625) still passes."""
+    tol = tolerance_from_noise([LIVE_KL] * MIN_NOISE_TOKENS, [LIVE_MARGIN] * MIN_NOISE_TOKENS)
+    loose = dataclasses.replace(tol, kl_cap=float("inf"))  # the greedy check alone
+    old = dataclasses.replace(loose, tie_eps=NOISE_FACTOR * LIVE_MARGIN)
+
+    def served_below(gap: float) -> tuple:
+        cold = Cold(1, ((-0.3 - gap, 9),), (((-0.3, 7), (-0.3 - gap, 9)),))
+        return [1], [9], ServedLogprobs((-0.5,), (((-0.5, 9), (-0.9, 7)),)), cold
+
+    assert differential_problems(*served_below(3.0), old) == []
+    assert "not the cold argmax" in differential_problems(*served_below(3.0), loose)[0]
+    assert differential_problems(*served_below(1.5), loose) == []
+
+
+class FakeTwin:
+    """A cache-off twin that answers a generate batch and a prefill batch with the same
+    distribution per position, apart from a bf16-sized wobble on the decode path."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    @staticmethod
+    def top(pos: int, wobble: float) -> list[list[float]]:
+        return [[-0.5 + wobble, 7 + pos % 3], [-2.0 - wobble, 100 + pos % 5], [-4.0, 200]]
+
+    def generate(self, body: dict, timeout: float | None = None) -> list[dict]:
+        prefill = body["sampling_params"][0]["max_new_tokens"] == 0
+        self.calls.append("prefill" if prefill else "generate")
+        out = []
+        for i, ids in enumerate(body["input_ids"]):
+            if prefill:
+                start = body["logprob_start_len"][i]
+                rows = [self.top(p, 0.0) for p in range(start, len(ids))]
+                out.append({"meta_info": {"input_token_logprobs": [[r[0][0], ids[start + j]] for j, r in enumerate(rows)],
+                                          "input_top_logprobs": rows}})
+            else:
+                rows = [self.top(len(ids) + k, 0.02) for k in range(body["sampling_params"][i]["max_new_tokens"])]
+                out.append({"output_ids": [int(r[0][1]) for r in rows],
+                            "meta_info": {"output_token_logprobs": [[r[0][0], r[0][1]] for r in rows], "output_top_logprobs": rows}})
+        return out
+
+    def flush_cache(self, **kwargs) -> None:  # the twin has no radix cache to flush
+        raise AssertionError("the calibration flushed the cache-off twin")
+
+
+def test_the_calibration_runs_on_the_cache_off_twin_against_itself() -> None:
+    """``calibrate`` takes the twin only (the server under test is not an argument): one
+    generate batch and one prefill batch there, no flush; its metrics name the ceilings."""
+    twin = FakeTwin()
+    tol, metrics = noise.calibrate(twin, vocab_size=512)
+    assert twin.calls == ["generate", "prefill"]
+    assert metrics["tokens"] == len(noise.LENGTHS) * noise.NEW_TOKENS and metrics["gap_max"] == pytest.approx(0.04)
+    assert (metrics["kl_ceiling"], metrics["tie_ceiling"]) == (KL_CEILING, TIE_CEILING)
+    assert tol.tie_eps == pytest.approx(NOISE_FACTOR * 0.04) and MIN_LIMIT <= tol.kl_cap < KL_CEILING

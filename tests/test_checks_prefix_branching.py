@@ -108,9 +108,10 @@ def _chain(hits: list[int]) -> TreeRecording:
 
     tree = multi_turn_tree(chunk=CHUNK, track_interval=TRACK, vocab_size=500)
     chain = [r for r in tree.requests if r.path.startswith("chunks/")]
-    rows, prompt = [], ()
+    rows, sent = [], {}
     for r, hit in zip(chain, hits):
-        prompt = r.tokens if r.extends is None else prompt + OUT + r.tokens
+        prompt = r.prompt(sent)
+        sent[r.path] = (prompt, OUT)
         rows.append(TreeRequestRecord(r.path, prompt, OUT, hit, r.group, cold_output=OUT, flushed_before=r.flush_before))
     return TreeRecording(tuple(rows))
 

@@ -12,7 +12,8 @@ import pytest
 
 from conformance.errors import KitError
 from conformance.checks.findings import Finding, failing
-from conformance.session.known_bugs import STILL_PRESENT, KnownBug, check_entries, expect, load
+from conformance.commands.known_bugs import replay_cell
+from conformance.session.known_bugs import STILL_PRESENT, KnownBug, check_entries, expect, installed_release, load
 from conformance.records import Verdict
 from conformance.report.run_report import known_bugs_seen
 from conformance.session.suite_support import settle
@@ -47,6 +48,38 @@ issue = "https://github.com/sgl-project/sglang/issues/1"
 def test_the_repository_file_loads_and_every_entry_has_its_replay() -> None:
     for bug in load(ROOT / "fixtures" / "known_bugs.toml"):
         assert bug.replay_path().is_file() and bug.targets and "reference" not in bug.targets
+
+
+def test_every_entry_in_range_of_the_installed_release_has_a_replay_naming_a_cell() -> None:
+    """The README's test command replays no known bug (the nightly's ``known-bugs`` job does,
+    ci/workflows/nightly.yml); it checks, without a server, that each entry in range of the
+    installed release (on any target) has a replay file that loads and names a cell of the
+    matrix, so the nightly replay can run it."""
+    release = installed_release()
+    in_range = [b for b in load(ROOT / "fixtures" / "known_bugs.toml") if b.in_range(release)]
+    for bug in in_range:
+        program, cell = replay_cell(bug)
+        assert cell.id == program.cell["id"]
+    if not in_range:
+        pytest.skip(f"no known-bug entry is in range of the installed sglang {release}")
+
+
+@pytest.mark.parametrize("replay,why", [
+    ({"version": 1, "forest": [], "steps": [], "cell": {"id": "no-such-cell"}}, "cell 'no-such-cell' is not in the matrix"),
+    ({"version": 1, "forest": [], "steps": [], "cell": {}}, "names no cell"),
+    ("{not json", "not JSON"),
+])
+def test_a_replay_that_does_not_load_or_names_no_cell_is_one_line(tmp_path: Path, replay: object, why: str) -> None:
+    """The rule above is not vacuous: a seeded entry whose replay names a cell the matrix lacks,
+    names none, or is not JSON is refused in one line naming the entry."""
+    (bug,) = load(_file(tmp_path, ENTRY))
+    bug.replay_path().write_text(replay if isinstance(replay, str) else json.dumps(replay))
+    with pytest.raises(KitError, match=why) as e:
+        replay_cell(bug)
+    assert str(e.value).startswith("bug 'lost-prefix': replay ") and "\n" not in str(e.value)
+    (tmp_path / "good").mkdir()
+    (good,) = load(_file(tmp_path / "good", ENTRY))
+    assert replay_cell(good)[1].id == CELL
 
 
 def test_a_matching_failure_is_a_known_bug_still_present_and_xfails(tmp_path: Path) -> None:

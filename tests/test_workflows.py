@@ -185,6 +185,8 @@ def _output_dir(inv: tuple[str, str, list[str], list[str]]) -> str | None:
     tool, sub, _, argv = inv
     if tool == "hybrid-conformance" and sub == "run":
         return option(argv, "--report-dir")
+    if tool == "hybrid-conformance" and sub == "known-bugs":  # the replays' server logs: what a red replay is read from
+        return option(argv, "--log-dir")
     if tool == "pytest":
         junit = option(argv, "--junitxml")
         return posixpath.dirname(junit) or "." if junit else None
@@ -231,6 +233,43 @@ def test_nightly_runs_the_scheduled_tests_the_readme_command_leaves_out():
     assert any(seg == "bash ci/setup-cpu.sh" for sc in scripts for seg in segments(sc))
     # the README's first pytest runs the reference target's premerge cells; the rest of the standard tier runs here
     assert any(option(inv[3], "--target") == "reference" and option(inv[3], "--tier") == "standard" for inv in calls), calls
+
+
+def known_bug_replays(wf: dict) -> list[tuple[dict, list[str]]]:
+    """(job, argv) of every `hybrid-conformance known-bugs` in the workflow."""
+    return [(job, inv[3]) for _, job, step in steps(wf) for seg in segments(step.get("run", ""))
+            if (inv := invocation(seg)) and inv[:2] == ("hybrid-conformance", "known-bugs")]
+
+
+def installs_this_checkouts_sglang(job: dict) -> bool:
+    """The job installs the CPU tiers with the SGLang checked out beside the kit (the release
+    the known-bugs entries are judged in range of), not the kit's pinned one."""
+    return any(seg == "HYBRID_CONFORMANCE_SGLANG=../python bash ci/setup-cpu.sh" for s in job["steps"] for seg in segments(s.get("run", "")))
+
+
+def test_nightly_replays_every_known_bug_in_range_of_its_release():
+    """Issue 43: the strict replay (``hybrid-conformance known-bugs``) ran in no workflow.  The
+    nightly's ``known-bugs`` job installs this checkout's SGLang and replays every entry in range
+    for it on real SGLang on CPU; the README's test command replays none (CI time), only
+    checks the replay files (tests/test_known_bugs.py)."""
+    wf = load("nightly")
+    assert "schedule" in wf["on"]
+    ((job, argv),) = known_bug_replays(wf)
+    assert job is wf["jobs"]["known-bugs"] and option(argv, "--target") == "sglang-cpu" and option(argv, "--file") is None
+    assert installs_this_checkouts_sglang(job)
+    readme = (ROOT / "README.md").read_text()
+    assert "known-bugs" not in readme.split("```bash\n")[2].split("```")[0]  # the README's CI test command
+
+
+def test_the_known_bug_replay_rule_sees_a_missing_job_or_another_release():
+    """Not vacuous: without the job, or with the kit's pinned SGLang in place of the checkout's."""
+    gone = copy.deepcopy(load("nightly"))
+    del gone["jobs"]["known-bugs"]
+    assert known_bug_replays(gone) == []
+    pinned = copy.deepcopy(load("nightly"))
+    job = pinned["jobs"]["known-bugs"]
+    _edit_run({"jobs": {"known-bugs": job}}, "HYBRID_CONFORMANCE_SGLANG=../python bash ci/setup-cpu.sh", "bash ci/setup-cpu.sh")
+    assert not installs_this_checkouts_sglang(job)
 
 
 def test_premerge_runs_twins_and_cpu_tiers_within_20_minutes():
@@ -319,6 +358,7 @@ SEEDED = {
     "bad target": (lambda wf: _edit_run(wf, "--target sglang", "--target vllm"), "--target 'vllm' is not one of"),
     "bad pytest flag": (lambda wf: _edit_run(wf, "-q --junitxml", "--quiet-please --junitxml"), "pytest flag --quiet-please"),
     "no report dir": (lambda wf: _edit_run(wf, "--report-dir reports/nightly", ""), "without --report-dir"),
+    "known-bugs logs not uploaded": (lambda wf: _edit_run(wf, "--log-dir reports/known-bugs", "--log-dir logs/known-bugs"), "logs/known-bugs is not uploaded"),
     "no timeout": (lambda wf: wf["jobs"]["matrix"].pop("timeout-minutes"), "no positive timeout-minutes"),
     "no upload": (_drop_uploads, "is not uploaded"),
     "upload skipped on failure": (_upload_without_always, "is not uploaded"),

@@ -6,16 +6,21 @@ torch stand-ins for its GPU kernels, the engine runs transformers' classes.  The
 pick the same greedy tokens, give the same chosen-token and top-k logprobs within
 ``logprob_tol`` (SGLang computes the head in float32, the engine in float64: the measured
 gap is ~1e-5), and report the same ``cached_tokens`` (both follow SGLang's snapshot
-rules).  Where they differ the engine is wrong until shown otherwise.  The check refuses
-to pass vacuously: nothing compared, or no step hit the cache on either side.
+rules).  Where they differ the engine is wrong until shown otherwise.  Where SGLang's
+per-node records say what its tree held for a step's prompt (``owed``,
+``conformance.checks.held``), SGLang's hit is also judged against that, whatever the engine
+reported: a lower one is ``hit_below_held`` (a stored state not reused, turn after turn of
+the multi-turn chains).  The check refuses to pass vacuously: nothing compared, or no step
+hit the cache on either side.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from conformance.recordings import AgreementStep, TokenLogprobs
 from conformance.checks.findings import VACUOUS, Finding, failing
+from conformance.checks.held import Expected, summary, tally
 from conformance.records import Verdict
 
 CHECK = "agreement"
@@ -37,7 +42,11 @@ def _differs(s: AgreementStep) -> str:
     return "answer_differs_on_hit" if s.sglang.cached_tokens > 0 else "answer_differs_on_miss"
 
 
-def agreement_verdict(steps: Sequence[AgreementStep], *, logprob_tol: float = DEFAULT_LOGPROB_TOL) -> Verdict:
+def agreement_verdict(steps: Sequence[AgreementStep], *, logprob_tol: float = DEFAULT_LOGPROB_TOL,
+                      owed: Mapping[str, Expected] | None = None) -> Verdict:
+    """``owed``: per step name, the hit SGLang owed it from its per-node records (exact or
+    bounded, ``checks.held``); absent: no judgement against what its tree held."""
+    owed = owed or {}
     rows, fails = [], []
     tokens = mismatched_tokens = cached_mismatches = hits = 0
     max_lp = max_top = 0.0
@@ -62,11 +71,20 @@ def agreement_verdict(steps: Sequence[AgreementStep], *, logprob_tol: float = DE
         if max(lp_gap, top_gap) > logprob_tol:
             fails.append(Finding(_differs(s), f"{s.name}: logprobs differ by {max(lp_gap, top_gap):.3g} > {logprob_tol:g}",
                                  {"step": s.name, "cached_tokens": s.sglang.cached_tokens}))
+        held = owed.get(s.name)
+        below = held.finding(s.sglang.cached_tokens, s.sglang.input_len) if held is not None else None
+        if below is not None:
+            fails.append(Finding(below.kind, f"{s.name}: {below.line}", {**below.facts, "step": s.name}))
         rows.append({"step": s.name, "cached_sglang": s.sglang.cached_tokens, "cached_reference": s.reference.cached_tokens,
-                     "tokens": n, "first_token_diff": first_diff, "max_logprob_gap": lp_gap, "max_top_logprob_gap": top_gap})
+                     "tokens": n, "first_token_diff": first_diff, "max_logprob_gap": lp_gap, "max_top_logprob_gap": top_gap,
+                     **({"held": held.owed} if held is not None and held.exact else {})})
     metrics = {"steps": len(steps), "tokens": tokens, "token_mismatches": mismatched_tokens, "cached_mismatches": cached_mismatches,
                "steps_with_hits": hits, "max_logprob_gap": max_lp, "max_top_logprob_gap": max_top, "logprob_tol": logprob_tol}
-    details = {"steps": rows}
+    details: dict = {"steps": rows}
+    if owed:
+        exact, bounded = tally(owed.values())
+        metrics["held_exact"] = exact
+        details["expected_hit"] = summary(exact, bounded)
     if fails:
         return failing(CHECK, fails, metrics, details, reason="; ".join(f.line for f in fails[:6]))
     if not tokens:

@@ -24,7 +24,8 @@ from conformance.session.options import Options, options_from_args
 from conformance.session.options import DTYPE, LAUNCHER, MATRIX, TWINS, add_arguments as add_options
 from conformance.programs.replay import REPLAY_TARGET
 from conformance.targets.registry import FUZZ_TARGET
-from conformance.programs.program import load_program
+from conformance.matrix.cells import Cell
+from conformance.programs.program import Program, load_program
 from conformance.programs.replay import find_cell, play
 from conformance.programs.runner import ProgramFailure
 
@@ -35,11 +36,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-dir", help="server logs (default: a temporary folder, printed)")
 
 
+def replay_cell(bug: KnownBug, matrix_path: str | None = None) -> tuple[Program, Cell]:
+    """The entry's replay program and the matrix cell it names (a one-line KitError when the
+    file does not load or names no cell of the matrix).  Starts nothing."""
+    try:
+        program = load_program(str(bug.replay_path()))
+        return program, find_cell(program, matrix_path)
+    except KitError as e:
+        raise KitError(f"bug {bug.id!r}: replay {bug.replay}: {e}") from None
+
+
 def replayer(options: Options, log_dir: Path) -> Callable[[KnownBug], list[Finding] | None]:
     """bug -> its replay's findings, or None when the program passed."""
     def replay(bug: KnownBug) -> list[Finding] | None:
-        program = load_program(str(bug.replay_path()))
-        cell = find_cell(program, options.matrix_path)
+        program, cell = replay_cell(bug, options.matrix_path)
         saved = dict(os.environ)
         os.environ.update(program.env)
         try:

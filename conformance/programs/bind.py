@@ -102,7 +102,7 @@ def target_for(ep: Endpoint, cold: Endpoint) -> ProgramTarget:
         path_cap=path_cap(info, ep.cell),
     )
     exact = exact_mode(ep)
-    tol, noise = (Tolerance.for_mode(True), {}) if exact else calibrate(ep.client, cold.client, vocab_size=vocab_size(ep))
+    tol, noise = (Tolerance.for_mode(True), {}) if exact else calibrate(cold.client, vocab_size=vocab_size(ep))
     return ProgramTarget(
         client=ep.client, cold=cold.client, grid=grid_for(ep), limits=limits, tol=tol, noise=noise, exact=exact,
         idle_deadline_s=idle_deadline(ep), log_text=ep.log_text if ep.process else None,

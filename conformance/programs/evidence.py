@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from conformance.checks.held import Expected
 from conformance.sglang_contract.metric_names import KIT_EVICTIONS_TOTAL, KIT_MAMBA_TOTAL, KIT_PREFILL_CUTS_TOTAL
 from conformance.sglang_plugins.token_digest import token_digest
 from conformance.errors import KitError
@@ -229,6 +230,21 @@ class RequestLog:
     def dropped(self, rid: str) -> bool:
         """Did a failed lazy allocation drop this request's kept checkpoint?"""
         return bool(self.drops.get(rid))
+
+
+def owed_hit(log: RequestLog | None, tokens: Sequence[int], limit: int, rid: str) -> Expected:
+    """The hit SGLang owed request ``rid`` (its input ``tokens``, the match limit ``limit``):
+    exact from its per-node records (what its tree held at the admission), else bounded and why."""
+    if log is None:
+        return Expected(False, why="no per-node records on this target")
+    if not log.per_node:
+        return Expected(False, why="the server records no per-node states")
+    held = log.held_at_admission(tokens, limit, rid)
+    if held is None:
+        return Expected(False, why="no prefill record of it (aborted before SGLang admitted it)")
+    if held.admissions > 1:
+        return Expected(False, why="retracted and admitted again")
+    return Expected(True, held.owed, freed=held.freed)
 
 
 class Evidence:

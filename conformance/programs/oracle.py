@@ -3,7 +3,7 @@
 * **outputs**: every answered request equals a cold computation of the same full input
   (``conformance.checks.differential``), hit or not;
 * **hits**: where SGLang records per node which states its tree took and freed, the hit it
-  owed each request -- its longest state the tree held at the admission (:class:`Expected`,
+  owed each request -- its longest state the tree held at the admission (``checks.held.Expected``,
   exact) -- and no less (``hit_below_held``); and ``cached_tokens`` is one the prefix oracle
   allows given what overlapped (``conformance.checks.hit_bounds``), a state the release's
   storage rule stores for sure lost only to SGLang's eviction walk;
@@ -20,12 +20,12 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from conformance.checks.leaks import idle_invariant
 from conformance.checks.findings import Finding
-from conformance.programs.evidence import Evidence, RequestLog
+from conformance.programs.evidence import Evidence, RequestLog, owed_hit
 from conformance.sglang_contract.metric_names import CACHED_TOKENS_TOTAL, IDLE_TERMS
 from conformance.checks.hit_bounds import (
     Key,
@@ -46,6 +46,8 @@ from conformance.checks.hit_bounds import (
     in_flight_boundary_finish_store,
     unprepared_boundary_finish_store,
 )
+from conformance.checks.held import Expected
+from conformance.checks.reuse import Reuse, kv_held
 from conformance.checks.strip_thinking import finish_store_of, possible_finish_stores_of, reasoned
 
 PREFILL_LINE = re.compile(r"Prefill batch.*?#cached-token:\s*(\d+)")
@@ -89,6 +91,8 @@ class Served:
     #: "exact" when SGLang's per-node records gave the hit it owed, else why only the model bounds it
     expected: str = ""
     held_seen: bool | None = None  # SGLang's per-node records showed the hit's state stored before admission
+    #: what the tree held for it, what the storage rule allowed, what it returned (where the owed hit was exact)
+    reuse: Reuse | None = None
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -380,45 +384,33 @@ class HitBook:
             return None  # never ran: SGLang's placeholder answer says nothing about the tree
         owed = self._expected(r)
         r.expected = "exact" if owed.exact else owed.why
+        r.reuse = self._reuse(r, owed.owed) if owed.exact else None
         return self._below_held(r, owed) or self._judge_hit(r, owed) or self._unheld_hit(r)
+
+    def _reuse(self, r: Served, owed: int) -> Reuse:
+        """Reported, not judged (``checks.reuse``): the KV tokens the tree held for ``r``'s
+        prompt -- the prompt + output of each request answered before ``r`` was sent -- against
+        the hit the storage rule allowed (``owed``) and the one SGLang returned."""
+        inserted = [(q.rid, q.input_ids if reasoned(q.options) else q.input_ids + q.output_ids[:-1])
+                    for q in self.records if q is not r and q.regular and q.done_seq and q.done_seq < r.sent_seq]
+        kv, source = kv_held(r.input_ids, inserted, self.grid.page_size)
+        log = self._requests()
+        at_most = source is not None and log is not None and log.evicted_between([self.server_rid(source)], self.server_rid(r.rid))
+        return Reuse(kv, owed, r.cached_tokens, at_most)
 
     def _expected(self, r: Served) -> Expected:
         """The hit SGLang owed ``r``, from its per-node records: the longest state of a prefix
         of ``r``'s input (within the match limit) its tree took before ``r``'s admission and did
         not free since.  Bounded (``why``) where the records cannot say it."""
-        log = self._requests()
-        if log is None:
-            return Expected(False, why="no per-node records on this target")
-        if not log.per_node:
-            return Expected(False, why="the server records no per-node states")
         if r.in_streaming_session or r.kind == "turn":
             return Expected(False, why="a session's turn (the session may hold its prefix)")
-        held = log.held_at_admission(r.input_ids, key_limit(len(r.input_ids), self.grid.page_size, r.logprob_start), self.server_rid(r.rid))
-        if held is None:
-            return Expected(False, why="no prefill record of it (aborted before SGLang admitted it)")
-        if held.admissions > 1:
-            return Expected(False, why="retracted and admitted again")
-        return Expected(True, held.owed, freed=held.freed)
+        return owed_hit(self._requests(), r.input_ids, key_limit(len(r.input_ids), self.grid.page_size, r.logprob_start), self.server_rid(r.rid))
 
     def _below_held(self, r: Served, owed: Expected) -> Finding | None:
         """A hit below what SGLang's tree held: a state of a longer prefix taken before the
         admission and not freed since, or freed by something other than SGLang's eviction walk
         (with a per-path cap also an insert).  Settled by the records, never by a permission."""
-        if not owed.exact:
-            return None
-        hit = r.cached_tokens
-        facts = {"cached_tokens": hit, "input": len(r.input_ids), "held": owed.owed}
-        if hit < owed.owed:
-            return Finding("hit_below_held", f"cached_tokens {hit}: SGLang held a state of {owed.owed} tokens for this prompt and reused "
-                           f"{hit}; nothing freed it (input {len(r.input_ids)} tokens; per-node records)", facts)
-        excused = {"walk"} | ({"insert"} if self.limits.path_cap is not None else set())
-        outside = {n: sorted(by) for n, by in owed.freed.items() if n > hit and not by & excused}
-        if outside:
-            n = max(outside)
-            return Finding("hit_below_held", f"cached_tokens {hit}: SGLang's tree took a state of {n} tokens for this prompt and freed it "
-                           f"outside its eviction walk (by {', '.join(outside[n])}) before the admission (input {len(r.input_ids)} tokens; "
-                           "per-node records)", {**facts, "freed": n, "freed_by": outside[n]})
-        return None
+        return owed.finding(r.cached_tokens, len(r.input_ids), path_cap=self.limits.path_cap is not None)
 
     def _unheld_hit(self, r: Served) -> Finding | None:
         """SGLang's own records against its answer: a hit of ``k`` tokens is a node of its
@@ -593,18 +585,6 @@ class Seen:
     evicted: bool
     why: str
     kind: str = "hit_below_certain"
-
-
-@dataclass(frozen=True)
-class Expected:
-    """The hit SGLang owed a request: ``exact`` from its per-node records (``owed``: its
-    longest state the tree held at the admission; ``freed``: the states it took and freed
-    before it, with what freed them), else bounded by the prefix model alone (``why``)."""
-
-    exact: bool
-    owed: int = 0
-    why: str = ""
-    freed: Mapping[int, set[str]] = field(default_factory=dict)
 
 
 def answered_by_sglang(r: Served) -> bool:

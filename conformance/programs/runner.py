@@ -22,6 +22,7 @@ from typing import Any
 from conformance.checks.differential import Tolerance, cold_from_meta, compare_served, served_logprobs
 from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.leaks import death_findings, pool_finding
+from conformance.checks.reuse import ReuseTally
 from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.checks.findings import Finding
@@ -115,6 +116,8 @@ class RunStats:
     #: judged requests whose owed hit SGLang's per-node records gave exactly, and the others by why they are only bounded
     expected_exact: int = 0
     expected_bounded: dict[str, int] = field(default_factory=dict)
+    #: reuse efficiency, reported and not judged (``checks.reuse``)
+    reuse: ReuseTally = field(default_factory=ReuseTally)
 
     def note_hit(self, s: Served) -> None:
         """Count one judged request: what admitted its hit, before and after the records, and
@@ -126,6 +129,8 @@ class RunStats:
             self.expected_exact += 1
         elif s.expected:
             self.expected_bounded[s.expected] = self.expected_bounded.get(s.expected, 0) + 1
+        if s.expected:
+            self.reuse.note(s.reuse)
 
     @classmethod
     def total(cls, runs: "list[RunStats]") -> "RunStats":
@@ -143,6 +148,7 @@ class RunStats:
             max((r.max_logprob_gap for r in runs), default=0.0), summed("permissions"), sum(r.cold_s for r in runs), sum(r.idle_s for r in runs),
             max((r.max_topk_kl for r in runs), default=0.0), max((r.max_flip_margin for r in runs), default=0.0),
             sum(r.hits_seen_stored for r in runs), summed("model_permissions"), sum(r.expected_exact for r in runs), summed("expected_bounded"),
+            ReuseTally.total(r.reuse for r in runs),
         )
 
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from conformance.report.markdown import matrix_groups, reasons
 from conformance.report.perf import engines, perf_rows
+from conformance.report.reuse import NOTE as REUSE_NOTE, reuse_rows
 from conformance.report.plots import Plot
 from conformance.report.schema import (
     cell_status,
@@ -77,6 +78,7 @@ def render_html(report: Mapping[str, Any], plots: Sequence[Plot], base_dir: Path
         parts += ["<h2>Verdict matrix</h2>", grid]
     parts += ["<h2>Cells</h2>", _table(report["cells"])]
     parts += _perf(report["cells"])
+    parts += _reuse(report["cells"])
     if report.get("disagg"):
         parts += ["<h2>PD disaggregation</h2>", _table(report["disagg"])]
     if report.get("pool") is not None:
@@ -126,10 +128,22 @@ def _perf(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     rows = perf_rows(cells)
     if not rows:
         return []
+    note = f'<p class="meta">Engine: {escape("; ".join(engines(cells)))}. Ratios are taken inside this run (plot below); compare judges them.</p>'
+    return ["<h2>Performance</h2>", note, _rows_table(rows)]
+
+
+def _reuse(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    rows = reuse_rows(cells)
+    if not rows:
+        return []
+    return ["<h2>Reuse efficiency</h2>", f'<p class="meta">{escape(REUSE_NOTE)}</p>', _rows_table(rows)]
+
+
+def _rows_table(rows: Sequence[Sequence[str]]) -> str:
+    """A table whose first row is its head."""
     head = "".join(f"<th>{escape(h)}</th>" for h in rows[0])
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
-    note = f'<p class="meta">Engine: {escape("; ".join(engines(cells)))}. Ratios are taken inside this run (plot below); compare judges them.</p>'
-    return ["<h2>Performance</h2>", note, f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"]
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _grid(cells: Sequence[Mapping[str, Any]]) -> str:

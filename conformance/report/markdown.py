@@ -7,6 +7,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from conformance.report.perf import engines, perf_rows
+from conformance.report.reuse import NOTE as REUSE_NOTE, reuse_rows
 from conformance.report.schema import (
     STATUSES,
     cell_status,
@@ -43,6 +44,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         lines += ["## Verdict matrix", "", *grid, "", "## Cells", ""]
     lines += summary_table(report["cells"])
     lines += perf_section(report["cells"])
+    lines += reuse_section(report["cells"])
     if report.get("disagg"):
         lines += ["", "## PD disaggregation", "", *summary_table(report["disagg"])]
     if report.get("pool") is not None:
@@ -66,9 +68,21 @@ def perf_section(cells: Sequence[Mapping[str, Any]]) -> list[str]:
     rows = perf_rows(cells)
     if not rows:
         return []
-    out = ["", "## Performance", "", f"Engine: {_inline('; '.join(engines(cells)))}. Ratios are taken inside this run; `compare` judges them.", ""]
-    out += ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    return out + ["| " + " | ".join(_inline(c) for c in r) + " |" for r in rows[1:]]
+    return ["", "## Performance", "", f"Engine: {_inline('; '.join(engines(cells)))}. Ratios are taken inside this run; `compare` judges them.", "",
+            *_rows_table(rows)]
+
+
+def reuse_section(cells: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The cells' reuse efficiency as one table (``conformance/report/reuse.py``)."""
+    rows = reuse_rows(cells)
+    if not rows:
+        return []
+    return ["", "## Reuse efficiency", "", REUSE_NOTE, "", *_rows_table(rows)]
+
+
+def _rows_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Markdown table lines; the first row is the head."""
+    return ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0]), *("| " + " | ".join(_inline(c) for c in r) + " |" for r in rows[1:])]
 
 
 def matrix_groups(cells: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str], dict[tuple[str, str], list[Mapping[str, Any]]]]:

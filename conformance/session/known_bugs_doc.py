@@ -86,6 +86,11 @@ narrow the entry):
 hybrid-conformance known-bugs --target sglang-cpu
 ```
 
+The nightly workflow runs it (job `known-bugs`, `ci/workflows/nightly.yml`) on the SGLang
+it checks out; the README's test command replays nothing, it only checks that each entry in
+range of the installed release has a replay file that loads and names a cell of the matrix
+(`tests/test_known_bugs.py`).
+
 A malformed file is one line naming the entry and the field (`conformance/session/known_bugs.py`).
 '''
 

@@ -60,14 +60,17 @@ def _batch(client: SGLangClient, payload: dict[str, Any], n: int, timeout: float
 
 def generate_tokens(
     client: SGLangClient, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], *, top_k: int = 0,
-    timeout: float | None = None, reasoning: bool = False, priority: int | None = None,
+    timeout: float | None = None, reasoning: bool = False, priority: int | None = None, rids: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """One batched greedy /generate over token prompts (logprobs when ``top_k`` > 0).
     ``reasoning``: the requests ask for reasoning (SGLang's ``require_reasoning``: until the
     parser's think-end tokens appear, every output token counts as thinking).
-    ``priority``: the requests' priority (SGLang's tree keeps it on the paths they insert)."""
+    ``priority``: the requests' priority (SGLang's tree keeps it on the paths they insert).
+    ``rids``: the requests' ids (the server's per-request records name them)."""
     news = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
     payload: dict[str, Any] = {"input_ids": [list(p) for p in prompts], "sampling_params": [_sampling(n) for n in news]}
+    if rids is not None:
+        payload["rid"] = list(rids)
     if reasoning:
         payload["require_reasoning"] = True
     if priority is not None:
@@ -259,14 +262,10 @@ def record_tree(client: SGLangClient, tree: BranchTree, *, top_k: int = 0, timeo
         if any(r.pressure_before for r in group) and tree.pressure_prompts:
             generate_tokens(client, tree.pressure_prompts, 1, timeout=timeout)
             pressured = True
-        prompts = []
-        for r in group:
-            if r.extends is None:
-                prompts.append(r.tokens)
-            elif r.extends not in sent:
-                raise KitError(f"tree {tree.name}: {r.path} extends {r.extends}, which was not sent before it")
-            else:
-                prompts.append(sent[r.extends][0] + sent[r.extends][1] + r.tokens)
+        try:
+            prompts = [r.prompt(sent) for r in group]
+        except KitError as e:
+            raise KitError(f"tree {tree.name}: {e}") from None
         resps = generate_tokens(client, prompts, [r.max_new_tokens for r in group], top_k=asked, timeout=timeout)
         for r, p, resp in zip(group, prompts, resps):
             out = output_ids(resp)

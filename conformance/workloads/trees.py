@@ -19,8 +19,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 
+from typing import Mapping
+
 from conformance.errors import KitError
 from conformance.workloads.prompts import boundary_lengths
+
+Tokens = tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,20 @@ class TreeRequest:
     flush_before: bool = False
     pressure_before: bool = False
     max_new_tokens: int = 4
+
+    def prompt(self, sent: Mapping[str, tuple[Tokens, Tokens]]) -> Tokens:
+        """The prompt this request sends: its tokens, or, with ``extends``, that request's
+        prompt + output followed by them (:func:`continued`)."""
+        return self.tokens if self.extends is None else continued(sent, self.extends, self.tokens, by=self.path)
+
+
+def continued(sent: Mapping[str, tuple[Tokens, Tokens]], path: str, tail: Tokens, *, by: str = "a request") -> Tokens:
+    """The next turn after request ``path``: its prompt + output (``sent``: path -> (prompt,
+    output)) followed by ``tail``."""
+    if path not in sent:
+        raise KitError(f"{by} extends {path}, which was not sent before it")
+    prompt, output = sent[path]
+    return prompt + output + tail
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """Agreement suite (target ``sglang-cpu``): the cell's real SGLang server and a reference
-engine server for the same cell answer the same scripted conversation; tokens, logprobs
-and ``cached_tokens`` must agree (``checks.agreement``).
+engine server for the same cell answer the same scripted conversation (multi-turn chains
+included); tokens, logprobs and ``cached_tokens`` must agree, and SGLang's hit on every
+request must reach what its tree held for the prompt at the admission (its per-node
+records: ``checks.held``) (``checks.agreement``).
 
 This is what makes the reference engine trustworthy where SGLang cannot run (and the
 kit's CPU stand-ins trustworthy where it can): a disagreement is the engine's bug, or a
@@ -11,17 +13,21 @@ not apply.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 import pytest
 
 from conformance.checks.agreement import agreement_verdict
+from conformance.checks.held import Expected
+from conformance.checks.hit_bounds import key_limit
+from conformance.programs.evidence import owed_hit, request_log
 from conformance.recordings import AgreementStep
 from conformance.records import Verdict
 from conformance.session.suite_support import exact_mode, grids, settle, vocab_size
 from conformance.targets.registry import target_for
 from conformance.report.phases import timed
 from conformance.targets.serving import serve_cell
-from conformance.workloads.agreement import agreement_script, run_agreement
+from conformance.workloads.agreement import Answered, agreement_script, run_agreement
 
 pytestmark = pytest.mark.agreement
 
@@ -39,13 +45,19 @@ def test_agreement_with_reference_engine(endpoint, conformance_options, tmp_path
         settle(record_verdict(Verdict("agreement", "skip", {}, f"not applicable: the {twin} engine cannot serve this cell: {unsupported}")))
     chunk, grid = grids(cell)
     script = agreement_script(chunk=chunk, grid=grid, vocab_size=vocab_size(endpoint))
-    served_sglang = run_agreement(endpoint.client, script)
+    served_sglang = run_agreement(endpoint.client, script, rid_tag=f"agree-{uuid.uuid4().hex[:8]}")
     log_dir = conformance_options.log_dir or tmp_path_factory.getbasetemp() / "server-logs"
     with timed(serve_cell(cell, ref_options, log_dir=log_dir / "agreement-reference"), "agreement: reference server") as ref:
         served_ref = run_agreement(ref.client, script)
-    steps = [
-        AgreementStep(name if len(served_sglang[name]) == 1 else f"{name}[{i}]", a, b)
-        for name in served_sglang
-        for i, (a, b) in enumerate(zip(served_sglang[name], served_ref[name]))
-    ]
-    settle(record_verdict(agreement_verdict(steps)))
+    steps = [AgreementStep(a.label, a.served, b.served) for a, b in zip(served_sglang, served_ref)]
+    settle(record_verdict(agreement_verdict(steps, owed=owed_hits(endpoint, served_sglang))))
+
+
+def owed_hits(endpoint, answered: list[Answered]) -> dict[str, Expected]:
+    """Per request, the hit SGLang owed it from its server's per-node records (exact), or why
+    they cannot say (bounded)."""
+    log = request_log(endpoint.log_path, target=endpoint.target)
+    if log is not None:
+        log.refresh()
+    page = endpoint.cell.page_size
+    return {a.label: owed_hit(log, a.prompt, key_limit(len(a.prompt), page, None), str(a.rid)) for a in answered}

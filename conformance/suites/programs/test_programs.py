@@ -22,6 +22,7 @@ from conformance.programs.explore import cell_seed, Exploration, explore, failur
 from conformance.programs.options import program_options
 from conformance.programs.runner import run_program
 from conformance.checks.findings import VACUOUS, Finding, failing
+from conformance.checks.held import summary
 from conformance.records import Verdict
 from conformance.session.known_bugs import explaining, installed_release, load
 from conformance.session.suite_support import settle
@@ -61,7 +62,8 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         **{f"model_permitted_{k}": n for k, n in sorted(total.model_permissions.items())},
         "expected_exact": total.expected_exact, "expected_bounded": sum(total.expected_bounded.values()),
     }
-    details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {}), "expected_hit": expected_hit(total)}
+    details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {}), "expected_hit": expected_hit(total),
+                               "reuse": total.reuse.to_json()}  # reported, not judged (checks.reuse)
     known = [f for k in ex.known for f in k.failure.findings]
     if known:
         metrics["known_failures"] = len(ex.known)
@@ -91,12 +93,7 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
 def expected_hit(total: Any) -> str:
     """Whether the hit SGLang owed each judged request was exact (its per-node records) or
     only bounded by the prefix model, and why: the verdict says it per cell."""
-    bounded = total.expected_bounded
-    if not bounded:
-        return f"exact ({total.expected_exact} requests)" if total.expected_exact else "no request judged"
-    why = ", ".join(f"{n} {reason}" for reason, n in sorted(bounded.items(), key=lambda kv: -kv[1]))
-    head = "exact" if total.expected_exact else "bounded"
-    return f"{head} for {total.expected_exact} requests, bounded for {sum(bounded.values())} ({why})" if total.expected_exact else f"{head}: {why}"
+    return summary(total.expected_exact, total.expected_bounded)
 
 
 def known_failure(cell: Any, target: str) -> Any:
