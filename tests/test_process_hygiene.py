@@ -118,7 +118,10 @@ def test_zero_orphans(tmp_path: Path, path: str, ending: str) -> None:
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", str(script)]
         if ending == "kill9-xdist-worker":
             argv += ["-n", "1"]
-    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # SIGINT at its default, as a user's shell starts pytest: a child inherits an ignored SIGINT from its
+    # parent, and a long xdist worker was seen handing one on (Python then never raises KeyboardInterrupt)
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     pids: list[int] = []
     try:
         info = _wait_for(pidfile, proc)
