@@ -33,6 +33,10 @@ from conformance.commands.repro_player import Player, main as player_main
 from conformance.programs.program import load_program
 from conformance.programs.replay import find_cell
 from conformance.session.known_bugs import load
+from conformance.session.options import options_from_args
+from conformance.report.html import render_html
+from conformance.report.markdown import render_markdown
+from conformance.report.schema import build_report
 from conformance.targets.base import LaunchSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,6 +99,37 @@ def test_an_unknown_id_is_one_line_and_exit_2(tmp_path):
                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "did you mean overlap-first-decode-boundary-track-lost" in out.stderr
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ the run's reports
+
+def _report_hitting(bug_id: str | None) -> dict:
+    cells = [{"id": "c1", "checks": {"programs": {"status": "fail", "reason": "known"}}},
+             {"id": "c2", "checks": {"kl": {"status": "fail", "reason": "known"}}}]
+    report = build_report(target="sglang-cpu", launches=2, wall_s=1.0, cells=cells)
+    bug = next((b for b in load() if b.id == bug_id), None)
+    report["known_bugs"] = [{"cell": c, "check": k, **bug.to_json()} for c, k in (("c1", "programs"), ("c2", "kl"))] if bug else []
+    return report
+
+
+def test_a_run_that_hit_a_known_bug_names_it_with_its_bracket_and_folder_everywhere(tmp_path, fake_spec):
+    report = _report_hitting(BUG)
+    md, page = render_markdown(report), render_html(report, [], tmp_path)
+    for text in (md, page):
+        assert "Known SGLang bugs hit" in text and f"bugs/{BUG}/README.md" in text
+        assert "first bad 0.5.13, first good 0.5.18" in text and f"hybrid-conformance report-bug {BUG}" in text
+    assert md.count(f"`{BUG}`") == 1 and "`c1 programs`, `c2 kl`" in md  # one row per bug, every failure it explained
+    lines = report_bug.write_bug_folders(report, tmp_path, options_from_args(cli.build_parser(only="report-bug").parse_args(["report-bug", BUG])))
+    assert lines == [f"bug folder: {tmp_path / 'bugs' / BUG}"]
+    assert sorted(p.name for p in (tmp_path / "bugs" / BUG).iterdir()) == sorted(a.name for a in bug_artefacts.ARTEFACTS)
+
+
+def test_a_run_without_known_bugs_has_no_section_and_an_unknown_id_is_a_line(tmp_path):
+    clean = _report_hitting(None)
+    assert "Known SGLang bugs hit" not in render_markdown(clean) and "Known SGLang bugs hit" not in render_html(clean, [], tmp_path)
+    stray = {**clean, "known_bugs": [{"cell": "c1", "check": "programs", "id": "no-such-bug"}]}
+    options = options_from_args(cli.build_parser(only="report-bug").parse_args(["report-bug", BUG]))
+    assert report_bug.write_bug_folders(stray, tmp_path, options) == ["bug folder for no-such-bug not written: KeyError: 'no-such-bug'"]
 
 
 # ------------------------------------------------------------------ the plan

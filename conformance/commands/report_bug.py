@@ -20,6 +20,7 @@ from conformance.commands.bug_plan import plan_for
 from conformance.errors import KitError
 from conformance.matrix.cells import DEFAULT_TARGET
 from conformance.programs.program import load_program
+from conformance.report.known_bugs import BUGS_DIR, bug_hits
 from conformance.programs.replay import find_cell
 from conformance.session.known_bugs import KnownBug, installed_release, known_bugs_file, load
 from conformance.session.options import DTYPE, MATRIX, Options, add_arguments as add_options, options_from_args
@@ -88,3 +89,18 @@ def cmd_report_bug(args: argparse.Namespace) -> int:
     print(f"report-bug {bug.id}: first bad {bug.first_bad or '?'}, first good {bug.first_good or 'none measured'}; "
           f"reproduce: bash {folder / 'server_command.sh'}, then python3 {folder / 'repro.py'} --url http://127.0.0.1:{PORT}")
     return 0
+
+
+def write_bug_folders(report: dict, report_dir: Path, options: Options) -> list[str]:
+    """A bug folder (``report_dir/bugs/ID/``) for every known bug the run hit; one line per
+    folder written or not written (why), for the run's output."""
+    bugs = {b.id: b for b in load()}
+    lines = []
+    for hit in bug_hits(report):
+        folder = report_dir / BUGS_DIR / hit.id
+        try:
+            write_folder(case_for(bugs[hit.id], options), folder)
+            lines.append(f"bug folder: {folder}")
+        except (KeyError, KitError, OSError) as e:
+            lines.append(f"bug folder for {hit.id} not written: {type(e).__name__}: {e}")
+    return lines

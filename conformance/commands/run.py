@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conformance.commands.preflight import preflight_for, refuse
+from conformance.commands.report_bug import write_bug_folders
 from conformance.commands.selection import Selection
 from conformance.matrix.cells import Cell
 from conformance.session.options import Options, forward
@@ -97,6 +98,8 @@ def run(req: RunRequest) -> int:
         return code or 1
     report = json.loads(report_path.read_text())
     print_summary(report, req.report_dir)
+    for line in write_bug_folders(report, req.report_dir, req.options):
+        print(line)
     if code == 5:
         print("hybrid-conformance: error: no test matched the selection (pytest collected nothing)", file=sys.stderr)
         return 5

@@ -14,6 +14,7 @@ from html import escape
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from conformance.report.known_bugs import bug_hits
 from conformance.report.markdown import matrix_groups, reasons
 from conformance.report.perf import engines, perf_rows
 from conformance.report.reuse import NOTE as REUSE_NOTE, reuse_rows
@@ -89,6 +90,12 @@ def render_html(report: Mapping[str, Any], plots: Sequence[Plot], base_dir: Path
         if rows:
             items = "".join(f"<li><code>{escape(c)}</code> {escape(k)}: {escape(r)}</li>" for c, k, r in rows)
             parts += [f"<h2>{heading}</h2>", f"<ul>{items}</ul>"]
+    hits = bug_hits(report)
+    if hits:
+        items = "".join(f'<li><a href="{escape(h.folder)}"><code>{escape(h.id)}</code></a>: {escape(h.summary)} ({escape(h.bracket)}); '
+                        f"explained: {escape(', '.join(h.where))}; replay <code>{escape(h.replay)}</code>; "
+                        f"reproduce: <code>{escape(h.reproduce)}</code></li>" for h in hits)
+        parts += ["<h2>Known SGLang bugs hit</h2>", f"<ul>{items}</ul>"]
     idle = [c for c in every if not_applicable(c)]
     if idle:
         items = "".join(f"<li><code>{escape(c['id'])}</code>: {escape(str(c['not_applicable']))}</li>" for c in idle)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Sequence
 
+from conformance.report.known_bugs import bug_hits
 from conformance.report.perf import engines, perf_rows
 from conformance.report.reuse import NOTE as REUSE_NOTE, reuse_rows
 from conformance.report.schema import (
@@ -54,6 +55,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         rows = reasons(every, status)
         if rows:
             lines += ["", f"## {heading}", ""] + [f"- `{cid}` {check}: {_inline(reason)}" for cid, check, reason in rows]
+    hits = bug_hits(report)
+    if hits:
+        lines += ["", "## Known SGLang bugs hit", ""] + [
+            f"- [`{h.id}`]({h.folder}): {_inline(h.summary)} ({h.bracket}); explained: {', '.join(f'`{w}`' for w in h.where)}; "
+            f"replay `{h.replay}`; reproduce: `{h.reproduce}`" for h in hits]
     idle = [c for c in every if not_applicable(c)]
     if idle:
         lines += ["", "## Not applicable", ""] + [f"- `{c['id']}`: {_inline(str(c['not_applicable']))}" for c in idle]

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from conformance.report.known_bugs import bug_hits
 from conformance.report.schema import check_names, completeness_line, count_line, model_label, not_applicable, variant_label, versions_line
 
 STYLE = {"pass": "green", "fail": "bold red", "skip": "yellow", "error": "bold dark_orange"}
@@ -59,6 +60,8 @@ def print_summary(report: Mapping[str, Any], report_dir: Path, console: Console 
     console.print(summary_table(report))
     for line in problem_lines(report):
         console.print(f"[bold red]-[/] {escape(line)}", overflow="fold")
+    for hit in bug_hits(report):
+        console.print(f"[bold magenta]-[/] {escape(hit.line())}; folder {escape(str(report_dir / hit.folder))}", overflow="fold")
     incomplete = completeness_line(report)
     if incomplete:
         console.print(f"[bold dark_orange]{escape(incomplete)}[/]", overflow="fold")

@@ -169,7 +169,8 @@ class KnownBug:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "summary": self.summary, "kind": self.kind, "issue": self.issue, "pr": self.pr, "releases": self.releases,
-                "replay": self.replay, "status": STILL_PRESENT}
+                "replay": self.replay, "status": STILL_PRESENT, "first_bad": self.first_bad, "first_good": self.first_good,
+                "reproduce": f"hybrid-conformance report-bug {self.id}"}
 
 
 def known_bugs_file() -> Path:

@@ -75,7 +75,10 @@ cell, release, kind, `where`, `match`) keeps its status `fail` and its numbers, 
 `details.known_bug` and a reason starting "known SGLang bug, still present"; its test
 xfails, so the run stays green on it and red on anything else (a verdict with one finding
 no entry excuses stays red, the excused ones listed in `details.known_findings`);
-report.json lists it under `known_bugs`. A finding is filed under the first entry that
+report.json lists it under `known_bugs` (with the entry's first bad / first good release), and
+report.md, report.html and the terminal summary list each bug hit once: its bracket, every
+failure it explained, its replay, and its bug folder `bugs/ID/` beside the report (written by
+`hybrid-conformance run`, as `hybrid-conformance report-bug ID` writes it, `docs/report-bug.md`). A finding is filed under the first entry that
 excuses it, in the file's order. In the programs suite a failure every finding of which an
 entry excuses does not end the cell's exploration: it is kept, and the cell goes on looking
 for anything else within the same budget. Strictness: this command
