@@ -45,8 +45,12 @@ def readme_test_runs() -> list[list[str]]:
 
 
 def rows_of(report_dir: Path) -> dict[str, float]:
-    """One run's table rows (seconds) from its report.json's ``phases``."""
-    doc = json.loads((report_dir / "report.json").read_text())["phases"]
+    """One run's table rows (seconds) from its report.json's ``phases``; a run that wrote no
+    report ends the bench with one line naming it."""
+    path = report_dir / "report.json"
+    if not path.exists():
+        raise SystemExit(f"bench_phases: the measured run wrote no {path} (it failed before its report; its output is above)")
+    doc = json.loads(path.read_text())["phases"]
     rows = {"wall (report)": doc["wall_s"]}
     if doc.get("collection_s") is not None:
         rows["collection + worker start"] = doc["collection_s"]
