@@ -45,3 +45,22 @@ def test_a_clean_tree_passes_every_audit(tmp_path) -> None:
         assert audits > 0, "no audit ran: a clean verdict would be vacuous"
         assert not log.tree_audit_errors
         assert log.tree_violations == []
+
+
+def test_the_audit_names_a_child_filed_under_the_wrong_key(tmp_path, monkeypatch) -> None:
+    """The seeded structure fault (``child_under_wrong_key``, Python tree core): SGLang's own
+    sanity check (strict idle checks on) passes it and the server lives; the audit names the
+    rule ``child_key`` and the node's path."""
+    monkeypatch.setenv("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
+    with probe_server(cell_for("qwen3-next", "extra_buffer"), tmp_path, fault="child_under_wrong_key") as server:
+        for p in prompts((96,) * 6, seed=46):
+            generate_tokens(server.client, [p], 2)
+        values = fresh_idle_metrics(server.client)
+        log = RequestLog(server.report.with_name(server.report.name.removesuffix(".plugins.jsonl") + ".requests.jsonl"))
+        log.refresh()
+        print(json.dumps({"fired": server.fired("child_under_wrong_key"), "audits": values.get(KIT_TREE_AUDITS_TOTAL),
+                          "violations": log.tree_violations}))
+        assert server.fired("child_under_wrong_key") >= 1
+        wrong = [v for v in log.tree_violations if v["rule"] == "child_key"]
+        assert len(wrong) == 1 and wrong[0]["path"], log.tree_violations
+        assert server.process.exit_reason() is None  # SGLang's own checks did not see it
