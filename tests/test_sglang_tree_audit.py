@@ -47,12 +47,25 @@ def test_a_clean_tree_passes_every_audit(tmp_path) -> None:
         assert log.tree_violations == []
 
 
-def test_the_audit_names_a_child_filed_under_the_wrong_key(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("core", ["rust", "python"])
+def test_a_clean_tree_passes_every_audit_on_each_core(tmp_path, core) -> None:
+    """The same on each tree core (``tree_core`` axis): the Python core runs every rule, the Rust core those it can feed."""
+    options = (("tree_core", core),) if core == "python" else ()  # the plain cell runs 0.5.23's default core, rust
+    with probe_server(cell_for("qwen3-next", "extra_buffer", options=options), tmp_path) as server:
+        log, values = drive(server)
+        audits, cost = values.get(KIT_TREE_AUDITS_TOTAL, 0), values.get(KIT_TREE_AUDIT_SECONDS_TOTAL, 0)
+        print(json.dumps({"core": core, "audits": audits, "ms_per_audit": 1000 * cost / max(audits, 1), "rules": log.tree_rules,
+                          "stored": sum(map(len, log.states_stored.values())), "evicted": sum(map(len, log.states_evicted.values()))}))
+        assert audits > 0 and not log.tree_audit_errors and log.tree_violations == []
+        assert [tree.endswith("/" + core) for tree in log.tree_rules] == [True]
+        assert log.per_node and log.states_stored and log.states_evicted  # the per-node records work on this core
+
+
+def test_the_audit_names_a_child_filed_under_the_wrong_key(tmp_path) -> None:
     """The seeded structure fault (``child_under_wrong_key``, Python tree core): SGLang's own
     sanity check (strict idle checks on) passes it and the server lives; the audit names the
     rule ``child_key`` and the node's path."""
-    monkeypatch.setenv("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python")
-    with probe_server(cell_for("qwen3-next", "extra_buffer"), tmp_path, fault="child_under_wrong_key") as server:
+    with probe_server(cell_for("qwen3-next", "extra_buffer", options=(("tree_core", "python"),)), tmp_path, fault="child_under_wrong_key") as server:
         for p in prompts((96,) * 6, seed=46):
             generate_tokens(server.client, [p], 2)
         values = fresh_idle_metrics(server.client)

@@ -43,5 +43,6 @@ FAULT = sglang_fault(
     "tree audit: child_key at the node's path (SGLang's own sanity check does not see it)",
     (Hook(TARGET, "after", misfile_child),),
     suites=("programs",),
+    options=("tree_core=python",),
     group="programs",
 )
