@@ -96,3 +96,13 @@ def test_the_auditor_writes_a_violation_once_per_tree_generation() -> None:
     assert len(new) == 1 and auditor._new(judge(with_node(2, under_own_key=False))[0]) == []
     auditor.reset()
     assert len(auditor._new(judge(with_node(2, under_own_key=False))[0])) == 1
+
+
+def test_violations_become_tree_structure_findings_and_no_audit_is_vacuous() -> None:
+    from conformance.checks.tree_structure import audits_vacuous, tree_findings
+
+    (f,) = tree_findings([{"rule": "child_key", "path": "64", "line": "its parent's children do not hold it"}])
+    assert f.kind == "tree_structure" and f.catch and f.facts == {"rule": "child_key", "path": "64"} and "node 64" in f.line
+    assert tree_findings([]) == []
+    assert [g.kind for g in audits_vacuous(0)] == ["vacuous"]
+    assert audits_vacuous(12) == [] and audits_vacuous(None) == []  # None: a target that audits nothing (reference)
