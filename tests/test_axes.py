@@ -404,3 +404,23 @@ def test_kl_prefill_hit_is_skipped_where_no_prefill_stores_a_state() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_tree_core_axis_sets_sglangs_variable_only_where_a_cell_sets_it() -> None:
+    """``tree_core``: an environment variable, not a flag; a cell at the default keeps the
+    release's own core; the non-default core is in the standard tier; a release without the
+    registry (or the core) is ``na`` with the probe's line."""
+    from conformance.matrix.cells import load_matrix
+    from conformance.sglang_api.probes import Features
+
+    cells = load_matrix().cells
+    python = [c for c in cells if dict(c.options).get("tree_core") == "python"]
+    assert any(c.tier == "standard" for c in python)
+    assert all(c.env[axes.TREE_CORE_ENV] == "python" and axes.TREE_CORE_ENV not in axes.server_args(c) for c in python)
+    plain = next(c for c in cells if "tree_core" not in dict(c.options))
+    assert axes.TREE_CORE_ENV not in plain.env and axes.value_of(plain, "tree_core").name == "rust"
+    needs = axes.needed(python[0])
+    assert (axes.TREE_CORE_ENV, "python") in needs
+    old = Features(version="0.5.18", tree_cores=())
+    assert "is not registered" in old.option_not_applicable(needs)
+    assert Features(version="0.5.23", tree_cores=("python", "rust")).option_not_applicable(needs) is None

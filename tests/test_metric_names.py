@@ -97,6 +97,6 @@ def test_the_kits_names_are_published_by_its_observe_plugin() -> None:
     from conformance.sglang_plugins import observe
 
     published = {metric_names.KIT_PREFIX + n for n in (*observe.READERS, *observe.TRACK_GAUGES, *observe.POOL_GAUGES,
-                                                        *observe.EVIDENCE_GAUGES, "idle_publish_seq")}
+                                                        *observe.EVIDENCE_GAUGES, observe.AUDIT_COST_GAUGE, "idle_publish_seq")}
     kit = set(_constants(metric_names.KIT_PREFIX).values()) - {metric_names.KIT_PREFIX}
     assert kit and not kit - published, sorted(kit - published)

@@ -61,6 +61,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("leak_kv", "the KV pool's idle invariant broke: tokens leaked, locked, counted twice or missing from its terms"),
     Kind("leak_host", "a HiCache host pool's idle invariant broke"),
     Kind("stuck_at_idle", "a gauge that must read 0 at idle does not (a PD queue, a request still held)"),
+    Kind("tree_structure", "SGLang's radix tree broke a rule of the kit's tree audit or SGLang's own sanity check "
+                           "(the rule and the node's path: key lengths from the root)"),
     Kind("track_slots", "resident ping-pong track slots are not what the strategy promises"),
     Kind("session_abort", "an aborted session turn was not cleaned up as SGLang promises"),
     # answers as asked

@@ -352,9 +352,11 @@ def leak_verdict(
     scenario_errors: Sequence[str] = (),
     gauges: Sequence[str] = (MAMBA_USED_TOKENS, KV_USED_TOKENS),
     sessions: SessionRecording | None = None,
+    tree: Sequence[Finding] = (),
 ) -> Verdict:
     """Judge the idle probes of a cell's scenarios plus its log and process state (and,
-    given a session recording, its aborted turns: :func:`abort_problems`)."""
+    given a session recording, its aborted turns: :func:`abort_problems`; ``tree``: the tree
+    audit's findings, ``conformance/checks/tree_structure.py``)."""
     log_lines = scan_log(log_text)
     rows = timeline_rows(timeline)
     at_idle = {g: _worst(p.values.get(g) for p in probes) for g in gauges}
@@ -368,7 +370,7 @@ def leak_verdict(
         "idle_wait_s_max": max((p.waited_s for p in probes), default=None),
     }
     details = {"timeline": rows, "log_lines": log_lines[:50], "probes": [_probe_row(p) for p in probes]}
-    fails: list[Finding] = []
+    fails: list[Finding] = list(tree)
     if sessions is not None:
         aborted = [t for t in sessions.turns if t.aborted]
         metrics["aborted_turns"] = len(aborted)

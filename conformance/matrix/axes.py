@@ -51,6 +51,10 @@ EVICTION_ORDER = "eviction_order"
 ORDERED_POLICIES = ("lfu", "slru", "priority", "tlru")
 #: SGLang's cap on the Mamba states kept per root-to-leaf path (from 0.5.18).
 PATH_CAP_FLAG = "--mamba-max-states-per-path"
+#: SGLang's choice of the unified radix tree's core (``mem_cache/unified_cache/tree_core_registry.py``,
+#: 0.5.19+; its default is ``python`` on 0.5.19-0.5.20, ``rust`` from 0.5.21): an environment
+#: variable, not a flag, so its ``needs`` name the variable and the core (a feature probe answers it).
+TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 #: The reasoning parser of the think-token twins (qwen3's ``<think>`` ... ``</think>``).
 REASONING_PARSER = "qwen3"
 
@@ -83,6 +87,9 @@ class AxisValue:
     refuses: Callable[[_AxisCell], str | None] = lambda cell: None
     #: What the value lets clients do (the workloads and programs draw only what the cell allows).
     enables: tuple[str, ...] = ()
+    #: Environment variables the value sets on SGLang's servers (a cell that sets the axis only:
+    #: a cell at the axis default keeps the release's own default).
+    env: tuple[tuple[str, str], ...] = ()
 
     @property
     def key(self) -> str:
@@ -234,6 +241,11 @@ _AXES = (
         AxisValue("path_cap", "1", f"{PATH_CAP_FLAG} 1: one state per path, the older ones dropped on insert",
                   _flag(PATH_CAP_FLAG, "1"), needs=(PATH_CAP_FLAG, None)),
     ), _default("off"), tree_only=True),
+    Axis("tree_core", f"the unified radix tree's core ({TREE_CORE_ENV}; a cell that does not set it runs the release's "
+                      "default: python on 0.5.19-0.5.20, rust from 0.5.21)", _values(
+        "tree_core", *(AxisValue("tree_core", core, f"{TREE_CORE_ENV}={core}", env=((TREE_CORE_ENV, core),), needs=(TREE_CORE_ENV, core))
+          for core in ("rust", "python")),
+    ), _default("rust"), tree_only=True),
 )
 
 #: Every axis by name.
@@ -262,6 +274,12 @@ def values_of(cell: _AxisCell) -> tuple[AxisValue, ...]:
 def server_args(cell: _AxisCell) -> list[str]:
     """The SGLang server arguments every axis value of ``cell`` maps to."""
     return [arg for v in values_of(cell) for arg in v.args(cell)]
+
+
+def server_env(cell: _AxisCell) -> dict[str, str]:
+    """The environment the axis values the cell sets map to (an axis at its default sets none)."""
+    chosen = dict(cell.options)
+    return {k: v for value in values_of(cell) if chosen.get(value.axis) == value.name for k, v in value.env}
 
 
 def refusal(cell: _AxisCell) -> str | None:

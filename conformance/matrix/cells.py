@@ -136,7 +136,8 @@ class Cell:
 
     @property
     def env(self) -> dict[str, str]:
-        return dict(self.fault.env)
+        """The fault's environment and the one the cell's axis values set (``axes.server_env``)."""
+        return {**dict(self.fault.env), **option_axes.server_env(self)}
 
     @property
     def grid(self) -> Grid:

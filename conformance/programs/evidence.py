@@ -94,6 +94,11 @@ class RequestLog:
     admissions: dict[str, int] = field(default_factory=dict)
     #: where the tree was reset (a flush): every state it took before is gone
     resets_at: list[int] = field(default_factory=list)
+    #: the tree audit's records (``conformance/sglang_plugins/tree_audit.py``): each violation
+    #: (rule, path, line), the rules that ran per tree, and why an audit could not run
+    tree_violations: list[dict[str, str]] = field(default_factory=list)
+    tree_rules: dict[str, list[str]] = field(default_factory=dict)
+    tree_audit_errors: list[str] = field(default_factory=list)
     started: bool = False
     #: the server records per-node state evictions (its start line says the hooks are in place)
     per_node: bool = False
@@ -138,6 +143,12 @@ class RequestLog:
                 self.freed_by[self._records] = str(rec.get("by", "walk"))  # a record before ``by``: the plugin recorded walks only
         elif ev == "tree_reset":
             self.resets_at.append(self._records)
+        elif ev == "tree_violation":
+            self.tree_violations.append({k: str(rec.get(k, "")) for k in ("rule", "path", "line")})
+        elif ev == "tree_audit_rules":
+            self.tree_rules[str(rec.get("tree"))] = [str(r) for r in rec.get("rules") or ()]
+        elif ev == "tree_audit_error":
+            self.tree_audit_errors.append(str(rec.get("error")))
         elif ev == "lazy_drop":
             self.drops.setdefault(str(rec["rid"]), []).append(int(rec["was"]))
 

@@ -23,6 +23,7 @@ from conformance.checks.differential import Tolerance, cold_from_meta, compare_s
 from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.leaks import death_findings, pool_finding
 from conformance.checks.reuse import ReuseTally
+from conformance.checks.tree_structure import tree_findings
 from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.checks.findings import Finding
@@ -34,7 +35,7 @@ from conformance.programs.program import (
 )
 from conformance.programs.resolve import Resolver
 from conformance.session.suite_support import idle_probe
-from conformance.sglang_contract.metric_names import CACHED_TOKENS_TOTAL
+from conformance.sglang_contract.metric_names import CACHED_TOKENS_TOTAL, KIT_TREE_AUDITS_TOTAL
 from conformance.targets.serving import not_serving
 
 WAIT_S = 300.0
@@ -118,6 +119,8 @@ class RunStats:
     expected_bounded: dict[str, int] = field(default_factory=dict)
     #: reuse efficiency, reported and not judged (``checks.reuse``)
     reuse: ReuseTally = field(default_factory=ReuseTally)
+    #: audits of SGLang's tree seen at the idle checks (None: the server audits none, not real SGLang)
+    tree_audits: float | None = None
 
     def note_hit(self, s: Served) -> None:
         """Count one judged request: what admitted its hit, before and after the records, and
@@ -149,6 +152,7 @@ class RunStats:
             max((r.max_topk_kl for r in runs), default=0.0), max((r.max_flip_margin for r in runs), default=0.0),
             sum(r.hits_seen_stored for r in runs), summed("model_permissions"), sum(r.expected_exact for r in runs), summed("expected_bounded"),
             ReuseTally.total(r.reuse for r in runs),
+            None if all(r.tree_audits is None for r in runs) else sum(r.tree_audits or 0 for r in runs),
         )
 
 
@@ -179,6 +183,8 @@ class ProgramRun:
         self.step_no = 0
         self._since_idle: list[Served] = []
         self._counter0 = 0.0
+        self._audits0: float | None = None  # the tree audits counter at the last idle check (program start)
+        self._violations0 = 0  # tree violations of the per-request log already judged
         self._log0 = 0
 
     # ------------------------------------------------------------ top level
@@ -229,6 +235,8 @@ class ProgramRun:
         self.evidence.reset(self.clock.tick(), metrics)
         self._counter0 = metrics.get(CACHED_TOKENS_TOTAL, 0.0)
         self._log0 = len(self.t.log_text()) if self.t.log_text else 0
+        self._audits0 = metrics.get(KIT_TREE_AUDITS_TOTAL)
+        self._violations0 = len(self.t.requests.tree_violations) if self.t.requests is not None else 0
 
     # ------------------------------------------------------------ steps
     def _apply(self, step: Step) -> None:
@@ -459,9 +467,25 @@ class ProgramRun:
             self._counter0 = now
         problems = counter_problems(reported, metric_delta, log_delta, aborted_max=aborted_max)
         self._since_idle = []
+        self._tree_audit(probe.values)
         if problems:
             self.fail(Finding("reuse_counter_mismatch", "reuse counters: " + "; ".join(problems),
                               {"reported": reported, "metric_delta": metric_delta, "log_delta": log_delta}))
+
+    def _tree_audit(self, values: dict[str, float]) -> None:
+        """Count the tree audits SGLang ran since the last idle check, and fail on each
+        violation they recorded since (``conformance/sglang_plugins/tree_audit.py``)."""
+        audits = values.get(KIT_TREE_AUDITS_TOTAL)
+        if audits is not None:  # a server that audits publishes the counter from its first audit on
+            self.stats.tree_audits = (self.stats.tree_audits or 0) + audits - (self._audits0 or 0)
+        self._audits0 = audits
+        log = self.t.requests
+        if log is None:
+            return
+        log.refresh()
+        new, self._violations0 = log.tree_violations[self._violations0:], len(log.tree_violations)
+        if new:
+            self.fail(*tree_findings(new[:5]))
 
     # ------------------------------------------------------------ liveness / cleanup
     def _dead(self) -> str | None:

@@ -65,6 +65,8 @@ class Features:
     pd_transfer_refusal: str | None = None  # SGLang's own line when its default PD transfer engine cannot be built here
     missing_hook_targets: tuple[tuple[str, str], ...] = ()  # (seeded fault's hook target, SGLang's line) that do not resolve here
     paged_alloc_triton_only: bool = False  # PagedTokenToKVPoolAllocator.alloc_extend launches its Triton kernel with no other path
+    #: the unified radix tree's cores the release registers (``tree_core_registry``, 0.5.19+; None: not probed yet)
+    tree_cores: tuple[str, ...] | None = None
 
     def hook_target_missing(self, targets) -> str | None:
         """SGLang's own line for the first of ``targets`` this release lacks (None: all resolve)."""
@@ -134,6 +136,11 @@ class Features:
             return None
         choices = dict(self.choices)
         for flag, choice in needs:
+            if flag == axes.TREE_CORE_ENV:
+                if choice not in (self.tree_cores or ()):
+                    return (f"sglang {self.version}: {axes.TREE_CORE_ENV}={choice!r} is not registered: registered backends: "
+                            f"{list(self.tree_cores or ())} (no sglang.srt.mem_cache.unified_cache.tree_core_registry before 0.5.19)")
+                continue
             if flag not in self.flags:
                 return f"sglang {self.version}: error: unrecognized arguments: {flag}"
             if choice is not None and flag in choices and choice not in choices[flag]:
@@ -386,6 +393,7 @@ def _probe() -> Features:
         pd_transfer_refusal=_pd_transfer_refusal(),
         missing_hook_targets=_unresolved(_fault_hook_targets()),
         paged_alloc_triton_only=_paged_alloc_triton_only(),
+        tree_cores=tuple(getattr(_module("sglang.srt.mem_cache.unified_cache.tree_core_registry"), "_TREE_CORE_REGISTRY", None) or ()),
     )
 
 
@@ -445,11 +453,12 @@ def probe() -> Features:
     import warnings
 
     cache = _cache_file()
-    if cache is not None and cache.exists():
-        data = json.loads(cache.read_text())
+    data = json.loads(cache.read_text()) if cache is not None and cache.exists() else None
+    if data is not None and data.get("tree_cores") is not None:  # a cache from before a probe was added is probed again
         return Features(**{**data, "strategies": tuple(data["strategies"]), "flags": tuple(data.get("flags", ())),
                            "choices": tuple((f, tuple(c)) for f, c in data.get("choices", ())),
-                           "missing_hook_targets": tuple(tuple(m) for m in data.get("missing_hook_targets", ()))})
+                           "missing_hook_targets": tuple(tuple(m) for m in data.get("missing_hook_targets", ())),
+                           "tree_cores": tuple(data["tree_cores"])})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         features = _probe()

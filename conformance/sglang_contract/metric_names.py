@@ -76,6 +76,9 @@ KIT_BUSY_PERIODS = KIT_PREFIX + "busy_periods"
 # the programs' oracle evidence counters (conformance/programs/evidence.py)
 KIT_EVICTIONS_TOTAL = KIT_PREFIX + "evictions_total"  # radix-cache eviction walks that evicted anything
 KIT_PREFILL_CUTS_TOTAL = KIT_PREFIX + "prefill_cuts_total"  # prefills SGLang cut at its chunk budget
+# the tree audit (conformance/sglang_plugins/tree_audit.py): audits run, and their cost
+KIT_TREE_AUDITS_TOTAL = KIT_PREFIX + "tree_audits_total"  # audits of SGLang's radix tree (before each batch, at idle publishes)
+KIT_TREE_AUDIT_SECONDS_TOTAL = KIT_PREFIX + "tree_audit_seconds_total"  # seconds those audits took (cumulative)
 
 
 @dataclass(frozen=True)

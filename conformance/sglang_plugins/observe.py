@@ -69,6 +69,7 @@ from typing import Any, Callable
 from conformance.sglang_contract.metric_names import KIT_PREFIX
 from conformance.sglang_plugins.activation import REPORT_ENV
 from conformance.sglang_plugins.token_digest import token_digest
+from conformance.sglang_plugins.tree_audit import Auditor
 
 TARGET = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter._maybe_log_idle_metrics"
 #: Before the scheduler's components were split out (0.5.12 and older) the idle publisher is
@@ -113,7 +114,9 @@ EVICT_FIELDS = ("num_tokens_evicted", "swa_num_tokens_evicted", "mamba_num_evict
 #: What the walk was asked to free (its ``EvictParams``: the KV, SWA or Mamba shortfall that started it).
 EVICT_ASKED = ("num_tokens", "swa_num_tokens", "mamba_num")
 #: Cumulative evidence counters (conformance/programs/evidence.py reads them).
-EVIDENCE_GAUGES = ("evictions_total", "prefill_cuts_total")
+EVIDENCE_GAUGES = ("evictions_total", "prefill_cuts_total", "tree_audits_total")
+#: The tree audit's cost (seconds, cumulative), published with the evidence counters.
+AUDIT_COST_GAUGE = "tree_audit_seconds_total"
 MIN_INTERVAL_S = 0.2
 
 def _first(*readers: Callable[[Any], float]) -> Callable[[Any], float]:
@@ -337,6 +340,7 @@ class _Exporter:
             self.gauge(name).set(value)
         for name, n in self.evidence.items():
             self.gauge(name).set(n)
+        self.gauge(AUDIT_COST_GAUGE).set(_AUDITOR.seconds)
         self.seq += 1
         self.window_open = False  # the next batch starts a new busy window
         self.gauge("idle_publish_seq").set(self.seq)
@@ -406,6 +410,7 @@ def idle_publish(original: Callable, reporter: Any, *args: Any, **kwargs: Any) -
     result = original(reporter, *args, **kwargs)
     if due and collector is not None and getattr(reporter, "current_scheduler_metrics_enabled", False):
         _EXPORTER.last = now
+        audit_tree(getattr(reporter, "scheduler", reporter), None, idle=True)
         _EXPORTER.publish(getattr(reporter, "scheduler", reporter))  # the legacy publisher is the scheduler
     return result
 
@@ -428,6 +433,25 @@ def before_run_batch(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> N
         write_requests(prefill_records(scheduler, batch))
     except Exception:  # an observer never breaks the server; a missing record is visible to the kit
         pass
+    audit_tree(scheduler, batch)
+
+
+#: The tree audit of this server (``conformance/sglang_plugins/tree_audit.py``).
+_AUDITOR = Auditor()
+
+
+def audit_tree(scheduler: Any, batch: Any, *, idle: bool = False) -> None:
+    """Audit the scheduler's tree (before a batch runs, or at an idle publish: ``idle`` when no
+    request runs or waits), write each new violation, count the audit."""
+    try:
+        idle = idle and not scheduler.running_batch.reqs and not scheduler.waiting_queue
+        lens = {slot: n for slot, (n, _) in _TREE_STATES.items()}
+        write_requests([v.to_json() for v in _AUDITOR.run(scheduler, batch, idle=idle, state_lens=lens)])
+        _EXPORTER.count("tree_audits_total")
+    except Exception as e:  # an observer never breaks the server; an audit that cannot run says so once
+        if not _AUDITOR.failed:
+            _AUDITOR.failed = f"{type(e).__name__}: {e}"[:300]
+            write_requests([{"ev": "tree_audit_error", "error": _AUDITOR.failed}])
 
 
 #: The tree operations in progress, innermost last (``walk``, ``insert``): what a state freed
@@ -546,6 +570,7 @@ def tree_reset(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any
     (``tree_reset``: every state taken before it is gone; result unchanged)."""
     result = original(cache, *args, **kwargs)
     _TREE_STATES.clear()
+    _AUDITOR.reset()
     try:
         write_requests([{"ev": "tree_reset"}])
     except Exception:  # an observer never breaks the server
@@ -672,7 +697,7 @@ def install(role: str) -> dict[str, Any]:
     if not evict_hooked or len(evict_hooked) < len(evict_before):
         # an eviction path not seen: never publish a counter that would read "no eviction" (the kit refuses the oracle)
         _EXPORTER.evidence.pop("evictions_total", None)
-    gauges = sorted(KIT_PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES)) + [KIT_PREFIX + "idle_publish_seq"]
+    gauges = sorted(KIT_PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES, AUDIT_COST_GAUGE)) + [KIT_PREFIX + "idle_publish_seq"]
     if lazy_before is not None and getattr(pkgutil.resolve_name(lazy_owner), lazy_attr) is lazy_before:
         raise RuntimeError(f"hook on {LAZY_TARGET} was not applied")
     state_hooked = state_line()

@@ -43,6 +43,7 @@ FAULT_MODULES = (
     "cut_batch_checkpoint_dropped",   # the oracle's per-request cut evidence (issue 26)
     "stored_state_not_reused",        # the hit SGLang owed from its tree's per-node records (issue 43)
     "session_abort_continues",
+    "child_under_wrong_key",          # the tree audit (issue 44): a child filed under the wrong first page
     # group "option": one per server-option axis (conformance.matrix.axes), shows only with its option on
     "mixed_chunk_track_dropped",
     "chunk_cut_key_past_checkpoint",

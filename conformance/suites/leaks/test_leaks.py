@@ -12,7 +12,10 @@ import pytest
 
 from conformance.matrix import axes
 from conformance.checks.leaks import TrackSlotUse, leak_verdict, track_slot_use, track_slot_verdict
+from conformance.checks.tree_structure import audits_vacuous, tree_findings
 from conformance.errors import ServerDiedError
+from conformance.programs.evidence import request_log
+from conformance.sglang_contract.metric_names import KIT_TREE_AUDITS_TOTAL
 from conformance.records import merge
 from conformance.session.suite_support import grids, idle_deadline, note_idle_probe, settle, sizes_for, vocab_size
 from conformance.targets.registry import target_for
@@ -87,10 +90,20 @@ def test_load_returns_to_idle(endpoint, cell_store: CellStore, record_verdict):
         cell_store.save("track_slots", cell, use.to_json())
     raw = cell_store.load("track_slots", sibling_key(cell, cell.strategy.eager.name)) if cell.strategy.lazy else None
     verdicts = [
-        leak_verdict([probe], log_text=endpoint.log_text(), alive=endpoint.alive(), timeline=timeline),
+        leak_verdict([probe], log_text=endpoint.log_text(), alive=endpoint.alive(), timeline=timeline, tree=tree_audit(endpoint, probe.values)),
         track_slot_verdict(cell.strategy, use, overlap=_overlap(endpoint), eager=TrackSlotUse(**raw) if raw else None),
     ]
     settle(record_verdict(merge("leaks", verdicts)))
+
+
+def tree_audit(endpoint, values) -> list:
+    """The tree audit's findings on this cell's server so far (``checks.tree_structure``): each
+    violation the observe plugin recorded, or ``vacuous`` when a server that audits ran none;
+    none on a target without the kit's plugins."""
+    log = request_log(endpoint.log_path, target=endpoint.target)
+    if log is None:
+        return []
+    return tree_findings(log.tree_violations[:5]) + audits_vacuous(values.get(KIT_TREE_AUDITS_TOTAL, 0))
 
 
 def test_kv_pressure_returns_to_idle(endpoint, record_verdict):

@@ -22,6 +22,7 @@ from conformance.programs.explore import cell_seed, Exploration, explore, failur
 from conformance.programs.options import program_options
 from conformance.programs.runner import run_program
 from conformance.checks.findings import VACUOUS, Finding, failing
+from conformance.checks.tree_structure import audits_vacuous
 from conformance.checks.held import summary
 from conformance.records import Verdict
 from conformance.session.known_bugs import explaining, installed_release, load
@@ -61,6 +62,7 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         **{f"permitted_{k}": n for k, n in sorted(total.permissions.items())},
         **{f"model_permitted_{k}": n for k, n in sorted(total.model_permissions.items())},
         "expected_exact": total.expected_exact, "expected_bounded": sum(total.expected_bounded.values()),
+        "tree_audits": total.tree_audits,
     }
     details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {}), "expected_hit": expected_hit(total),
                                "reuse": total.reuse.to_json()}  # reported, not judged (checks.reuse)
@@ -84,6 +86,8 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         return failing(CHECK, [Finding(VACUOUS, "no program ran within the budget: nothing was tested")], metrics, details)
     if total.requests == 0:
         return failing(CHECK, [Finding(VACUOUS, "the programs sent no request the oracle could judge")], metrics, details)
+    if audits_vacuous(total.tree_audits):
+        return failing(CHECK, audits_vacuous(total.tree_audits), metrics, details)
     if total.compared_tokens == 0:
         return failing(CHECK, [Finding(VACUOUS, f"the programs judged {total.requests} request(s) but compared no token with the cold "
                                                 "computation: nothing was tested")], metrics, details)
