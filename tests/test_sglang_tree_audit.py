@@ -61,6 +61,7 @@ def test_a_clean_tree_passes_every_audit_on_each_core(tmp_path, core) -> None:
         assert log.per_node and log.states_stored and log.states_evicted  # the per-node records work on this core
 
 
+@pytest.mark.fault_probe_fast  # CI keeps the audit's catch on real SGLang (one server, ~40 s)
 def test_the_audit_names_a_child_filed_under_the_wrong_key(tmp_path) -> None:
     """The seeded structure fault (``child_under_wrong_key``, Python tree core): SGLang's own
     sanity check (strict idle checks on) passes it and the server lives; the audit names the
