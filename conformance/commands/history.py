@@ -47,6 +47,7 @@ from conformance.sglang_api.probes import Features
 from conformance.matrix.strategy import STRATEGIES
 from conformance.report.run_report import NOTHING_APPLIES
 from conformance.commands.selection import workers
+from conformance.programs.explore import parse_budget
 from conformance.report.history_html import render_html
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,18 +303,22 @@ def _aggregate(release: str, check: str, outcomes: list[tuple[str, str, str]]) -
 
 
 SGLANG_CPU = "sglang-cpu"
+BUDGET_ENV = "HYBRID_CONFORMANCE_BUDGET"  # the request programs' budget (conformance/programs/options.py)
 CPU_SUITES = ("agreement", "kl", "prefix_branching", "gsm8k", "leaks", "programs")  # the premerge set + programs at its budget
 _CPU_STATUS = {"pass": "pass", "fail": "fail", "error": "fail", "skip": "na"}
 
 
 def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool, tier: str, out_dir: Path | None = None,
-                    models: Sequence[str] = (), workers: int = 1) -> list[Row]:
-    """The sglang-cpu premerge set and the request programs on this release: one row per
+                    models: Sequence[str] = (), workers: int = 1, cells: Sequence[str] = (), budget: str | None = None, part: str = "") -> list[Row]:
+    """The sglang-cpu cells of ``tier`` (premerge by default) and the request programs on this release: one row per
     (cell, check) from the run's report.json; n/a rows (SGLang's own line) for the cells of a
     strategy the release's parser refuses; one row when it cannot run at all.  ``models``
     (ids, families or twins) keeps only those models' cells, so one release's rows can be
     produced in parts that each fit a time slot.  ``workers``: the run's pytest-xdist workers
-    (a cell's tests stay on one; each worker runs one server at a time)."""
+    (a cell's tests stay on one; each worker runs one server at a time).  ``cells``: only those
+    cell ids (a shard's, ``conformance/commands/night_plan.py``); ``budget``: the request
+    programs' budget (default: the run's own for the tier); ``part``: names its run folder
+    (``runs/<release>-<part>``)."""
     check = SGLANG_CPU
     if not (ROOT / "conformance" / "targets" / "sglang_cpu.py").exists():
         return [Row(release, check, "na", "the sglang-cpu target is not in this kit")]
@@ -322,7 +327,8 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
         return [Row(release, check, "na", gap)]
     if not requested:
         return [Row(release, check, "na", "not requested (--with-sglang-cpu runs it; minutes per release)")]
-    cells = load_matrix().select(target=SGLANG_CPU, tier=tier, models=list(models) or None)
+    chosen = list(cells)
+    cells = load_matrix().select(target=SGLANG_CPU, tier=tier, models=list(models) or None, cells=chosen or None)
     ungated = _gate_refusal(features)  # extra-buffer strategies SGLang would stop at its device assert
     accepted = [s for s in STRATEGIES if s in features.get("strategies", ()) and not (ungated and STRATEGIES[s].has_buffer)]
     rows = [Row(release, check, "na", _refused(features, c.strategy.name), cell=c.id) for c in cells if c.strategy.name not in accepted]
@@ -330,12 +336,13 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
         return rows or [Row(release, check, "na", "no sglang-cpu cell of the tier")]
     with tempfile.TemporaryDirectory(prefix="history-cpu-") as tmp:
         if out_dir is not None:  # keep the run's report and server logs: the evidence behind each row
-            tmp = str(out_dir / "runs" / "-".join([release, *models]))
+            tmp = str(out_dir / "runs" / "-".join([release, *models, *([part] if part else [])]))
             shutil.rmtree(tmp, ignore_errors=True)
             Path(tmp).mkdir(parents=True)
         argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", SGLANG_CPU, "--tier", tier, "--report-dir", tmp,
                 "-n", str(workers), "--suite", ",".join(CPU_SUITES), "--strategies", ",".join(accepted)] + (["--models", ",".join(models)] if models else [])
-        out = _run(argv, timeout=CPU_TIMEOUT_S, env=venv_env(venv))
+        argv += ["--cells", ",".join(c.id for c in cells if c.strategy.name in accepted)] if chosen else []
+        out = _run(argv, timeout=CPU_TIMEOUT_S, env=venv_env(venv) | ({BUDGET_ENV: budget} if budget else {}))
         report_file = Path(tmp) / "report.json"
         if not report_file.exists():
             return rows + [Row(release, check, "fail", f"exit {out.returncode}, no report.json: {_last_line(out.stderr or out.stdout)}")]
@@ -406,7 +413,7 @@ def _known_bug_of(cell: dict) -> str | None:
 
 def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Sequence[str] = CHECKS, with_sglang_cpu: bool = False,
             reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None,
-            sources: Sequence[str] = (), models: Sequence[str] = (), workers: int = 1) -> tuple[list[Row], dict[str, str]]:
+            sources: Sequence[str] = (), models: Sequence[str] = (), workers: int = 1, budget: str | None = None) -> tuple[list[Row], dict[str, str]]:
     """Rows for each release, then for each source checkout (column ``src-<commit>``)."""
     rows: list[Row] = []
     probes: dict[str, str] = {}
@@ -437,7 +444,8 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
         if "pool" in checks:
             rows += pool_rows(release, venv, tier, machine="machine" in checks)
         if "sglang-cpu" in checks:
-            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir, models=models, workers=workers)
+            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir, models=models, workers=workers,
+                                    budget=budget)
         log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
     return rows, probes
 
@@ -446,6 +454,13 @@ def parse_workers(text: str | None) -> int:
     """``-n`` as ``run`` reads it for the sglang-cpu target (default min(2, cores); ``auto``;
     ``0`` for none), checked before any release is installed: one-line KitError otherwise."""
     return workers(text, target=SGLANG_CPU)
+
+
+def parse_budget_arg(text: str | None) -> str | None:
+    """--budget as the programs' options read it, checked before any release is installed."""
+    if text:
+        parse_budget(text)
+    return text
 
 
 def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:
@@ -487,7 +502,7 @@ def run_history(args) -> int:
     out_dir = Path(args.out)
     rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu,
                            reinstall=args.reinstall, log=log, out_dir=out_dir, sources=sources, models=models,
-                           workers=parse_workers(args.workers))
+                           workers=parse_workers(args.workers), budget=parse_budget_arg(args.budget))
     failed = failed_releases(rows)
     doc = {"rows": [asdict(r) for r in rows], "probes": probes}
     if sources:
@@ -507,7 +522,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--releases", help="comma list of SGLang releases, e.g. 0.5.12,0.5.13")
     p.add_argument("--sglang-source", metavar="PATH", help="also an SGLang git checkout (column src-<commit>): its python/ installed --no-deps in a venv keyed by its commit")
     p.add_argument("--venv-dir", help=f"where the per-release venvs live (default: ${VENVS_ENV} or ~/.cache/hybrid-conformance/venvs)")
-    p.add_argument("--tier", choices=("premerge", "standard", "nightly"), default="premerge", help="matrix tier for the pool tier and plan --validate (default: %(default)s)")
+    p.add_argument("--tier", choices=("premerge", "standard", "nightly"), default="premerge",
+                   help="matrix tier of the pool tier, plan --validate and the --with-sglang-cpu cells (default: %(default)s)")
+    p.add_argument("--budget", help="with --with-sglang-cpu: the request programs' budget per cell (ci, standard, premerge, nightly, N, Ns; "
+                   "default: the run's own for the tier)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--checks", help=f"comma list of {', '.join(CHECKS)} (default: all; machine is the pool tier's state machine)")
     p.add_argument("--with-sglang-cpu", action="store_true", help="also run the sglang-cpu target's premerge set where it can run")
