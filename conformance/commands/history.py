@@ -48,6 +48,7 @@ from conformance.matrix.strategy import STRATEGIES
 from conformance.report.run_report import NOTHING_APPLIES
 from conformance.commands.selection import workers
 from conformance.programs.explore import parse_budget
+from conformance.commands.night_plan import RELEASE_CHECKS, Costs, Shard, night_of, parse_release_range, plan_night
 from conformance.report.history_html import render_html
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,9 +75,10 @@ def default_venv_dir() -> Path:
 
 
 def parse_releases(text: str) -> list[str]:
-    """``0.5.12,0.5.13`` -> releases; KitError (one line) for anything that is not one."""
+    """``0.5.12,0.5.13`` or ``0.5.11..0.5.23`` (every patch release between) -> releases;
+    KitError (one line) for anything that is not one."""
     out = []
-    for item in (t.strip() for t in text.split(",")):
+    for item in (r for t in text.split(",") for r in parse_release_range(t.strip())):
         if not item:
             continue
         release = release_of(item)
@@ -413,8 +415,10 @@ def _known_bug_of(cell: dict) -> str | None:
 
 def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Sequence[str] = CHECKS, with_sglang_cpu: bool = False,
             reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None,
-            sources: Sequence[str] = (), models: Sequence[str] = (), workers: int = 1, budget: str | None = None) -> tuple[list[Row], dict[str, str]]:
-    """Rows for each release, then for each source checkout (column ``src-<commit>``)."""
+            sources: Sequence[str] = (), models: Sequence[str] = (), workers: int = 1, budget: str | None = None,
+            shard: Shard | None = None) -> tuple[list[Row], dict[str, str]]:
+    """Rows for each release, then for each source checkout (column ``src-<commit>``).
+    ``shard``: only its part of each release (its once-a-night checks and its cells)."""
     rows: list[Row] = []
     probes: dict[str, str] = {}
     installs: list[tuple[str, Callable[[], Path]]] = [(r, lambda r=r: ensure_venv(r, venv_dir, reinstall=reinstall)) for r in releases]
@@ -439,13 +443,15 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
         if features.get("import_error"):
             rows.append(Row(release, "import", "fail", f"sglang {release} is not importable: {features['import_error']}"))
             continue
-        if "validate" in checks:
+        part = shard.part(release) if shard else None
+        mine = [c for c in checks if part is None or c in part.checks or c == SGLANG_CPU]
+        if "validate" in mine:
             rows += validate_rows(release, venv, tier)
-        if "pool" in checks:
-            rows += pool_rows(release, venv, tier, machine="machine" in checks)
-        if "sglang-cpu" in checks:
-            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir, models=models, workers=workers,
-                                    budget=budget)
+        if "pool" in mine:
+            rows += pool_rows(release, venv, tier, machine="machine" in mine)
+        if SGLANG_CPU in mine and (part is None or part.cells):
+            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu or part is not None, tier=tier, out_dir=out_dir, models=models,
+                                    workers=workers, budget=budget, cells=part.cells if part else (), part=f"shard-{shard.index}" if shard else "")
         log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
     return rows, probes
 
@@ -461,6 +467,20 @@ def parse_budget_arg(text: str | None) -> str | None:
     if text:
         parse_budget(text)
     return text
+
+
+def shard_of(args, releases: Sequence[str], models: Sequence[str]) -> Shard | None:
+    """``--shard K/N``: shard K of tonight's plan over these releases (``plan --releases ...
+    --shards N`` with the same --tier, --models, --budget and --night prints it); None without."""
+    if not args.shard:
+        return None
+    if not releases:
+        raise KitError("--shard goes with --releases (the plan's releases)")
+    count = args.shard.partition("/")[2]
+    cells = load_matrix().select(target=SGLANG_CPU, tier=args.tier, models=list(models) or None)
+    plan = plan_night(releases, cells, Costs.load(), night=night_of(args.night), tier=args.tier, budget=parse_budget_arg(args.budget),
+                      suites=CPU_SUITES, checks=RELEASE_CHECKS, shards=int(count) if count.isdigit() and int(count) > 0 else None)
+    return plan.shard(args.shard)
 
 
 def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:
@@ -491,6 +511,9 @@ def run_history(args) -> int:
     if not args.releases and not args.sglang_source:
         raise KitError("history: give --releases, --sglang-source or both")
     releases = parse_releases(args.releases) if args.releases else []
+    models = parse_models(args.models)
+    shard = shard_of(args, releases, models)
+    releases = [p.release for p in shard.parts] if shard else releases
     sources = [args.sglang_source] if args.sglang_source else []
     columns = [*releases, *(sglang_source.checkout(p).label for p in sources)]
     venv_dir = Path(args.venv_dir).expanduser() if args.venv_dir else default_venv_dir()
@@ -498,13 +521,16 @@ def run_history(args) -> int:
     as_json = args.format == "json"
     log = (lambda line: print(f"hybrid-conformance: {line}", file=sys.stderr)) if as_json else print
     checks = parse_checks(args.checks)
-    models = parse_models(args.models)
     out_dir = Path(args.out)
     rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu,
                            reinstall=args.reinstall, log=log, out_dir=out_dir, sources=sources, models=models,
-                           workers=parse_workers(args.workers), budget=parse_budget_arg(args.budget))
+                           workers=parse_workers(args.workers), budget=parse_budget_arg(args.budget), shard=shard)
     failed = failed_releases(rows)
     doc = {"rows": [asdict(r) for r in rows], "probes": probes}
+    if shard:
+        doc["shard"] = {"index": shard.index, "of": args.shard.split("/")[1], "night": night_of(args.night).isoformat(), "tier": args.tier,
+                        "planned_minutes": round(shard.seconds / 60, 1), "wall_minutes": round((time.monotonic() - start) / 60, 1),
+                        "parts": {p.release: {"checks": list(p.checks), "cells": list(p.cells)} for p in shard.parts}}
     if sources:
         doc["sources"] = {co.label: {"path": str(co.path), "commit": co.commit, "version": co.version} for co in map(sglang_source.checkout, sources)}
     write_outputs(out_dir, doc, columns)
@@ -533,6 +559,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "default: all), so one release's server rows can run in parts")
     p.add_argument("-n", dest="workers", default=None, help="with --with-sglang-cpu: pytest-xdist workers of each release's server run "
                    "(as run's -n; default: min(2, cores); each runs one server at a time)")
+    p.add_argument("--shard", metavar="K/N", help="only shard K of tonight's N (plan --releases ... --shards N prints them): each release's "
+                   "part of it, the server rows with --with-sglang-cpu implied (conformance/commands/night_plan.py)")
+    p.add_argument("--night", help="with --shard: the night's date, YYYY-MM-DD (default: today, UTC), as plan --night")
     p.add_argument("--reinstall", action="store_true", help="rebuild each release's venv")
     p.add_argument("--out", default="reports/history", help="where history.json, history.html and FAILs' replay files go (default: %(default)s)")
     p.add_argument("--bisect", metavar="ID", help="instead: find the first bad and first good release of a known bug (fixtures/known_bugs.toml) "
