@@ -96,8 +96,8 @@ def test_run_history_exit_code_and_json_rows(monkeypatch, capsys, tmp_path):
     args = history_args("--releases", "0.5.12,0.5.13", "--format", "json")
     assert history.run_history(args) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert doc["rows"] == [{"release": "0.5.12", "check": "pool:session_reuse", "status": "fail", "reason": "leak", "cell": "", "replay": ""},
-                           {"release": "0.5.13", "check": "pool:session_reuse", "status": "pass", "reason": "ok", "cell": "", "replay": ""}]
+    assert doc["rows"] == [{"release": "0.5.12", "check": "pool:session_reuse", "status": "fail", "reason": "leak", "cell": "", "replay": "", "known_bug": ""},
+                           {"release": "0.5.13", "check": "pool:session_reuse", "status": "pass", "reason": "ok", "cell": "", "replay": "", "known_bug": ""}]
     assert all(r["status"] in history.STATUSES for r in doc["rows"])
     monkeypatch.setattr(history, "history", lambda *a, **k: (rows[1:], {}))
     assert history.run_history(history_args("--releases", "0.5.13")) == 0

@@ -68,6 +68,7 @@ class Row:
     reason: str = ""
     cell: str = ""  # the matrix cell (server-level rows), "" for release-level rows
     replay: str = ""  # a FAIL's replay file (request programs), copied under the history's --out
+    known_bug: str = ""  # the known SGLang bug (fixtures/known_bugs.toml id) a FAIL was matched to
 
 
 def default_venv_dir() -> Path:
@@ -391,7 +392,9 @@ def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -
             reason = " ".join(str(verdict.get("reason") or ("" if status == "pass" else verdict.get("status"))).split())[:400]
             if killer and status == "fail" and SERVER_GONE in reason:
                 reason = f"after known SGLang bug {killer} killed the cell's server: {reason}"[:400]
-            rows.append(Row(release, f"{SGLANG_CPU}:{name}", status, reason, cell=cid, replay=replay))
+            known = (verdict.get("details") or {}).get("known_bug") if isinstance(verdict.get("details"), dict) else None
+            bug = str(known.get("id") or "") if isinstance(known, dict) and status == "fail" else (killer or "") if status == "fail" and SERVER_GONE in reason else ""
+            rows.append(Row(release, f"{SGLANG_CPU}:{name}", status, reason, cell=cid, replay=replay, known_bug=bug))
     for cid in report.get("cells_not_run") or []:
         rows.append(Row(release, SGLANG_CPU, "fail", "cell not run", cell=str(cid)))
     return rows
@@ -562,6 +565,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard", metavar="K/N", help="only shard K of tonight's N (plan --releases ... --shards N prints them): each release's "
                    "part of it, the server rows with --with-sglang-cpu implied (conformance/commands/night_plan.py)")
     p.add_argument("--night", help="with --shard: the night's date, YYYY-MM-DD (default: today, UTC), as plan --night")
+    p.add_argument("--merge", nargs="+", metavar="DIR", help="instead: merge these shards' --out folders into one history.json and "
+                   "history.html under --out (conformance/commands/history_merge.py)")
+    p.add_argument("--previous", metavar="FILE", help="with --merge: the last night's history.json, for the FAILs new since then")
+    p.add_argument("--leads-dir", metavar="DIR", help="with --merge: copy the programs' FAILs no known bug explains here (fixtures/leads locally)")
     p.add_argument("--reinstall", action="store_true", help="rebuild each release's venv")
     p.add_argument("--out", default="reports/history", help="where history.json, history.html and FAILs' replay files go (default: %(default)s)")
     p.add_argument("--bisect", metavar="ID", help="instead: find the first bad and first good release of a known bug (fixtures/known_bugs.toml) "
@@ -574,4 +581,4 @@ def write_outputs(out_dir: Path, doc: dict, releases: Sequence[str]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "history.json").write_text(json.dumps(doc, indent=2))
     rows = [Row(**r) for r in doc["rows"]]
-    (out_dir / "history.html").write_text(render_html(rows, releases, doc.get("probes", {}), base=out_dir))
+    (out_dir / "history.html").write_text(render_html(rows, releases, doc.get("probes", {}), base=out_dir, extra=doc))

@@ -44,7 +44,7 @@ WEEK = 7  # slices of the full product: each unit once in WEEK nights
 RELEASE_CHECKS = ("validate", "pool", "machine")  # history's once-a-night checks per release
 
 
-def _version_key(version: str) -> tuple[int, ...]:
+def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split(".") if p.isdigit())
 
 
@@ -93,7 +93,7 @@ class Costs:
                 total += measured[s]
             else:
                 total += self.programs_seconds(budget) if s == "programs" else self.suites.get(s, 0.0)
-        paged = cell.page_size > 1 and _version_key(release) < _version_key(self.paged_before)
+        paged = cell.page_size > 1 and version_key(release) < version_key(self.paged_before)
         return total * (self.paged_factor if paged else 1.0)
 
     def part_seconds(self, cells_seconds: Iterable[float], checks: Sequence[str]) -> float:
@@ -118,10 +118,10 @@ def parse_release_range(text: str) -> list[str]:
         return [text]
     lo, _, hi = text.partition("..")
     a, b = release_of(lo.strip()), release_of(hi.strip())
-    if not a or not b or a.split(".")[:-1] != b.split(".")[:-1] or _version_key(a) > _version_key(b):
+    if not a or not b or a.split(".")[:-1] != b.split(".")[:-1] or version_key(a) > version_key(b):
         raise KitError(f"--releases: {text!r} is not a range of one minor series (e.g. 0.5.11..0.5.23)")
     stem = ".".join(a.split(".")[:-1])
-    return [f"{stem}.{p}" for p in range(_version_key(a)[-1], _version_key(b)[-1] + 1)]
+    return [f"{stem}.{p}" for p in range(version_key(a)[-1], version_key(b)[-1] + 1)]
 
 
 def night_of(text: str | None) -> datetime.date:
