@@ -128,6 +128,7 @@ def test_measured_costs_read_junit_and_print_the_costs_tables(tmp_path):
     measured = night_plan.measured_costs([tmp_path, tmp_path / "missing"])
     assert measured == {"cell-1": {"kl": 4.5, "programs": pytest.approx(171.4)}}
     assert night_plan.costs_toml(measured) == '[cells."cell-1"]\nkl = 4.5\nprograms = 171.4'
+    assert night_plan.costs_toml({"dead": {"kl": 0.1, "leaks": 0.1}}) == ""  # its server never started: the defaults stay
 
 
 def test_plan_releases_prints_the_shards_through_the_console_script():

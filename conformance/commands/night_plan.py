@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from conformance.commands.rotation import rotation_key
 from conformance.errors import KitError
 from conformance.matrix import axes as option_axes
 from conformance.matrix.cells import Cell
@@ -41,7 +42,8 @@ from conformance.sglang_api.release_pins import release_of
 ROOT = Path(__file__).resolve().parents[2]
 COSTS_FILE = ROOT / "fixtures" / "cell_costs.toml"
 WEEK = 7  # slices of the full product: each unit once in WEEK nights
-RELEASE_CHECKS = ("validate", "pool", "machine")  # history's once-a-night checks per release
+RELEASE_CHECKS = ("validate", "pool", "machine")
+MIN_MEASURED_S = 30.0  # a cell timed under this in all did not run (its server refused to start)  # history's once-a-night checks per release
 
 
 def version_key(version: str) -> tuple[int, ...]:
@@ -125,11 +127,10 @@ def parse_release_range(text: str) -> list[str]:
 
 
 def night_of(text: str | None) -> datetime.date:
-    """``--night``: a date (YYYY-MM-DD) or, by default, today's UTC date."""
-    if not text or text == "today":
-        return datetime.datetime.now(datetime.timezone.utc).date()
+    """``--night``: a date (YYYY-MM-DD) or, by default (or ``date``), today's UTC date, the
+    key ``--rotate date`` uses."""
     try:
-        return datetime.date.fromisoformat(text)
+        return datetime.date.fromisoformat(rotation_key(text or "date"))
     except ValueError:
         raise KitError(f"--night: expected a date like 2026-11-28, got {text!r}") from None
 
@@ -335,9 +336,10 @@ def measured_costs(report_dirs: Sequence[Path]) -> dict[str, dict[str, float]]:
 
 
 def costs_toml(measured: Mapping[str, Mapping[str, float]]) -> str:
-    """``[cells."<id>"]`` tables for ``fixtures/cell_costs.toml``."""
+    """``[cells."<id>"]`` tables for ``fixtures/cell_costs.toml``; a cell whose suites took
+    under ``MIN_MEASURED_S`` in all (its server never started) is left to the defaults."""
     lines = []
-    for cell in sorted(measured):
+    for cell in sorted(c for c in measured if sum(measured[c].values()) >= MIN_MEASURED_S):
         lines.append(f'[cells."{cell}"]')
         lines += [f"{suite} = {math.ceil(s * 10) / 10}" for suite, s in sorted(measured[cell].items())]
     return "\n".join(lines)
