@@ -56,6 +56,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     add_arguments(plan, SELECTION)
     plan.add_argument("--format", choices=("table", "json"), default="table")
     plan.add_argument("--validate", action="store_true", help="check every sglang command with SGLang's own parser (CPU)")
+    plan.add_argument("--releases", help="instead: tonight's release x cell plan of the history workflow over these releases "
+                      "(comma list or a range, 0.5.11..0.5.23; target sglang-cpu), packed into shards (conformance/commands/night_plan.py)")
+    plan.add_argument("--shards", help="with --releases: exactly N shards (default or 'auto': the fewest of at most the costs file's shard_minutes)")
+    plan.add_argument("--night", help="with --releases: the night's date, YYYY-MM-DD (default: today, UTC); it picks the slice of the product")
+    plan.add_argument("--budget", help="with --releases: the request programs' budget per cell (default: the run's own for the tier)")
+    plan.add_argument("--costs", help="with --releases: the cell-costs file (default: fixtures/cell_costs.toml)")
+    plan.add_argument("--costs-from", nargs="+", metavar="DIR", help="instead: print the [cells] tables of fixtures/cell_costs.toml "
+                      "measured in these run report folders (their junit.xml)")
 
     # `serve` hands its arguments to the reference server's own parser (see main()); this
     # entry only lists it in --help.

@@ -102,6 +102,7 @@ def select_cells(state: RunState, target: str) -> list[Cell]:
             faults=o.faults,
             page_sizes=o.page_sizes,
             server_options=o.server_options,
+            cells=o.cells,
             tier=o.tier or DEFAULT_TIER,
         )
     except KitError as e:

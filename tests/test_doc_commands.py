@@ -119,6 +119,12 @@ def test_doc_command_runs_as_typed(where: str, command: str, tmp_path: Path) -> 
     if words[:2] == ["hybrid-conformance", "history"] and "--bisect" in words:
         assert f'DOC_COMMAND = "{line}"' in BISECT_TESTS, f"{where}: tests/test_bisect.py does not run {command} as typed"
         pytest.skip("run as typed by tests/test_bisect.py (scheduled: it replays the bug in each release's venv)")
+    if words[:2] == ["hybrid-conformance", "history"] and "--merge" in words:  # hand-built shards: a FAIL each, so exit 1
+        shutil.copytree(ROOT / "tests" / "data" / "shards", tmp_path / "tests" / "data" / "shards")
+        out = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=_env(tmp_path, False), capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1 and "history --merge:" in out.stdout and "Traceback" not in out.stderr, f"{where}: {out.stdout}{out.stderr}"
+        assert (tmp_path / words[words.index("--out") + 1] / "history.html").is_file()
+        return
     if words[:2] == ["hybrid-conformance", "history"]:
         releases = words[words.index("--releases") + 1]
         assert f'"--releases", "{releases}"' in RELEASE_RANGE_TESTS, f"{where}: no release-range test runs {command}"

@@ -32,6 +32,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
         (("history", "--releases", ","), "no release given"),
         (("history", "--releases", "0.5.13", "--checks", "pool,speed"), "--checks: unknown value speed"),
         (("history", "--releases", "0.5.13", "--with-sglang-cpu", "--models", "qwen3-nxt"), "--models: unknown value 'qwen3-nxt'"),
+        (("history", "--releases", "0.5.13", "--budget", "lots"), "--budget: expected"),
     ],
 )
 def test_bad_arguments_are_one_line(args, needle):
@@ -95,8 +96,8 @@ def test_run_history_exit_code_and_json_rows(monkeypatch, capsys, tmp_path):
     args = history_args("--releases", "0.5.12,0.5.13", "--format", "json")
     assert history.run_history(args) == 1
     doc = json.loads(capsys.readouterr().out)
-    assert doc["rows"] == [{"release": "0.5.12", "check": "pool:session_reuse", "status": "fail", "reason": "leak", "cell": "", "replay": ""},
-                           {"release": "0.5.13", "check": "pool:session_reuse", "status": "pass", "reason": "ok", "cell": "", "replay": ""}]
+    assert doc["rows"] == [{"release": "0.5.12", "check": "pool:session_reuse", "status": "fail", "reason": "leak", "cell": "", "replay": "", "known_bug": ""},
+                           {"release": "0.5.13", "check": "pool:session_reuse", "status": "pass", "reason": "ok", "cell": "", "replay": "", "known_bug": ""}]
     assert all(r["status"] in history.STATUSES for r in doc["rows"])
     monkeypatch.setattr(history, "history", lambda *a, **k: (rows[1:], {}))
     assert history.run_history(history_args("--releases", "0.5.13")) == 0
@@ -316,3 +317,41 @@ def test_history_workers_reach_the_server_run(monkeypatch, tmp_path):
     for bad in ("two", "-1"):
         with pytest.raises(KitError, match="-n: expected a number of workers"):
             history.parse_workers(bad)
+
+
+def test_history_over_the_nightly_tier_runs_a_shards_cells_by_id_at_the_given_budget(monkeypatch, tmp_path):
+    """``--tier nightly``: the server run gets that tier, a shard's cells by id (``--cells``; a
+    refused strategy's cell is an n/a row, never sent to the run) and the programs' budget in
+    the run's environment; without cells or budget the run is asked as before."""
+    seen, envs = [], []
+
+    def fake_run(argv, *, timeout, env=None, cwd=None):
+        seen.append(list(argv))
+        envs.append(env or {})
+        (Path(argv[argv.index("--report-dir") + 1]) / "report.json").write_text(json.dumps({"cells": []}))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(history, "_run", fake_run)
+    features = {"version": "0.5.12", "strategies": ["no_buffer", "extra_buffer"], "sglang_cpu_gap": None}
+    cells = ("falcon-h1-0.5b-extra_buffer-p256-t256-eviction-tlru", "qwen3-next-80b-extra_buffer_lazy-p64-t256")
+    rows = history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="nightly", cells=cells, budget="nightly",
+                                   out_dir=tmp_path / "out", part="shard-1")
+    argv = seen[-1]
+    assert argv[argv.index("--tier") + 1] == "nightly"
+    assert argv[argv.index("--cells") + 1] == cells[0]
+    assert envs[-1][history.BUDGET_ENV] == "nightly"
+    assert (tmp_path / "out" / "runs" / "0.5.12-shard-1" / "report.json").is_file()
+    assert [(r.cell, r.status) for r in rows] == [(cells[1], "na")]
+    history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="nightly", models=("falcon-h1",))
+    assert "--cells" not in seen[-1] and history.BUDGET_ENV not in envs[-1]
+
+
+def test_cells_option_selects_cells_by_id_and_names_an_unknown_one():
+    from conformance.matrix.cells import load_matrix
+
+    m = load_matrix()
+    ids = ["qwen3-next-80b-extra_buffer-p64-t256", "qwen3-next-80b-no_buffer-p1-t256"]
+    assert [c.id for c in m.select(tier="nightly", cells=ids)] == ids[::-1]  # file order
+    assert m.select(tier="premerge", cells=ids) == [c for c in m.select(tier="premerge") if c.id == ids[1]]
+    with pytest.raises(KitError, match="--cells: unknown cell 'nope'"):
+        m.select(cells=["nope"])

@@ -185,6 +185,8 @@ def _output_dir(inv: tuple[str, str, list[str], list[str]]) -> str | None:
     tool, sub, _, argv = inv
     if tool == "hybrid-conformance" and sub == "run":
         return option(argv, "--report-dir")
+    if tool == "hybrid-conformance" and sub == "history":  # the shard's or the merged night's history.json/html and replays
+        return option(argv, "--out")
     if tool == "hybrid-conformance" and sub == "known-bugs":  # the replays' server logs: what a red replay is read from
         return option(argv, "--log-dir")
     if tool == "pytest":
@@ -317,16 +319,83 @@ def test_manual_passes_the_markers_input_to_dash_m():
     assert re.fullmatch(r"\$\{\{\s*inputs\.markers\s*\}\}", value)
 
 
-def test_history_runs_the_release_range_and_uploads_its_json():
+def history_problems(wf: dict) -> list[str]:
+    """The history workflow's shape, one line per rule broken: a plan job printing tonight's
+    shards, a matrix job per shard running ``history --shard K/N`` with the plan's night, a
+    merge job after every shard (even failed ones) writing one history with the previous
+    night's artifact, uploaded under the name the next night reads."""
+    problems = []
+    jobs = wf.get("jobs", {})
+    calls = {job_id: [invocation(seg) for st in job.get("steps", []) for seg in segments(st.get("run", ""))] for job_id, job in jobs.items()}
+    calls = {j: [c for c in cs if c] for j, cs in calls.items()}
+    plans = [(j, c) for j, cs in calls.items() for c in cs if c[1] == "plan" and option(c[3], "--releases") == "$RELEASES"]
+    if not plans or not all(option(c[3], "--shards") and option(c[3], "--night") for _, c in plans):
+        problems.append("no job plans tonight's shards (plan --releases $RELEASES --night ... --shards ...)")
+    plan_job = plans[0][0] if plans else None
+    shard_jobs = [j for j, cs in calls.items() if any(c[1] == "history" and option(c[3], "--shard") for c in cs)]
+    if len(shard_jobs) != 1:
+        problems.append("no single job runs history --shard")
+    else:
+        job = jobs[shard_jobs[0]]
+        shards = str(job.get("strategy", {}).get("matrix", {}).get("shard", ""))
+        if plan_job is None or f"needs.{plan_job}.outputs" not in shards or plan_job not in str(job.get("needs", "")):
+            problems.append(f"job {shard_jobs[0]}: not a matrix over the plan job's shards")
+        if job.get("strategy", {}).get("fail-fast", True):
+            problems.append(f"job {shard_jobs[0]}: fail-fast would cancel the other shards")
+        [run] = [c for c in calls[shard_jobs[0]] if c[1] == "history"]
+        if option(run[3], "--night") != "$NIGHT" or "needs." not in str(job.get("env", {}).get("NIGHT", "")):
+            problems.append(f"job {shard_jobs[0]}: the shard does not run the plan's night")
+        if option(run[3], "--format") != "json" or option(run[3], "--releases") != "$RELEASES":
+            problems.append(f"job {shard_jobs[0]}: history --shard without --releases $RELEASES --format json")
+    merges = [(j, c) for j, cs in calls.items() for c in cs if c[1] == "history" and "--merge" in c[2]]
+    if len(merges) != 1:
+        return problems + ["no single job runs history --merge"]
+    merge_job, merge = merges[0]
+    job = jobs[merge_job]
+    if not set(shard_jobs) <= set(job.get("needs", [])) or "always()" not in str(job.get("if", "")):
+        problems.append(f"job {merge_job}: does not run after every shard, failed ones too")
+    if option(merge[3], "--previous") is None:
+        problems.append(f"job {merge_job}: no --previous (nothing new since the last night)")
+    downloads = [st for st in job.get("steps", []) if "download-artifact" in str(st.get("uses", ""))]
+    if not downloads or "shard" not in str(downloads[0].get("with", {}).get("pattern", "")):
+        problems.append(f"job {merge_job}: does not download the shards' artifacts")
+    uploads = [st for st in job.get("steps", []) if "upload-artifact" in str(st.get("uses", ""))]
+    reader = " ".join(str(st.get("run", "")) for st in job.get("steps", []))
+    if not uploads or f"--name {uploads[-1].get('with', {}).get('name')} " not in reader:
+        problems.append(f"job {merge_job}: the previous night is not read from the artifact this job uploads")
+    return problems
+
+
+def test_history_is_a_matrix_of_shards_and_one_merge():
     wf = load("history")
     assert workflow_problems(wf) == []
-    assert "schedule" in wf["on"] and "releases" in wf["on"]["workflow_dispatch"]["inputs"]
-    calls = [invocation(seg) for _, _, s in steps(wf) for seg in segments(s.get("run", ""))]
-    (tool, sub, flags, argv), = [c for c in calls if c and c[1] == "history"]
-    assert option(argv, "--format") == "json" and option(argv, "--releases") == "$RELEASES"
-    assert "0.5.12" in wf["jobs"]["history"]["env"]["RELEASES"]  # the oldest supported release
+    assert history_problems(wf) == []
+    assert "schedule" in wf["on"] and {"releases", "checks", "tier", "budget"} <= set(wf["on"]["workflow_dispatch"]["inputs"])
+    assert "0.5.11" in wf["env"]["RELEASES"] and "0.5.23" in wf["env"]["RELEASES"]  # the oldest and newest supported releases
+    assert any("actions/cache@" in str(st.get("uses", "")) for st in wf["jobs"]["shard"]["steps"])  # release venvs cached
     uploads = [s for _, _, s in steps(wf) if "upload-artifact" in str(s.get("uses", ""))]
-    assert uploads and "always()" in uploads[0]["if"] and uploads[0]["with"]["path"].endswith("reports/history")
+    assert uploads and all("always()" in u["if"] for u in uploads) and all(u["with"]["path"].endswith("reports/history") for u in uploads)
+
+
+@pytest.mark.parametrize("seed, needle", [
+    (lambda wf: wf["jobs"]["shard"].pop("strategy"), "not a matrix over the plan job's shards"),
+    (lambda wf: wf["jobs"]["shard"]["strategy"].update({"fail-fast": True}), "fail-fast"),
+    (lambda wf: wf["jobs"]["merge"].update({"if": "success()"}), "does not run after every shard"),
+    (lambda wf: _edit_run(wf, " --previous previous/history.json", ""), "no --previous"),
+    (lambda wf: _edit_run(wf, '--night "$NIGHT" --checks', "--checks"), "does not run the plan's night"),
+    (lambda wf: wf["jobs"]["merge"]["steps"][-1]["with"].update({"name": "other"}), "not read from the artifact"),
+    (lambda wf: _edit_run(wf, "--shards auto", ""), "no job plans tonight's shards"),
+])
+def test_history_shape_check_catches_a_seeded_fault(seed, needle):
+    wf = load("history")
+    seed(wf)
+    assert any(needle in p for p in history_problems(wf)), history_problems(wf)
+
+
+def test_validator_catches_a_history_out_folder_not_uploaded():
+    wf = load("history")
+    _edit_run(wf, "--out reports/history --format json", "--out elsewhere --format json")
+    assert any("elsewhere is not uploaded" in p for p in workflow_problems(wf)), workflow_problems(wf)
 
 
 # ------------------------------------------------------------------ the validator on seeded faults

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 from packaging.version import Version
 
 from conformance.commands.history import READY, _run, default_venv_dir, ensure_venv, parse_releases, run_history, venv_env
+from conformance.commands.history_merge import run_merge
 from conformance.commands.known_bugs import replayer
 from conformance.commands.report_bug import find_bug
 from conformance.checks.findings import Finding
@@ -272,7 +273,10 @@ def run_bisect(args: argparse.Namespace, probe: Callable[[KnownBug, str], Probe]
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    """The ``history`` verb: ``--bisect ID`` bisects one known bug, otherwise the release x check table."""
+    """The ``history`` verb: ``--bisect ID`` bisects one known bug, ``--merge DIR...`` merges a
+    night's shards, otherwise the release x check table."""
+    if args.merge:
+        return run_merge(args)
     return run_bisect(args) if args.bisect else run_history(args)
 
 

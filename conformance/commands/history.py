@@ -47,6 +47,8 @@ from conformance.sglang_api.probes import Features
 from conformance.matrix.strategy import STRATEGIES
 from conformance.report.run_report import NOTHING_APPLIES
 from conformance.commands.selection import workers
+from conformance.programs.explore import parse_budget
+from conformance.commands.night_plan import RELEASE_CHECKS, Costs, Shard, night_of, parse_release_range, plan_night
 from conformance.report.history_html import render_html
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +68,7 @@ class Row:
     reason: str = ""
     cell: str = ""  # the matrix cell (server-level rows), "" for release-level rows
     replay: str = ""  # a FAIL's replay file (request programs), copied under the history's --out
+    known_bug: str = ""  # the known SGLang bug (fixtures/known_bugs.toml id) a FAIL was matched to
 
 
 def default_venv_dir() -> Path:
@@ -73,9 +76,10 @@ def default_venv_dir() -> Path:
 
 
 def parse_releases(text: str) -> list[str]:
-    """``0.5.12,0.5.13`` -> releases; KitError (one line) for anything that is not one."""
+    """``0.5.12,0.5.13`` or ``0.5.11..0.5.23`` (every patch release between) -> releases;
+    KitError (one line) for anything that is not one."""
     out = []
-    for item in (t.strip() for t in text.split(",")):
+    for item in (r for t in text.split(",") for r in parse_release_range(t.strip())):
         if not item:
             continue
         release = release_of(item)
@@ -302,18 +306,22 @@ def _aggregate(release: str, check: str, outcomes: list[tuple[str, str, str]]) -
 
 
 SGLANG_CPU = "sglang-cpu"
+BUDGET_ENV = "HYBRID_CONFORMANCE_BUDGET"  # the request programs' budget (conformance/programs/options.py)
 CPU_SUITES = ("agreement", "kl", "prefix_branching", "gsm8k", "leaks", "programs")  # the premerge set + programs at its budget
 _CPU_STATUS = {"pass": "pass", "fail": "fail", "error": "fail", "skip": "na"}
 
 
 def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool, tier: str, out_dir: Path | None = None,
-                    models: Sequence[str] = (), workers: int = 1) -> list[Row]:
-    """The sglang-cpu premerge set and the request programs on this release: one row per
+                    models: Sequence[str] = (), workers: int = 1, cells: Sequence[str] = (), budget: str | None = None, part: str = "") -> list[Row]:
+    """The sglang-cpu cells of ``tier`` (premerge by default) and the request programs on this release: one row per
     (cell, check) from the run's report.json; n/a rows (SGLang's own line) for the cells of a
     strategy the release's parser refuses; one row when it cannot run at all.  ``models``
     (ids, families or twins) keeps only those models' cells, so one release's rows can be
     produced in parts that each fit a time slot.  ``workers``: the run's pytest-xdist workers
-    (a cell's tests stay on one; each worker runs one server at a time)."""
+    (a cell's tests stay on one; each worker runs one server at a time).  ``cells``: only those
+    cell ids (a shard's, ``conformance/commands/night_plan.py``); ``budget``: the request
+    programs' budget (default: the run's own for the tier); ``part``: names its run folder
+    (``runs/<release>-<part>``)."""
     check = SGLANG_CPU
     if not (ROOT / "conformance" / "targets" / "sglang_cpu.py").exists():
         return [Row(release, check, "na", "the sglang-cpu target is not in this kit")]
@@ -322,7 +330,8 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
         return [Row(release, check, "na", gap)]
     if not requested:
         return [Row(release, check, "na", "not requested (--with-sglang-cpu runs it; minutes per release)")]
-    cells = load_matrix().select(target=SGLANG_CPU, tier=tier, models=list(models) or None)
+    chosen = list(cells)
+    cells = load_matrix().select(target=SGLANG_CPU, tier=tier, models=list(models) or None, cells=chosen or None)
     ungated = _gate_refusal(features)  # extra-buffer strategies SGLang would stop at its device assert
     accepted = [s for s in STRATEGIES if s in features.get("strategies", ()) and not (ungated and STRATEGIES[s].has_buffer)]
     rows = [Row(release, check, "na", _refused(features, c.strategy.name), cell=c.id) for c in cells if c.strategy.name not in accepted]
@@ -330,12 +339,13 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
         return rows or [Row(release, check, "na", "no sglang-cpu cell of the tier")]
     with tempfile.TemporaryDirectory(prefix="history-cpu-") as tmp:
         if out_dir is not None:  # keep the run's report and server logs: the evidence behind each row
-            tmp = str(out_dir / "runs" / "-".join([release, *models]))
+            tmp = str(out_dir / "runs" / "-".join([release, *models, *([part] if part else [])]))
             shutil.rmtree(tmp, ignore_errors=True)
             Path(tmp).mkdir(parents=True)
         argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", SGLANG_CPU, "--tier", tier, "--report-dir", tmp,
                 "-n", str(workers), "--suite", ",".join(CPU_SUITES), "--strategies", ",".join(accepted)] + (["--models", ",".join(models)] if models else [])
-        out = _run(argv, timeout=CPU_TIMEOUT_S, env=venv_env(venv))
+        argv += ["--cells", ",".join(c.id for c in cells if c.strategy.name in accepted)] if chosen else []
+        out = _run(argv, timeout=CPU_TIMEOUT_S, env=venv_env(venv) | ({BUDGET_ENV: budget} if budget else {}))
         report_file = Path(tmp) / "report.json"
         if not report_file.exists():
             return rows + [Row(release, check, "fail", f"exit {out.returncode}, no report.json: {_last_line(out.stderr or out.stdout)}")]
@@ -382,7 +392,9 @@ def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -
             reason = " ".join(str(verdict.get("reason") or ("" if status == "pass" else verdict.get("status"))).split())[:400]
             if killer and status == "fail" and SERVER_GONE in reason:
                 reason = f"after known SGLang bug {killer} killed the cell's server: {reason}"[:400]
-            rows.append(Row(release, f"{SGLANG_CPU}:{name}", status, reason, cell=cid, replay=replay))
+            known = (verdict.get("details") or {}).get("known_bug") if isinstance(verdict.get("details"), dict) else None
+            bug = str(known.get("id") or "") if isinstance(known, dict) and status == "fail" else (killer or "") if status == "fail" and SERVER_GONE in reason else ""
+            rows.append(Row(release, f"{SGLANG_CPU}:{name}", status, reason, cell=cid, replay=replay, known_bug=bug))
     for cid in report.get("cells_not_run") or []:
         rows.append(Row(release, SGLANG_CPU, "fail", "cell not run", cell=str(cid)))
     return rows
@@ -406,8 +418,10 @@ def _known_bug_of(cell: dict) -> str | None:
 
 def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Sequence[str] = CHECKS, with_sglang_cpu: bool = False,
             reinstall: bool = False, log: Callable[[str], None] = print, out_dir: Path | None = None,
-            sources: Sequence[str] = (), models: Sequence[str] = (), workers: int = 1) -> tuple[list[Row], dict[str, str]]:
-    """Rows for each release, then for each source checkout (column ``src-<commit>``)."""
+            sources: Sequence[str] = (), models: Sequence[str] = (), workers: int = 1, budget: str | None = None,
+            shard: Shard | None = None) -> tuple[list[Row], dict[str, str]]:
+    """Rows for each release, then for each source checkout (column ``src-<commit>``).
+    ``shard``: only its part of each release (its once-a-night checks and its cells)."""
     rows: list[Row] = []
     probes: dict[str, str] = {}
     installs: list[tuple[str, Callable[[], Path]]] = [(r, lambda r=r: ensure_venv(r, venv_dir, reinstall=reinstall)) for r in releases]
@@ -432,12 +446,15 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
         if features.get("import_error"):
             rows.append(Row(release, "import", "fail", f"sglang {release} is not importable: {features['import_error']}"))
             continue
-        if "validate" in checks:
+        part = shard.part(release) if shard else None
+        mine = [c for c in checks if part is None or c in part.checks or c == SGLANG_CPU]
+        if "validate" in mine:
             rows += validate_rows(release, venv, tier)
-        if "pool" in checks:
-            rows += pool_rows(release, venv, tier, machine="machine" in checks)
-        if "sglang-cpu" in checks:
-            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu, tier=tier, out_dir=out_dir, models=models, workers=workers)
+        if "pool" in mine:
+            rows += pool_rows(release, venv, tier, machine="machine" in mine)
+        if SGLANG_CPU in mine and (part is None or part.cells):
+            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu or part is not None, tier=tier, out_dir=out_dir, models=models,
+                                    workers=workers, budget=budget, cells=part.cells if part else (), part=f"shard-{shard.index}" if shard else "")
         log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
     return rows, probes
 
@@ -446,6 +463,27 @@ def parse_workers(text: str | None) -> int:
     """``-n`` as ``run`` reads it for the sglang-cpu target (default min(2, cores); ``auto``;
     ``0`` for none), checked before any release is installed: one-line KitError otherwise."""
     return workers(text, target=SGLANG_CPU)
+
+
+def parse_budget_arg(text: str | None) -> str | None:
+    """--budget as the programs' options read it, checked before any release is installed."""
+    if text:
+        parse_budget(text)
+    return text
+
+
+def shard_of(args, releases: Sequence[str], models: Sequence[str]) -> Shard | None:
+    """``--shard K/N``: shard K of tonight's plan over these releases (``plan --releases ...
+    --shards N`` with the same --tier, --models, --budget and --night prints it); None without."""
+    if not args.shard:
+        return None
+    if not releases:
+        raise KitError("--shard goes with --releases (the plan's releases)")
+    count = args.shard.partition("/")[2]
+    cells = load_matrix().select(target=SGLANG_CPU, tier=args.tier, models=list(models) or None)
+    plan = plan_night(releases, cells, Costs.load(), night=night_of(args.night), tier=args.tier, budget=parse_budget_arg(args.budget),
+                      suites=CPU_SUITES, checks=RELEASE_CHECKS, shards=int(count) if count.isdigit() and int(count) > 0 else None)
+    return plan.shard(args.shard)
 
 
 def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:
@@ -476,6 +514,9 @@ def run_history(args) -> int:
     if not args.releases and not args.sglang_source:
         raise KitError("history: give --releases, --sglang-source or both")
     releases = parse_releases(args.releases) if args.releases else []
+    models = parse_models(args.models)
+    shard = shard_of(args, releases, models)
+    releases = [p.release for p in shard.parts] if shard else releases
     sources = [args.sglang_source] if args.sglang_source else []
     columns = [*releases, *(sglang_source.checkout(p).label for p in sources)]
     venv_dir = Path(args.venv_dir).expanduser() if args.venv_dir else default_venv_dir()
@@ -483,13 +524,16 @@ def run_history(args) -> int:
     as_json = args.format == "json"
     log = (lambda line: print(f"hybrid-conformance: {line}", file=sys.stderr)) if as_json else print
     checks = parse_checks(args.checks)
-    models = parse_models(args.models)
     out_dir = Path(args.out)
     rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu,
                            reinstall=args.reinstall, log=log, out_dir=out_dir, sources=sources, models=models,
-                           workers=parse_workers(args.workers))
+                           workers=parse_workers(args.workers), budget=parse_budget_arg(args.budget), shard=shard)
     failed = failed_releases(rows)
     doc = {"rows": [asdict(r) for r in rows], "probes": probes}
+    if shard:
+        doc["shard"] = {"index": shard.index, "of": args.shard.split("/")[1], "night": night_of(args.night).isoformat(), "tier": args.tier,
+                        "planned_minutes": round(shard.seconds / 60, 1), "wall_minutes": round((time.monotonic() - start) / 60, 1),
+                        "parts": {p.release: {"checks": list(p.checks), "cells": list(p.cells)} for p in shard.parts}}
     if sources:
         doc["sources"] = {co.label: {"path": str(co.path), "commit": co.commit, "version": co.version} for co in map(sglang_source.checkout, sources)}
     write_outputs(out_dir, doc, columns)
@@ -507,7 +551,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--releases", help="comma list of SGLang releases, e.g. 0.5.12,0.5.13")
     p.add_argument("--sglang-source", metavar="PATH", help="also an SGLang git checkout (column src-<commit>): its python/ installed --no-deps in a venv keyed by its commit")
     p.add_argument("--venv-dir", help=f"where the per-release venvs live (default: ${VENVS_ENV} or ~/.cache/hybrid-conformance/venvs)")
-    p.add_argument("--tier", choices=("premerge", "standard", "nightly"), default="premerge", help="matrix tier for the pool tier and plan --validate (default: %(default)s)")
+    p.add_argument("--tier", choices=("premerge", "standard", "nightly"), default="premerge",
+                   help="matrix tier of the pool tier, plan --validate and the --with-sglang-cpu cells (default: %(default)s)")
+    p.add_argument("--budget", help="with --with-sglang-cpu: the request programs' budget per cell (ci, standard, premerge, nightly, N, Ns; "
+                   "default: the run's own for the tier)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--checks", help=f"comma list of {', '.join(CHECKS)} (default: all; machine is the pool tier's state machine)")
     p.add_argument("--with-sglang-cpu", action="store_true", help="also run the sglang-cpu target's premerge set where it can run")
@@ -515,6 +562,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "default: all), so one release's server rows can run in parts")
     p.add_argument("-n", dest="workers", default=None, help="with --with-sglang-cpu: pytest-xdist workers of each release's server run "
                    "(as run's -n; default: min(2, cores); each runs one server at a time)")
+    p.add_argument("--shard", metavar="K/N", help="only shard K of tonight's N (plan --releases ... --shards N prints them): each release's "
+                   "part of it, the server rows with --with-sglang-cpu implied (conformance/commands/night_plan.py)")
+    p.add_argument("--night", help="with --shard: the night's date, YYYY-MM-DD (default: today, UTC), as plan --night")
+    p.add_argument("--merge", nargs="+", metavar="DIR", help="instead: merge these shards' --out folders into one history.json and "
+                   "history.html under --out (conformance/commands/history_merge.py)")
+    p.add_argument("--previous", metavar="FILE", help="with --merge: the last night's history.json, for the FAILs new since then")
+    p.add_argument("--leads-dir", metavar="DIR", help="with --merge: copy the programs' FAILs no known bug explains here (fixtures/leads locally)")
     p.add_argument("--reinstall", action="store_true", help="rebuild each release's venv")
     p.add_argument("--out", default="reports/history", help="where history.json, history.html and FAILs' replay files go (default: %(default)s)")
     p.add_argument("--bisect", metavar="ID", help="instead: find the first bad and first good release of a known bug (fixtures/known_bugs.toml) "
@@ -527,4 +581,4 @@ def write_outputs(out_dir: Path, doc: dict, releases: Sequence[str]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "history.json").write_text(json.dumps(doc, indent=2))
     rows = [Row(**r) for r in doc["rows"]]
-    (out_dir / "history.html").write_text(render_html(rows, releases, doc.get("probes", {}), base=out_dir))
+    (out_dir / "history.html").write_text(render_html(rows, releases, doc.get("probes", {}), base=out_dir, extra=doc))

@@ -9,8 +9,11 @@ import dataclasses
 import json
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
+from conformance.commands.history import parse_budget_arg, parse_releases, CPU_SUITES, SGLANG_CPU
+from conformance.commands.night_plan import Costs, costs_toml, measured_costs, night_of, plan_night
 from conformance.commands.selection import selected_cells
 from conformance.errors import KitError
 from conformance.matrix.cells import Cell
@@ -23,6 +26,11 @@ from conformance.targets.sglang import config_folder, describing_gpus, strip_lau
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.costs_from:
+        print(costs_toml(measured_costs([Path(d) for d in args.costs_from])))
+        return 0
+    if args.releases:
+        return print_night(args)
     options = options_from_args(args)
     target = target_for(options.target)
     cells = selected_cells(options)
@@ -88,3 +96,25 @@ def validate_rows(rows: list[dict[str, Any]], cells: list[Cell], options: Option
                 failures += 1
                 print(f"hybrid-conformance: {cell.id}: PD {role} command refused: {val.message}", file=sys.stderr)
     return failures
+
+
+def parse_shards(text: str | None) -> int | None:
+    """``--shards``: a positive count, or None (``auto`` or not given: the fewest)."""
+    if text in (None, "", "auto"):
+        return None
+    if not str(text).isdigit() or int(text) < 1:
+        raise KitError(f"--shards: expected a positive number or auto, got {text!r}")
+    return int(text)
+
+
+def print_night(args: argparse.Namespace) -> int:
+    """``plan --releases ...``: tonight's shards of the history workflow (night_plan.py)."""
+    options = options_from_args(args)
+    if options.target != SGLANG_CPU:
+        raise KitError(f"plan --releases plans the history workflow's {SGLANG_CPU} cells; drop --target {options.target}")
+    releases = parse_releases(args.releases)
+    costs = Costs.load(Path(args.costs)) if args.costs else Costs.load()
+    night = plan_night(releases, selected_cells(options), costs, night=night_of(args.night), tier=options.tier or "standard",
+                       budget=parse_budget_arg(args.budget), suites=CPU_SUITES, shards=parse_shards(args.shards))
+    print(json.dumps(night.to_json(), indent=2) if args.format == "json" else night.render())
+    return 0

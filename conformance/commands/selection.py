@@ -35,6 +35,7 @@ def selected_cells(options: Options) -> list[Cell]:
         faults=options.faults,
         page_sizes=list(options.page_sizes) if options.page_sizes else None,
         server_options=options.server_options,
+        cells=options.cells,
         tier=options.tier or DEFAULT_TIER,
     )
 

@@ -193,12 +193,14 @@ class Matrix:
         page_sizes: Sequence[int] | None = None,
         tier: str | None = None,
         server_options: Sequence[str] | None = None,
+        cells: Sequence[str] | None = None,
     ) -> list[Cell]:
         """Cells matching every given filter (None = no filter), in file order.
 
         ``tier`` selects that tier and the smaller ones: premerge ⊂ standard ⊂ nightly.
         An overlay fault named in ``faults`` is also laid over every selected clean cell of
-        its strategies (the same cell, that fault's env; one cell per id).
+        its strategies (the same cell, that fault's env; one cell per id).  ``cells``: only
+        these ids (``plan`` prints them; ``history --shard`` runs a shard's cells by id).
         """
         if tier is not None:
             _check_choices("--tier", [tier], TIERS)
@@ -228,6 +230,11 @@ class Matrix:
                 continue
             for c in [cell] * (not faults or cell.fault.name in faults) + _overlaid(cell, overlays):
                 out.setdefault(c.id, c)
+        if cells:
+            unknown = [c for c in cells if c not in out and all(c != m.id for m in self.cells)]
+            if unknown:
+                raise KitError(f"--cells: unknown cell {unknown[0]!r} (hybrid-conformance plan --tier nightly lists them)")
+            return [c for c in out.values() if c.id in set(cells)]
         return list(out.values())
 
     def baseline_for(self, cell: Cell) -> Cell | None:

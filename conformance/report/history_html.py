@@ -9,6 +9,7 @@ links to it (relative to the page, so the folder can be uploaded as it is).
 from __future__ import annotations
 
 import html
+import json
 import os
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -38,7 +39,56 @@ def _link(path: str, base: Path | None) -> str:
     return f'<a href="{html.escape(target)}">replay</a>'
 
 
-def render_html(rows: Sequence, releases: Sequence[str], probes: Mapping[str, str], *, base: Path | None = None) -> str:
+def _bug(row) -> str:
+    bug = getattr(row, "known_bug", "")
+    return f' <a href="known-bugs.md#{html.escape(bug)}">known bug {html.escape(bug)}</a>' if bug else ""
+
+
+def _cells_grid(rows: Sequence, releases: Sequence[str], base: Path | None) -> str:
+    """Release x check x cell: one row per (check, cell) of the server rows."""
+    by = {(r.check, r.cell, r.release): r for r in rows if r.cell}
+    keys = sorted({(c, cell) for c, cell, _ in by})
+    body = []
+    for check, cell in keys:
+        tds = []
+        for rel in releases:
+            r = by.get((check, cell, rel))
+            if r is None:
+                tds.append("<td>-</td>")
+                continue
+            link = f" {_link(r.replay, base)}" if r.status == "fail" and r.replay else ""
+            tds.append(f'<td class="{r.status}" title="{html.escape(r.reason[:500])}">{MARK[r.status]}{link}{_bug(r) if r.status == "fail" else ""}</td>')
+        body.append(f"<tr><th style='text-align:left'>{html.escape(check)}</th><td>{html.escape(cell)}</td>{''.join(tds)}</tr>")
+    head = "".join(f"<th>{html.escape(r)}</th>" for r in releases)
+    return f"<h2>releases x checks x cells</h2><table><tr><th>check</th><th>cell</th>{head}</tr>{''.join(body)}</table>" if body else ""
+
+
+def _night(extra: Mapping, base: Path | None) -> str:
+    """A merged night's sections: its shards, what is new since the last night, the leads,
+    where shards disagreed."""
+    out = []
+    if "shards" in extra:
+        items = "".join(f"<li>shard {html.escape(str(s.get('index', '?')))}/{html.escape(str(s.get('of', '?')))}: planned "
+                        f"{s.get('planned_minutes', '?')} min, ran {s.get('wall_minutes', '?')} min ({html.escape(s.get('folder', ''))})</li>"
+                        for s in extra["shards"])
+        out.append(f"<h2>shards</h2><ul>{items or '<li>none</li>'}</ul>")
+    if "new_since_last_night" in extra:
+        new = extra["new_since_last_night"]
+        items = "none" if new == [] else "no previous night" if new is None else "".join(
+            f"<li class='fail'>{html.escape(n['release'])} {html.escape(n['check'])} [{html.escape(n['cell'])}]: {html.escape(n['reason'])}</li>" for n in new)
+        out.append(f"<h2>new since the last night</h2><ul>{items}</ul>")
+    if "leads" in extra:
+        items = "".join(f"<li>{html.escape(x['release'])} [{html.escape(x['cell'])}]: {html.escape(x['reason'][:300])} {_link(x['replay'], base) if x['replay'] else ''}</li>"
+                        for x in extra["leads"]) + "".join(f"<li>open in fixtures/leads: {html.escape(n)}</li>" for n in extra.get("open_leads", []))
+        out.append(f"<h2>leads (programs' FAILs not yet judged)</h2><ul>{items or '<li>none</li>'}</ul>")
+    if extra.get("disagreements"):
+        items = "".join(f"<li>{html.escape(d['release'])} {html.escape(d['check'])} [{html.escape(d['cell'])}]: {html.escape(json.dumps(d['statuses']))}</li>"
+                        for d in extra["disagreements"])
+        out.append(f"<h2>shards that disagree (the FAIL is kept)</h2><ul>{items}</ul>")
+    return "".join(out)
+
+
+def render_html(rows: Sequence, releases: Sequence[str], probes: Mapping[str, str], *, base: Path | None = None, extra: Mapping | None = None) -> str:
     folded = fold(rows)
     checks = list(dict.fromkeys(r.check for r in rows))
     head = "".join(f"<th>{html.escape(r)}</th>" for r in releases)
@@ -64,8 +114,9 @@ def render_html(rows: Sequence, releases: Sequence[str], probes: Mapping[str, st
             continue
         where = f" [{html.escape(r.cell)}]" if r.cell else ""
         link = f" {_link(r.replay, base)}" if r.replay else ""
-        notes.append(f"<li class='{r.status}'>{html.escape(r.release)} {html.escape(r.check)}{where}: {MARK[r.status]}: {html.escape(r.reason)}{link}</li>")
+        bug = _bug(r) if r.status == "fail" else ""
+        notes.append(f"<li class='{r.status}'>{html.escape(r.release)} {html.escape(r.check)}{where}: {MARK[r.status]}: {html.escape(r.reason)}{link}{bug}</li>")
     probe_lines = "".join(f"<li>{html.escape(line)}</li>" for line in probes.values())
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>hybrid-conformance history</title><style>{STYLE}</style></head><body>"
             f"<h1>SGLang releases x checks</h1><table><tr><th>check</th>{head}</tr>{''.join(body)}</table>"
-            f"<h2>FAIL and n/a</h2><ul>{''.join(notes) or '<li>none</li>'}</ul><h2>feature probes</h2><ul>{probe_lines}</ul></body></html>")
+            f"{_night(extra or {}, base)}{_cells_grid(rows, releases, base)}<h2>FAIL and n/a</h2><ul>{''.join(notes) or '<li>none</li>'}</ul><h2>feature probes</h2><ul>{probe_lines}</ul></body></html>")

@@ -58,6 +58,7 @@ FAULTS = Option("--faults", "comma list of faults from the matrix (e.g. none,laz
 PAGE_SIZES = Option("--page-sizes", "comma list of page sizes")
 SERVER_OPTIONS = Option("--server-options", "comma list of axis=value server options (e.g. mixed_chunk=on; fixtures/matrix.toml [axes]): "
                         "only cells whose options have these values (an axis a cell does not set is at its default; an axis named twice: either value)")
+CELLS = Option("--cells", "comma list of matrix cell ids (as plan prints them) to run, within the other filters (default: all)")
 TIER = Option("--tier", "premerge (fast subset) < standard (every twin x strategy + the lazy fault; default) < nightly (everything)", choices=TIERS)
 MATRIX = Option("--matrix", "matrix file (default: fixtures/matrix.toml)")
 LAUNCHER = Option("--sglang-launcher", f"the command that starts SGLang (default: {DEFAULT_LAUNCHER})", default=DEFAULT_LAUNCHER, forward="target")
@@ -70,7 +71,7 @@ REPORT_DIR = Option("--report-dir", "write report.json, junit.xml, report.md/htm
 SERVER_LOG_DIR = Option("--server-log-dir", "per-cell server logs (default: <report-dir>/logs or a temp dir)", cli=False)
 
 #: What every verb that selects cells takes (``run``, ``preflight``, ``plan``, ``fuzz``).
-SELECTION = (TARGET, MODELS, STRATEGIES_OPT, FAULTS, PAGE_SIZES, SERVER_OPTIONS, TIER, MATRIX, LAUNCHER, GPUS, TWINS, DTYPE, SUITE)
+SELECTION = (TARGET, MODELS, STRATEGIES_OPT, FAULTS, PAGE_SIZES, SERVER_OPTIONS, CELLS, TIER, MATRIX, LAUNCHER, GPUS, TWINS, DTYPE, SUITE)
 #: The plugin's options: the selection and where things go.
 PLUGIN_OPTIONS = (*(o for o in SELECTION if o.pytest), GSM8K_DIR, REPORT_DIR, SERVER_LOG_DIR)
 
@@ -183,6 +184,7 @@ class Options:
     gsm8k_dir: str | None
     dtype: str | None = None
     server_options: tuple[str, ...] | None = None
+    cells: tuple[str, ...] | None = None
 
 
 def _record(value: Callable[[Option], Any]) -> Options:
@@ -206,6 +208,7 @@ def _record(value: Callable[[Option], Any]) -> Options:
         gsm8k_dir=value(GSM8K_DIR),
         dtype=value(DTYPE),
         server_options=csv(value(SERVER_OPTIONS)),
+        cells=csv(value(CELLS)),
     )
 
 

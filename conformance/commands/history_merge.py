@@ -1,0 +1,148 @@
+"""``history --merge DIR...``: a night's shards (each a ``history --shard K/N --out DIR``
+folder) as one ``history.json`` and ``history.html``, as the history workflow's merge job
+writes them and as a user with one machine does after running shards one after another.
+
+A row is keyed by (release, check, cell).  Shards that disagree on a key (one red, one
+green or n/a) keep the FAIL and are listed under ``disagreements``; a key only one shard
+has is kept as it is.  Each FAIL's replay file is copied under ``--out`` (``replays/<release>/``)
+and linked; a FAIL matched to a known SGLang bug links its entry (``known-bugs.md``, copied
+beside the page).  ``--previous FILE`` (the last night's history.json) gives
+``new_since_last_night``: the FAILs that were not FAILs then.  ``leads`` lists the request
+programs' FAILs no known bug explains (not yet judged) with their replays, copied into
+``--leads-dir`` (``fixtures/leads/`` locally) under ``<cell>-<release>.json``, and
+``open_leads`` the replays that folder already holds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from conformance.commands.history import ROOT, Row, SGLANG_CPU, write_outputs
+from conformance.commands.night_plan import version_key
+from conformance.errors import KitError
+
+PROGRAMS_CHECK = f"{SGLANG_CPU}:programs"
+LEADS_DIR = ROOT / "fixtures" / "leads"
+KNOWN_BUGS_PAGE = ROOT / "docs" / "known-bugs.md"
+_RANK = {"fail": 0, "pass": 1, "na": 2}
+_KNOWN = re.compile(r"known SGLang bug(?:, still present)? \(?([A-Za-z0-9_.-]+)\)?")
+
+
+def key(row: Row) -> tuple[str, str, str]:
+    return row.release, row.check, row.cell
+
+
+def load_shard(folder: Path) -> dict[str, Any]:
+    """A shard's history.json; KitError (one line) when the folder has none."""
+    path = folder / "history.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise KitError(f"--merge: {path} is not a history.json ({type(e).__name__})") from None
+
+
+def _replay_in(folder: Path, replay: str, release: str) -> Path | None:
+    """Where a row's replay is now: as recorded, under the shard's folder, or its
+    ``replays/<release>/`` (a downloaded artifact moves the absolute path)."""
+    if not replay:
+        return None
+    for candidate in (Path(replay), folder / replay, folder / "replays" / release / Path(replay).name):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def known_bug_of(row: Row) -> str:
+    """The row's known bug: the one it records, else the one its reason names."""
+    if row.known_bug or row.status != "fail":
+        return row.known_bug
+    m = _KNOWN.search(row.reason)
+    return m.group(1) if m else ""
+
+
+def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = None, leads_dir: Path | None = None) -> dict[str, Any]:
+    """The merged document (written with its page under ``out_dir``)."""
+    kept: dict[tuple[str, str, str], Row] = {}
+    seen: dict[tuple[str, str, str], dict[str, str]] = {}
+    probes: dict[str, str] = {}
+    shards = []
+    for folder in folders:
+        doc = load_shard(folder)
+        probes.update(doc.get("probes") or {})
+        shards.append({"folder": str(folder), **(doc.get("shard") or {})})
+        for raw in doc.get("rows") or []:
+            row = Row(**raw)
+            found = _replay_in(folder, row.replay, row.release)
+            if found is not None:
+                target = out_dir / "replays" / row.release / found.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if found.resolve() != target.resolve():
+                    shutil.copy2(found, target)
+                row = replace(row, replay=str(target))
+            row = replace(row, known_bug=known_bug_of(row))
+            seen.setdefault(key(row), {})[str(folder)] = row.status
+            old = kept.get(key(row))
+            if old is None or _RANK[row.status] < _RANK[old.status]:
+                kept[key(row)] = row
+    releases = sorted({k[0] for k in kept}, key=version_key)
+    rows = sorted(kept.values(), key=lambda r: (version_key(r.release), r.check, r.cell))
+    disagreements = [{"release": k[0], "check": k[1], "cell": k[2], "statuses": v} for k, v in seen.items() if len(set(v.values())) > 1]
+    doc: dict[str, Any] = {"rows": [asdict(r) for r in rows], "probes": probes, "shards": shards, "disagreements": disagreements,
+                           "new_since_last_night": new_since(rows, previous), "leads": leads(rows, leads_dir),
+                           "open_leads": sorted(p.name for p in (leads_dir or LEADS_DIR).glob("*.json")) if (leads_dir or LEADS_DIR).is_dir() else []}
+    if any(r.known_bug for r in rows) and KNOWN_BUGS_PAGE.is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(KNOWN_BUGS_PAGE, out_dir / "known-bugs.md")
+    write_outputs(out_dir, doc, releases)
+    return doc
+
+
+def new_since(rows: Sequence[Row], previous: dict | None) -> list[dict[str, str]] | None:
+    """The FAILs whose (release, check, cell) was not a FAIL last night; None without a previous night."""
+    if previous is None:
+        return None
+    before = {key(Row(**r)) for r in previous.get("rows") or [] if r.get("status") == "fail"}
+    return [{"release": r.release, "check": r.check, "cell": r.cell, "reason": r.reason} for r in rows if r.status == "fail" and key(r) not in before]
+
+
+def leads(rows: Sequence[Row], leads_dir: Path | None) -> list[dict[str, str]]:
+    """The programs' FAILs no known bug explains, each with its replay (copied into
+    ``leads_dir`` as ``<cell>-<release>.json`` when given)."""
+    out = []
+    for r in rows:
+        if r.check != PROGRAMS_CHECK or r.status != "fail" or r.known_bug:
+            continue
+        kept = ""
+        if leads_dir is not None and r.replay and Path(r.replay).is_file():
+            leads_dir.mkdir(parents=True, exist_ok=True)
+            kept = str(shutil.copy2(r.replay, leads_dir / f"{r.cell}-{r.release}.json"))
+        out.append({"release": r.release, "cell": r.cell, "replay": r.replay, "kept": kept, "reason": r.reason})
+    return out
+
+
+def run_merge(args) -> int:
+    """``history --merge DIR...``: writes ``--out``; exit 1 when the merged night has a FAIL."""
+    folders = [Path(d) for d in args.merge]
+    previous = None
+    if args.previous:
+        prev = Path(args.previous)
+        if prev.is_file():
+            previous = json.loads(prev.read_text())
+        else:
+            print(f"hybrid-conformance: history --merge: no previous night at {prev}; nothing is new", flush=True)
+    out_dir = Path(args.out)
+    doc = merge(folders, out_dir, previous=previous, leads_dir=Path(args.leads_dir) if args.leads_dir else None)
+    fails = [r for r in doc["rows"] if r["status"] == "fail"]
+    print(f"history --merge: {len(folders)} shards, {len(doc['rows'])} rows, {len(fails)} FAIL, {len(doc['disagreements'])} disagreements, "
+          f"{len(doc['leads'])} leads; {out_dir / 'history.json'} and {out_dir / 'history.html'}")
+    for r in fails:
+        bug = f" (known bug {r['known_bug']})" if r["known_bug"] else ""
+        print(f"  FAIL {r['release']} {r['check']} [{r['cell']}]{bug}: {r['reason'][:200]}")
+    if doc["new_since_last_night"]:
+        print(f"  new since the last night: {len(doc['new_since_last_night'])}")
+    return 1 if fails else 0

@@ -1,0 +1,98 @@
+"""``history --merge DIR...`` (``conformance/commands/history_merge.py``) on hand-built shard
+reports that disagree (``tests/data/shards``): a cell red on one shard and green on another
+stays red and is listed as a disagreement; a cell red on one shard and absent on the other
+stays red; each FAIL links its replay (copied under --out) and its known-bug entry; the FAILs
+new since the previous night; the programs' FAILs no known bug explains are leads, kept in
+--leads-dir."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.commands import history_merge
+from conformance.commands.history import Row
+from conformance.errors import KitError
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARDS = ROOT / "tests" / "data" / "shards"
+PROGRAMS_CELL = "qwen3-next-80b-extra_buffer-p64-t256-eviction-tlru"
+KL_CELL = "nemotron-nano-9b-v2-extra_buffer-p1-t256-path_cap-1"
+
+
+@pytest.fixture
+def shards(tmp_path) -> tuple[Path, Path]:
+    for name in ("a", "b"):
+        shutil.copytree(SHARDS / name, tmp_path / name)
+    return tmp_path / "a", tmp_path / "b"
+
+
+def rows_of(doc) -> dict[tuple[str, str, str], Row]:
+    return {(r["release"], r["check"], r["cell"]): Row(**r) for r in doc["rows"]}
+
+
+def test_shards_that_disagree_keep_the_fail_and_say_so(shards, tmp_path):
+    doc = history_merge.merge(list(shards), tmp_path / "out")
+    rows = rows_of(doc)
+    kl = rows[("0.5.16", "sglang-cpu:kl", KL_CELL)]
+    assert kl.status == "fail" and kl.known_bug == "gdn-page-above-chunk-track-state-misindexed"
+    assert doc["disagreements"] == [{"release": "0.5.16", "check": "sglang-cpu:kl", "cell": KL_CELL,
+                                     "statuses": {str(shards[0]): "fail", str(shards[1]): "pass"}}]
+    # red on shard a, absent on shard b: still red; green on 0.5.22 (shard b only): green
+    assert rows[("0.5.16", "sglang-cpu:programs", PROGRAMS_CELL)].status == "fail"
+    assert rows[("0.5.22", "sglang-cpu:programs", PROGRAMS_CELL)].status == "pass"
+    assert len([k for k in rows if k[:2] == ("0.5.16", "install")]) == 1
+    assert [s["index"] for s in doc["shards"]] == [1, 2] and doc["probes"].keys() == {"0.5.16", "0.5.22"}
+
+
+def test_the_merge_check_is_not_vacuous_shards_that_agree_have_no_disagreement(shards, tmp_path):
+    doc = history_merge.merge([shards[0]], tmp_path / "out")
+    assert doc["disagreements"] == [] and ("0.5.22", "sglang-cpu:programs", PROGRAMS_CELL) not in rows_of(doc)
+
+
+def test_each_fail_links_its_replay_and_known_bug_in_the_page(shards, tmp_path):
+    out = tmp_path / "out"
+    doc = history_merge.merge(list(shards), out)
+    replay = rows_of(doc)[("0.5.16", "sglang-cpu:programs", PROGRAMS_CELL)].replay
+    assert Path(replay) == out / "replays" / "0.5.16" / "programs-p64-tlru.json" and Path(replay).is_file()
+    page = (out / "history.html").read_text()
+    assert 'href="replays/0.5.16/programs-p64-tlru.json"' in page
+    assert 'href="known-bugs.md#gdn-page-above-chunk-track-state-misindexed"' in page and (out / "known-bugs.md").is_file()
+    assert "releases x checks x cells" in page and KL_CELL in page and "shards that disagree" in page
+    assert json.loads((out / "history.json").read_text())["rows"] == doc["rows"]
+
+
+def test_new_since_the_last_night_and_none_without_one(shards, tmp_path):
+    previous = json.loads((SHARDS / "previous.json").read_text())
+    doc = history_merge.merge(list(shards), tmp_path / "out", previous=previous)
+    assert [(n["release"], n["check"], n["cell"]) for n in doc["new_since_last_night"]] == [("0.5.16", "sglang-cpu:programs", PROGRAMS_CELL)]
+    assert history_merge.merge(list(shards), tmp_path / "o2")["new_since_last_night"] is None
+    assert "no previous night" in (tmp_path / "o2" / "history.html").read_text()
+
+
+def test_programs_fails_no_known_bug_explains_are_leads_kept_as_replays(shards, tmp_path):
+    leads = tmp_path / "leads"
+    doc = history_merge.merge(list(shards), tmp_path / "out", leads_dir=leads)
+    [lead] = doc["leads"]
+    assert lead["cell"] == PROGRAMS_CELL and lead["release"] == "0.5.16"
+    assert Path(lead["kept"]) == leads / f"{PROGRAMS_CELL}-0.5.16.json" and Path(lead["kept"]).is_file()
+    assert doc["open_leads"] == [f"{PROGRAMS_CELL}-0.5.16.json"]
+    assert "leads (programs" in (tmp_path / "out" / "history.html").read_text()
+
+
+def test_a_folder_without_history_json_is_one_line(tmp_path):
+    with pytest.raises(KitError, match="is not a history.json"):
+        history_merge.merge([tmp_path], tmp_path / "out")
+
+
+def test_merge_through_the_console_script_exits_1_on_a_fail(shards, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "conformance.cli", "history", "--merge", *map(str, shards), "--previous",
+                          str(SHARDS / "previous.json"), "--out", str(tmp_path / "merged")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert "2 shards" in out.stdout and "1 disagreements" in out.stdout and "new since the last night: 1" in out.stdout
+    assert (tmp_path / "merged" / "history.html").is_file()

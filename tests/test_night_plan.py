@@ -1,0 +1,164 @@
+"""``plan --releases A..B --shards N`` and ``history --shard K/N``
+(``conformance/commands/night_plan.py``): every release sees every axis value each night,
+every pair of axis values is covered on some release, seven nights run the full release x
+cell product, no shard is longer than the limit, and the costs come from the repository's
+file (measured cells replace the defaults)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conformance.commands import history, night_plan
+from conformance.commands.night_plan import Costs, axis_values, plan_night
+from conformance.errors import KitError
+from conformance.matrix.cells import load_matrix
+
+ROOT = Path(__file__).resolve().parents[1]
+RELEASES = night_plan.parse_release_range("0.5.11..0.5.23")
+NIGHT = datetime.date(2026, 11, 28)
+
+
+def nightly_cells():
+    return load_matrix().select(target="sglang-cpu", tier="nightly")
+
+
+def plan(night=NIGHT, releases=RELEASES, cells=None, **kw):
+    kw.setdefault("budget", None)
+    return plan_night(releases, nightly_cells() if cells is None else cells, Costs.load(), night=night, tier="nightly",
+                      suites=history.CPU_SUITES, **kw)
+
+
+def test_release_range_expands_and_a_bad_one_is_one_line():
+    assert RELEASES == [f"0.5.{p}" for p in range(11, 24)]
+    assert history.parse_releases("0.5.11..0.5.13,0.5.22") == ["0.5.11", "0.5.12", "0.5.13", "0.5.22"]
+    for bad in ("0.5.13..0.5.11", "0.5.11..0.6.2", "x..0.5.13"):
+        with pytest.raises(KitError, match="not a range of one minor series"):
+            night_plan.parse_release_range(bad)
+
+
+def test_every_release_sees_every_axis_value_and_every_pair_is_covered():
+    p = plan()
+    cov = p.coverage()
+    assert cov["releases_missing_values"] == {} and cov["pairs_covered"] == cov["pairs"] > 500, cov
+    values = set().union(*(axis_values(c) for c in p.cells))
+    for r in RELEASES:
+        seen = set().union(*(axis_values(u.cell) for u in p.units if u.release == r))
+        assert seen == values, r
+    assert {u.why for u in p.units} >= {"slice", "axis"}
+
+
+def test_the_coverage_check_is_not_vacuous():
+    """A plan whose units miss a value on a release (seeded: that release's units dropped
+    but one) is reported missing values there, and uncovered pairs count as uncovered."""
+    p = plan()
+    one = next(u for u in p.units if u.release == "0.5.16")
+    seeded = night_plan.NightPlan(**{**p.__dict__, "units": tuple(u for u in p.units if u.release != "0.5.16") + (one,)})
+    assert "0.5.16" in seeded.coverage()["releases_missing_values"]
+    bare = night_plan.NightPlan(**{**p.__dict__, "units": (one,)})
+    assert bare.coverage()["pairs_covered"] < bare.coverage()["pairs"]
+
+
+def test_seven_nights_run_the_whole_product_once_each_and_nights_differ():
+    product = {(r, c.id) for r in RELEASES for c in nightly_cells()}
+    slices = []
+    for d in range(7):
+        p = plan(night=NIGHT + datetime.timedelta(days=d))
+        slices.append({(u.release, u.cell.id) for u in p.units if u.why == "slice"})
+    assert set().union(*slices) == product
+    assert all(not (a & b) for a, b in itertools.combinations(slices, 2))
+    assert plan(night=NIGHT).units == plan(night=NIGHT).units  # deterministic
+    assert plan(night=NIGHT).units != plan(night=NIGHT + datetime.timedelta(days=1)).units
+
+
+def test_shards_stay_under_the_limit_and_hold_each_unit_once():
+    p = plan()
+    assert all(s.seconds <= p.limit_s for s in p.shards)
+    held = [(part.release, c) for s in p.shards for part in s.parts for c in part.cells]
+    assert sorted(held) == sorted((u.release, u.cell.id) for u in p.units)
+    first = [part.release for s in p.shards for part in s.parts if part.checks]
+    assert sorted(first) == sorted(RELEASES)  # each release's once-a-night checks on exactly one shard
+
+
+def test_shards_n_is_exact_or_one_line_when_too_few():
+    p = plan()
+    wider = plan(shards=len(p.shards) + 3)
+    assert len(wider.shards) == len(p.shards) + 3 and max(s.seconds for s in wider.shards) <= p.limit_s
+    with pytest.raises(KitError, match=rf"--shards 2: tonight needs {len(p.shards)} shards of at most 20 min"):
+        plan(shards=2)
+    with pytest.raises(KitError, match="tonight's plan has"):
+        p.shard(f"1/{len(p.shards) + 1}")
+    with pytest.raises(KitError, match="expected K/N"):
+        p.shard("0/3")
+    assert p.shard(f"2/{len(p.shards)}") is p.shards[1]
+
+
+def test_costs_measured_cells_replace_the_defaults_and_pages_cost_more_before_0523(tmp_path):
+    costs = Costs.load()
+    cells = {c.id: c for c in nightly_cells()}
+    base = cells["qwen3-next-80b-extra_buffer-p1-t256"]
+    paged = cells["qwen3-next-80b-extra_buffer-p64-t256"]
+    suites = ("kl", "programs")
+    assert costs.cell_seconds(paged, "0.5.16", suites=suites, budget="ci") > costs.cell_seconds(paged, "0.5.23", suites=suites, budget="ci")
+    assert costs.programs_seconds("90s") == 90 + costs.programs["overhead"]
+    assert costs.programs_seconds("nightly") > costs.programs_seconds("standard") > costs.programs_seconds("ci")
+    text = (ROOT / "fixtures" / "cell_costs.toml").read_text() + f'\n[cells."{base.id}"]\nkl = 500.0\n'
+    (tmp_path / "c.toml").write_text(text)
+    measured = Costs.load(tmp_path / "c.toml")
+    assert measured.cell_seconds(base, "0.5.23", suites=suites, budget="ci") - costs.cell_seconds(base, "0.5.23", suites=suites, budget="ci") \
+        == pytest.approx(500.0 - costs.suites["kl"])
+    (tmp_path / "bad.toml").write_text("schema = 1\n")
+    with pytest.raises(KitError, match="not a cell-costs file"):
+        Costs.load(tmp_path / "bad.toml")
+
+
+def test_measured_costs_read_junit_and_print_the_costs_tables(tmp_path):
+    suite = ET.Element("testsuite")
+    for cls, name, t in [("conformance.suites.kl.test_kl", "test_kl[a-b]@cell-1", "3.5"), ("conformance.suites.kl.test_kl", "test_kl2[x]@cell-1", "1.0"),
+                         ("conformance.suites.programs.test_programs", "test_programs[cell-1]@cell-1", "171.4"), ("tests.test_x", "test_y@cell-1", "9")]:
+        ET.SubElement(suite, "testcase", classname=cls, name=name, time=t)
+    ET.ElementTree(suite).write(tmp_path / "junit.xml")
+    measured = night_plan.measured_costs([tmp_path, tmp_path / "missing"])
+    assert measured == {"cell-1": {"kl": 4.5, "programs": pytest.approx(171.4)}}
+    assert night_plan.costs_toml(measured) == '[cells."cell-1"]\nkl = 4.5\nprograms = 171.4'
+    assert night_plan.costs_toml({"dead": {"kl": 0.1, "leaks": 0.1}}) == ""  # its server never started: the defaults stay
+
+
+def test_plan_releases_prints_the_shards_through_the_console_script():
+    out = subprocess.run([sys.executable, "-m", "conformance.cli", "plan", "--releases", "0.5.11..0.5.23", "--tier", "nightly",
+                          "--night", "2026-11-28", "--shards", "auto"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "13 releases x 99 cells" in out.stdout and "shard 1/" in out.stdout and "every release sees all" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "conformance.cli", "plan", "--releases", "0.5.16", "--shards", "two"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--shards: expected a positive number or auto" in bad.stderr
+
+
+def test_history_shard_runs_only_its_part_of_each_release(monkeypatch, tmp_path):
+    """``history --shard K/N``: the shard's releases only; a release's once-a-night checks
+    only on the shard that owns them; its cells by id."""
+    p = plan()
+    k = next(s for s in p.shards if any(not part.checks for part in s.parts))
+    args = argparse.Namespace(shard=f"{k.index}/{len(p.shards)}", tier="nightly", night=NIGHT.isoformat(), budget=None)
+    shard = history.shard_of(args, RELEASES, ())
+    assert shard == k
+    calls = []
+    monkeypatch.setattr(history, "ensure_venv", lambda r, root, **kw: tmp_path)
+    monkeypatch.setattr(history, "probe_in", lambda venv: {"version": "x", "strategies": ["no_buffer", "extra_buffer", "extra_buffer_lazy"]})
+    monkeypatch.setattr(history, "summary_of", lambda f: "probe")
+    monkeypatch.setattr(history, "validate_rows", lambda r, v, t: calls.append(("validate", r)) or [])
+    monkeypatch.setattr(history, "pool_rows", lambda r, v, t, machine: calls.append(("pool", r)) or [])
+    monkeypatch.setattr(history, "sglang_cpu_rows", lambda r, v, f, **kw: calls.append(("cpu", r, kw["cells"], kw["requested"])) or [])
+    history.history([part.release for part in shard.parts], venv_dir=tmp_path, tier="nightly", log=lambda s: None, shard=shard)
+    for part in shard.parts:
+        assert ("cpu", part.release, part.cells, True) in calls
+        assert (("validate", part.release) in calls) == bool(part.checks)
+    with pytest.raises(KitError, match="--shard goes with --releases"):
+        history.shard_of(args, [], ())
