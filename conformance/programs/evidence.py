@@ -94,6 +94,13 @@ class RequestLog:
     admissions: dict[str, int] = field(default_factory=dict)
     #: where the tree was reset (a flush): every state it took before is gone
     resets_at: list[int] = field(default_factory=list)
+    #: pressure evidence (the coverage counters): record number of each refusal after a match ->
+    #: (rid, matched length, digest); retracted rids; how many records of each event were read
+    refused: dict[int, tuple[str, int, str]] = field(default_factory=dict)
+    retracted: list[str] = field(default_factory=list)
+    events: dict[str, int] = field(default_factory=dict)
+    #: the pressure hooks the server's plugin has in place (None: a start line without the field)
+    pressure: tuple[str, ...] | None = None
     started: bool = False
     #: the server records per-node state evictions (its start line says the hooks are in place)
     per_node: bool = False
@@ -117,9 +124,15 @@ class RequestLog:
     def add(self, rec: Mapping[str, Any]) -> None:
         ev = rec.get("ev")
         self._records += 1
+        self.events[str(ev)] = self.events.get(str(ev), 0) + 1
         if ev == "start":
             self.started = True
             self.per_node = bool(rec.get("state_evictions"))
+            self.pressure = tuple(rec["pressure"]) if "pressure" in rec else None
+        elif ev == "refused":
+            self.refused[self._records] = (str(rec["rid"]), int(rec["matched"]), str(rec["key"]))
+        elif ev == "retract":
+            self.retracted.extend(str(r) for r in rec.get("rids", ()))
         elif ev == "prefill":
             rid = str(rec["rid"])
             chunk = Prefill(int(rec["prefix"]), int(rec["extend"]), bool(rec["cut"]), rec.get("track"))

@@ -26,6 +26,7 @@ from conformance.checks.reuse import ReuseTally
 from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.checks.findings import Finding
+from conformance.programs.coverage import Coverage, read_coverage
 from conformance.programs.evidence import Evidence
 from conformance.programs.flights import Clock, Flight, FlightDeck
 from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
@@ -118,6 +119,8 @@ class RunStats:
     expected_bounded: dict[str, int] = field(default_factory=dict)
     #: reuse efficiency, reported and not judged (``checks.reuse``)
     reuse: ReuseTally = field(default_factory=ReuseTally)
+    #: what SGLang was seen doing under memory pressure (``programs.coverage``)
+    coverage: Coverage = field(default_factory=Coverage)
 
     def note_hit(self, s: Served) -> None:
         """Count one judged request: what admitted its hit, before and after the records, and
@@ -148,7 +151,7 @@ class RunStats:
             max((r.max_logprob_gap for r in runs), default=0.0), summed("permissions"), sum(r.cold_s for r in runs), sum(r.idle_s for r in runs),
             max((r.max_topk_kl for r in runs), default=0.0), max((r.max_flip_margin for r in runs), default=0.0),
             sum(r.hits_seen_stored for r in runs), summed("model_permissions"), sum(r.expected_exact for r in runs), summed("expected_bounded"),
-            ReuseTally.total(r.reuse for r in runs),
+            ReuseTally.total(r.reuse for r in runs), Coverage.total(r.coverage for r in runs),
         )
 
 
@@ -180,6 +183,7 @@ class ProgramRun:
         self._since_idle: list[Served] = []
         self._counter0 = 0.0
         self._log0 = 0
+        self._coverage0 = Coverage()
 
     # ------------------------------------------------------------ top level
     def run(self) -> RunStats:
@@ -198,6 +202,7 @@ class ProgramRun:
                 self._close(sid)
             self._wait_all()
             self._settle(final=True)
+            self.stats.coverage = self._coverage().minus(self._coverage0)
         except KitError:  # a scheduler that died mid-step leaves connection errors: name the death, a finding
             dead = self._dead()
             self._cleanup()
@@ -229,6 +234,13 @@ class ProgramRun:
         self.evidence.reset(self.clock.tick(), metrics)
         self._counter0 = metrics.get(CACHED_TOKENS_TOTAL, 0.0)
         self._log0 = len(self.t.log_text()) if self.t.log_text else 0
+        self._coverage0 = self._coverage()
+
+    def _coverage(self) -> Coverage:
+        """The coverage counters SGLang's per-request records show so far (cumulative)."""
+        if self.evidence.requests is not None:
+            self.evidence.requests.refresh()
+        return read_coverage(self.evidence.requests)
 
     # ------------------------------------------------------------ steps
     def _apply(self, step: Step) -> None:
