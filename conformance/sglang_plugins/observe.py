@@ -62,8 +62,9 @@ Pressure evidence (the programs' coverage counters, ``conformance/programs/evide
 an AROUND hook where the release has its target (:data:`PRESSURE_TARGETS`, feature-probed; the
 start line's ``pressure`` lists those hooked): ``refused`` (a request the prefill adder refused
 for lack of room, ``NO_TOKEN``, after its match: its rid, matched length and digest, once per
-rid and length), ``retract`` (the rids SGLang's ``retract_decode`` retracted) and ``split`` (a
-node split by the tree's insert or match).
+rid and length), ``retract`` (the rids SGLang's ``retract_decode`` retracted), ``split`` (a
+node split, seen where the tree runs in Python) and ``tree_core`` (the unified tree's core:
+a Rust core's splits are not seen).
 
 Nothing here changes what SGLang schedules, allocates, caches or checks.
 """
@@ -449,12 +450,24 @@ def split_observed(original: Callable, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
+def tree_core_observed(original: Callable, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on the unified tree's core construction: which core it runs (a Rust core
+    splits nodes inside Rust, where the ``split`` hook cannot see them; result unchanged)."""
+    result = original(*args, **kwargs)
+    try:
+        write_requests([{"ev": "tree_core", "core": f"{type(result).__module__}.{type(result).__qualname__}"}])
+    except Exception:  # an observer never breaks the server
+        pass
+    return result
+
+
 #: Pressure evidence: name -> (hook, targets, newest first; the first the release has is hooked).
 PRESSURE_TARGETS: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "refused": (refused_observed, ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req",)),
     "retract": (retract_observed, ("sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode",)),
     "split": (split_observed, ("sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.redistribute_on_node_split",
                                "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache._split_node")),
+    "tree_core": (tree_core_observed, ("sglang.srt.mem_cache.unified_radix_cache.create_tree_core",)),
 }
 
 
