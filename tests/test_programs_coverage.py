@@ -114,3 +114,13 @@ def test_the_pressure_rule_is_not_vacuous_a_reached_pressure_cell_passes():
     assert programs_verdict(ex, budget="nightly", seed=0, pressure=coverage_required(_cell(kv_pool="small"))).status == "pass"
     idle = Exploration(examples=5, seconds=1.0, stats=[RunStats(requests=9, compared_tokens=30)])
     assert programs_verdict(idle, budget="premerge", seed=0).status == "pass"  # not a pressure run: counters reported only
+
+
+def test_splits_on_a_rust_tree_core_are_not_recorded(tmp_path, monkeypatch):
+    log = _log(tmp_path, monkeypatch)
+    observe.write_requests([{"ev": "start", "state_evictions": True, "pressure": ["refused", "retract", "split", "tree_core"]}])
+    observe.tree_core_observed(lambda name, params, comps: SimpleNamespace(), "python", None, {})
+    log.refresh()
+    assert log.tree_core == "types.SimpleNamespace" and read_coverage(log).splits == 0
+    log.tree_core = "sglang.srt.mem_cache.rust_tree_core.mem_cache.RustTreeCore"
+    assert read_coverage(log).splits is None

@@ -10,7 +10,7 @@ Every count is read from SGLang-side evidence, the observe plugin's per-request 
 * ``retractions`` -- requests SGLang's ``retract_decode`` retracted;
 * ``eviction_walks`` -- eviction walks that evicted anything (``evict`` records);
 * ``nodes_evicted`` -- tree states the eviction walk freed (per-node, ``by`` the walk);
-* ``splits`` -- tree node splits;
+* ``splits`` -- tree node splits (seen where the tree runs in Python; None on a Rust tree core);
 * ``tree_audits`` -- tree audits run, where the plugin records them (:data:`AUDIT_EVENTS`).
 
 A counter is None where the server records no such evidence (no per-request file: the
@@ -82,6 +82,8 @@ def read_coverage(log: RequestLog | None) -> Coverage:
     for name, hook in NEEDS_HOOK.items():
         if hook not in hooked:
             counts[name] = None
+    if log.tree_core and "rust" in log.tree_core.lower():
+        counts["splits"] = None  # a Rust tree core splits inside Rust: not seen
     return Coverage(**counts)
 
 

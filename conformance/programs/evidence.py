@@ -101,6 +101,8 @@ class RequestLog:
     events: dict[str, int] = field(default_factory=dict)
     #: the pressure hooks the server's plugin has in place (None: a start line without the field)
     pressure: tuple[str, ...] | None = None
+    #: the unified tree's core class (None: not recorded; a release without one)
+    tree_core: str | None = None
     started: bool = False
     #: the server records per-node state evictions (its start line says the hooks are in place)
     per_node: bool = False
@@ -131,6 +133,8 @@ class RequestLog:
             self.pressure = tuple(rec["pressure"]) if "pressure" in rec else None
         elif ev == "refused":
             self.refused[self._records] = (str(rec["rid"]), int(rec["matched"]), str(rec["key"]))
+        elif ev == "tree_core":
+            self.tree_core = str(rec.get("core", ""))
         elif ev == "retract":
             self.retracted.extend(str(r) for r in rec.get("rids", ()))
         elif ev == "prefill":
