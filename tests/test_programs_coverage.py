@@ -124,3 +124,11 @@ def test_splits_on_a_rust_tree_core_are_not_recorded(tmp_path, monkeypatch):
     assert log.tree_core == "types.SimpleNamespace" and read_coverage(log).splits == 0
     log.tree_core = "sglang.srt.mem_cache.rust_tree_core.mem_cache.RustTreeCore"
     assert read_coverage(log).splits is None
+
+
+def test_the_forced_retraction_cells_require_retractions():
+    from conformance.matrix.cells import load_matrix
+
+    cells = [c for c in load_matrix().cells if c.fault.name == "forced_retract"]
+    assert cells and all(c.tier == "nightly" and "retractions" in coverage_required(c) for c in cells)
+    assert dict(cells[0].fault.env) == {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"}

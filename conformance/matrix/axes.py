@@ -295,8 +295,10 @@ def enabled(cell: _AxisCell, capability: str) -> bool:
 
 
 def coverage_required(cell: _AxisCell) -> tuple[str, ...]:
-    """The coverage counters the cell's axis values require a nightly fuzz to move (none: no pressure cell)."""
-    return tuple(dict.fromkeys(c for v in values_of(cell) for c in v.coverage))
+    """The coverage counters the cell's axis values (and its matrix fault, e.g. SGLang's forced
+    retraction) require a nightly fuzz to move (none: no pressure cell)."""
+    fault = getattr(getattr(cell, "fault", None), "coverage", ())
+    return tuple(dict.fromkeys([*(c for v in values_of(cell) for c in v.coverage), *fault]))
 
 
 def parse_selection(items) -> tuple[tuple[str, str], ...]:
