@@ -72,6 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cpu: runs on CPU (reference target, pool tier)")
     config.addinivalue_line("markers", "pool: the in-process pool tier over SGLang's real memory classes")
     config.addinivalue_line("markers", "disagg_transfer_fail: PD cells with SGLANG_TEST_DISAGG_FAILURE_PROB on the decode server")
+    config.addinivalue_line("markers", "forced_retract: cells with SGLang's SGLANG_TEST_RETRACT=1 (every 3rd decode step retracts)")
     config.addinivalue_line("markers", "release_range: runs hybrid-conformance history over SGLang releases in their own venvs (tests/test_release_range.py)")
     for name, gate in target_for(config.getoption("target", None) or DEFAULT_TARGET).session_plugins().items():
         config.pluginmanager.register(gate, name)  # e.g. the pool tier's: a pool run that ran nothing is not green

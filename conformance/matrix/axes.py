@@ -90,6 +90,9 @@ class AxisValue:
     #: Environment variables the value sets on SGLang's servers (a cell that sets the axis only:
     #: a cell at the axis default keeps the release's own default).
     env: tuple[tuple[str, str], ...] = ()
+    #: The programs' coverage counters (``conformance/programs/coverage.py``) a nightly fuzz of a
+    #: cell with this value must move (a small pool: the pressure it is there for).
+    coverage: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -176,12 +179,18 @@ def _default(name: str) -> Callable[[Strategy], str]:
     return lambda strategy: name
 
 
-def _pool_axis(name: str, flag: str, what: str, cpu_default: int, small: int, unit: str, small_enables: tuple[str, ...] = ()) -> Axis:
+#: The coverage counters every small pool must move in a nightly fuzz (a KV pool adds retractions).
+POOL_PRESSURE = ("refused_after_match", "eviction_walks", "nodes_evicted")
+
+
+def _pool_axis(name: str, flag: str, what: str, cpu_default: int, small: int, unit: str, small_enables: tuple[str, ...] = (),
+               coverage: tuple[str, ...] = POOL_PRESSURE) -> Axis:
     """A pool-size axis: the target's pool (default) or a small one (eviction under pressure)."""
     return Axis(name, f"{what} size ({flag})", _values(
         name,
         AxisValue(name, "default", f"the target's pool (sglang-cpu: {cpu_default} {unit})"),
-        AxisValue(name, "small", f"{small} {unit}: eviction under pressure", _flag(flag, str(small)), needs=(flag, None), enables=small_enables),
+        AxisValue(name, "small", f"{small} {unit}: eviction under pressure", _flag(flag, str(small)), needs=(flag, None), enables=small_enables,
+                  coverage=coverage),
     ), _default("default"))
 
 
@@ -209,7 +218,8 @@ _AXES = (
                   needs=("--chunked-prefill-size", None), refuses=_chunked_refuses("sub-chunk")),
     ), _default("default")),
     _pool_axis("mamba_pool", "--max-mamba-cache-size", "the Mamba state pool", CPU_MAX_MAMBA_CACHE_SIZE, SMALL_MAX_MAMBA_CACHE_SIZE, "slots"),
-    _pool_axis("kv_pool", "--max-total-tokens", "the KV pool", CPU_MAX_TOTAL_TOKENS, SMALL_MAX_TOTAL_TOKENS, "tokens", (KV_PRESSURE, EVICTION_ORDER)),
+    _pool_axis("kv_pool", "--max-total-tokens", "the KV pool", CPU_MAX_TOTAL_TOKENS, SMALL_MAX_TOTAL_TOKENS, "tokens", (KV_PRESSURE, EVICTION_ORDER),
+               (*POOL_PRESSURE, "retractions")),
     Axis("eviction", "the radix cache's eviction policy (--radix-eviction-policy)", _values(
         "eviction",
         *(AxisValue("eviction", p, f"--radix-eviction-policy {p}", _flag("--radix-eviction-policy", p) if p != "lru" else _flag(),
@@ -300,6 +310,13 @@ def needed(cell: _AxisCell) -> tuple[tuple[str, str | None], ...]:
 def enabled(cell: _AxisCell, capability: str) -> bool:
     """The cell's axis values let clients use ``capability`` (e.g. :data:`STREAMING_SESSIONS`)."""
     return any(capability in v.enables for v in values_of(cell))
+
+
+def coverage_required(cell: _AxisCell) -> tuple[str, ...]:
+    """The coverage counters the cell's axis values (and its matrix fault, e.g. SGLang's forced
+    retraction) require a nightly fuzz to move (none: no pressure cell)."""
+    fault = getattr(getattr(cell, "fault", None), "coverage", ())
+    return tuple(dict.fromkeys([*(c for v in values_of(cell) for c in v.coverage), *fault]))
 
 
 def parse_selection(items) -> tuple[tuple[str, str], ...]:

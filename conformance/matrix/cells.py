@@ -89,6 +89,8 @@ class MatrixFault:
     #: Laid over any clean cell of its strategies when ``--faults`` names it (besides its own
     #: cells): a switch of the server's checking (SGLang's strict idle check), not a bug.
     overlay: bool = False
+    #: The programs' coverage counters a nightly fuzz of its cells must move (``conformance/programs/coverage.py``).
+    coverage: tuple[str, ...] = ()
 
     @property
     def injected(self) -> bool:
@@ -294,7 +296,7 @@ def _check_choices(option: str, values: Iterable[str], allowed: Iterable[str]) -
 _TOP_KEYS = {"schema", "defaults", "strategies", "faults", "cache_variants", "axes", "models", "cells"}
 _MODEL_KEYS = {"id", "family", "hf_path", "twin", "tp_size", "mamba_chunk_size", "thresholds"}
 _STRATEGY_KEYS = {"description", "overlap", "max_page_size", "ping_pong_slots", "pd"}
-_FAULT_KEYS = {"description", "env", "strategies", "effects", "pd_roles", "suites", "pd_env", "overlay"}
+_FAULT_KEYS = {"description", "env", "strategies", "effects", "pd_roles", "suites", "pd_env", "overlay", "coverage"}
 _VARIANT_KEYS = {"description", "args", "strategies", "targets"}
 _BLOCK_KEYS = {"name", "tier", "models", "strategies", "page_sizes", "track_intervals", "faults", "cache_variants", "targets",
                "options", "generate"}
@@ -385,7 +387,7 @@ def load_matrix(path: str | os.PathLike[str] | None = None) -> Matrix:
         if not isinstance(t.get("overlay", False), bool):
             raise ctx.fail(where, "overlay must be true or false")
         faults[name] = MatrixFault(name, t.get("description", ""), tuple(sorted(env.items())), fs, tuple(t.get("effects", ())), roles, suites,
-                             tuple(sorted(pd_env.items())), t.get("overlay", False))
+                             tuple(sorted(pd_env.items())), t.get("overlay", False), tuple(t.get("coverage", ())))
     if "none" not in faults:
         raise ctx.fail("[faults]", "a fault named 'none' (no injection) is required")
 

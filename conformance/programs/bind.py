@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -125,7 +126,21 @@ def gen_spec(ep: Endpoint, target: ProgramTarget) -> GenSpec:
         page_size=g.page_size, context_len=target.limits.context_len,
         streaming_sessions=axes.enabled(ep.cell, axes.STREAMING_SESSIONS),
         reasoning_requests=axes.enabled(ep.cell, axes.REASONING_REQUESTS),
+        pressure_weight=pressure_weight(ep.cell, g.page_size),
     )
+
+
+#: ``off`` switches the pressure shapes off (``conformance/programs/strategies.py``): what a
+#: seeded fault on a pressure path is missed without.
+PRESSURE_SHAPES_ENV = "HYBRID_CONFORMANCE_PRESSURE_SHAPES"
+
+
+def pressure_weight(cell: Any, page_size: int) -> int:
+    """How often a cell's programs draw a pressure shape: 4 on a small-pool or page-size > 1
+    cell, 1 elsewhere, 0 with ``HYBRID_CONFORMANCE_PRESSURE_SHAPES=off``."""
+    if os.environ.get(PRESSURE_SHAPES_ENV, "on").strip().lower() == "off":
+        return 0
+    return 4 if axes.coverage_required(cell) or page_size > 1 else 1
 
 
 def restart_if_dead(ep: Endpoint) -> bool:

@@ -99,6 +99,15 @@ class RequestLog:
     tree_violations: list[dict[str, str]] = field(default_factory=list)
     tree_rules: dict[str, list[str]] = field(default_factory=dict)
     tree_audit_errors: list[str] = field(default_factory=list)
+    #: pressure evidence (the coverage counters): record number of each refusal after a match ->
+    #: (rid, matched length, digest); retracted rids; how many records of each event were read
+    refused: dict[int, tuple[str, int, str]] = field(default_factory=dict)
+    retracted: list[str] = field(default_factory=list)
+    events: dict[str, int] = field(default_factory=dict)
+    #: the pressure hooks the server's plugin has in place (None: a start line without the field)
+    pressure: tuple[str, ...] | None = None
+    #: the unified tree's core class (None: not recorded; a release without one)
+    tree_core: str | None = None
     started: bool = False
     #: the server records per-node state evictions (its start line says the hooks are in place)
     per_node: bool = False
@@ -122,9 +131,17 @@ class RequestLog:
     def add(self, rec: Mapping[str, Any]) -> None:
         ev = rec.get("ev")
         self._records += 1
+        self.events[str(ev)] = self.events.get(str(ev), 0) + 1
         if ev == "start":
             self.started = True
             self.per_node = bool(rec.get("state_evictions"))
+            self.pressure = tuple(rec["pressure"]) if "pressure" in rec else None
+        elif ev == "refused":
+            self.refused[self._records] = (str(rec["rid"]), int(rec["matched"]), str(rec["key"]))
+        elif ev == "tree_core":
+            self.tree_core = str(rec.get("core", ""))
+        elif ev == "retract":
+            self.retracted.extend(str(r) for r in rec.get("rids", ()))
         elif ev == "prefill":
             rid = str(rec["rid"])
             chunk = Prefill(int(rec["prefix"]), int(rec["extend"]), bool(rec["cut"]), rec.get("track"))

@@ -67,8 +67,9 @@ PROFILES = {
     "nightly": Budget("nightly", seconds=600.0, size="large", shrink_s=300.0),
 }
 SIZES = {
-    "small": dict(max_steps=12, decode_budget=96, long_decode=False, max_burst=26, pressure_new=6),
-    "large": dict(max_steps=18, decode_budget=320, long_decode=True, max_burst=40, pressure_new=16),
+    "small": dict(max_steps=12, decode_budget=96, long_decode=False, max_burst=26, pressure_new=6, hold_new=24, max_holders=3, pressure_budget=96),
+    "large": dict(max_steps=18, decode_budget=320, long_decode=True, max_burst=40, pressure_new=16, hold_new=448, max_holders=8,
+                  pressure_budget=3600),  # holders whose decodes together outgrow a 4096-token KV pool
 }
 
 

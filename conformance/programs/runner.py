@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from conformance.checks.differential import Tolerance, cold_from_meta, compare_served, served_logprobs
@@ -27,6 +27,7 @@ from conformance.checks.tree_structure import tree_findings
 from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.checks.findings import Finding
+from conformance.programs.coverage import Coverage, read_coverage
 from conformance.programs.evidence import Evidence
 from conformance.programs.flights import Clock, Flight, FlightDeck
 from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
@@ -121,6 +122,8 @@ class RunStats:
     reuse: ReuseTally = field(default_factory=ReuseTally)
     #: audits of SGLang's tree seen at the idle checks (None: the server audits none, not real SGLang)
     tree_audits: float | None = None
+    #: what SGLang was seen doing under memory pressure (``programs.coverage``)
+    coverage: Coverage = field(default_factory=Coverage)
 
     def note_hit(self, s: Served) -> None:
         """Count one judged request: what admitted its hit, before and after the records, and
@@ -152,7 +155,7 @@ class RunStats:
             max((r.max_topk_kl for r in runs), default=0.0), max((r.max_flip_margin for r in runs), default=0.0),
             sum(r.hits_seen_stored for r in runs), summed("model_permissions"), sum(r.expected_exact for r in runs), summed("expected_bounded"),
             ReuseTally.total(r.reuse for r in runs),
-            None if all(r.tree_audits is None for r in runs) else sum(r.tree_audits or 0 for r in runs),
+            None if all(r.tree_audits is None for r in runs) else sum(r.tree_audits or 0 for r in runs), Coverage.total(r.coverage for r in runs),
         )
 
 
@@ -186,6 +189,7 @@ class ProgramRun:
         self._audits0: float | None = None  # the tree audits counter at the last idle check (program start)
         self._violations0 = 0  # tree violations of the per-request log already judged
         self._log0 = 0
+        self._coverage0 = Coverage()
 
     # ------------------------------------------------------------ top level
     def run(self) -> RunStats:
@@ -204,6 +208,8 @@ class ProgramRun:
                 self._close(sid)
             self._wait_all()
             self._settle(final=True)
+            audits = None if self.stats.tree_audits is None else int(self.stats.tree_audits)  # the audit's own counter
+            self.stats.coverage = replace(self._coverage().minus(self._coverage0), tree_audits=audits)
         except KitError:  # a scheduler that died mid-step leaves connection errors: name the death, a finding
             dead = self._dead()
             self._cleanup()
@@ -237,6 +243,13 @@ class ProgramRun:
         self._log0 = len(self.t.log_text()) if self.t.log_text else 0
         self._audits0 = metrics.get(KIT_TREE_AUDITS_TOTAL)
         self._violations0 = len(self.t.requests.tree_violations) if self.t.requests is not None else 0
+        self._coverage0 = self._coverage()
+
+    def _coverage(self) -> Coverage:
+        """The coverage counters SGLang's per-request records show so far (cumulative)."""
+        if self.evidence.requests is not None:
+            self.evidence.requests.refresh()
+        return read_coverage(self.evidence.requests)
 
     # ------------------------------------------------------------ steps
     def _apply(self, step: Step) -> None:

@@ -11,6 +11,16 @@ references to requests a shrink removed fall back to a forest root.
 
 Costs are bounded per program: total decode tokens (``decode_budget``) and at most one
 long decode that crosses several track boundaries (``long_decode``).
+
+**Pressure shapes** (``pressure``, drawn on every cell with weight ``pressure_weight``; the
+cell's spec weights it up on small-pool and page-size > 1 cells, 0 switches it off), built
+from the ordinary steps so any program file replays them: ``hold`` (streamed decodes of up
+to ``hold_new`` tokens that hold KV while gated arrivals come in), ``refuse`` (a request is
+stored and answered, holders take the KV, then a follow-up of it arrives gated on a holder:
+it matches the stored prefix and, short of room, is refused and waits while the holders'
+decodes may evict what it matched; it is admitted once they finish), ``match_burst`` (a
+prefix is stored, then a burst of more members than Mamba slots matches it at admission).
+Their decodes come from ``pressure_budget``, not ``decode_budget``.
 """
 
 from __future__ import annotations
@@ -46,6 +56,11 @@ class GenSpec:
     sessions: bool = True
     streaming_sessions: bool = True  # the cell's server takes streaming sessions (conformance.matrix.axes)
     reasoning_requests: bool = False  # the cell's server keeps only the prompt of a reasoning request (conformance.matrix.axes)
+    #: pressure shapes: how often drawn (0: never), a holder's decode, holders per shape, the decode tokens they may spend
+    pressure_weight: int = 1
+    hold_new: int = 24
+    max_holders: int = 3
+    pressure_budget: int = 96
 
     @property
     def max_root_len(self) -> int:
@@ -77,6 +92,7 @@ class _Model:
     long_used: bool = False
     n: int = 0
     sessions: dict[str, dict] = field(default_factory=dict)  # sid -> {streaming, turns: [rid], open}
+    pressure_left: int = 0
 
     def rid(self, prefix: str) -> str:
         self.n += 1
@@ -94,6 +110,58 @@ _KINDS = (
     "send", "send", "followup", "wait", "idle", "followup", "pair", "arrival", "abort",
     "burst", "session", "session", "session", "options", "options", "overflow", "long", "flush", "burst",
 )
+
+
+#: The pressure shapes (see the module's docstring), simplest first.
+PRESSURE_SHAPES = ("hold", "refuse", "match_burst")
+
+
+def kinds(spec: GenSpec) -> tuple[str, ...]:
+    """The step kinds a cell draws from: the ordinary ones and ``pressure`` by its weight."""
+    return _KINDS + ("pressure",) * spec.pressure_weight
+
+
+@st.composite
+def _holders(draw, m: _Model) -> list[Send]:
+    """Streamed requests that decode long on prompts of their own: they hold KV while others arrive."""
+    out = []
+    for _ in range(draw(st.integers(1, m.spec.max_holders))):
+        want = draw(st.sampled_from((m.spec.hold_new, m.spec.hold_new // 2, m.spec.hold_new - 1)))
+        got = max(2, min(want, m.pressure_left))
+        m.pressure_left = max(0, m.pressure_left - got)
+        suffix = tokens(draw(st.sampled_from((64, 130, 17))), m.spec, f"hold:{draw(st.integers(0, 2**16))}")
+        rid = m.rid("h")
+        out.append(Send(rid, draw(_root_base(m)), suffix, got, SendOptions(return_logprob=True), True))
+        m.sent.append(rid)
+        m.streamed.append(rid)
+    return out
+
+
+@st.composite
+def _pressure(draw, m: _Model) -> list[Step]:
+    shape = draw(st.sampled_from(PRESSURE_SHAPES))
+    if shape == "match_burst":
+        base = draw(_root_base(m))
+        seed = Send(m.rid("r"), base, (), m.take_decode(1), SendOptions(return_logprob=True))
+        m.sent.append(seed.rid)
+        width = draw(st.sampled_from((1, 4, m.spec.chunk + 1)))
+        salt = draw(st.integers(0, 2**16))
+        burst = Burst(m.rid("b"), base, tuple(tokens(width, m.spec, f"{salt}:{i}") for i in range(m.spec.max_burst)), m.spec.pressure_new)
+        m.sent.extend(burst.rids())
+        return [seed, Wait(seed.rid), burst]
+    if shape == "hold":
+        holders = draw(_holders(m))
+        arrivals = [draw(_send(m, follow=draw(st.booleans()), gate=Gate(h.rid, draw(st.integers(1, 8)))))
+                    for h in holders[: draw(st.integers(1, len(holders)))]]
+        return [*holders, *arrivals]
+    stored = draw(_send(m, follow=draw(st.booleans()), stream=False))
+    holders = draw(_holders(m))
+    gate = Gate(holders[-1].rid, draw(st.integers(1, 4)))
+    back = Send(m.rid("r"), After(stored.rid, draw(st.sampled_from(("all", "prompt", "track", "chunk")))),
+                tokens(draw(st.sampled_from((5, 64, 1))), m.spec, draw(st.integers(0, 2**16))), m.take_decode(4),
+                draw(_options(m, False)), gate=gate)
+    m.sent.append(back.rid)
+    return [stored, Wait(stored.rid), *holders, back]
 
 
 @st.composite
@@ -234,7 +302,9 @@ def _descendants(children: dict, rid: str | None) -> set[str]:
 
 @st.composite
 def _step(draw, m: _Model) -> list[Step]:
-    kind = draw(st.sampled_from(_KINDS))
+    kind = draw(st.sampled_from(kinds(m.spec)))
+    if kind == "pressure":
+        return draw(_pressure(m))
     if kind == "send":
         return [draw(_send(m))]
     if kind == "followup":
@@ -311,7 +381,7 @@ def programs(draw, spec: GenSpec) -> Program:
         head = (3 + i,)  # distinct first tokens: roots share nothing unless they share a trunk
         fresh = head + tokens(n - share - 1, spec, f"root:{seed}")
         roots.append(roots[0][:share] + fresh if share else fresh)
-    m = _Model(spec, roots, decode_left=spec.decode_budget)
+    m = _Model(spec, roots, decode_left=spec.decode_budget, pressure_left=spec.pressure_budget)
     while len(m.steps) < spec.max_steps and draw(st.integers(0, 5)) != 0:
         m.steps.extend(draw(_step(m)))
     return Program(tuple(roots), tuple(m.steps[: spec.max_steps + 1]))

@@ -58,6 +58,14 @@ The start line says whether every tree class of the release got all three hooks
 (``state_evictions``; only then does "no record" mean "not evicted"), which plan each took
 (``state_plans``) and what is missing where one did not (``state_missing``).
 
+Pressure evidence (the programs' coverage counters, ``conformance/programs/evidence.py``), each
+an AROUND hook where the release has its target (:data:`PRESSURE_TARGETS`, feature-probed; the
+start line's ``pressure`` lists those hooked): ``refused`` (a request the prefill adder refused
+for lack of room, ``NO_TOKEN``, after its match: its rid, matched length and digest, once per
+rid and length), ``retract`` (the rids SGLang's ``retract_decode`` retracted), ``split`` (a
+node split, seen where the tree runs in Python) and ``tree_core`` (the unified tree's core:
+a Rust core's splits are not seen).
+
 Nothing here changes what SGLang schedules, allocates, caches or checks.
 """
 
@@ -400,6 +408,86 @@ class _Exporter:
 
 _EXPORTER = _Exporter()
 
+#: (rid, matched length) of the refusals already recorded (a waiting request is refused every round)
+_REFUSED: set[tuple[str, int]] = set()
+
+
+def _matched(req: Any) -> int:
+    """The prefix SGLang matched for ``req`` (``prefix_len``, else its ``prefix_indices``)."""
+    n = getattr(req, "prefix_len", None)
+    return int(n) if n is not None else len(getattr(req, "prefix_indices", ()) or ())
+
+
+def refused_observed(original: Callable, adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on the prefill adder's admission: a request refused for lack of KV or Mamba
+    room (``NO_TOKEN``) after matching a cached prefix is recorded (result unchanged)."""
+    result = original(adder, req, *args, **kwargs)
+    try:
+        n = _matched(req)
+        if getattr(result, "name", "") == "NO_TOKEN" and n > 0 and (str(req.rid), n) not in _REFUSED:
+            _REFUSED.add((str(req.rid), n))
+            tokens = [int(t) for t in list(req.fill_ids)[:n]]
+            write_requests([{"ev": "refused", "rid": str(req.rid), "matched": n, "key": token_digest(tokens)}])
+    except Exception:  # an observer never breaks the server
+        pass
+    return result
+
+
+def retract_observed(original: Callable, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on ``retract_decode``: the requests SGLang retracted (result unchanged)."""
+    result = original(batch, *args, **kwargs)
+    try:
+        if result[0]:
+            write_requests([{"ev": "retract", "rids": [str(r.rid) for r in result[0]]}])
+    except Exception:  # an observer never breaks the server
+        pass
+    return result
+
+
+def split_observed(original: Callable, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on a tree node's split (result unchanged)."""
+    result = original(*args, **kwargs)
+    try:
+        write_requests([{"ev": "split"}])
+    except Exception:  # an observer never breaks the server
+        pass
+    return result
+
+
+def tree_core_observed(original: Callable, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on the unified tree's core construction: which core it runs (a Rust core
+    splits nodes inside Rust, where the ``split`` hook cannot see them; result unchanged)."""
+    result = original(*args, **kwargs)
+    try:
+        write_requests([{"ev": "tree_core", "core": f"{type(result).__module__}.{type(result).__qualname__}"}])
+    except Exception:  # an observer never breaks the server
+        pass
+    return result
+
+
+#: Pressure evidence: name -> (hook, targets, newest first; the first the release has is hooked).
+PRESSURE_TARGETS: dict[str, tuple[Callable, tuple[str, ...]]] = {
+    "refused": (refused_observed, ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req",)),
+    "retract": (retract_observed, ("sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode",)),
+    "split": (split_observed, ("sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.redistribute_on_node_split",
+                               "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache._split_node")),
+    "tree_core": (tree_core_observed, ("sglang.srt.mem_cache.unified_radix_cache.create_tree_core",)),
+}
+
+
+def register_pressure_hooks(registry: Any, around: Any) -> dict[str, tuple[str, Any]]:
+    """Register the pressure hooks this release has a target for: name -> (target, SGLang's
+    function there before the hooks applied)."""
+    import pkgutil
+
+    chosen: dict[str, tuple[str, Any]] = {}
+    for name, (hook, targets) in PRESSURE_TARGETS.items():
+        found = next(((t, b) for t in targets if (b := _resolve(pkgutil, t)) is not None), None)
+        if found is not None:
+            registry.register(found[0], hook, around)
+            chosen[name] = found
+    return chosen
+
 
 def idle_publish(original: Callable, reporter: Any, *args: Any, **kwargs: Any) -> Any:
     now = time.monotonic()
@@ -650,14 +738,14 @@ def register_state_hooks(registry: Any, around: Any, outer: dict[str, Callable] 
             hook = _nest(hook, outer.pop(target))
         registry.register(target, hook, around)
 
-    def start_line() -> list[str]:
+    def start_line(**extra: Any) -> list[str]:
         hooked = [t for t, b in before.items() if b is not None and _resolve(pkgutil, t) is not b]
         lacking = missing + [f"hook on {t} was not applied" for t in hooks if t not in hooked]
         if not plans and not lacking:
             lacking = ["no radix tree that holds mamba states"]
         per_node = bool(hooked) and not lacking
         # the kit refuses per-request evidence without this line; "no state_evicted record" means "none evicted" only with per_node
-        write_requests([{"ev": "start", "state_evictions": per_node, "state_plans": plans, "state_missing": lacking}])
+        write_requests([{"ev": "start", "state_evictions": per_node, "state_plans": plans, "state_missing": lacking, **extra}])
         return hooked
 
     return start_line
@@ -684,6 +772,7 @@ def install(role: str) -> dict[str, Any]:
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
     counters = dict.fromkeys(evict_before, evict_counted)
     state_line = register_state_hooks(HookRegistry, HookType.AROUND, outer=counters)
+    pressure = register_pressure_hooks(HookRegistry, HookType.AROUND)
     for target, hook in counters.items():  # the counters no state hook shares a target with
         HookRegistry.register(target, hook, HookType.AROUND)
     lazy_owner, lazy_attr = LAZY_TARGET.rsplit(".", 1)
@@ -700,8 +789,10 @@ def install(role: str) -> dict[str, Any]:
     gauges = sorted(KIT_PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES, AUDIT_COST_GAUGE)) + [KIT_PREFIX + "idle_publish_seq"]
     if lazy_before is not None and getattr(pkgutil.resolve_name(lazy_owner), lazy_attr) is lazy_before:
         raise RuntimeError(f"hook on {LAZY_TARGET} was not applied")
-    state_hooked = state_line()
-    around = list(dict.fromkeys([idle_target, *evict_hooked, *state_hooked] + ([LAZY_TARGET] if lazy_before is not None else [])))
+    pressure_hooked = {n: t for n, (t, b) in pressure.items() if _resolve(pkgutil, t) is not b}
+    state_hooked = state_line(pressure=sorted(pressure_hooked))
+    around = list(dict.fromkeys([idle_target, *evict_hooked, *state_hooked, *pressure_hooked.values()]
+                                + ([LAZY_TARGET] if lazy_before is not None else [])))
     return {"around": around, "before": [STEP_TARGET], "gauges": gauges, "requests": requests_path()}
 
 

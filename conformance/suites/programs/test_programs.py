@@ -18,12 +18,14 @@ import pytest
 from conformance.errors import KitError
 from conformance.programs.bind import FAULT_SWITCHES, gen_spec, restart_if_dead, target_for
 from conformance.programs.cold_twins import twins_for
+from conformance.programs.coverage import vacuous_pressure
 from conformance.programs.explore import cell_seed, Exploration, explore, failure_file, parse_budget, replay_command
 from conformance.programs.options import program_options
 from conformance.programs.runner import run_program
 from conformance.checks.findings import VACUOUS, Finding, failing
 from conformance.checks.tree_structure import audits_vacuous
 from conformance.checks.held import summary
+from conformance.matrix.axes import coverage_required
 from conformance.records import Verdict
 from conformance.session.known_bugs import explaining, installed_release, load
 from conformance.session.suite_support import settle
@@ -50,7 +52,9 @@ def cold_start(cell: Any, cold_twins: Any) -> Future:
 
 
 def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = "", replay: str = "", file: str = "", cold_twin: str = "",
-                     noise: dict[str, Any] | None = None) -> Verdict:
+                     noise: dict[str, Any] | None = None, pressure: tuple[str, ...] = ()) -> Verdict:
+    """The cell's verdict; ``pressure``: the coverage counters this run must have moved (a
+    pressure cell at the nightly budget, ``axes.coverage_required``), else it is vacuous."""
     total = ex.total
     metrics: dict[str, Any] = {
         "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": total.requests, "hits": total.hits,
@@ -65,7 +69,8 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         "tree_audits": total.tree_audits,
     }
     details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {}), "expected_hit": expected_hit(total),
-                               "reuse": total.reuse.to_json()}  # reported, not judged (checks.reuse)
+                               "reuse": total.reuse.to_json(),  # reported, not judged (checks.reuse)
+                               "coverage": total.coverage.to_json()}  # programs.coverage: what SGLang did under pressure
     known = [f for k in ex.known for f in k.failure.findings]
     if known:
         metrics["known_failures"] = len(ex.known)
@@ -91,6 +96,10 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
     if total.compared_tokens == 0:
         return failing(CHECK, [Finding(VACUOUS, f"the programs judged {total.requests} request(s) but compared no token with the cold "
                                                 "computation: nothing was tested")], metrics, details)
+    stayed = vacuous_pressure(total.coverage, pressure)
+    if stayed:
+        return failing(CHECK, [Finding(VACUOUS, f"a pressure cell whose programs never reached the pressure it is for: {', '.join(stayed)}",
+                                       {"coverage": total.coverage.to_json(), "required": list(pressure)})], metrics, details)
     return Verdict(CHECK, "pass", metrics, "", details)
 
 
@@ -129,5 +138,7 @@ def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: 
         path, failure = str(file), found.failure.what
         replay = replay_command(file, endpoint.target, getattr(conformance_options, "dtype", None))
         restart_if_dead(endpoint)  # leave a serving server to the cell's other tests and its teardown check
-    settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path, cold_twin=twin, noise=target.noise)))
+    pressure = coverage_required(cell) if budget.size == "large" and target.requests is not None else ()  # nightly-size runs on real SGLang
+    settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path, cold_twin=twin,
+                                           noise=target.noise, pressure=pressure)))
 

@@ -6,7 +6,10 @@ class that drives a :class:`PoolHarness` (the system under test, passed in) agai
 prompts branch off earlier prompts/outputs (small alphabet, cut points near chunk and
 track boundaries so branching is frequent), chunked prefill, decode bursts that cross
 track boundaries, finish, abort mid-decode, flush, explicit eviction; the pools are small
-so allocations fail and SGLang evicts on its own.  After every step all invariants of
+so allocations fail and SGLang evicts on its own.  An arrival refused for lack of room waits
+and is retried, first come first served, as SGLang's scheduler keeps a refused request in its
+waiting queue and matches it again at the next admission (what it matched may have been
+evicted since).  After every step all invariants of
 ``invariants.check_all`` hold, and the tree's set of state keys equals the oracle's while
 no eviction happened since the last flush (eviction is not modelled by the oracle; after
 one, a hit must only be one of ``oracle.candidate_hits``).  Every arrival's matched length
@@ -44,6 +47,8 @@ def pool_machine(harness_factory: Callable[[], object], oracle_factory: Callable
             self.history: list[tuple[int, ...]] = []
             self.counter = 0
             self.plans: dict[str, list] = {}
+            #: arrivals refused for lack of room, oldest first: (rid, prompt, chunked prefill size)
+            self.waiting: list[tuple[str, tuple[int, ...], int | None]] = []
 
         # ------------------------------------------------------------ helpers
         def _exact(self) -> bool:
@@ -92,11 +97,23 @@ def pool_machine(harness_factory: Callable[[], object], oracle_factory: Callable
             prompt = prefix + suffix
             chunk_size = None if chunked is None else chunked * grid
             self.counter += 1
-            rid = f"r{self.counter}"
+            self._admit(f"r{self.counter}", prompt, chunk_size)
+
+        @precondition(lambda self: bool(self.waiting))
+        @rule()
+        def retry_refused(self):
+            """The oldest refused arrival tries again (matched anew), as the scheduler's next admission does."""
+            rid, prompt, chunk_size = self.waiting.pop(0)
+            self._admit(rid, prompt, chunk_size, retry=True)
+
+        def _admit(self, rid: str, prompt: tuple[int, ...], chunk_size: int | None, retry: bool = False) -> None:
+            """Admit an arrival (its match judged) or, refused for lack of room, keep it waiting:
+            a new arrival at the queue's tail, a retried one back at its head."""
             try:
                 run = self.h.admit(rid, prompt, chunked_prefill_size=chunk_size)
             except PoolExhausted as e:
-                note(f"{rid} ({len(prompt)} tokens) refused: {e}")
+                note(f"{rid} ({len(prompt)} tokens) refused, waits: {e}")
+                self.waiting.insert(0 if retry else len(self.waiting), (rid, prompt, chunk_size))
                 return
             note(f"{rid}: {len(prompt)} tokens, matched {run.matched}, chunked {chunk_size}")
             self._compare_hit(prompt, run.matched)

@@ -1,0 +1,134 @@
+"""The programs' coverage counters (conformance/programs/coverage.py): the observe plugin's
+pressure records, the counters read from them, and the rule that a nightly pressure cell
+whose counters stayed 0 is red (issue 44); no server."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from types import SimpleNamespace
+
+from conformance.matrix.axes import coverage_required
+from conformance.programs.coverage import Coverage, read_coverage, vacuous_pressure
+from conformance.programs.evidence import RequestLog
+from conformance.programs.explore import Exploration
+from conformance.programs.runner import RunStats
+from conformance.sglang_plugins import observe
+from conformance.sglang_plugins.activation import REPORT_ENV
+from conformance.sglang_plugins.token_digest import token_digest
+from conformance.suites.programs.test_programs import programs_verdict
+
+
+class AddReqResult(Enum):  # SGLang's admission results, by name
+    CONTINUE = 1
+    NO_TOKEN = 2
+    OTHER = 3
+
+
+def _req(rid: str, matched: int, tokens: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(rid=rid, prefix_len=matched, fill_ids=tokens)
+
+
+def _log(tmp_path, monkeypatch) -> RequestLog:
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
+    monkeypatch.setattr(observe, "_REFUSED", set())
+    return RequestLog(tmp_path / "cell.requests.jsonl")
+
+
+def test_the_pressure_hooks_record_refusals_after_a_match_retractions_and_splits(tmp_path, monkeypatch):
+    log = _log(tmp_path, monkeypatch)
+    tokens = list(range(40))
+    observe.write_requests([{"ev": "start", "state_evictions": True, "pressure": ["refused", "retract", "split"]},
+                            {"ev": "state_stored", "len": 32, "key": token_digest(tokens[:32])}])
+    refuse = lambda adder, req, *a: AddReqResult.NO_TOKEN  # noqa: E731
+    for _ in range(3):  # a waiting request is refused every round: recorded once
+        assert observe.refused_observed(refuse, object(), _req("a", 32, tokens), False, None) is AddReqResult.NO_TOKEN
+    observe.refused_observed(refuse, object(), _req("b", 0, tokens))  # no match: not a refusal after a match
+    observe.refused_observed(lambda adder, req: AddReqResult.OTHER, object(), _req("c", 32, tokens))  # not for lack of room
+    observe.write_requests([{"ev": "evict", "mamba_num_evicted": 1},
+                            {"ev": "state_evicted", "len": 32, "key": token_digest(tokens[:32]), "by": "walk"},
+                            {"ev": "prefill", "rid": "a", "prefix": 0, "extend": 40, "cut": False, "track": None}])
+    retracted = ([SimpleNamespace(rid="d")], 0.5, [])
+    assert observe.retract_observed(lambda batch: retracted, object()) is retracted
+    observe.retract_observed(lambda batch: ([], 0.5, []), object())  # nothing retracted: no record
+    observe.split_observed(lambda *a: "node", object(), object())
+    log.refresh()
+    assert read_coverage(log) == Coverage(refused_after_match=1, matched_then_evicted=1, retractions=1, eviction_walks=1,
+                                          nodes_evicted=1, splits=1, tree_audits=None)
+
+
+def test_the_pressure_hooks_never_break_the_server(tmp_path, monkeypatch):
+    _log(tmp_path, monkeypatch)
+    assert observe.refused_observed(lambda adder, req: AddReqResult.NO_TOKEN, object(), object()) is AddReqResult.NO_TOKEN
+    assert observe.retract_observed(lambda batch: None, object()) is None
+
+
+def test_a_refusal_whose_state_stayed_is_not_matched_then_evicted_and_unhooked_counters_are_none(tmp_path, monkeypatch):
+    log = _log(tmp_path, monkeypatch)
+    observe.write_requests([{"ev": "start", "state_evictions": True},  # a plugin without pressure hooks
+                            {"ev": "refused", "rid": "a", "matched": 8, "key": "k"},
+                            {"ev": "prefill", "rid": "a", "prefix": 8, "extend": 4, "cut": False, "track": None},
+                            {"ev": "state_evicted", "len": 8, "key": "k", "by": "walk"},  # after its admission
+                            {"ev": "tree_audit"}])
+    log.refresh()
+    c = read_coverage(log)
+    assert c.refused_after_match is None and c.retractions is None and c.splits is None and c.matched_then_evicted is None
+    assert c.eviction_walks == 0 and c.nodes_evicted == 1 and c.tree_audits == 1
+    log.pressure = ("refused",)
+    assert read_coverage(log).matched_then_evicted == 0 and read_coverage(log).refused_after_match == 1
+    assert read_coverage(None) == Coverage()
+
+
+def test_a_programs_coverage_is_what_grew_and_sums_over_programs():
+    a = Coverage(refused_after_match=3, eviction_walks=5, nodes_evicted=2, retractions=0)
+    b = Coverage(refused_after_match=1, eviction_walks=2, nodes_evicted=2, retractions=0)
+    assert a.minus(b) == Coverage(refused_after_match=2, eviction_walks=3, nodes_evicted=0, retractions=0)
+    assert Coverage.total([a, Coverage()]).to_json() == a.to_json()
+
+
+def _cell(**options: str) -> SimpleNamespace:
+    return SimpleNamespace(strategy=SimpleNamespace(overlap=True), options=tuple(options.items()))
+
+
+def test_a_small_pool_requires_its_pressure_counters():
+    assert coverage_required(_cell()) == ()
+    assert coverage_required(_cell(mamba_pool="small")) == ("refused_after_match", "eviction_walks", "nodes_evicted")
+    assert "retractions" in coverage_required(_cell(kv_pool="small"))
+
+
+def test_a_nightly_pressure_cell_whose_counters_stayed_zero_is_red():
+    required = coverage_required(_cell(kv_pool="small"))
+    zero = Coverage(refused_after_match=0, matched_then_evicted=0, retractions=0, eviction_walks=4, nodes_evicted=0, splits=2)
+    ex = Exploration(examples=5, seconds=1.0, stats=[RunStats(requests=9, compared_tokens=30, coverage=zero)])
+    v = programs_verdict(ex, budget="nightly", seed=0, pressure=required)
+    assert v.status == "fail" and v.details["findings"][0]["kind"] == "vacuous"
+    assert "refused_after_match stayed 0" in v.reason and "retractions stayed 0" in v.reason and "eviction_walks" not in v.reason
+    assert v.details["coverage"]["eviction_walks"] == 4
+    json.dumps(v.to_json())
+    assert vacuous_pressure(Coverage(), ("retractions",)) == ["retractions not recorded"]
+
+
+def test_the_pressure_rule_is_not_vacuous_a_reached_pressure_cell_passes():
+    moved = Coverage(refused_after_match=2, matched_then_evicted=1, retractions=3, eviction_walks=4, nodes_evicted=5, splits=1)
+    ex = Exploration(examples=5, seconds=1.0, stats=[RunStats(requests=9, compared_tokens=30, coverage=moved)])
+    assert programs_verdict(ex, budget="nightly", seed=0, pressure=coverage_required(_cell(kv_pool="small"))).status == "pass"
+    idle = Exploration(examples=5, seconds=1.0, stats=[RunStats(requests=9, compared_tokens=30)])
+    assert programs_verdict(idle, budget="premerge", seed=0).status == "pass"  # not a pressure run: counters reported only
+
+
+def test_splits_on_a_rust_tree_core_are_not_recorded(tmp_path, monkeypatch):
+    log = _log(tmp_path, monkeypatch)
+    observe.write_requests([{"ev": "start", "state_evictions": True, "pressure": ["refused", "retract", "split", "tree_core"]}])
+    observe.tree_core_observed(lambda name, params, comps: SimpleNamespace(), "python", None, {})
+    log.refresh()
+    assert log.tree_core == "types.SimpleNamespace" and read_coverage(log).splits == 0
+    log.tree_core = "sglang.srt.mem_cache.rust_tree_core.mem_cache.RustTreeCore"
+    assert read_coverage(log).splits is None
+
+
+def test_the_forced_retraction_cells_require_retractions():
+    from conformance.matrix.cells import load_matrix
+
+    cells = [c for c in load_matrix().cells if c.fault.name == "forced_retract"]
+    assert cells and all(c.tier == "nightly" and "retractions" in coverage_required(c) for c in cells)
+    assert dict(cells[0].fault.env) == {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"}
