@@ -147,10 +147,10 @@ def test_the_cold_twin_keeps_the_cells_server_options_but_not_the_radix_trees() 
     assert cells, "the nightly matrix has a cell with an eviction policy and another option"
     for cell in cells:
         cold = cold_cell(cell)
-        assert "eviction" not in dict(cold.options) and dict(cold.options) == {a: v for a, v in cell.options if a != "eviction"}
+        assert "eviction" not in dict(cold.options) and dict(cold.options) == {a: v for a, v in cell.options if not axes.AXES[a].tree_only}
         assert "--radix-eviction-policy" not in axes.server_args(cold), (cell.id, axes.server_args(cold))
         assert "--radix-eviction-policy" in axes.server_args(cell) or dict(cell.options)["eviction"] == "lru"
     # the per-path cap is the tree's too: its cells share the plain cold twin
     capped = [c for c in load_matrix().cells if dict(c.options).get("path_cap") == "1"]
     assert capped and all(cold_cell(c).options == () and axes.PATH_CAP_FLAG not in axes.server_args(cold_cell(c)) for c in capped)
-    assert all(axes.AXES[a].tree_only == (a in ("eviction", "path_cap")) for a in axes.NAMES)
+    assert all(axes.AXES[a].tree_only == (a in ("eviction", "path_cap", "tree_core")) for a in axes.NAMES)

@@ -53,8 +53,9 @@ def test_every_fault_is_first_shown_harmful_by_a_direct_probe() -> None:
     from test_sglang_hicache_fault_probes import HICACHE_FAULTS  # probed one by one there (parametrized)
     from test_sglang_program_fault_probes import PROGRAM_PROBES
     from test_perf_ab import AB_PROBED  # two servers: the paired A/B probe
+    from test_sglang_tree_audit import FAULT as TREE_AUDIT_FAULT  # named by the tree audit, not by a suite
 
-    assert set(PROBES) | set(PROGRAM_PROBES) | set(PD_PROBES) | set(HICACHE_FAULTS) | set(AB_PROBED) | {LEAK_AGREEMENT_FAULT} == set(catalogue.faults())
+    assert set(PROBES) | set(PROGRAM_PROBES) | set(PD_PROBES) | set(HICACHE_FAULTS) | set(AB_PROBED) | {LEAK_AGREEMENT_FAULT, TREE_AUDIT_FAULT} == set(catalogue.faults())
 
 
 def test_unknown_fault_is_one_line() -> None:

@@ -18,6 +18,9 @@ from conformance.workloads.runners import generate_tokens
 
 pytestmark = [pytest.mark.fault_probe, pytest.mark.timeout(900)]
 
+#: the seeded structure fault this file probes directly (tests/test_sglang_faults.py counts it)
+FAULT = "child_under_wrong_key"
+
 
 def drive(server) -> tuple[RequestLog, dict[str, float]]:
     """Branching prompts past the mamba pool (evictions, splits), a flush, more prompts;

@@ -1,8 +1,9 @@
 """``child_under_wrong_key``: a radix node sits in its parent's children under a key that is
 not its own first page, as a split that re-keyed the wrong child would leave it.
 
-Hooks SGLang's ``UnifiedRadixCache.insert`` (AFTER): after the first insert that leaves the
-Python tree core's root with a child, that child is moved in ``root.children`` from its own
+Hooks SGLang's ``UnifiedRadixCache.match_prefix`` (AFTER; the tree's insert is the observe
+plugin's, whose per-node records prove their hooks by that symbol): at the first match that
+finds the Python tree core's root with a child (the request after the first insert), that child is moved in ``root.children`` from its own
 child key to one no token sequence has; nothing else changes.  SGLang's own ``sanity_check``
 checks parent pointers, leaf sets, LRU lists and sizes, not the key a child is filed under,
 so it passes; the harm is delayed or absent: a later request on that prefix matches nothing
@@ -15,7 +16,7 @@ from __future__ import annotations
 from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "child_under_wrong_key"
-TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.insert"
+TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.match_prefix"
 _DONE: list[int] = []
 
 
@@ -36,7 +37,7 @@ def misfile_child(result, cache, *args, **kwargs):
 
 FAULT = sglang_fault(
     NAME,
-    "After the first insert, the root's first child is filed under a key that is not its own "
+    "After the first insert (at the next match), the root's first child is filed under a key that is not its own "
     "first page: SGLang's own sanity check passes; a later request on that prefix misses it "
     "(a lower hit, same answer) and evicting it later fails.",
     "tree structure: a split or insert that files a child under the wrong first-page key",
