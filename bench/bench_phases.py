@@ -1,7 +1,7 @@
 """Where a run spends its wall time, per phase: server start and stop, the cold twin, each
 suite, idle probes, pytest collection, and for CI each step of ``.ci/run``.
 
-    python bench/bench_phases.py premerge [--repeats 3] [--suite kl] [--cell ID] [-n 2]
+    python bench/bench_phases.py premerge [--repeats 3] [--suite kl] [--cell ID] [-n 2] [--launch preimported,preimported-fork]
     python bench/bench_phases.py ci [--repeats 1]
     python bench/bench_phases.py table REPORT_DIR [REPORT_DIR ...]
 
@@ -12,7 +12,9 @@ another (``bash ci/setup-cpu.sh``, then each of the README's pytest runs, with a
 directory each). Each run's report.json carries ``phases`` (``conformance.report.phases``:
 timed where they happen, summed over the xdist workers, so a phase can exceed the wall);
 the bench prints one table, the median over the repeats per row, and the wall it measured
-itself around each command. ``table`` prints the same table from report directories a run
+itself around each command. ``--launch`` takes launch modes (``HYBRID_CONFORMANCE_LAUNCH``),
+runs them interleaved in each repeat and prints a table per mode plus each mode's median wall
+over the first's (a ratio from one run, under the same load). ``table`` prints the same table from report directories a run
 already wrote. Prints numbers; asserts nothing.
 """
 
@@ -80,18 +82,25 @@ def print_table(title: str, runs: list[dict[str, float]]) -> None:
 
 
 def premerge(args: argparse.Namespace, env: dict[str, str], work: Path) -> None:
-    runs = []
+    modes = [m for m in (args.launch or "").split(",") if m] or [None]
+    runs: dict[str | None, list[dict[str, float]]] = {m: [] for m in modes}
     for i in range(args.repeats):
-        out = work / f"premerge-{i}"
-        argv = ["hybrid-conformance", "run", "--target", "sglang-cpu", "--tier", "premerge", "--report-dir", str(out), "-n", str(args.n)]
-        if args.suite:
-            argv += ["--suite", args.suite]
-        if args.cell:
-            argv += ["-k", args.cell]
-        wall = timed_run(argv, env)
-        runs.append({"wall (measured)": wall, **rows_of(out)})
-    shown = [a for a in argv if not a.startswith(str(work))]
-    print_table(" ".join(shown), runs)
+        for mode in modes:
+            out = work / f"premerge-{i}-{mode or 'default'}"
+            argv = ["hybrid-conformance", "run", "--target", "sglang-cpu", "--tier", "premerge", "--report-dir", str(out), "-n", str(args.n)]
+            if args.suite:
+                argv += ["--suite", args.suite]
+            if args.cell:
+                argv += ["-k", args.cell]
+            wall = timed_run(argv, {**env, "HYBRID_CONFORMANCE_LAUNCH": mode} if mode else env)
+            runs[mode].append({"wall (measured)": wall, **rows_of(out)})
+    shown = " ".join(a for a in argv if not a.startswith(str(work)))
+    for mode in modes:
+        print_table(f"HYBRID_CONFORMANCE_LAUNCH={mode} {shown}" if mode else shown, runs[mode])
+    if len(modes) > 1:
+        first = statistics.median(r["wall (measured)"] for r in runs[modes[0]])
+        for mode in modes[1:]:
+            print(f"wall {mode} / {modes[0]}: {statistics.median(r['wall (measured)'] for r in runs[mode]) / first:.3f}")
 
 
 def ci(args: argparse.Namespace, env: dict[str, str], work: Path) -> None:
@@ -114,6 +123,7 @@ def main() -> None:
     pre.add_argument("--suite")
     pre.add_argument("--cell", help="one cell id (passed as -k)")
     pre.add_argument("-n", type=int, default=2)
+    pre.add_argument("--launch", help="launch modes to compare, comma-separated (HYBRID_CONFORMANCE_LAUNCH), run interleaved")
     c = sub.add_parser("ci")
     c.add_argument("--repeats", type=int, default=1)
     t = sub.add_parser("table")
