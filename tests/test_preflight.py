@@ -142,7 +142,7 @@ def test_launch_line_names_the_launch_mode_and_refuses_an_unknown_one(monkeypatc
     req = Request(target="sglang-cpu", cells=cells, suites=("kl",))
     monkeypatch.delenv("HYBRID_CONFORMANCE_LAUNCH", raising=False)
     line = preflight.launch_line(req)
-    assert line.ok and "HYBRID_CONFORMANCE_LAUNCH=preimported" in line.text, line
+    assert line.ok and "HYBRID_CONFORMANCE_LAUNCH=preimported-fork" in line.text and "children forked too" in line.text, line
     monkeypatch.setenv("HYBRID_CONFORMANCE_LAUNCH", "plain")
     assert preflight.launch_line(req).ok and "plain python -m sglang.launch_server" in preflight.launch_line(req).text
     monkeypatch.setenv("HYBRID_CONFORMANCE_LAUNCH", "turbo")

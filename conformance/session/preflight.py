@@ -291,7 +291,7 @@ def launch_line(req: Request) -> Line | None:
     except KitError as e:
         return Line("launch", False, str(e))
     how = {"plain": "each as the plain python -m sglang.launch_server command",
-           "preimported": "forked from a process that imported SGLang's server stack once",
+           "preimported": "forked from a process that imported SGLang's server stack once; SGLang spawns its children",
            "preimported-fork": "forked from a pre-imported process, SGLang's children forked too"}[mode]
     return Line("launch", True, f"{preimport.LAUNCH_ENV}={mode}: servers start {how}")
 

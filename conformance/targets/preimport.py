@@ -45,12 +45,14 @@ SGLANG_PRELOAD = (
     "sglang.srt.entrypoints.http_server",
     "conformance.sglang_plugins.general",
 )
-#: How real-SGLang servers start: ``preimported`` (forked from the zygote; SGLang spawns its
-#: children as always), ``preimported-fork`` (SGLang's children forked from that server
-#: too) or ``plain`` (``python -m sglang.launch_server``).
+#: How real-SGLang servers start: ``preimported-fork`` (the default: forked from the zygote,
+#: SGLang's children forked from that server too; a release without SGLang's hook registry
+#: spawns them), ``preimported`` (forked from the zygote; SGLang spawns its children as in a
+#: plain launch) or ``plain`` (``python -m sglang.launch_server``).  The default halves a
+#: cell's start (bench/bench_startup.py, bench/bench_phases.py --launch; docs/perf.md).
 LAUNCH_ENV = "HYBRID_CONFORMANCE_LAUNCH"
 LAUNCH_MODES = ("preimported", "preimported-fork", "plain")
-DEFAULT_MODE = "preimported"
+DEFAULT_MODE = "preimported-fork"
 READY_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 120.0
 #: How many zygotes with no live server are kept when another import environment needs a

@@ -55,17 +55,29 @@ def _unavailable() -> str:
 START_METHOD_TARGET = "sglang.srt.entrypoints.engine._set_envs_and_config"
 
 
-def _fork_sglang_children() -> None:  # pragma: no cover - runs in the forked server
+def _fork_sglang_children(module: str) -> None:  # pragma: no cover - runs in the forked server
     """Have SGLang fork its own children from this pre-imported server instead of spawning
     fresh interpreters, through SGLang's hook registry (an AFTER hook on the step that sets
     the start method; applied by SGLang's own ``load_plugins()``).  A forked child inherits
     ``load_plugins()``'s done-flag; it is cleared in each child so that SGLang loads the
     plugins there as a spawned child would (the kit's plugins install their scheduler hooks
-    only in the scheduler; SGLang's registry skips what the parent already patched)."""
+    only in the scheduler; SGLang's registry skips what the parent already patched).
+    Only for SGLang's own server module; a release without the hook registry or the step
+    keeps spawning its children, and the server's log says so in one line."""
     import multiprocessing
 
-    import sglang.srt.plugins as plugins
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    if not module.startswith("sglang"):
+        return
+    target_module, _, target_name = START_METHOD_TARGET.rpartition(".")
+    try:
+        import sglang.srt.plugins as plugins
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        if not hasattr(importlib.import_module(target_module), target_name):
+            raise ImportError(f"{START_METHOD_TARGET} is not in this release")
+    except ImportError as e:
+        print(f"hybrid-conformance: SGLang's children spawn as in a plain launch ({e})", file=sys.stderr, flush=True)
+        return
 
     def use_fork(result, *args, **kwargs):  # noqa: ANN001, ANN202
         multiprocessing.set_start_method("fork", force=True)
@@ -100,7 +112,7 @@ def _serve_child(req: dict, proto_fds: tuple[int, ...]) -> None:  # pragma: no c
         os.environ.clear()
         os.environ.update(req["env"])
         if req.get("fork_children"):
-            _fork_sglang_children()
+            _fork_sglang_children(req["module"])
         sys.argv = [req["module"], *req["argv"]]
         runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
         code = 0
