@@ -116,6 +116,12 @@ def test_granite_config_is_rewritten_only_for_releases_that_refuse_the_new_names
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "qwen3_next", "layer_types": ["linear_attention"]}))
     assert validate.config_for_release(other, OLD) == other
+    (folder / "model.safetensors").write_text("weights")
+    served = validate.config_for_release(folder, OLD, serving=True)
+    assert served not in (folder, legacy) and (served / "model.safetensors").resolve() == (folder / "model.safetensors").resolve()
+    assert json.loads((served / "config.json").read_text())["layer_types"] == ["mamba", "attention", "mamba"]
+    assert not (legacy / "model.safetensors").exists()  # the validator's copy stays config-only
+    assert validate.config_for_release(folder, NEW, serving=True) == folder
 
 
 def test_strategy_a_release_predates_is_na_not_refused(monkeypatch):
