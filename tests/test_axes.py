@@ -18,7 +18,7 @@ from conformance.matrix import axes
 from conformance.matrix.cells import MatrixError, load_matrix
 from conformance.matrix.pairwise import covering_array, feasible_pairs
 from conformance.sglang_api.probes import Features
-from conformance.targets.option_refusal import gate_refusal, launch_refusal, probed_refusal
+from conformance.targets.option_refusal import gate_refusal, launch_refusal, probed_refusal, start_refusal
 from conformance.targets.sglang_cpu import SGLangCpuTarget
 
 SHIPPED = load_matrix()
@@ -339,6 +339,57 @@ def test_a_release_with_no_answerable_device_gate_makes_extra_buffer_cells_na_be
     plugin._skip_if_options_not_applicable(state, _base_cell("no_buffer"), target_for("sglang-cpu"))
     plugin._skip_if_options_not_applicable(state, _base_cell("extra_buffer"), target_for("reference"))  # not SGLang: no gate
     assert state.not_applicable == {}
+
+
+def _cell_of(model: str, strategy: str, interval: int):
+    return next(c for c in SHIPPED.cells if c.model.id == model and c.strategy.name == strategy
+                and c.track_interval == interval and not c.options and c.fault.name == "none" and c.cache_variant.name == "radix")
+
+
+def test_an_extra_buffer_track_interval_below_the_models_chunk_is_na_with_sglangs_assert(monkeypatch) -> None:
+    """Seeded: granite's chunk is 256, the short-track-interval cells ask 128; a release whose
+    Mamba2 backend asserts the floor makes them na before launch with SGLang's own line. Not
+    vacuous: the interval at the chunk, no_buffer, or a release without the assert launches."""
+    from types import SimpleNamespace
+
+    import conformance.plugin as plugin
+    import conformance.sglang_api.probes as probes
+    from conformance.targets.registry import target_for
+
+    floor = Features(version="0.5.22", mamba2_track_floor=True, extra_buffer_gate="server_args")
+    short = _cell_of("granite-4.0-h-tiny", "extra_buffer", 128)
+    assert short.model.mamba_chunk_size == 256
+    line = start_refusal(short, floor, twins=True)
+    assert line == "sglang 0.5.22: AssertionError: mamba_track_interval (128) must be >= mamba_chunk_size (256) (Mamba2AttnBackend with the extra buffer)"
+    assert start_refusal(_cell_of("granite-4.0-h-tiny", "extra_buffer", 256), floor, twins=True) is None
+    assert start_refusal(_cell_of("granite-4.0-h-tiny", "no_buffer", 128), floor, twins=True) is None
+    assert start_refusal(_cell_of("nemotron-nano-9b-v2", "extra_buffer", 128), floor, twins=True) is None  # chunk 128
+    assert start_refusal(short, Features(version="0.5.12"), twins=True) is None  # 0.5.12 has no such assert
+    monkeypatch.setattr(probes, "probe", lambda: floor)
+    state = SimpleNamespace(not_applicable={})
+    with pytest.raises(pytest.skip.Exception):
+        plugin._skip_if_options_not_applicable(state, short, target_for("sglang-cpu"))
+    assert list(state.not_applicable.values()) == [line]
+
+
+def test_a_think_end_token_the_twin_splits_is_na_where_the_release_needs_one_token() -> None:
+    """Seeded: 0.5.12-0.5.16's reasoner grammar backend refuses a think end of more than one
+    token, and the twins' tokenizer splits '</think>'; the strip-thinking cell is na there with
+    SGLang's line. Not vacuous: a later release, a cell without reasoning, a real model's server."""
+    from conformance.reference.tokenizer import TwinTokenizer
+    from conformance.reference.twins import ensure_twin
+
+    cell = _cell(reasoning="strip-thinking")
+    n = len(TwinTokenizer(ensure_twin(cell.model.twin)).encode(axes.THINK_END_TOKEN))
+    assert n > 1
+    old = Features(version="0.5.16", think_end_single_token=True)
+    assert start_refusal(cell, old, twins=True) == (
+        f"sglang 0.5.16: ValueError: think_end_token '</think>' must encode to exactly one token for constrained reasoning. "
+        f"(the served tokenizer encodes it to {n})")
+    assert start_refusal(cell, Features(version="0.5.18"), twins=True) is None
+    assert start_refusal(_cell(), old, twins=True) is None
+    assert start_refusal(cell, old, twins=False) is None  # the real qwen3 tokenizer has '</think>' as one token
+    assert old.think_end_not_applicable("</think>", 1) is None
 
 
 def test_report_marks_a_cell_whose_tests_were_skipped_as_not_applicable() -> None:

@@ -103,7 +103,7 @@ def test_shards_n_is_exact_or_one_line_when_too_few():
 def test_costs_measured_cells_replace_the_defaults_and_pages_cost_more_before_0523(tmp_path):
     costs = Costs.load()
     cells = {c.id: c for c in nightly_cells()}
-    base = cells["qwen3-next-80b-extra_buffer-p1-t256"]
+    base = next(c for c in cells.values() if c.id not in costs.cells and c.page_size == 1)  # left to the defaults
     paged = cells["qwen3-next-80b-extra_buffer-p64-t256"]
     suites = ("kl", "programs")
     assert costs.cell_seconds(paged, "0.5.16", suites=suites, budget="ci") > costs.cell_seconds(paged, "0.5.23", suites=suites, budget="ci")
@@ -129,6 +129,20 @@ def test_measured_costs_read_junit_and_print_the_costs_tables(tmp_path):
     assert measured == {"cell-1": {"kl": 4.5, "programs": pytest.approx(171.4)}}
     assert night_plan.costs_toml(measured) == '[cells."cell-1"]\nkl = 4.5\nprograms = 171.4'
     assert night_plan.costs_toml({"dead": {"kl": 0.1, "leaks": 0.1}}) == ""  # its server never started: the defaults stay
+
+
+def test_measured_costs_leave_out_a_cell_whose_server_failed_on_setup(tmp_path):
+    """Seeded: a cell whose first test timed a 597 s failed start (setup error) is not measured;
+    not vacuous: a cell whose check failed after its server served keeps its times."""
+    suite = ET.Element("testsuite")
+    for name, t, error in [("test_agreement[x]@refused", "597.6", 'failed on setup with "Failed: sglang-cpu server for refused'),
+                           ("test_kl[x]@refused", "0.1", 'failed on setup with "Failed: sglang-cpu server for refused'),
+                           ("test_agreement[x]@served", "70.4", None), ("test_kl[x]@served", "40.2", "")]:
+        case = ET.SubElement(suite, "testcase", classname=f"conformance.suites.{name[5:name.index('[')]}.t", name=name, time=t)
+        if error is not None:
+            ET.SubElement(case, "error" if error else "failure", message=error or "top-k KL 0.004 > limit")
+    ET.ElementTree(suite).write(tmp_path / "junit.xml")
+    assert night_plan.measured_costs([tmp_path]) == {"served": {"agreement": 70.4, "kl": 40.2}}
 
 
 def test_plan_releases_prints_the_shards_through_the_console_script():

@@ -116,6 +116,12 @@ def test_granite_config_is_rewritten_only_for_releases_that_refuse_the_new_names
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "qwen3_next", "layer_types": ["linear_attention"]}))
     assert validate.config_for_release(other, OLD) == other
+    (folder / "model.safetensors").write_text("weights")
+    served = validate.config_for_release(folder, OLD, serving=True)
+    assert served not in (folder, legacy) and (served / "model.safetensors").resolve() == (folder / "model.safetensors").resolve()
+    assert json.loads((served / "config.json").read_text())["layer_types"] == ["mamba", "attention", "mamba"]
+    assert not (legacy / "model.safetensors").exists()  # the validator's copy stays config-only
+    assert validate.config_for_release(folder, NEW, serving=True) == folder
 
 
 def test_strategy_a_release_predates_is_na_not_refused(monkeypatch):
@@ -276,3 +282,21 @@ def test_mutants_reports_a_fault_whose_hook_is_missing_as_not_applicable(monkeyp
     assert "1 missing -> their faults not applicable" in old.summary()
     with pytest.raises(KitError, match=r"^mutants: no selected fault applies to the installed SGLang \(sglang 0\.5\.99 has no "):
         command.run_mutants(target="sglang-cpu", only="double_free", report_dir=Path("/nonexistent"))
+
+
+def test_start_asserts_are_probed_from_the_class_source_without_importing(tmp_path, monkeypatch):
+    """The two start-up asserts are read from SGLang's source text of the named class only: a
+    seeded class with the line answers True; the same line in another class, or no module, False."""
+    pkg = tmp_path / "fakesglang_p45"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "backend.py").write_text(
+        "raise ImportError('never imported')\n"
+        "class Other(object):\n    x = 'must encode to exactly one token'\n"
+        f"class Mamba2AttnBackend(Base):\n    def __init__(self):\n        assert a >= b, 'x {probes.MAMBA2_TRACK_FLOOR} (y)'\n"
+        "class After(object):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = probes._class_source("fakesglang_p45.backend", "Mamba2AttnBackend")
+    assert probes.MAMBA2_TRACK_FLOOR in text and probes.THINK_END_SINGLE not in text and "class After" not in text
+    assert probes._class_source("fakesglang_p45.backend", "ReasonerGrammarBackend") == ""
+    assert probes._class_source("fakesglang_p45.absent", "Mamba2AttnBackend") == ""

@@ -317,13 +317,16 @@ def _pack(units: Sequence[Unit], releases: Sequence[str], costs: Costs, checks: 
 def measured_costs(report_dirs: Sequence[Path]) -> dict[str, dict[str, float]]:
     """cell id -> suite -> seconds, from the junit.xml of ``run`` report folders: a suite
     test's time (its module under ``conformance/suites/<suite>/``) goes to the cell its
-    ``@<cell id>`` group names; a cell timed in several folders keeps the last."""
+    ``@<cell id>`` group names; a cell timed in several folders keeps the last.  A cell with
+    a test that failed on setup (its server refused to start or died) is left out: its first
+    test timed the failed start, not the cell's run."""
     out: dict[str, dict[str, float]] = {}
     for d in report_dirs:
         junit = Path(d) / "junit.xml"
         if not junit.is_file():
             continue
         per: dict[str, dict[str, float]] = {}
+        unserved: set[str] = set()
         for case in ET.parse(junit).getroot().iter("testcase"):
             name, classname = case.get("name", ""), f".{case.get('classname', '')}"
             if "@" not in name or ".suites." not in classname:
@@ -331,8 +334,14 @@ def measured_costs(report_dirs: Sequence[Path]) -> dict[str, dict[str, float]]:
             suite = classname.split(".suites.", 1)[1].split(".")[0]
             cell = per.setdefault(name.rsplit("@", 1)[1], {})
             cell[suite] = cell.get(suite, 0.0) + float(case.get("time") or 0.0)
-        out.update(per)
+            if any((e.get("message") or "").startswith(SETUP_FAILURE) for e in case.iter("error")):
+                unserved.add(name.rsplit("@", 1)[1])
+        out.update({c: v for c, v in per.items() if c not in unserved})
     return out
+
+
+#: How pytest's junit.xml opens the error of a test whose fixtures (the cell's server) failed.
+SETUP_FAILURE = "failed on setup"
 
 
 def costs_toml(measured: Mapping[str, Mapping[str, float]]) -> str:

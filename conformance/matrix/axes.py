@@ -57,6 +57,8 @@ PATH_CAP_FLAG = "--mamba-max-states-per-path"
 TREE_CORE_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 #: The reasoning parser of the think-token twins (qwen3's ``<think>`` ... ``</think>``).
 REASONING_PARSER = "qwen3"
+#: That parser's think-end token (``Qwen3Detector.think_end_token``).
+THINK_END_TOKEN = "</think>"
 
 
 class _AxisCell(Protocol):

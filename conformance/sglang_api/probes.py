@@ -67,6 +67,10 @@ class Features:
     paged_alloc_triton_only: bool = False  # PagedTokenToKVPoolAllocator.alloc_extend launches its Triton kernel with no other path
     #: the unified radix tree's cores the release registers (``tree_core_registry``, 0.5.19+; None: not probed yet)
     tree_cores: tuple[str, ...] | None = None
+    #: SGLang's Mamba2 backend asserts ``mamba_track_interval >= mamba_chunk_size`` with the extra buffer (0.5.13+)
+    mamba2_track_floor: bool = False
+    #: SGLang's reasoner grammar backend requires the think-end token to encode to one token (up to 0.5.16)
+    think_end_single_token: bool = False
 
     def hook_target_missing(self, targets) -> str | None:
         """SGLang's own line for the first of ``targets`` this release lacks (None: all resolve)."""
@@ -147,6 +151,22 @@ class Features:
                 offered = ", ".join(repr(c) for c in choices[flag])
                 return f"sglang {self.version}: error: argument {flag}: invalid choice: {choice!r} (choose from {offered})"
         return None
+
+    def track_interval_not_applicable(self, track_interval: int, model_chunk: int) -> str | None:
+        """SGLang's own assert when an extra-buffer server's track interval is below the model's
+        ``mamba_chunk_size`` (``Mamba2AttnBackend``; None: the release takes it)."""
+        if not self.importable or not self.mamba2_track_floor or track_interval >= model_chunk:
+            return None
+        return (f"sglang {self.version}: AssertionError: mamba_track_interval ({track_interval}) must be >= "
+                f"mamba_chunk_size ({model_chunk}) (Mamba2AttnBackend with the extra buffer)")
+
+    def think_end_not_applicable(self, token: str, n_tokens: int) -> str | None:
+        """SGLang's own refusal when its reasoning parser's think-end ``token`` encodes to
+        ``n_tokens`` tokens and the release needs exactly one (None: the release takes it)."""
+        if not self.importable or not self.think_end_single_token or n_tokens == 1:
+            return None
+        return (f"sglang {self.version}: ValueError: think_end_token '{token}' must encode to exactly one token for "
+                f"constrained reasoning. (the served tokenizer encodes it to {n_tokens})")
 
     def summary(self) -> str:
         """The one line printed at start: each probe and what follows from it."""
@@ -394,7 +414,32 @@ def _probe() -> Features:
         missing_hook_targets=_unresolved(_fault_hook_targets()),
         paged_alloc_triton_only=_paged_alloc_triton_only(),
         tree_cores=tuple(getattr(_module("sglang.srt.mem_cache.unified_cache.tree_core_registry"), "_TREE_CORE_REGISTRY", None) or ()),
+        mamba2_track_floor=MAMBA2_TRACK_FLOOR in _class_source("sglang.srt.layers.attention.hybrid_linear_attn_backend", "Mamba2AttnBackend"),
+        think_end_single_token=THINK_END_SINGLE in _class_source("sglang.srt.constrained.reasoner_grammar_backend", "ReasonerGrammarBackend"),
     )
+
+
+#: SGLang's own words for the two start-up refusals read from its source (not imported: the
+#: backends import kernels a CPU probe need not load).
+MAMBA2_TRACK_FLOOR = "must be >= mamba_chunk_size"
+THINK_END_SINGLE = "must encode to exactly one token"
+
+
+def _class_source(module: str, cls: str) -> str:
+    """The text of class ``cls`` in ``module``'s file, read without importing it ('' when absent)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or not spec.origin or not os.path.exists(spec.origin):
+        return ""
+    with open(spec.origin, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    start = text.find(f"\nclass {cls}(")
+    if start < 0:
+        return ""
+    end = text.find("\nclass ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
 
 
 #: The Triton kernel SGLang's paged KV allocator launches for a prefill (page size > 1).

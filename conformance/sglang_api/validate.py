@@ -45,8 +45,10 @@ class Validation:
             object.__setattr__(self, "status", "ok" if self.ok else "refused")
 
 
-def config_for_release(folder: Path, features: probes.Features | None = None) -> Path:
-    """``folder``, or a config.json-only copy spelled the way the installed release reads it."""
+def config_for_release(folder: Path, features: probes.Features | None = None, *, serving: bool = False) -> Path:
+    """``folder``, or a config.json-only copy spelled the way the installed release reads it;
+    ``serving``: the copy also links every other file of ``folder`` (weights, tokenizer), so a
+    server can load it (the sglang-cpu target on a release before the new granite names)."""
     features = features or probes.probe()
     cfg_path = Path(folder) / "config.json"
     if features.granite_new_layer_names or not cfg_path.exists():
@@ -59,9 +61,13 @@ def config_for_release(folder: Path, features: probes.Features | None = None) ->
     text = json.dumps(cfg, indent=1, sort_keys=True)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     root = Path(os.environ.get("HYBRID_CONFORMANCE_POOL_CACHE", Path(tempfile.gettempdir()) / "hybrid-conformance-pool"))
-    out = root / "configs" / f"{Path(folder).name}-legacy-layer-names-{digest}"
+    out = root / "configs" / f"{Path(folder).name}-legacy-layer-names-{digest}{'-served' if serving else ''}"
     if not (out / "config.json").exists():
         out.mkdir(parents=True, exist_ok=True)
+        for other in sorted(Path(folder).iterdir()) if serving else ():
+            if other.name != "config.json":
+                with contextlib.suppress(FileExistsError):  # a concurrent start linked it first
+                    (out / other.name).symlink_to(other.resolve())
         tmp = out / f"config.json.{os.getpid()}"
         tmp.write_text(text)
         tmp.replace(out / "config.json")

@@ -11,7 +11,10 @@ Three answers, each ``na``:
   option axes, only the refusal of the strategy for the model's architecture for a core cell;
 * before launch, on the CPU target, the cell's strategy uses the extra buffer and the release
   gates it on the device with neither a platform answer nor an assert the CPU plugin answers
-  (:func:`gate_refusal`: the missing capability is the reason).
+  (:func:`gate_refusal`: the missing capability is the reason);
+* before launch, a start-up assert of the release the cell would reach after its model loads
+  (:func:`start_refusal`, probed from SGLang's source: SGLang's own line): an extra-buffer track
+  interval below the model's mamba chunk, a think-end token the served tokenizer splits.
 
 Any other start failure stays a failure: a crash after the arguments resolved is not a
 refusal.
@@ -22,8 +25,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from conformance.matrix.axes import needed
+from conformance.matrix.axes import REASONING_REQUESTS, THINK_END_TOKEN, enabled, needed
 from conformance.matrix.cells import Cell
+from conformance.reference.twins import ensure_twin
+from conformance.reference.tokenizer import TwinTokenizer
 from conformance.sglang_api.validate import UNSUPPORTED_FOR_MODEL
 
 #: Where SGLang resolves and validates its server arguments.
@@ -43,6 +48,17 @@ def gate_refusal(cell: Cell, features) -> str | None:
     gates it on the device with nothing the CPU target can answer (``na`` before launch,
     instead of starting and dying on SGLang's device assert)."""
     return features.device_gate_not_applicable() if cell.strategy.has_buffer else None
+
+
+def start_refusal(cell: Cell, features, *, twins: bool) -> str | None:
+    """SGLang's own line for a start-up assert the release would stop ``cell`` at, after its
+    model loads: the Mamba2 backend's track-interval floor on an extra-buffer cell whose track
+    interval is below the model's ``mamba_chunk_size``; on a server of the tiny ``twins``, the
+    reasoner's one-token think end when the twin's tokenizer splits it."""
+    floor = features.track_interval_not_applicable(cell.track_interval, cell.model.mamba_chunk_size) if cell.strategy.has_buffer else None
+    if floor or not (twins and enabled(cell, REASONING_REQUESTS)):
+        return floor
+    return features.think_end_not_applicable(THINK_END_TOKEN, len(TwinTokenizer(ensure_twin(cell.model.twin)).encode(THINK_END_TOKEN)))
 
 
 def launch_refusal(cell: Cell, log_text: str) -> str | None:

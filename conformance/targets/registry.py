@@ -33,7 +33,7 @@ from conformance.targets.reference import ReferenceTarget
 from conformance.targets.sglang import SGLangTarget, gpus_for_worker, visible_gpus, worker_index
 from conformance.targets.sglang_cpu import SGLangCpuTarget
 from conformance.sglang_api import probes # a cell with server options or a gated strategy: SGLang's answers
-from conformance.targets.option_refusal import gate_refusal, probed_refusal
+from conformance.targets.option_refusal import gate_refusal, probed_refusal, start_refusal
 from conformance.targets.pool.gate import PoolGate # pytest's own: only inside a pytest session
 
 #: The options of the SGLang-on-GPU launch that ``run`` forwards to pytest for the targets that use them.
@@ -257,12 +257,14 @@ class Target:
         """SGLang's own reason, before launch, that ``cell`` is not applicable here: the
         installed parser lacks what the cell's server-option axes pass, or (where the kit's CPU
         plugin answers SGLang's device gate) the release gates its extra-buffer strategy on the
-        device with nothing the plugin answers.  None: launch it (and always on the kit's engine)."""
+        device with nothing the plugin answers, or it would stop the cell at a start-up assert
+        (``start_refusal``).  None: launch it (and always on the kit's engine)."""
         gated = self.engine.plugins and cell.strategy.has_buffer
-        if not self.needs().probe or not (cell.options or gated):
+        if not self.needs().probe or not (cell.options or cell.strategy.has_buffer):
             return None
         features = probes.probe()
-        return probed_refusal(cell, features) or (gate_refusal(cell, features) if gated else None)
+        return (probed_refusal(cell, features) or (gate_refusal(cell, features) if gated else None)
+                or start_refusal(cell, features, twins=self.serves_twins()))
 
     def serves_twins(self, twins: bool = False) -> bool:
         return self.twins == "always" or (self.twins == "flag" and twins)

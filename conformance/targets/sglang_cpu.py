@@ -31,6 +31,7 @@ from conformance.sglang_plugins.faults import fault_for_launch
 from conformance.targets.base import LaunchSpec
 from conformance.targets.sglang import SGLangTarget
 from conformance.sglang_api import probes
+from conformance.sglang_api.validate import config_for_release
 from conformance.reference.twins import ensure_twin # the folder, generated on first use; no model load
 
 STANDIN_PATH = Path(__file__).resolve().parents[1] / "sglang_plugins" / "standin"
@@ -93,7 +94,10 @@ class SGLangCpuTarget:
 
     def server_args(self, cell: Cell, *, port: int) -> list[str]:
         base = SGLangTarget(twins=True, launcher=f"{self.python} -m sglang.launch_server")
-        args = base.server_args(cell, model_path=str(ensure_twin(cell.model.twin)), port=port)
+        # a release before granite's new layer names serves a copy spelled its way; the probe is
+        # the target release's: this process runs in the release's venv, as its server does (self.python)
+        folder = config_for_release(ensure_twin(cell.model.twin), probes.probe(), serving=True)
+        args = base.server_args(cell, model_path=str(folder), port=port)
         args += [
             "--device", "cpu",
             "--attention-backend", "torch_native",
