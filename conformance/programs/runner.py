@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.checks.differential import Tolerance, cold_from_meta, compare_served, served_logprobs
@@ -27,7 +27,7 @@ from conformance.checks.tree_structure import tree_findings
 from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.checks.findings import Finding
-from conformance.programs.coverage import Coverage, read_coverage
+from conformance.programs.coverage import Coverage, program_coverage, read_coverage
 from conformance.programs.evidence import Evidence
 from conformance.programs.flights import Clock, Flight, FlightDeck
 from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
@@ -208,8 +208,7 @@ class ProgramRun:
                 self._close(sid)
             self._wait_all()
             self._settle(final=True)
-            audits = None if self.stats.tree_audits is None else int(self.stats.tree_audits)  # the audit's own counter
-            self.stats.coverage = replace(self._coverage().minus(self._coverage0), tree_audits=audits)
+            self.stats.coverage = program_coverage(self._coverage(), self._coverage0, self.stats.tree_audits)
         except KitError:  # a scheduler that died mid-step leaves connection errors: name the death, a finding
             dead = self._dead()
             self._cleanup()
