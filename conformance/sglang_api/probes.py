@@ -67,6 +67,19 @@ class Features:
     paged_alloc_triton_only: bool = False  # PagedTokenToKVPoolAllocator.alloc_extend launches its Triton kernel with no other path
     #: the unified radix tree's cores the release registers (``tree_core_registry``, 0.5.19+; None: not probed yet)
     tree_cores: tuple[str, ...] | None = None
+    #: SGLang's own test switches (``SGLANG_TEST_*``) its ``sglang.srt.environ.Envs`` declares (None: not probed yet)
+    test_switches: tuple[str, ...] | None = None
+
+    def test_switch_missing(self, env) -> str | None:
+        """SGLang's own line for the first of its test switches (``SGLANG_TEST_*`` names in
+        ``env``, e.g. a cell fault's) this release does not declare (None: all declared)."""
+        if not self.importable or not self.test_switches:  # not probed, or a release that declares none in Envs
+            return None
+        missing = [name for name in env if name.startswith(TEST_SWITCH_PREFIX) and name not in self.test_switches]
+        if not missing:
+            return None
+        return (f"sglang {self.version}: sglang.srt.environ.Envs has no {missing[0]} "
+                f"({len(self.test_switches)} {TEST_SWITCH_PREFIX}* switches, not this one): SGLang would ignore it")
 
     def hook_target_missing(self, targets) -> str | None:
         """SGLang's own line for the first of ``targets`` this release lacks (None: all resolve)."""
@@ -394,7 +407,19 @@ def _probe() -> Features:
         missing_hook_targets=_unresolved(_fault_hook_targets()),
         paged_alloc_triton_only=_paged_alloc_triton_only(),
         tree_cores=tuple(getattr(_module("sglang.srt.mem_cache.unified_cache.tree_core_registry"), "_TREE_CORE_REGISTRY", None) or ()),
+        test_switches=_test_switches(),
     )
+
+
+#: The prefix of SGLang's own test switches (``SGLANG_TEST_RETRACT``, ``SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL``, ...).
+TEST_SWITCH_PREFIX = "SGLANG_TEST_"
+
+
+def _test_switches() -> tuple[str, ...]:
+    """The ``SGLANG_TEST_*`` switches ``sglang.srt.environ.Envs`` declares (a release without
+    ``Envs`` declares none: empty, and nothing is judged from it)."""
+    envs = getattr(_module("sglang.srt.environ"), "Envs", None)
+    return tuple(sorted(n for n in dir(envs) if n.startswith(TEST_SWITCH_PREFIX))) if envs is not None else ()
 
 
 #: The Triton kernel SGLang's paged KV allocator launches for a prefill (page size > 1).
@@ -454,11 +479,11 @@ def probe() -> Features:
 
     cache = _cache_file()
     data = json.loads(cache.read_text()) if cache is not None and cache.exists() else None
-    if data is not None and data.get("tree_cores") is not None:  # a cache from before a probe was added is probed again
+    if data is not None and data.get("test_switches") is not None:  # a cache from before a probe was added is probed again
         return Features(**{**data, "strategies": tuple(data["strategies"]), "flags": tuple(data.get("flags", ())),
                            "choices": tuple((f, tuple(c)) for f, c in data.get("choices", ())),
                            "missing_hook_targets": tuple(tuple(m) for m in data.get("missing_hook_targets", ())),
-                           "tree_cores": tuple(data["tree_cores"])})
+                           "tree_cores": tuple(data["tree_cores"]), "test_switches": tuple(data["test_switches"])})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         features = _probe()
