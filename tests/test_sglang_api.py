@@ -32,7 +32,7 @@ NEW = probes.Features(
     req_kv=True, checkpoint_kv_cache=True, unified_components=True, release_insert_kwarg="checkpoint",
     override_platform=True, granite_new_layer_names=True, general_plugins=True, oot_platforms=True,
     platform_extra_buffer_answer=True, hook_registry=True, extra_buffer_gate="platform", tree_class="UnifiedRadixCache",
-    tree_cores=("python", "rust"),
+    tree_cores=("python", "rust"), test_switches=("SGLANG_TEST_RETRACT", "SGLANG_TEST_RETRACT_INTERVAL"),
 )
 
 
