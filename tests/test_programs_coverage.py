@@ -9,10 +9,11 @@ from enum import Enum
 from types import SimpleNamespace
 
 from conformance.matrix.axes import coverage_required
-from conformance.programs.coverage import Coverage, read_coverage, vacuous_pressure
+from conformance.programs.coverage import Coverage, program_coverage, read_coverage, vacuous_pressure
 from conformance.programs.evidence import RequestLog
 from conformance.programs.explore import Exploration
-from conformance.programs.runner import RunStats
+from conformance.programs.runner import ProgramRun, RunStats
+from conformance.sglang_contract.metric_names import KIT_TREE_AUDITS_TOTAL
 from conformance.sglang_plugins import observe
 from conformance.sglang_plugins.activation import REPORT_ENV
 from conformance.sglang_plugins.token_digest import token_digest
@@ -69,14 +70,28 @@ def test_a_refusal_whose_state_stayed_is_not_matched_then_evicted_and_unhooked_c
                             {"ev": "refused", "rid": "a", "matched": 8, "key": "k"},
                             {"ev": "prefill", "rid": "a", "prefix": 8, "extend": 4, "cut": False, "track": None},
                             {"ev": "state_evicted", "len": 8, "key": "k", "by": "walk"},  # after its admission
-                            {"ev": "tree_audit"}])
+                            {"ev": "tree_audit"}])  # not a source: tree audits are the audit's own counter
     log.refresh()
     c = read_coverage(log)
     assert c.refused_after_match is None and c.retractions is None and c.splits is None and c.matched_then_evicted is None
-    assert c.eviction_walks == 0 and c.nodes_evicted == 1 and c.tree_audits == 1
+    assert c.eviction_walks == 0 and c.nodes_evicted == 1 and c.tree_audits is None
     log.pressure = ("refused",)
     assert read_coverage(log).matched_then_evicted == 0 and read_coverage(log).refused_after_match == 1
     assert read_coverage(None) == Coverage()
+
+
+def test_a_programs_tree_audits_are_the_audits_own_counter_over_the_program():
+    values = {KIT_TREE_AUDITS_TOTAL: 7.0}
+    run = SimpleNamespace(stats=RunStats(), _audits0=None, t=SimpleNamespace(requests=None))
+    ProgramRun._tree_audit(run, values)  # the first reading: the audits before the program ran
+    ProgramRun._tree_audit(run, {KIT_TREE_AUDITS_TOTAL: 12.0})
+    assert run.stats.tree_audits == 12
+    before = Coverage(eviction_walks=1)
+    c = program_coverage(Coverage(eviction_walks=4), before, run.stats.tree_audits)
+    assert c.tree_audits == 12 and c.eviction_walks == 3
+    quiet = SimpleNamespace(stats=RunStats(), _audits0=None, t=SimpleNamespace(requests=None))
+    ProgramRun._tree_audit(quiet, {})  # a server that does not audit publishes no counter
+    assert program_coverage(Coverage(), Coverage(), quiet.stats.tree_audits).tree_audits is None
 
 
 def test_a_programs_coverage_is_what_grew_and_sums_over_programs():

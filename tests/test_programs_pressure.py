@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, find, given, settings
 
 from conformance.programs.bind import PRESSURE_SHAPES_ENV, pressure_weight
 from conformance.programs.explore import SIZES
-from conformance.programs.program import After, Burst, Send, Wait, program_from_json
+from conformance.programs.program import After, Burst, Root, Send, Wait, program_from_json
 from conformance.programs.strategies import GenSpec, kinds, programs
 
 SPEC = GenSpec(vocab_size=500, chunk=64, checkpoint_grid=64, track_grid=256, page_size=1, context_len=4096)
@@ -69,3 +69,39 @@ def test_pressure_cells_weigh_the_shapes_up_and_the_env_switches_them_off(monkey
     monkeypatch.setenv(PRESSURE_SHAPES_ENV, "off")
     assert pressure_weight(cell(kv_pool="small"), 16) == 0
     assert kinds(replace(SPEC, pressure_weight=0)).count("pressure") == 0 and kinds(LARGE).count("pressure") == 4
+
+
+POOL = replace(SPEC, **SIZES["small"], pressure_weight=4, kv_total=1536)  # a small pool: cheap prompts to draw
+FIND = settings(max_examples=400, suppress_health_check=list(HealthCheck), database=None)
+
+
+def _pool_holders(p) -> list[Send]:
+    """Holders on fresh prompts of their own (``Root(0, 0)``): the pool-sized ones."""
+    return [h for h in _holders(p) if h.base == Root(0, 0)]
+
+
+def test_a_pool_sized_refusal_leaves_the_follow_up_less_than_its_extend():
+    """Holders charged their whole decode (ignore_eos) take all the pool but the stored request
+    and a slack below the follow-up's extend, so it reaches the prefill adder and is refused for KV."""
+    p = find(programs(POOL), lambda p: any(h.options.ignore_eos for h in _pool_holders(p)), settings=FIND)
+    holders = _pool_holders(p)
+    stored = next(s for s in p.steps if isinstance(s, Send) and s.rid.startswith("r") and len(s.suffix) == 2 * POOL.checkpoint_grid + 1)
+    back = next(s for s in p.steps if isinstance(s, Send) and isinstance(s.base, After) and s.base.rid == stored.rid)
+    slack = POOL.kv_total - sum(len(h.suffix) + h.max_new for h in holders) - (len(stored.suffix) + stored.max_new)
+    assert 2 <= len(holders) <= 3 and 0 < slack < len(back.suffix) + back.max_new and back.gate.rid == holders[-1].rid
+
+
+def test_pool_sized_retraction_holders_fit_sglangs_admission_but_not_the_pool():
+    """SGLang charges the last arrival its whole decode and the running holders 0.7 of theirs:
+    that fits; their prompts and whole decodes do not, so decode must retract."""
+    p = find(programs(POOL), lambda p: any(not h.options.ignore_eos for h in _pool_holders(p)), settings=FIND)
+    holders = _pool_holders(p)
+    prompts, new = sum(len(h.suffix) for h in holders), holders[0].max_new
+    assert prompts + new * len(holders) > POOL.kv_total  # the whole decodes overflow the pool
+    assert prompts + new + 0.7 * new * (len(holders) - 1) < POOL.kv_total  # the last one is admitted while the others run
+
+
+@settings(max_examples=40, suppress_health_check=list(HealthCheck), database=None)
+@given(programs(replace(POOL, kv_total=0)))
+def test_without_the_pools_size_no_holder_is_pool_sized(p):
+    assert not _pool_holders(p)

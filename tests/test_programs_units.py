@@ -523,6 +523,10 @@ def test_counters_and_log_lines() -> None:
     assert counter_problems(320, 320.0, 320) == []
     assert "grew by 0" in counter_problems(320, 0.0, None)[0]
     assert "log lines count 256" in counter_problems(320, None, 256)[0]
+    # a retracted request's second prefill from its own prefix: counted by the log only, up to its length
+    assert counter_problems(0, 0.0, 1664, retracted_max=2077) == []
+    assert "may count up to 100 more" in counter_problems(0, 0.0, 1664, retracted_max=100)[0]
+    assert "grew by 1664" in counter_problems(0, 1664.0, 0, retracted_max=2077)[0]  # the counter counts once
     text = "Prefill batch. #new-seq: 1, #new-token: 5, #cached-token: 256, x\nDecode batch\nPrefill batch. #new-seq: 2, #new-token: 9, #cached-token: 64,"
     assert log_cached_tokens(text) == 320
 

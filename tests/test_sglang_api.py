@@ -32,7 +32,7 @@ NEW = probes.Features(
     req_kv=True, checkpoint_kv_cache=True, unified_components=True, release_insert_kwarg="checkpoint",
     override_platform=True, granite_new_layer_names=True, general_plugins=True, oot_platforms=True,
     platform_extra_buffer_answer=True, hook_registry=True, extra_buffer_gate="platform", tree_class="UnifiedRadixCache",
-    tree_cores=("python", "rust"),
+    tree_cores=("python", "rust"), test_switches=("SGLANG_TEST_RETRACT", "SGLANG_TEST_RETRACT_INTERVAL"),
 )
 
 
@@ -300,3 +300,32 @@ def test_start_asserts_are_probed_from_the_class_source_without_importing(tmp_pa
     assert probes.MAMBA2_TRACK_FLOOR in text and probes.THINK_END_SINGLE not in text and "class After" not in text
     assert probes._class_source("fakesglang_p45.backend", "ReasonerGrammarBackend") == ""
     assert probes._class_source("fakesglang_p45.absent", "Mamba2AttnBackend") == ""
+
+
+def test_a_forced_retract_cell_is_na_where_the_release_lacks_sglangs_retract_switch(monkeypatch):
+    """``forced_retract`` sets SGLang's own SGLANG_TEST_RETRACT*: a release whose ``Envs``
+    does not declare them would ignore the switch, so its cells are ``na`` before launch with
+    the probe's line; where it declares them (0.5.23) the cell launches."""
+    from conformance.matrix.cells import load_matrix
+    from conformance.targets.registry import target_for
+
+    cell = next(c for c in load_matrix().cells if c.fault.name == "forced_retract")
+    declared = dataclasses.replace(NEW, test_switches=("SGLANG_TEST_RETRACT", "SGLANG_TEST_RETRACT_INTERVAL"))
+    lacking = dataclasses.replace(NEW, version="0.5.9", test_switches=("SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL",))
+    assert declared.test_switch_missing(dict(cell.fault.env)) is None
+    line = lacking.test_switch_missing(dict(cell.fault.env))
+    assert line.startswith("sglang 0.5.9: sglang.srt.environ.Envs has no SGLANG_TEST_RETRACT") and "ignore" in line
+    assert dataclasses.replace(NEW, test_switches=()).test_switch_missing(dict(cell.fault.env)) is None  # declares none: not judged
+    assert lacking.test_switch_missing({"HYBRID_CONFORMANCE_SGLANG_FAULT": "x"}) is None  # only SGLang's own switches
+    target = target_for("sglang-cpu")
+    monkeypatch.setattr(probes, "probe", lambda: lacking)
+    assert target.option_refusal(cell) == line
+    monkeypatch.setattr(probes, "probe", lambda: declared)
+    assert target.option_refusal(cell) is None
+
+
+def test_installed_sglang_declares_the_retract_switches():
+    features = probes.probe()
+    if not features.importable:
+        pytest.skip(f"sglang not importable here: {features.import_error}")
+    assert {"SGLANG_TEST_RETRACT", "SGLANG_TEST_RETRACT_INTERVAL"} <= set(features.test_switches or ())

@@ -127,6 +127,7 @@ def gen_spec(ep: Endpoint, target: ProgramTarget) -> GenSpec:
         streaming_sessions=axes.enabled(ep.cell, axes.STREAMING_SESSIONS),
         reasoning_requests=axes.enabled(ep.cell, axes.REASONING_REQUESTS),
         pressure_weight=pressure_weight(ep.cell, g.page_size),
+        kv_total=int(target.limits.kv_total or 0) if axes.coverage_required(ep.cell) else 0,
     )
 
 

@@ -11,7 +11,8 @@ Every count is read from SGLang-side evidence, the observe plugin's per-request 
 * ``eviction_walks`` -- eviction walks that evicted anything (``evict`` records);
 * ``nodes_evicted`` -- tree states the eviction walk freed (per-node, ``by`` the walk);
 * ``splits`` -- tree node splits (seen where the tree runs in Python; None on a Rust tree core);
-* ``tree_audits`` -- tree audits run (the audit's own counter, ``tree_audits_total``, set by the runner).
+* ``tree_audits`` -- tree audits run: the audit's own counter (``tree_audits_total`` on
+  ``/metrics``), never the request log; :func:`program_coverage` puts it in.
 
 A counter is None where the server records no such evidence (no per-request file: the
 reference target; a release without the hook point: the start line's ``pressure``).
@@ -21,13 +22,11 @@ its small pool must move stayed 0 (``AxisValue.coverage``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Iterable, Sequence
 
 from conformance.programs.evidence import RequestLog
 
-#: The per-request events a tree audit may be recorded as (the observe plugin's audit, where present).
-AUDIT_EVENTS = ("tree_audit",)
 #: counter -> the start line's ``pressure`` hook it needs (None: always read when the file exists)
 NEEDS_HOOK = {"refused_after_match": "refused", "matched_then_evicted": "refused", "retractions": "retract", "splits": "split"}
 
@@ -77,7 +76,6 @@ def read_coverage(log: RequestLog | None) -> Coverage:
         "eviction_walks": len(log.evictions_at),
         "nodes_evicted": walk_frees if log.per_node else None,
         "splits": log.events.get("split", 0),
-        "tree_audits": sum(log.events.get(e, 0) for e in AUDIT_EVENTS) if any(e in log.events for e in AUDIT_EVENTS) else None,
     }
     for name, hook in NEEDS_HOOK.items():
         if hook not in hooked:
@@ -85,6 +83,12 @@ def read_coverage(log: RequestLog | None) -> Coverage:
     if log.tree_core and "rust" in log.tree_core.lower():
         counts["splits"] = None  # a Rust tree core splits inside Rust: not seen
     return Coverage(**counts)
+
+
+def program_coverage(now: Coverage, before: Coverage, audits: float | None) -> Coverage:
+    """One program's counters: what grew in the request log since ``before``, and the tree
+    audits the audit's own counter counted over the program (None: the server does not audit)."""
+    return replace(now.minus(before), tree_audits=None if audits is None else int(audits))
 
 
 def _matched_then_evicted(log: RequestLog) -> int:

@@ -102,6 +102,8 @@ class RequestLog:
     #: pressure evidence (the coverage counters): record number of each refusal after a match ->
     #: (rid, matched length, digest); retracted rids; how many records of each event were read
     refused: dict[int, tuple[str, int, str]] = field(default_factory=dict)
+    #: the eviction walks over the whole tree the kit asked for, by request id (``conformance/sglang_plugins/evict_all.py``)
+    evict_alls: dict[str, dict[str, Any]] = field(default_factory=dict)
     retracted: list[str] = field(default_factory=list)
     events: dict[str, int] = field(default_factory=dict)
     #: the pressure hooks the server's plugin has in place (None: a start line without the field)
@@ -158,6 +160,8 @@ class RequestLog:
             book.setdefault((int(rec["len"]), str(rec["key"])), []).append(self._records)
             if ev == "state_evicted":
                 self.freed_by[self._records] = str(rec.get("by", "walk"))  # a record before ``by``: the plugin recorded walks only
+        elif ev == "evict_all":
+            self.evict_alls[str(rec.get("id"))] = dict(rec)
         elif ev == "tree_reset":
             self.resets_at.append(self._records)
         elif ev == "tree_violation":

@@ -654,22 +654,28 @@ def idle_problems(values: Mapping[str, float], *, locked: Mapping[str, float]) -
     return out
 
 
-def counter_problems(reported: int, metric_delta: float | None, log_delta: int | None, *, aborted_max: int = 0) -> list[str]:
+def counter_problems(reported: int, metric_delta: float | None, log_delta: int | None, *, aborted_max: int = 0,
+                     retracted_max: int = 0) -> list[str]:
     """The server's own reuse counters against the ``cached_tokens`` it reported.
 
     ``reported`` sums the requests that were not aborted; an aborted request's reuse is
     counted (or not) by when it stopped, so up to ``aborted_max`` more (the aborted
-    requests' inputs) is allowed -- a window holding an abort is bounded, not unchecked."""
+    requests' inputs) is allowed -- a window holding an abort is bounded, not unchecked.
+    A retracted request prefilled again from its own cached prefix is counted by the prefill
+    log lines but not by its answer or the counter (SGLang computes ``cached_tokens`` once: "Once
+    retracted, the 'retracted_stain' flag will always True", schedule_batch.py), so the log
+    may count up to ``retracted_max`` more (the retracted requests' inputs and decodes)."""
     out = []
     span = f"{reported}" if not aborted_max else f"{reported}..{reported + aborted_max} (aborted requests may count up to {aborted_max})"
 
-    def off(value: float) -> bool:
-        return not reported <= value <= reported + aborted_max
+    def off(value: float, extra: int = 0) -> bool:
+        return not reported <= value <= reported + aborted_max + extra
 
     if metric_delta is not None and off(metric_delta):
         out.append(f"{CACHED_TOKENS_TOTAL} grew by {metric_delta:g}, the answers reported {span} cached tokens")
-    if log_delta is not None and off(log_delta):
-        out.append(f"the server's prefill log lines count {log_delta} cached tokens, the answers reported {span}")
+    if log_delta is not None and off(log_delta, retracted_max):
+        again = f" (retracted requests' second prefills may count up to {retracted_max} more)" if retracted_max else ""
+        out.append(f"the server's prefill log lines count {log_delta} cached tokens, the answers reported {span}{again}")
     return out
 
 

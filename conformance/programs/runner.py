@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from conformance.checks.differential import Tolerance, cold_from_meta, compare_served, served_logprobs
@@ -27,7 +28,7 @@ from conformance.checks.tree_structure import tree_findings
 from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.checks.findings import Finding
-from conformance.programs.coverage import Coverage, read_coverage
+from conformance.programs.coverage import Coverage, program_coverage, read_coverage
 from conformance.programs.evidence import Evidence
 from conformance.programs.flights import Clock, Flight, FlightDeck
 from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
@@ -36,10 +37,13 @@ from conformance.programs.program import (
 )
 from conformance.programs.resolve import Resolver
 from conformance.session.suite_support import idle_probe
+from conformance.sglang_plugins import evict_all
 from conformance.sglang_contract.metric_names import CACHED_TOKENS_TOTAL, KIT_TREE_AUDITS_TOTAL
 from conformance.targets.serving import not_serving
 
 WAIT_S = 300.0
+#: How long the observe plugin may take to answer an evict-all request (it answers at an idle publish, about 1 s).
+EVICT_ALL_DEADLINE_S = 30.0
 #: What burst members and session turns ask for (``Resolver``): output logprobs and a top-5.
 LOGPROB_OPTIONS = {"return_logprob": True, "top_logprobs_num": 5}
 
@@ -124,6 +128,10 @@ class RunStats:
     tree_audits: float | None = None
     #: what SGLang was seen doing under memory pressure (``programs.coverage``)
     coverage: Coverage = field(default_factory=Coverage)
+    #: eviction walks over the whole tree answered at program ends and before flushes (evict, don't flush),
+    #: and why the release's tree could not be driven so (None: it could, or it was not asked)
+    evict_alls: int = 0
+    evict_all_error: str | None = None
 
     def note_hit(self, s: Served) -> None:
         """Count one judged request: what admitted its hit, before and after the records, and
@@ -156,6 +164,7 @@ class RunStats:
             sum(r.hits_seen_stored for r in runs), summed("model_permissions"), sum(r.expected_exact for r in runs), summed("expected_bounded"),
             ReuseTally.total(r.reuse for r in runs),
             None if all(r.tree_audits is None for r in runs) else sum(r.tree_audits or 0 for r in runs), Coverage.total(r.coverage for r in runs),
+            sum(r.evict_alls for r in runs), next((r.evict_all_error for r in runs if r.evict_all_error), None),
         )
 
 
@@ -208,8 +217,8 @@ class ProgramRun:
                 self._close(sid)
             self._wait_all()
             self._settle(final=True)
-            audits = None if self.stats.tree_audits is None else int(self.stats.tree_audits)  # the audit's own counter
-            self.stats.coverage = replace(self._coverage().minus(self._coverage0), tree_audits=audits)
+            self._evict_all()
+            self.stats.coverage = program_coverage(self._coverage(), self._coverage0, self.stats.tree_audits)
         except KitError:  # a scheduler that died mid-step leaves connection errors: name the death, a finding
             dead = self._dead()
             self._cleanup()
@@ -275,6 +284,7 @@ class ProgramRun:
         elif isinstance(step, Flush):
             self._wait_all()
             self._settle()
+            self._evict_all()
             self.t.client.flush_cache(attempts=40, pause_s=0.25)
             self.book.reset()
             metrics = self.t.client.metrics()
@@ -457,6 +467,38 @@ class ProgramRun:
             if problems:
                 self.fail(difference_finding(s, problems))
 
+    def _evict_all(self) -> None:
+        """Evict, don't flush: ask the observe plugin for SGLang's own eviction walk over the
+        whole tree (``conformance/sglang_plugins/evict_all.py``), wait for its record, fail
+        when the walk left evictable state, then the idle invariant.  The walk's per-node
+        frees are read like any walk's.  A tree the release cannot drive so is noted once
+        (``stats.evict_all_error``); a server without the per-request file has no such plugin."""
+        log = self.t.requests
+        if log is None or not log.started:
+            return
+        token = uuid.uuid4().hex
+        path = Path(evict_all.request_path(str(log.path)))
+        path.write_text(token)
+        deadline = time.monotonic() + EVICT_ALL_DEADLINE_S
+        while token not in log.evict_alls:
+            if time.monotonic() > deadline:
+                path.unlink(missing_ok=True)
+                self.fail(Finding("kit_error", f"evict-all: the observe plugin did not answer in {EVICT_ALL_DEADLINE_S:.0f} s "
+                                               "(no evict_all record: is the server idle, its plugin loaded?)"))
+            time.sleep(0.1)
+            log.refresh()
+        record = log.evict_alls[token]
+        if record.get("error"):
+            self.stats.evict_all_error = self.stats.evict_all_error or f"{record.get('tree')}: {record['error']}"
+            return
+        self.stats.evict_alls += 1
+        left = evict_all.left_held(record)
+        if left:
+            kind = "leak_mamba" if "mamba_evictable_size" in left else "leak_kv"
+            self.fail(Finding(kind, f"evict-all: SGLang's eviction walk over the whole {record.get('tree')} left evictable {left} "
+                                    f"(asked {record.get('before')}, freed {record.get('freed')})", {"left": left, "freed": record.get("freed")}))
+        self._idle_checks()
+
     def _idle_checks(self) -> None:
         c = self.t.client
         locked = self.resolver.session_locks()
@@ -478,7 +520,9 @@ class ProgramRun:
             self._log0 = len(text)
         if now is not None:
             self._counter0 = now
-        problems = counter_problems(reported, metric_delta, log_delta, aborted_max=aborted_max)
+        retracted = set(self.t.requests.retracted) if self.t.requests is not None else set()
+        retracted_max = sum(len(s.input_ids) + s.max_new for s in self._since_idle if self.resolver.server_rid(s.rid) in retracted)
+        problems = counter_problems(reported, metric_delta, log_delta, aborted_max=aborted_max, retracted_max=retracted_max)
         self._since_idle = []
         self._tree_audit(probe.values)
         if problems:

@@ -19,7 +19,14 @@ to ``hold_new`` tokens that hold KV while gated arrivals come in), ``refuse`` (a
 stored and answered, holders take the KV, then a follow-up of it arrives gated on a holder:
 it matches the stored prefix and, short of room, is refused and waits while the holders'
 decodes may evict what it matched; it is admitted once they finish), ``match_burst`` (a
-prefix is stored, then a burst of more members than Mamba slots matches it at admission).
+prefix is stored, then a burst of more members than Mamba slots matches it at admission),
+``retract`` (holders that do not ignore EOS: SGLang charges a running request only
+``new_token_ratio`` x the decode it has left, so it admits the last holder while the others
+run, though their prompts and whole decodes overflow the KV pool; it retracts one when
+decode runs out of KV).
+Where the cell's KV pool size is known (``kv_total``), ``refuse`` and ``retract`` size their
+holders from it: a few (2-3) whose prompts fill the pool, so the follow-up reaches SGLang's
+prefill adder with request slots free and is refused for KV after its match.
 Their decodes come from ``pressure_budget``, not ``decode_budget``.
 """
 
@@ -61,6 +68,11 @@ class GenSpec:
     hold_new: int = 24
     max_holders: int = 3
     pressure_budget: int = 96
+    #: the KV pool of a cell that must reach its pressure (tokens; 0: unknown or not a pressure
+    #: cell, the shapes then do not size holders from it); at most one pool-sized shape a program
+    kv_total: int = 0
+    #: a retracting holder's decode (its unreserved share, (1 - ratio) x this, is what overflows the pool)
+    retract_new: int = 384
 
     @property
     def max_root_len(self) -> int:
@@ -93,6 +105,7 @@ class _Model:
     n: int = 0
     sessions: dict[str, dict] = field(default_factory=dict)  # sid -> {streaming, turns: [rid], open}
     pressure_left: int = 0
+    pool_shape_used: bool = False
 
     def rid(self, prefix: str) -> str:
         self.n += 1
@@ -113,7 +126,10 @@ _KINDS = (
 
 
 #: The pressure shapes (see the module's docstring), simplest first.
-PRESSURE_SHAPES = ("hold", "refuse", "match_burst")
+PRESSURE_SHAPES = ("hold", "refuse", "match_burst", "retract")
+#: SGLang's initial ``new_token_ratio`` (``SGLANG_INIT_NEW_TOKEN_RATIO``): the share of a
+#: running request's ``max_new`` the prefill adder reserves when it does not ignore EOS.
+RESERVED_RATIO = 0.7
 
 
 def kinds(spec: GenSpec) -> tuple[str, ...]:
@@ -137,9 +153,44 @@ def _holders(draw, m: _Model) -> list[Send]:
     return out
 
 
+def _holder_count(spec: GenSpec, held: int) -> int:
+    """The fewest holders (>= 2) that hold ``held`` tokens with each one's prompt + decode in the context."""
+    k = 2
+    while held // k + 16 > spec.context_len:
+        k += 1
+    return k
+
+
+def _pool_holders(m: _Model, seed: int, *, held: int, new: int, ignore_eos: bool) -> list[Send]:
+    """Streamed holders (:func:`_holder_count`), each on a fresh prompt of its own, whose
+    prompts plus ``new`` decode tokens each sum to ``held`` tokens of the KV pool."""
+    k = _holder_count(m.spec, held)
+    out = []
+    for i in range(k):
+        rid = m.rid("h")
+        prompt = tokens(held // k - new, m.spec, f"pool:{seed}:{i}")
+        out.append(Send(rid, Root(0, 0), prompt, new, SendOptions(return_logprob=False, ignore_eos=ignore_eos), True))
+        m.sent.append(rid)
+        m.streamed.append(rid)
+    return out
+
+
 @st.composite
 def _pressure(draw, m: _Model) -> list[Step]:
-    shape = draw(st.sampled_from(PRESSURE_SHAPES))
+    sized = bool(m.spec.kv_total) and not m.pool_shape_used  # pool-sized holders: prefill-heavy, once a program
+    # a pressure cell draws its pool-sized shapes more often (they are what its counters need)
+    shape = draw(st.sampled_from((*PRESSURE_SHAPES, "refuse", "refuse", "retract") if sized else PRESSURE_SHAPES[:-1]))
+    m.pool_shape_used = m.pool_shape_used or (sized and shape in ("refuse", "retract"))
+    if shape == "retract":
+        # SGLang charges an arriving holder its whole decode and a running one RESERVED_RATIO of
+        # what it has left: the last holder is admitted while the others run as long as their
+        # unreserved shares cover the overflow; the prompts + whole decodes overflow the pool by
+        # half of those shares, so decode runs out of KV and SGLang retracts.
+        new = m.spec.retract_new
+        k = _holder_count(m.spec, m.spec.kv_total)
+        overflow = int((1 - RESERVED_RATIO) * new * (k - 1) / 2)
+        holders = _pool_holders(m, draw(st.integers(0, 2**16)), held=m.spec.kv_total + overflow, new=new, ignore_eos=False)
+        return [*holders, *(Wait(h.rid) for h in holders)]
     if shape == "match_burst":
         base = draw(_root_base(m))
         seed = Send(m.rid("r"), base, (), m.take_decode(1), SendOptions(return_logprob=True))
@@ -154,12 +205,21 @@ def _pressure(draw, m: _Model) -> list[Step]:
         arrivals = [draw(_send(m, follow=draw(st.booleans()), gate=Gate(h.rid, draw(st.integers(1, 8)))))
                     for h in holders[: draw(st.integers(1, len(holders)))]]
         return [*holders, *arrivals]
-    stored = draw(_send(m, follow=draw(st.booleans()), stream=False))
-    holders = draw(_holders(m))
+    if sized:
+        # a stored prefix past two checkpoints, then holders that charge all the pool but it and a
+        # slack below the follow-up's extend: the follow-up matches it and is refused for KV
+        stored = Send(m.rid("r"), Root(0, 0), tokens(2 * m.spec.checkpoint_grid + 1, m.spec, f"stored:{draw(st.integers(0, 2**16))}"),
+                      m.take_decode(2), SendOptions(return_logprob=True))
+        m.sent.append(stored.rid)
+        held = m.spec.kv_total - (len(stored.suffix) + stored.max_new) - draw(st.sampled_from((16, 32, 48)))
+        holders = _pool_holders(m, draw(st.integers(0, 2**16)), held=held, new=max(m.spec.hold_new, 64), ignore_eos=True)
+    else:
+        stored = draw(_send(m, follow=draw(st.booleans()), stream=False))
+        holders = draw(_holders(m))
     gate = Gate(holders[-1].rid, draw(st.integers(1, 4)))
     back = Send(m.rid("r"), After(stored.rid, draw(st.sampled_from(("all", "prompt", "track", "chunk")))),
-                tokens(draw(st.sampled_from((5, 64, 1))), m.spec, draw(st.integers(0, 2**16))), m.take_decode(4),
-                draw(_options(m, False)), gate=gate)
+                tokens(draw(st.sampled_from((64, 65, 130) if sized else (5, 64, 1))), m.spec, draw(st.integers(0, 2**16))),
+                m.take_decode(4), draw(_options(m, False)), gate=gate)
     m.sent.append(back.rid)
     return [stored, Wait(stored.rid), *holders, back]
 

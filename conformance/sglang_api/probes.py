@@ -71,6 +71,19 @@ class Features:
     mamba2_track_floor: bool = False
     #: SGLang's reasoner grammar backend requires the think-end token to encode to one token (up to 0.5.16)
     think_end_single_token: bool = False
+    #: SGLang's own test switches (``SGLANG_TEST_*``) its ``sglang.srt.environ.Envs`` declares (None: not probed yet)
+    test_switches: tuple[str, ...] | None = None
+
+    def test_switch_missing(self, env) -> str | None:
+        """SGLang's own line for the first of its test switches (``SGLANG_TEST_*`` names in
+        ``env``, e.g. a cell fault's) this release does not declare (None: all declared)."""
+        if not self.importable or not self.test_switches:  # not probed, or a release that declares none in Envs
+            return None
+        missing = [name for name in env if name.startswith(TEST_SWITCH_PREFIX) and name not in self.test_switches]
+        if not missing:
+            return None
+        return (f"sglang {self.version}: sglang.srt.environ.Envs has no {missing[0]} "
+                f"({len(self.test_switches)} {TEST_SWITCH_PREFIX}* switches, not this one): SGLang would ignore it")
 
     def hook_target_missing(self, targets) -> str | None:
         """SGLang's own line for the first of ``targets`` this release lacks (None: all resolve)."""
@@ -416,6 +429,7 @@ def _probe() -> Features:
         tree_cores=tuple(getattr(_module("sglang.srt.mem_cache.unified_cache.tree_core_registry"), "_TREE_CORE_REGISTRY", None) or ()),
         mamba2_track_floor=MAMBA2_TRACK_FLOOR in _class_source("sglang.srt.layers.attention.hybrid_linear_attn_backend", "Mamba2AttnBackend"),
         think_end_single_token=THINK_END_SINGLE in _class_source("sglang.srt.constrained.reasoner_grammar_backend", "ReasonerGrammarBackend"),
+        test_switches=_test_switches(),
     )
 
 
@@ -440,6 +454,17 @@ def _class_source(module: str, cls: str) -> str:
         return ""
     end = text.find("\nclass ", start + 1)
     return text[start:] if end < 0 else text[start:end]
+
+
+#: The prefix of SGLang's own test switches (``SGLANG_TEST_RETRACT``, ``SGLANG_TEST_MAMBA_LAZY_ALLOC_FAIL``, ...).
+TEST_SWITCH_PREFIX = "SGLANG_TEST_"
+
+
+def _test_switches() -> tuple[str, ...]:
+    """The ``SGLANG_TEST_*`` switches ``sglang.srt.environ.Envs`` declares (a release without
+    ``Envs`` declares none: empty, and nothing is judged from it)."""
+    envs = getattr(_module("sglang.srt.environ"), "Envs", None)
+    return tuple(sorted(n for n in dir(envs) if n.startswith(TEST_SWITCH_PREFIX))) if envs is not None else ()
 
 
 #: The Triton kernel SGLang's paged KV allocator launches for a prefill (page size > 1).
@@ -499,11 +524,11 @@ def probe() -> Features:
 
     cache = _cache_file()
     data = json.loads(cache.read_text()) if cache is not None and cache.exists() else None
-    if data is not None and data.get("tree_cores") is not None:  # a cache from before a probe was added is probed again
+    if data is not None and data.get("test_switches") is not None:  # a cache from before a probe was added is probed again
         return Features(**{**data, "strategies": tuple(data["strategies"]), "flags": tuple(data.get("flags", ())),
                            "choices": tuple((f, tuple(c)) for f, c in data.get("choices", ())),
                            "missing_hook_targets": tuple(tuple(m) for m in data.get("missing_hook_targets", ())),
-                           "tree_cores": tuple(data["tree_cores"])})
+                           "tree_cores": tuple(data["tree_cores"]), "test_switches": tuple(data["test_switches"])})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         features = _probe()

@@ -75,6 +75,7 @@ import time
 from typing import Any, Callable
 
 from conformance.sglang_contract.metric_names import KIT_PREFIX
+from conformance.sglang_plugins import evict_all
 from conformance.sglang_plugins.activation import REPORT_ENV
 from conformance.sglang_plugins.token_digest import token_digest
 from conformance.sglang_plugins.tree_audit import Auditor
@@ -498,9 +499,21 @@ def idle_publish(original: Callable, reporter: Any, *args: Any, **kwargs: Any) -
     result = original(reporter, *args, **kwargs)
     if due and collector is not None and getattr(reporter, "current_scheduler_metrics_enabled", False):
         _EXPORTER.last = now
+        evict_on_request(getattr(reporter, "scheduler", reporter))
         audit_tree(getattr(reporter, "scheduler", reporter), None, idle=True)
         _EXPORTER.publish(getattr(reporter, "scheduler", reporter))  # the legacy publisher is the scheduler
     return result
+
+
+def evict_on_request(scheduler: Any) -> None:
+    """The kit's request for SGLang's eviction walk over the whole tree, answered at idle
+    (``conformance/sglang_plugins/evict_all.py``); the walk's frees are recorded like any walk's."""
+    try:
+        record = evict_all.serve(scheduler, requests_path())
+        if record is not None:
+            write_requests([record])
+    except Exception:  # an observer never breaks the server; an unanswered request is visible to the kit
+        pass
 
 
 def before_run_batch(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> None:

@@ -258,13 +258,15 @@ class Target:
         installed parser lacks what the cell's server-option axes pass, or (where the kit's CPU
         plugin answers SGLang's device gate) the release gates its extra-buffer strategy on the
         device with nothing the plugin answers, or it would stop the cell at a start-up assert
-        (``start_refusal``).  None: launch it (and always on the kit's engine)."""
+        (``start_refusal``), or the release does not declare a test switch of SGLang's own the
+        cell's fault sets (``SGLANG_TEST_RETRACT``).  None: launch it (and always on the kit's engine)."""
         gated = self.engine.plugins and cell.strategy.has_buffer
-        if not self.needs().probe or not (cell.options or cell.strategy.has_buffer):
+        if not self.needs().probe or not (cell.options or cell.strategy.has_buffer or cell.fault.env):
             return None
         features = probes.probe()
         return (probed_refusal(cell, features) or (gate_refusal(cell, features) if gated else None)
-                or start_refusal(cell, features, twins=self.serves_twins()))
+                or start_refusal(cell, features, twins=self.serves_twins())
+                or features.test_switch_missing(dict(cell.fault.env)))
 
     def serves_twins(self, twins: bool = False) -> bool:
         return self.twins == "always" or (self.twins == "flag" and twins)

@@ -66,11 +66,12 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         **{f"permitted_{k}": n for k, n in sorted(total.permissions.items())},
         **{f"model_permitted_{k}": n for k, n in sorted(total.model_permissions.items())},
         "expected_exact": total.expected_exact, "expected_bounded": sum(total.expected_bounded.values()),
-        "tree_audits": total.tree_audits,
+        "tree_audits": total.tree_audits, "evict_alls": total.evict_alls,
     }
     details: dict[str, Any] = {"budget": budget, **({"cold_twin": cold_twin} if cold_twin else {}), "expected_hit": expected_hit(total),
                                "reuse": total.reuse.to_json(),  # reported, not judged (checks.reuse)
-                               "coverage": total.coverage.to_json()}  # programs.coverage: what SGLang did under pressure
+                               "coverage": total.coverage.to_json(),  # programs.coverage: what SGLang did under pressure
+                               **({"evict_all_error": total.evict_all_error} if total.evict_all_error else {})}
     known = [f for k in ex.known for f in k.failure.findings]
     if known:
         metrics["known_failures"] = len(ex.known)
