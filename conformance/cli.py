@@ -123,7 +123,7 @@ COMMANDS: dict[str, str] = {
     "run": "conformance.commands.run:cmd_run", "preflight": "conformance.commands.preflight:cmd_preflight",
     "plan": "conformance.commands.plan:cmd_plan", "fuzz": "conformance.commands.fuzz:cmd_fuzz",
     "make-twins": "conformance.commands.make_twins:cmd_make_twins", "compare": "conformance.commands.compare:cmd_compare",
-    "mutants": "conformance.mutants.command:cmd_mutants", "history": "conformance.commands.bisect:cmd_history",
+    "mutants": "conformance.mutants.command:cmd_mutants", "history": "conformance.commands.history_verb:cmd_history",
     "replay": "conformance.programs.replay:replay",
     "known-bugs": "conformance.commands.known_bugs:cmd_known_bugs",
     "report-bug": "conformance.commands.report_bug:cmd_report_bug", "perf-ab": "conformance.commands.perf_ab:cmd_perf_ab",

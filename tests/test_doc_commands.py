@@ -41,6 +41,8 @@ EXEMPT = {
 RELEASE_RANGE_TESTS = (ROOT / "tests" / "test_release_range.py").read_text()
 # `history --bisect` lines: run as typed by tests/test_bisect.py (scheduled: release venvs, a replay per release).
 BISECT_TESTS = (ROOT / "tests" / "test_bisect.py").read_text()
+# `history --peer-kits` lines: run as typed by tests/test_peer_kits.py (scheduled: two servers per bug in release venvs).
+PEER_TESTS = (ROOT / "tests" / "test_peer_kits.py").read_text()
 SETUP = "bash ci/setup-cpu.sh && "
 
 
@@ -119,6 +121,9 @@ def test_doc_command_runs_as_typed(where: str, command: str, tmp_path: Path) -> 
     if words[:2] == ["hybrid-conformance", "history"] and "--bisect" in words:
         assert f'DOC_COMMAND = "{line}"' in BISECT_TESTS, f"{where}: tests/test_bisect.py does not run {command} as typed"
         pytest.skip("run as typed by tests/test_bisect.py (scheduled: it replays the bug in each release's venv)")
+    if words[:2] == ["hybrid-conformance", "history"] and "--peer-kits" in words:
+        assert f'DOC_COMMAND = "{line}"' in PEER_TESTS, f"{where}: tests/test_peer_kits.py does not run {command} as typed"
+        pytest.skip("run as typed by tests/test_peer_kits.py (scheduled: SGLang's kits on each bug's bad and good release)")
     if words[:2] == ["hybrid-conformance", "history"] and "--merge" in words:  # hand-built shards: a FAIL each, so exit 1
         shutil.copytree(ROOT / "tests" / "data" / "shards", tmp_path / "tests" / "data" / "shards")
         out = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=_env(tmp_path, False), capture_output=True, text=True, timeout=300)

@@ -30,8 +30,7 @@ from typing import Callable, Sequence
 
 from packaging.version import Version
 
-from conformance.commands.history import READY, _run, default_venv_dir, ensure_venv, parse_releases, run_history, venv_env
-from conformance.commands.history_merge import run_merge
+from conformance.commands.history import READY, _run, default_venv_dir, ensure_venv, parse_releases, venv_env
 from conformance.commands.known_bugs import replayer
 from conformance.commands.report_bug import find_bug
 from conformance.checks.findings import Finding
@@ -270,14 +269,6 @@ def run_bisect(args: argparse.Namespace, probe: Callable[[KnownBug, str], Probe]
             print(f"--write: {len(written)} measured line(s) into {known_bugs_file()}" + (": " + "; ".join(m.line() for m in written) if written else "")
                   + ("; regenerate docs/known-bugs.md: python -m conformance.session.known_bugs_doc > docs/known-bugs.md" if written else ""))
     return 1 if problems else 0
-
-
-def cmd_history(args: argparse.Namespace) -> int:
-    """The ``history`` verb: ``--bisect ID`` bisects one known bug, ``--merge DIR...`` merges a
-    night's shards, otherwise the release x check table."""
-    if args.merge:
-        return run_merge(args)
-    return run_bisect(args) if args.bisect else run_history(args)
 
 
 def _logged(p: Probe) -> Probe:

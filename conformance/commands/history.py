@@ -574,6 +574,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bisect", metavar="ID", help="instead: find the first bad and first good release of a known bug (fixtures/known_bugs.toml) "
                    "by replaying its program file in each release's venv (default releases: those with a venv); conformance/commands/bisect.py")
     p.add_argument("--write", action="store_true", help="with --bisect: write the bracket into the entry's measured lines")
+    p.add_argument("--peer-kits", metavar="ID,...|all", help="instead: play SGLang's own test kits, as each release ships them, on each known "
+                   "bug's cell on its bad and good release, beside the kit's replay: the peer baseline (conformance/commands/peer_kits.py)")
+    p.add_argument("--doc", metavar="FILE", help="with --peer-kits: write the table page here (docs/peer-baseline.md) instead of printing it")
 
 
 def write_outputs(out_dir: Path, doc: dict, releases: Sequence[str]) -> None:

@@ -1,0 +1,271 @@
+"""``hybrid-conformance history --peer-kits [ID,...|all]``: would SGLang's own test kits have
+caught each known bug?  The peer baseline of ``docs/peer-baseline.md``.
+
+For each known bug (an entry and its variants: one row), on the release that shipped it and
+on the release that fixed it, inside that release's venv (made if missing, as ``history``
+makes them): the entry's replay cell is served on ``sglang-cpu`` with the entry's recorded
+env, and SGLang's own kits as that release ships them (``conformance/sglang_api/peer_kits.py``)
+play against it.  Then, on the bad release, the kit's own replay runs (``known-bugs``' player).
+
+A kit test **caught** the bug when it fails on the bad release and passes on the good one;
+one that fails on both is failing for another reason (not a catch); one that passes on the
+bad release missed it.  SGLang's verdict on the same server is what SGLang itself said while
+the kits ran: whether its server was still serving afterwards, else the cause its log names
+(an idle leak check, an assertion).  ``--doc FILE`` writes the table page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from packaging.version import Version
+
+from conformance.checks.leaks import death_cause
+from conformance.commands.bisect import PROBE_TIMEOUT_S, Probe, ready_releases
+from conformance.commands.history import _run, default_venv_dir, ensure_venv, venv_env
+from conformance.commands.known_bugs import replay_cell, replayer
+from conformance.commands.report_bug import find_bug
+from conformance.errors import KitError
+from conformance.matrix.cells import DEFAULT_TARGET
+from conformance.session.known_bugs import KnownBug, known_bugs_file, load
+from conformance.session.options import options_from_args
+from conformance.sglang_api.peer_kits import PEER_KITS, KitOutcome, PeerServer, play_kits
+from conformance.targets.serving import serve_cell
+
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class ReleaseRun:
+    """The kits, SGLang's verdict and (on the bad release) the kit's replay on one release."""
+
+    release: str
+    kits: tuple[KitOutcome, ...] = ()
+    sglang: str = ""  # SGLang's own verdict on the server the kits ran on
+    replay: Probe | None = None
+    error: str = ""  # why nothing ran
+
+    @classmethod
+    def from_json(cls, release: str, d: dict) -> ReleaseRun:
+        replay = d.get("replay")
+        return cls(release, tuple(KitOutcome.from_json(k) for k in d.get("kits") or []), str(d.get("sglang", "")),
+                   Probe(**replay) if replay else None, str(d.get("error", "")))
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    """One known bug: the kit's catch and SGLang's kits' catches, from its bad and good release."""
+
+    bug: KnownBug
+    checks: tuple[str, ...]  # the kit's checks that have an entry for it (the entry and its variants)
+    bad: ReleaseRun
+    good: ReleaseRun | None
+
+    def caught_by_kits(self) -> list[str]:
+        """``kit.test`` of every SGLang kit test that fails on the bad release and passes on the good."""
+        good = {(k.kit, k.test): k.status for k in self.good.kits} if self.good else {}
+        return [f"{k.kit}.{k.test}" for k in self.bad.kits
+                if k.status == "fail" and (self.good is None or good.get((k.kit, k.test)) == "pass")]
+
+    def verdict(self, outcome: KitOutcome) -> str:
+        """One kit test's verdict on this bug: caught / missed / fails on both / n/a."""
+        if outcome.status == "n/a":
+            return "n/a"
+        if outcome.status == "pass":
+            return "missed"
+        if self.good is None:
+            return "fails (no fixed release to compare)"
+        after = next((k.status for k in self.good.kits if (k.kit, k.test) == (outcome.kit, outcome.test)), "n/a")
+        return "caught" if after == "pass" else "fails on both" if after == "fail" else "fails (n/a on the good release)"
+
+    def kit_catch(self) -> str:
+        if self.bad.error:
+            return f"not run: {self.bad.error}"
+        r = self.bad.replay
+        if r is None:
+            return "replay not run"
+        return f"yes: {', '.join(self.checks)} ({r.line[:120]})" if r.status == "bad" else f"no on {r.release}: {r.status} ({r.line[:120]})"
+
+    def to_json(self) -> dict:
+        return {"bug": self.bug.id, "releases": self.bug.releases, "checks": list(self.checks), "bad": _run_json(self.bad),
+                "good": _run_json(self.good) if self.good else None, "caught_by_sglang_kits": self.caught_by_kits(),
+                "verdicts": {f"{k.kit}.{k.test}": self.verdict(k) for k in self.bad.kits}}
+
+
+def _run_json(r: ReleaseRun) -> dict:
+    return {"release": r.release, "kits": [k.to_json() for k in r.kits], "sglang": r.sglang, "error": r.error,
+            "replay": {"release": r.replay.release, "status": r.replay.status, "line": r.replay.line} if r.replay else None}
+
+
+def bug_groups(bugs: Sequence[KnownBug]) -> dict[str, list[KnownBug]]:
+    """Each bug's entries (the entry first, then its variants), by the entry's id."""
+    groups: dict[str, list[KnownBug]] = {}
+    for b in bugs:
+        groups.setdefault(b.variant_of or b.id, []).append(b)
+    return {k: sorted(v, key=lambda b: b.id != k) for k, v in groups.items()}
+
+
+def bracket_releases(bug: KnownBug, ready: set[str]) -> tuple[str, str | None]:
+    """The bad and the good release to play: of the releases measured failing (passing, after
+    the bad one), the oldest (newest failing's next) with a venv ready, else the entry's
+    recorded first bad (first good), whose venv is then made."""
+    if bug.first_bad is None:
+        raise KitError(f"history --peer-kits: {bug.id} has no measured first bad release")
+    failing = sorted({m.release for m in bug.measured if m.failed} | {bug.first_bad}, key=Version)
+    bad = next((r for r in failing if r in ready), bug.first_bad)
+    passing = sorted((m.release for m in bug.measured if not m.failed and Version(m.release) > Version(bad)), key=Version)
+    good = next((r for r in passing if r in ready), bug.first_good)
+    return bad, good
+
+
+# ------------------------------------------------------------------ inside a release's venv
+
+def _probe_main(bug_id: str, log_dir: Path, with_replay: bool) -> int:
+    """Serve the entry's cell, play SGLang's kits, read SGLang's verdict, replay; one JSON line."""
+    bug = find_bug(bug_id, load())
+    options = options_from_args(argparse.Namespace(target=DEFAULT_TARGET))
+    try:
+        program, cell = replay_cell(bug, options.matrix_path)
+        saved = dict(os.environ)
+        os.environ.update(program.env)
+        try:
+            with serve_cell(cell, options, log_dir=log_dir / "kits") as ep:
+                info = ep.info or {}
+                server = PeerServer(ep.base_url, str(info.get("model_path") or ""), cell.model.family, cell.track_interval,
+                                    ep.process.exit_reason, int(info.get("max_total_num_tokens") or 0))
+                kits = play_kits(server)
+                gone = ep.process.exit_reason()
+                log = Path(ep.process.log_path).read_text(errors="replace") if gone else ""
+                sglang = "serving after the kits" if gone is None else f"died: {death_cause(log)[:300]}"
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        result: dict = {"kits": [k.to_json() for k in kits], "sglang": sglang}
+        if with_replay:
+            found = replayer(options, log_dir / "replay")(bug)
+            p = Probe.classify(bug, "", found)
+            result["replay"] = {"release": "", "status": p.status, "line": p.line}
+    except KitError as e:
+        result = {"error": str(e)}
+    print(json.dumps(result))
+    return 0
+
+
+def probe_in_venv(bug: KnownBug, release: str, venv_dir: Path, log_dir: Path, with_replay: bool) -> ReleaseRun:
+    """``python -m conformance.commands.peer_kits --probe ID`` in ``release``'s venv."""
+    try:
+        venv = ensure_venv(release, venv_dir)
+    except KitError as e:
+        return ReleaseRun(release, error=f"no venv: {e}")
+    argv = [str(venv / "bin" / "python"), "-m", "conformance.commands.peer_kits", "--probe", bug.id,
+            "--log-dir", str(log_dir / release)] + (["--replay"] if with_replay else [])
+    out = _run(argv, timeout=PROBE_TIMEOUT_S, env=venv_env(venv) | {"HYBRID_CONFORMANCE_KNOWN_BUGS": str(known_bugs_file())})
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        return ReleaseRun(release, error=f"the probe exited {out.returncode}: {(out.stderr.strip().splitlines() or ['(no output)'])[-1][:300]}")
+    run = ReleaseRun.from_json(release, json.loads(lines[-1]))
+    if run.replay is not None:
+        run = ReleaseRun(run.release, run.kits, run.sglang, Probe(release, run.replay.status, run.replay.line), run.error)
+    return run
+
+
+# ------------------------------------------------------------------ the table
+
+def markdown(rows: Sequence[PeerRow], command: str, when: str) -> str:
+    """The docs page: how to read it, then one row per bug."""
+    kits = ", ".join(f"`{k.name}` ({', '.join(t.removeprefix('test_') for t in k.tests)})" for k in PEER_KITS)
+    out = [
+        "# The peer baseline: would SGLang's own test kits have caught the known bugs?",
+        "",
+        "Each known SGLang bug (`fixtures/known_bugs.toml`, one row per bug and its variants) was served",
+        "on `sglang-cpu` on the release that shipped it and on the release that fixed it, on the cell",
+        "and env of its replay, and SGLang's own HTTP test kits, as each release ships them under",
+        f"`sglang/test/kits/`, played against that server: {kits}.",
+        "Thresholds are SGLang's own CI values for the model family; sample counts and decode lengths",
+        "are scaled to two CPU cores (`conformance/sglang_api/peer_kits.py`).",
+        "",
+        "How to read a row:",
+        "- **caught by the kit**: the kit's own replay of the entry, on the bad release, found the entry's",
+        "  finding; the checks listed are the kit checks with an entry for the bug.",
+        "- **caught by SGLang's kits**: the kit tests that fail on the bad release *and pass on the good one*.",
+        "  A test failing on both releases fails for another reason and is not counted; `none` means every",
+        "  played test passed on the bad release or failed on both.",
+        "- **SGLang's verdict**: what SGLang itself said on the server the kits ran on (still serving, or",
+        "  the cause its log names when its own check or assertion stopped it), bad release / good release.",
+        "",
+        f"Measured {when} with `{command}` (regenerate the page with the same command and `--doc`).",
+        "",
+        "| bug | releases | bad / good release | caught by the kit | caught by SGLang's kits | SGLang's verdict (bad / good) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        caught = ", ".join(f"`{c}`" for c in r.caught_by_kits()) or "none"
+        failing_both = [f"{k.kit}.{k.test}" for k in r.bad.kits if r.verdict(k) == "fails on both"]
+        if failing_both:
+            caught += f" (failing on both releases: {', '.join(failing_both)})"
+        if r.bad.error:
+            caught = f"not run: {r.bad.error[:150]}"
+        good = r.good.release if r.good else "none fixed"
+        sglang = f"{r.bad.sglang or r.bad.error[:80]} / {(r.good.sglang or r.good.error[:80]) if r.good else '-'}"
+        out.append(f"| `{r.bug.id}` | `{r.bug.releases}` | {r.bad.release} / {good} | {_cell(r.kit_catch())} | {_cell(caught)} | {_cell(sglang)} |")
+    return "\n".join(out) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+# ------------------------------------------------------------------ the command
+
+def run_peer_kits(args: argparse.Namespace, probe: Callable[[KnownBug, str, bool], ReleaseRun] | None = None) -> int:
+    groups = bug_groups(load())
+    wanted = list(groups) if args.peer_kits == ALL else [find_bug(i.strip(), load()).id for i in args.peer_kits.split(",")]
+    unknown = [w for w in wanted if w not in groups]
+    if unknown:
+        raise KitError(f"history --peer-kits: {unknown[0]} is a variant; name its bug ({find_bug(unknown[0], load()).variant_of})")
+    venv_dir = Path(args.venv_dir).expanduser() if args.venv_dir else default_venv_dir()
+    log_dir = Path(args.out) / "peer-kits"
+    ready = set(ready_releases(venv_dir))
+    play = probe or (lambda b, r, replay: probe_in_venv(b, r, venv_dir, log_dir / b.id, replay))
+    print(f"history --peer-kits: {len(wanted)} bug(s); SGLang's kits and the kit's replay per bug's bad and good release; logs in {log_dir}")
+    rows = []
+    for bug_id in wanted:
+        bug, *variants = groups[bug_id]
+        bad_release, good_release = bracket_releases(bug, ready)
+        bad = play(bug, bad_release, True)
+        good = play(bug, good_release, False) if good_release else None
+        row = PeerRow(bug, tuple(dict.fromkeys(b.check for b in (bug, *variants))), bad, good)
+        rows.append(row)
+        print(f"{bug.id}: kit {row.kit_catch()}; SGLang's kits caught: {', '.join(row.caught_by_kits()) or 'none'}; "
+              f"SGLang: {bad.sglang or bad.error} / {good.sglang or good.error if good else '-'}", flush=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / "peer-kits.json").write_text(json.dumps([r.to_json() for r in rows], indent=2))
+    command = "hybrid-conformance history --peer-kits " + args.peer_kits
+    text = markdown(rows, command, datetime.date.today().isoformat())
+    if args.doc:
+        Path(args.doc).write_text(text)
+        print(f"wrote {args.doc}")
+    else:
+        print(text)
+    errors = [r.bug.id for r in rows if r.bad.error]
+    return 1 if errors else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:  # pragma: no cover - runs inside a release's venv
+    p = argparse.ArgumentParser(prog="python -m conformance.commands.peer_kits")
+    p.add_argument("--probe", required=True, metavar="ID")
+    p.add_argument("--log-dir", required=True)
+    p.add_argument("--replay", action="store_true", help="also replay the entry (the kit's verdict)")
+    args = p.parse_args(argv)
+    return _probe_main(args.probe, Path(args.log_dir), args.replay)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
