@@ -5,10 +5,11 @@ a rule whose inputs the view lacks (the Rust core gives no node) does not run.""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace as NS
 
 import pytest
 
-from conformance.sglang_plugins.tree_audit import RULE_NAMES, RULES, SGLANG_RULE, Auditor, NodeView, TreeView, judge, sglang_check
+from conformance.sglang_plugins.tree_audit import RULE_NAMES, RULES, SGLANG_RULE, Auditor, NodeView, TreeView, _request_slots, judge, sglang_check
 
 
 def good(**changes) -> TreeView:
@@ -106,3 +107,17 @@ def test_violations_become_tree_structure_findings_and_no_audit_is_vacuous() -> 
     assert tree_findings([]) == []
     assert [g.kind for g in audits_vacuous(0)] == ["vacuous"]
     assert audits_vacuous(12) == [] and audits_vacuous(None) == []  # None: a target that audits nothing (reference)
+
+
+def test_a_slot_held_twice_names_the_request_holding_it_and_where_it_sits() -> None:
+    (v,), _ = judge(good(request_slots={"t3 (chunked)": (3,), "r4 (running)": (9,)}))
+    assert v.line == "mamba slot 3 is held 2 times (tree nodes and running requests): 1 by the tree, by request t3 (chunked)"
+
+
+def test_the_reader_leaves_out_finished_requests_whose_slot_sglang_donated_to_the_tree() -> None:
+    def req(rid: str, slot: int, done: bool) -> NS:
+        return NS(rid=rid, kv=NS(mamba_pool_idx=[slot]), finished=lambda: done)
+
+    running = [req("r2", 5, True), req("r4", 7, False)]
+    scheduler = NS(running_batch=NS(reqs=running), chunked_req=req("c1", 9, False))
+    assert _request_slots(scheduler, None) == {"r4 (running)": (7,), "c1 (chunked)": (9,)}

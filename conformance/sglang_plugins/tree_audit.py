@@ -137,7 +137,9 @@ def _slot_once(v: TreeView) -> list[Violation]:
     held = Counter(v.tree_slots)
     for slots in v.request_slots.values():
         held.update(set(slots))
-    return [Violation("slot_once", paths.get(s, ()), f"mamba slot {s} is held {n} times (tree nodes and running requests)")
+    holders = {s: [r for r, slots in v.request_slots.items() if s in slots] for s in held}
+    return [Violation("slot_once", paths.get(s, ()), f"mamba slot {s} is held {n} times (tree nodes and running requests)"
+                      + (f": {v.tree_slots.count(s)} by the tree, by request {', '.join(holders[s])}" if holders[s] else ""))
             for s, n in sorted(held.items()) if n > 1]
 
 
@@ -212,15 +214,27 @@ def _free_slots(scheduler: Any) -> frozenset[int] | None:
 
 
 def _request_slots(scheduler: Any, batch: Any) -> dict[str, tuple[int, ...]]:
+    """Each unfinished request's own mamba slots, keyed by its rid and where it sits.  A
+    finished request is left out: SGLang's ``cleanup_after_caching_req`` (no_buffer) donates
+    a finished request's slot to the tree and leaves ``mamba_pool_idx`` naming it, and the
+    finished request can still sit in the running batch until the next filter; its slot is
+    the tree's (``slot_used`` and the idle invariant judge where it went)."""
     reqs = {id(r): r for r in (*getattr(getattr(scheduler, "running_batch", None), "reqs", ()),
                                *(getattr(batch, "reqs", None) or ()))}
     chunked = getattr(scheduler, "chunked_req", None)
     if chunked is not None:
         reqs[id(chunked)] = chunked
+    where = {id(r): "running" for r in getattr(getattr(scheduler, "running_batch", None), "reqs", ())}
+    where.update({id(r): where.get(id(r), "this batch") for r in getattr(batch, "reqs", None) or ()})
+    if chunked is not None:
+        where[id(chunked)] = "chunked"
     out = {}
     for r in reqs.values():
+        finished = getattr(r, "finished", None)
+        if callable(finished) and finished():
+            continue
         holder = r.kv if hasattr(getattr(r, "kv", None), "mamba_pool_idx") else r
-        out[str(r.rid)] = _slots(getattr(holder, "mamba_pool_idx", None))
+        out[f"{r.rid} ({where[id(r)]})"] = _slots(getattr(holder, "mamba_pool_idx", None))
     return out
 
 
