@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,44 @@ def test_history_writes_json_and_html_through_the_console_script(tmp_path):
                                                       "cell": "c", "replay": ""}], "probes": {}}, ["0.5.13"])
     assert json.loads((tmp_path / "h" / "history.json").read_text())["rows"][0]["cell"] == "c"
     assert "<table>" in (tmp_path / "h" / "history.html").read_text()
+
+
+OVERLAP = "overlap-first-decode-boundary-track-lost"
+
+
+def test_a_fail_matched_to_a_known_bug_lists_it_with_its_bracket_and_a_written_bug_folder(tmp_path):
+    """history.json's ``known_bugs`` and history.html's section: one record per bug with its
+    bracket and the rows it explained; its link (and the FAIL cell's) opens the folder
+    ``report-bug`` writes, beside the page; an id no entry has keeps its row, no folder."""
+    rows = [Row("0.5.13", "sglang-cpu:programs", "fail", "known SGLang bug, still present", cell="a", known_bug=OVERLAP),
+            Row("0.5.14", "sglang-cpu:programs", "fail", "known SGLang bug, still present", cell="a", known_bug=OVERLAP),
+            Row("0.5.14", "sglang-cpu:kl", "fail", "x", cell="b", known_bug="no-such-bug"),
+            Row("0.5.14", "sglang-cpu:leaks", "fail", "a leak no entry explains", cell="a")]
+    out = tmp_path / "h"
+    doc = {"rows": [asdict(r) for r in rows], "probes": {}}
+    lines = history.write_outputs(out, doc, ["0.5.13", "0.5.14"])
+    assert lines[0] == f"bug folder: {out / 'bugs' / OVERLAP}" and lines[1].startswith("bug folder for no-such-bug not written: KeyError")
+    bug, stray = json.loads((out / "history.json").read_text())["known_bugs"]
+    assert (bug["id"], bug["first_bad"], bug["first_good"], bug["folder"]) == (OVERLAP, "0.5.13", "0.5.18", f"bugs/{OVERLAP}/README.md")
+    assert bug["where"] == [{"release": "0.5.13", "check": "sglang-cpu:programs", "cell": "a"},
+                            {"release": "0.5.14", "check": "sglang-cpu:programs", "cell": "a"}]
+    assert (out / bug["folder"]).is_file() and stray["folder"] == "" and stray["where"] == [{"release": "0.5.14", "check": "sglang-cpu:kl", "cell": "b"}]
+    page = (out / "history.html").read_text()
+    assert "<h2>known SGLang bugs hit</h2>" in page and "first bad 0.5.13, first good 0.5.18" in page
+    assert f'<a href="bugs/{OVERLAP}/README.md"><code>{OVERLAP}</code></a>' in page
+    assert "explained 2 FAIL row(s): 0.5.13 sglang-cpu:programs [a], 0.5.14 sglang-cpu:programs [a]" in page
+    assert page.count(f'href="bugs/{OVERLAP}/README.md">known bug {OVERLAP}</a>') == 4  # the cells grid and the FAIL list, both rows
+    assert "<code>no-such-bug</code> (bug folder not written)" in page and 'href="known-bugs.md#no-such-bug"' in page
+    assert "known-bugs.md#" + OVERLAP not in page
+
+
+def test_a_history_without_a_known_bug_fail_says_none_and_writes_no_folder(tmp_path):
+    rows = [Row("0.5.13", "sglang-cpu:leaks", "fail", "a leak no entry explains", cell="a"),
+            Row("0.5.13", "sglang-cpu:kl", "pass", "", cell="a", known_bug=OVERLAP)]  # a pass is no hit
+    out = tmp_path / "h"
+    assert history.write_outputs(out, {"rows": [asdict(r) for r in rows], "probes": {}}, ["0.5.13"]) == []
+    assert json.loads((out / "history.json").read_text())["known_bugs"] == [] and not (out / "bugs").exists()
+    assert "<h2>known SGLang bugs hit</h2><ul><li>none</li></ul>" in (out / "history.html").read_text()
 
 
 def test_release_venv_keeps_the_kits_python_for_the_reference_engine(monkeypatch, tmp_path):

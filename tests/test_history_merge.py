@@ -1,8 +1,9 @@
 """``history --merge DIR...`` (``conformance/commands/history_merge.py``) on hand-built shard
 reports that disagree (``tests/data/shards``): a cell red on one shard and green on another
 stays red and is listed as a disagreement; a cell red on one shard and absent on the other
-stays red; each FAIL links its replay (copied under --out) and its known-bug entry; the FAILs
-new since the previous night; the programs' FAILs no known bug explains are leads, kept in
+stays red; each FAIL links its replay (copied under --out) and its known bug's folder (written
+under --out); the known bugs hit are listed once each with their bracket and every row they
+explained, however many shards hit them; the FAILs new since the previous night; the programs' FAILs no known bug explains are leads, kept in
 --leads-dir."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARDS = ROOT / "tests" / "data" / "shards"
 PROGRAMS_CELL = "qwen3-next-80b-extra_buffer-p64-t256-eviction-tlru"
 KL_CELL = "nemotron-nano-9b-v2-extra_buffer-p1-t256-path_cap-1"
+GDN = "gdn-page-above-chunk-track-state-misindexed"
 
 
 @pytest.fixture
@@ -62,9 +64,38 @@ def test_each_fail_links_its_replay_and_known_bug_in_the_page(shards, tmp_path):
     assert Path(replay) == out / "replays" / "0.5.16" / "programs-p64-tlru.json" and Path(replay).is_file()
     page = (out / "history.html").read_text()
     assert 'href="replays/0.5.16/programs-p64-tlru.json"' in page
-    assert 'href="known-bugs.md#gdn-page-above-chunk-track-state-misindexed"' in page and (out / "known-bugs.md").is_file()
+    assert f'href="bugs/{GDN}/README.md">known bug {GDN}' in page and (out / "bugs" / GDN / "README.md").is_file()
+    assert (out / "known-bugs.md").is_file()
     assert "releases x checks x cells" in page and KL_CELL in page and "shards that disagree" in page
     assert json.loads((out / "history.json").read_text())["rows"] == doc["rows"]
+
+
+def test_the_known_bugs_hit_are_listed_once_with_their_bracket_rows_and_written_folder(shards, tmp_path):
+    b = json.loads((shards[1] / "history.json").read_text())
+    b["rows"].append({"release": "0.5.16", "check": "sglang-cpu:programs", "status": "fail", "cell": KL_CELL, "replay": "", "known_bug": "",
+                      "reason": f"known SGLang bug, still present ({GDN}): hit 0 where the oracle allows 64"})
+    (shards[1] / "history.json").write_text(json.dumps(b))
+    out = tmp_path / "out"
+    doc = history_merge.merge(list(shards), out)
+    [bug] = doc["known_bugs"]
+    assert bug["id"] == GDN and (bug["first_bad"], bug["first_good"]) == ("0.5.13", "0.5.19") and bug["folder"] == f"bugs/{GDN}/README.md"
+    assert bug["where"] == [{"release": "0.5.16", "check": "sglang-cpu:kl", "cell": KL_CELL},
+                            {"release": "0.5.16", "check": "sglang-cpu:programs", "cell": KL_CELL}]
+    page = (out / "history.html").read_text()
+    section = page[page.index("<h2>known SGLang bugs hit</h2>"):]
+    section = section[:section.index("</ul>")]
+    assert section.count(f'<a href="bugs/{GDN}/README.md">') == 1 and "first bad 0.5.13, first good 0.5.19" in section
+    assert "explained 2 FAIL row(s): 0.5.16 sglang-cpu:kl [" in section and "0.5.16 sglang-cpu:programs [" in section
+    assert (out / bug["folder"]).is_file() and json.loads((out / "history.json").read_text())["known_bugs"] == [bug]
+
+
+def test_a_merge_without_a_known_bug_fail_lists_none_and_writes_no_folder(tmp_path):
+    doc = {"rows": [{"release": "0.5.12", "check": "pool:session_reuse", "status": "fail", "reason": "leak"}], "probes": {}}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "history.json").write_text(json.dumps(doc))
+    merged = history_merge.merge([tmp_path / "a"], tmp_path / "out")
+    assert merged["known_bugs"] == [] and not (tmp_path / "out" / "bugs").exists()
+    assert "<h2>known SGLang bugs hit</h2><ul><li>none</li></ul>" in (tmp_path / "out" / "history.html").read_text()
 
 
 def test_new_since_the_last_night_and_none_without_one(shards, tmp_path):
@@ -95,4 +126,5 @@ def test_merge_through_the_console_script_exits_1_on_a_fail(shards, tmp_path):
                           str(SHARDS / "previous.json"), "--out", str(tmp_path / "merged")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stderr
     assert "2 shards" in out.stdout and "1 disagreements" in out.stdout and "new since the last night: 1" in out.stdout
+    assert f"known SGLang bug {GDN} (releases >=0.5.13,<0.5.19: first bad 0.5.13, first good 0.5.19): 1 FAIL row(s); bug folder: " in out.stdout
     assert (tmp_path / "merged" / "history.html").is_file()

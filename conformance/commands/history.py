@@ -50,6 +50,10 @@ from conformance.commands.selection import workers
 from conformance.programs.explore import parse_budget
 from conformance.commands.night_plan import RELEASE_CHECKS, Costs, Shard, night_of, parse_release_range, plan_night
 from conformance.report.history_html import render_html
+from conformance.report.known_bugs import row_hits
+from conformance.commands.report_bug import write_hit_folders
+from conformance.session.known_bugs import load as load_known_bugs
+from conformance.session.options import options_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL_SUITE = suite("leaks").path / "test_pool_invariants.py"
@@ -536,7 +540,8 @@ def run_history(args) -> int:
                         "parts": {p.release: {"checks": list(p.checks), "cells": list(p.cells)} for p in shard.parts}}
     if sources:
         doc["sources"] = {co.label: {"path": str(co.path), "commit": co.commit, "version": co.version} for co in map(sglang_source.checkout, sources)}
-    write_outputs(out_dir, doc, columns)
+    for line in write_outputs(out_dir, doc, columns):
+        log(f"history: {line}")
     log(f"history: {out_dir / 'history.json'} and {out_dir / 'history.html'}")
     if as_json:
         print(json.dumps(doc, indent=2))
@@ -579,9 +584,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--doc", metavar="FILE", help="with --peer-kits: write the table page here (docs/peer-baseline.md) instead of printing it")
 
 
-def write_outputs(out_dir: Path, doc: dict, releases: Sequence[str]) -> None:
-    """history.json (the --format json document) and history.html (release x check grid)."""
+def write_outputs(out_dir: Path, doc: dict, releases: Sequence[str]) -> list[str]:
+    """history.json (the --format json document) and history.html (release x check grid),
+    and a bug folder (``bugs/ID/``, as ``report-bug`` writes it; nothing is started) for each
+    known SGLang bug a FAIL row was matched to, listed in ``doc["known_bugs"]``; returns one
+    line per bug folder (written, or why not)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "history.json").write_text(json.dumps(doc, indent=2))
     rows = [Row(**r) for r in doc["rows"]]
+    hits = row_hits(rows, {b.id: b.to_json() for b in load_known_bugs()})
+    written = write_hit_folders(hits, out_dir, options_from_args(argparse.Namespace()))
+    doc["known_bugs"] = [hit.to_json() for hit, _ in written]
+    (out_dir / "history.json").write_text(json.dumps(doc, indent=2))
     (out_dir / "history.html").write_text(render_html(rows, releases, doc.get("probes", {}), base=out_dir, extra=doc))
+    return [line for _, line in written]

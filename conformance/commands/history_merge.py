@@ -5,12 +5,14 @@ writes them and as a user with one machine does after running shards one after a
 A row is keyed by (release, check, cell).  Shards that disagree on a key (one red, one
 green or n/a) keep the FAIL and are listed under ``disagreements``; a key only one shard
 has is kept as it is.  Each FAIL's replay file is copied under ``--out`` (``replays/<release>/``)
-and linked; a FAIL matched to a known SGLang bug links its entry (``known-bugs.md``, copied
-beside the page).  ``--previous FILE`` (the last night's history.json) gives
-``new_since_last_night``: the FAILs that were not FAILs then.  ``leads`` lists the request
-programs' FAILs no known bug explains (not yet judged) with their replays, copied into
-``--leads-dir`` (``fixtures/leads/`` locally) under ``<cell>-<release>.json``, and
-``open_leads`` the replays that folder already holds.
+and linked; a FAIL matched to a known SGLang bug links its bug folder (``bugs/ID/``, written
+as ``report-bug`` writes it and listed under ``known_bugs`` with its bracket and the rows it
+explained, once however many shards hit it; ``known-bugs.md`` is still copied beside the
+page).  ``--previous FILE`` (the last night's history.json) gives ``new_since_last_night``:
+the FAILs that were not FAILs then.  ``leads`` lists the request programs' FAILs no known
+bug explains (not yet judged) with their replays, copied into ``--leads-dir``
+(``fixtures/leads/`` locally) under ``<cell>-<release>.json``, and ``open_leads`` the
+replays that folder already holds.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Sequence
 from conformance.commands.history import ROOT, Row, SGLANG_CPU, write_outputs
 from conformance.commands.night_plan import version_key
 from conformance.errors import KitError
+from conformance.report.known_bugs import history_hits
 
 PROGRAMS_CHECK = f"{SGLANG_CPU}:programs"
 LEADS_DIR = ROOT / "fixtures" / "leads"
@@ -143,6 +146,9 @@ def run_merge(args) -> int:
     for r in fails:
         bug = f" (known bug {r['known_bug']})" if r["known_bug"] else ""
         print(f"  FAIL {r['release']} {r['check']} [{r['cell']}]{bug}: {r['reason'][:200]}")
+    for hit in history_hits(doc):
+        folder = out_dir / hit.folder if hit.written else f"not written (hybrid-conformance report-bug {hit.id} says why)"
+        print(f"  known SGLang bug {hit.id} ({hit.bracket}): {len(hit.rows)} FAIL row(s); bug folder: {folder}")
     if doc["new_since_last_night"]:
         print(f"  new since the last night: {len(doc['new_since_last_night'])}")
     return 1 if fails else 0

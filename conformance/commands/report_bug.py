@@ -14,13 +14,14 @@ import argparse
 import dataclasses
 import difflib
 from pathlib import Path
+from typing import Iterable
 
 from conformance.commands.bug_artefacts import ARTEFACTS, LAUNCHER_FLAGS, PORT, BugCase
 from conformance.commands.bug_plan import plan_for
 from conformance.errors import KitError
 from conformance.matrix.cells import DEFAULT_TARGET
 from conformance.programs.program import load_program
-from conformance.report.known_bugs import BUGS_DIR, bug_hits
+from conformance.report.known_bugs import BUGS_DIR, BugHit, bug_hits
 from conformance.programs.replay import find_cell
 from conformance.session.known_bugs import KnownBug, installed_release, known_bugs_file, load
 from conformance.session.options import DTYPE, MATRIX, Options, add_arguments as add_options, options_from_args
@@ -94,13 +95,19 @@ def cmd_report_bug(args: argparse.Namespace) -> int:
 def write_bug_folders(report: dict, report_dir: Path, options: Options) -> list[str]:
     """A bug folder (``report_dir/bugs/ID/``) for every known bug the run hit; one line per
     folder written or not written (why), for the run's output."""
+    return [line for _, line in write_hit_folders(bug_hits(report), report_dir, options)]
+
+
+def write_hit_folders(hits: Iterable[BugHit], out_dir: Path, options: Options) -> list[tuple[BugHit, str]]:
+    """A bug folder (``out_dir/bugs/ID/``) for each hit (a run's or a history's), each hit with
+    ``written`` set and its line (the folder, or why it was not written)."""
     bugs = {b.id: b for b in load()}
-    lines = []
-    for hit in bug_hits(report):
-        folder = report_dir / BUGS_DIR / hit.id
+    out = []
+    for hit in hits:
+        folder = out_dir / BUGS_DIR / hit.id
         try:
             write_folder(case_for(bugs[hit.id], options), folder)
-            lines.append(f"bug folder: {folder}")
+            out.append((dataclasses.replace(hit, written=True), f"bug folder: {folder}"))
         except (KeyError, KitError, OSError) as e:
-            lines.append(f"bug folder for {hit.id} not written: {type(e).__name__}: {e}")
-    return lines
+            out.append((dataclasses.replace(hit, written=False), f"bug folder for {hit.id} not written: {type(e).__name__}: {e}"))
+    return out

@@ -3,7 +3,10 @@
 One row per check, one column per release; a cell is pass / FAIL / n/a (folded over the
 matrix cells by :func:`fold`, with how many cells each status had); every FAIL
 and n/a is listed under the grid with its cell and reason, and a FAIL with a replay file
-links to it (relative to the page, so the folder can be uploaded as it is).
+links to it (relative to the page, so the folder can be uploaded as it is).  The known
+SGLang bugs the FAILs were matched to (the document's ``known_bugs``) are listed under the
+grid with their bracket and rows, each linking its bug folder (``bugs/ID/README.md``), which
+a FAIL's "known bug" link opens too.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import json
 import os
 from pathlib import Path
 from typing import Mapping, Sequence
+
+from conformance.report.known_bugs import BugHit, history_hits
 
 STYLE = """body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:3px 8px;font-size:13px}th{background:#eee}
@@ -39,12 +44,26 @@ def _link(path: str, base: Path | None) -> str:
     return f'<a href="{html.escape(target)}">replay</a>'
 
 
-def _bug(row) -> str:
+def _bug(row, folders: Mapping[str, str]) -> str:
+    """A FAIL's link to its known bug: the bug folder, else the entry in known-bugs.md."""
     bug = getattr(row, "known_bug", "")
-    return f' <a href="known-bugs.md#{html.escape(bug)}">known bug {html.escape(bug)}</a>' if bug else ""
+    href = folders.get(bug) or f"known-bugs.md#{bug}"
+    return f' <a href="{html.escape(href)}">known bug {html.escape(bug)}</a>' if bug else ""
 
 
-def _cells_grid(rows: Sequence, releases: Sequence[str], base: Path | None) -> str:
+def _bug_name(hit: BugHit) -> str:
+    name = f"<code>{html.escape(hit.id)}</code>"
+    return f'<a href="{html.escape(hit.folder)}">{name}</a>' if hit.written else f"{name} (bug folder not written)"
+
+
+def _bugs_hit(hits: Sequence[BugHit]) -> str:
+    """The known SGLang bugs the FAILs were matched to: bracket, rows, bug folder."""
+    items = "".join(f"<li class='fail'>{_bug_name(h)}: {html.escape(h.summary)} ({html.escape(h.bracket)}); "
+                    f"explained {len(h.where)} FAIL row(s): {html.escape(', '.join(h.where))}</li>" for h in hits)
+    return f"<h2>known SGLang bugs hit</h2><ul>{items or '<li>none</li>'}</ul>"
+
+
+def _cells_grid(rows: Sequence, releases: Sequence[str], base: Path | None, folders: Mapping[str, str]) -> str:
     """Release x check x cell: one row per (check, cell) of the server rows."""
     by = {(r.check, r.cell, r.release): r for r in rows if r.cell}
     keys = sorted({(c, cell) for c, cell, _ in by})
@@ -57,7 +76,7 @@ def _cells_grid(rows: Sequence, releases: Sequence[str], base: Path | None) -> s
                 tds.append("<td>-</td>")
                 continue
             link = f" {_link(r.replay, base)}" if r.status == "fail" and r.replay else ""
-            tds.append(f'<td class="{r.status}" title="{html.escape(r.reason[:500])}">{MARK[r.status]}{link}{_bug(r) if r.status == "fail" else ""}</td>')
+            tds.append(f'<td class="{r.status}" title="{html.escape(r.reason[:500])}">{MARK[r.status]}{link}{_bug(r, folders) if r.status == "fail" else ""}</td>')
         body.append(f"<tr><th style='text-align:left'>{html.escape(check)}</th><td>{html.escape(cell)}</td>{''.join(tds)}</tr>")
     head = "".join(f"<th>{html.escape(r)}</th>" for r in releases)
     return f"<h2>releases x checks x cells</h2><table><tr><th>check</th><th>cell</th>{head}</tr>{''.join(body)}</table>" if body else ""
@@ -90,6 +109,8 @@ def _night(extra: Mapping, base: Path | None) -> str:
 
 def render_html(rows: Sequence, releases: Sequence[str], probes: Mapping[str, str], *, base: Path | None = None, extra: Mapping | None = None) -> str:
     folded = fold(rows)
+    hits = history_hits(extra or {})
+    folders = {h.id: h.folder for h in hits if h.written}
     checks = list(dict.fromkeys(r.check for r in rows))
     head = "".join(f"<th>{html.escape(r)}</th>" for r in releases)
     body = []
@@ -114,9 +135,9 @@ def render_html(rows: Sequence, releases: Sequence[str], probes: Mapping[str, st
             continue
         where = f" [{html.escape(r.cell)}]" if r.cell else ""
         link = f" {_link(r.replay, base)}" if r.replay else ""
-        bug = _bug(r) if r.status == "fail" else ""
+        bug = _bug(r, folders) if r.status == "fail" else ""
         notes.append(f"<li class='{r.status}'>{html.escape(r.release)} {html.escape(r.check)}{where}: {MARK[r.status]}: {html.escape(r.reason)}{link}{bug}</li>")
     probe_lines = "".join(f"<li>{html.escape(line)}</li>" for line in probes.values())
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>hybrid-conformance history</title><style>{STYLE}</style></head><body>"
             f"<h1>SGLang releases x checks</h1><table><tr><th>check</th>{head}</tr>{''.join(body)}</table>"
-            f"{_night(extra or {}, base)}{_cells_grid(rows, releases, base)}<h2>FAIL and n/a</h2><ul>{''.join(notes) or '<li>none</li>'}</ul><h2>feature probes</h2><ul>{probe_lines}</ul></body></html>")
+            f"{_bugs_hit(hits) if 'known_bugs' in (extra or {}) else ''}{_night(extra or {}, base)}{_cells_grid(rows, releases, base, folders)}<h2>FAIL and n/a</h2><ul>{''.join(notes) or '<li>none</li>'}</ul><h2>feature probes</h2><ul>{probe_lines}</ul></body></html>")

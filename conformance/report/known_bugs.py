@@ -1,20 +1,27 @@
 """The known SGLang bugs a run hit, one row per bug (report.md, report.html, the terminal):
 its bracket of releases (first bad / first good measured), the cells and checks it
 explained, its replay, and where its bug folder is (``bugs/ID/`` beside the report, written
-by ``hybrid-conformance run``; ``hybrid-conformance report-bug ID`` writes it anywhere)."""
+by ``hybrid-conformance run``; ``hybrid-conformance report-bug ID`` writes it anywhere).
+
+The same record lists the bugs a history hit (``history.json``'s ``known_bugs``,
+``history.html``): :func:`row_hits` groups the FAIL rows matched to a bug, each place a
+(release, check, cell) row, and :func:`history_hits` reads them back from the document."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Mapping
 
 #: The bug folders' place inside a report directory.
 BUGS_DIR = "bugs"
+#: A history row's place, as history.json's ``known_bugs[].where`` names it.
+ROW_KEYS = ("release", "check", "cell")
 
 
 @dataclass(frozen=True)
 class BugHit:
-    """One known bug and every (cell, check) of the run it explained."""
+    """One known bug and every place it explained: a run's (cell, check), a history's
+    (release, check, cell) rows (``rows``, shown as ``where``)."""
 
     id: str
     summary: str
@@ -23,6 +30,14 @@ class BugHit:
     first_good: str | None
     replay: str
     where: tuple[str, ...]
+    rows: tuple[tuple[str, str, str], ...] = ()  # a history's (release, check, cell) rows it explained (a run: none)
+    written: bool = True  # its bug folder is there (a history: False when it could not be written)
+
+    @classmethod
+    def of(cls, bug: Mapping[str, Any], where: Iterable[str], rows: Iterable[tuple[str, str, str]] = ()) -> BugHit:
+        """A hit of ``bug`` (a known-bug entry's JSON: ``KnownBug.to_json()`` or a record of ours)."""
+        return cls(str(bug.get("id")), str(bug.get("summary") or ""), str(bug.get("releases") or ""), bug.get("first_bad"),
+                   bug.get("first_good"), str(bug.get("replay") or ""), tuple(where), tuple(rows))
 
     @property
     def bracket(self) -> str:
@@ -38,6 +53,12 @@ class BugHit:
     def reproduce(self) -> str:
         return f"hybrid-conformance report-bug {self.id}"
 
+    def to_json(self) -> dict[str, Any]:
+        """history.json's record; ``folder`` is "" when the bug folder was not written."""
+        return {"id": self.id, "summary": self.summary, "releases": self.releases, "first_bad": self.first_bad,
+                "first_good": self.first_good, "replay": self.replay, "folder": self.folder if self.written else "",
+                "where": [dict(zip(ROW_KEYS, r)) for r in self.rows]}
+
     def line(self) -> str:
         return (f"known SGLang bug {self.id} ({self.bracket}) explained {len(self.where)} failure(s): {', '.join(self.where)}; "
                 f"replay {self.replay}; reproduce: {self.reproduce}")
@@ -49,5 +70,28 @@ def bug_hits(report: Mapping[str, Any]) -> list[BugHit]:
     for row in report.get("known_bugs") or []:
         entry = hits.setdefault(str(row.get("id")), {"row": row, "where": []})
         entry["where"].append(f"{row.get('cell')} {row.get('check')}")
-    return [BugHit(bug_id, str(e["row"].get("summary", "")), str(e["row"].get("releases", "")), e["row"].get("first_bad"),
-                   e["row"].get("first_good"), str(e["row"].get("replay", "")), tuple(e["where"])) for bug_id, e in hits.items()]
+    return [BugHit.of(e["row"], e["where"]) for e in hits.values()]
+
+
+def _place(row: tuple[str, str, str]) -> str:
+    release, check, cell = row
+    return f"{release} {check}" + (f" [{cell}]" if cell else "")
+
+
+def row_hits(rows: Iterable[Any], bugs: Mapping[str, Mapping[str, Any]]) -> list[BugHit]:
+    """A history's FAIL rows (``known_bug`` set) grouped by bug, in the order first seen;
+    ``bugs``: the entries' JSON by id (an id not there keeps only its id)."""
+    places: dict[str, list[tuple[str, str, str]]] = {}
+    for r in rows:
+        if r.status == "fail" and r.known_bug:
+            places.setdefault(r.known_bug, []).append((r.release, r.check, r.cell))
+    return [BugHit.of(bugs.get(bug_id) or {"id": bug_id}, map(_place, where), where) for bug_id, where in places.items()]
+
+
+def history_hits(doc: Mapping[str, Any]) -> list[BugHit]:
+    """history.json's ``known_bugs`` records as hits (none: the document predates them)."""
+    out = []
+    for rec in doc.get("known_bugs") or []:
+        rows = [(str(w.get("release") or ""), str(w.get("check") or ""), str(w.get("cell") or "")) for w in rec.get("where") or []]
+        out.append(replace(BugHit.of(rec, map(_place, rows), rows), written=bool(rec.get("folder"))))
+    return out
