@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conformance.commands.bisect import Probe
-from conformance.commands.peer_kits import PeerRow, ReleaseRun, bracket_releases, bug_groups, run_peer_kits
+from conformance.commands.peer_kits import PeerRow, ReleaseRun, bracket_releases, bug_groups, markdown, rows_from_json, run_peer_kits
 from conformance.errors import KitError
 from conformance.reference.twins import ensure_twin
 from conformance.session.known_bugs import load
@@ -142,10 +143,12 @@ def test_the_command_writes_one_row_per_bug_with_its_variants(tmp_path, capsys):
     rows = json.loads((tmp_path / "out" / "peer-kits" / "peer-kits.json").read_text())
     assert rows[0]["checks"] == ["programs", "kl", "prefix_branching", "gsm8k", "agreement"]
     assert rows[0]["caught_by_sglang_kits"] == ["prefix_cache_branching.test_prefix_cache_branching"]
-    assert rows[1]["good"] is None and rows[1]["caught_by_sglang_kits"] == ["prefix_cache_branching.test_prefix_cache_branching"]
+    assert rows[1]["good"] is None and rows[1]["caught_by_sglang_kits"] == []  # no fixed release: nothing to tell it from
     text = doc.read_text()
     assert "| `mamba2-short-extend-hit-drops-initial-state` | `>=0.5.14,<0.5.15` | 0.5.14 / 0.5.15 |" in text
-    assert "0.5.11 / none fixed" in text
+    # the JSON reads back into the same table
+    assert markdown(rows_from_json(rows, load()), f"hybrid-conformance history --peer-kits {ids}", datetime.date.today().isoformat()) == text
+    assert "0.5.11 / none fixed" in text and "with no fixed release to tell them from failures of every release" in text
 
 
 def test_a_variant_id_is_refused_with_its_bug(tmp_path):

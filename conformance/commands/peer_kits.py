@@ -69,10 +69,9 @@ class PeerRow:
     good: ReleaseRun | None
 
     def caught_by_kits(self) -> list[str]:
-        """``kit.test`` of every SGLang kit test that fails on the bad release and passes on the good."""
-        good = {(k.kit, k.test): k.status for k in self.good.kits} if self.good else {}
-        return [f"{k.kit}.{k.test}" for k in self.bad.kits
-                if k.status == "fail" and (self.good is None or good.get((k.kit, k.test)) == "pass")]
+        """``kit.test`` of every SGLang kit test that fails on the bad release and passes on the
+        good (none without a good release: a failure there cannot be told from one of every release)."""
+        return [f"{k.kit}.{k.test}" for k in self.bad.kits if self.verdict(k) == "caught"]
 
     def verdict(self, outcome: KitOutcome) -> str:
         """One kit test's verdict on this bug: caught / missed / fails on both / n/a."""
@@ -97,6 +96,13 @@ class PeerRow:
         return {"bug": self.bug.id, "releases": self.bug.releases, "checks": list(self.checks), "bad": _run_json(self.bad),
                 "good": _run_json(self.good) if self.good else None, "caught_by_sglang_kits": self.caught_by_kits(),
                 "verdicts": {f"{k.kit}.{k.test}": self.verdict(k) for k in self.bad.kits}}
+
+
+def rows_from_json(records: Sequence[dict], bugs: Sequence[KnownBug]) -> list[PeerRow]:
+    """``peer-kits.json`` read back into rows (the table re-rendered without replaying)."""
+    by_id = {b.id: b for b in bugs}
+    return [PeerRow(by_id[d["bug"]], tuple(d["checks"]), ReleaseRun.from_json(d["bad"]["release"], d["bad"]),
+                    ReleaseRun.from_json(d["good"]["release"], d["good"]) if d.get("good") else None) for d in records]
 
 
 def _run_json(r: ReleaseRun) -> dict:
@@ -207,9 +213,10 @@ def markdown(rows: Sequence[PeerRow], command: str, when: str) -> str:
     ]
     for r in rows:
         caught = ", ".join(f"`{c}`" for c in r.caught_by_kits()) or "none"
-        failing_both = [f"{k.kit}.{k.test}" for k in r.bad.kits if r.verdict(k) == "fails on both"]
-        if failing_both:
-            caught += f" (failing on both releases: {', '.join(failing_both)})"
+        failing = [f"{k.kit}.{k.test}" for k in r.bad.kits if r.verdict(k).startswith("fails")]
+        if failing:
+            caught += (f" (failing on both releases: {', '.join(failing)})" if r.good else
+                       f" (failing, with no fixed release to tell them from failures of every release: {', '.join(failing)})")
         if r.bad.error:
             caught = f"not run: {r.bad.error[:150]}"
         good = r.good.release if r.good else "none fixed"
