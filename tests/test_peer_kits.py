@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from conformance.commands.bisect import Probe
-from conformance.commands.peer_kits import PeerRow, ReleaseRun, bracket_releases, bug_groups, markdown, rows_from_json, run_peer_kits
+from conformance.commands.peer_kits import PeerRow, ReleaseRun, alongside, bracket_releases, bug_groups, markdown, rows_from_json, run_peer_kits
 from conformance.errors import KitError
 from conformance.reference.twins import ensure_twin
 from conformance.session.known_bugs import load
@@ -183,3 +183,12 @@ def test_the_documented_peer_baseline_runs_and_every_bug_is_caught_by_the_kit():
     rows = [ln for ln in (ROOT / "docs" / "peer-baseline.md").read_text().splitlines() if ln.startswith("| `")]
     assert len(rows) == len(bug_groups(load()))
     assert all("| yes: " in r for r in rows), "\n".join(r for r in rows if "| yes: " not in r)
+
+
+def test_another_bug_on_the_same_cell_fixed_by_the_same_release_is_named():
+    groups = bug_groups(load())
+    by_id = {b.id: b for b in load()}
+    # 0.5.18 -> 0.5.22 on the lazy alloc-fail cell also fixes the lazy session ping-pong leak
+    cell = "qwen3-next-80b-extra_buffer_lazy-p1-t256-lazy_alloc_fail"
+    assert alongside(by_id["lazy-alloc-fail-in-place-track-keeps-old-seqlen"], cell, "0.5.18", "0.5.22", groups) == ("lazy-session-counts-unused-pingpong",)
+    assert alongside(by_id["session-first-turn-abort-leaks-mamba"], "qwen3-next-80b-extra_buffer-p1-t256", "0.5.12", "0.5.13", groups) == ()

@@ -67,6 +67,9 @@ class PeerRow:
     checks: tuple[str, ...]  # the kit's checks that have an entry for it (the entry and its variants)
     bad: ReleaseRun
     good: ReleaseRun | None
+    #: other known bugs on the same cell, present on the bad release and fixed by the good one:
+    #: a kit test failing only on the bad release may be failing for them
+    alongside: tuple[str, ...] = ()
 
     def caught_by_kits(self) -> list[str]:
         """``kit.test`` of every SGLang kit test that fails on the bad release and passes on the
@@ -95,14 +98,21 @@ class PeerRow:
     def to_json(self) -> dict:
         return {"bug": self.bug.id, "releases": self.bug.releases, "checks": list(self.checks), "bad": _run_json(self.bad),
                 "good": _run_json(self.good) if self.good else None, "caught_by_sglang_kits": self.caught_by_kits(),
-                "verdicts": {f"{k.kit}.{k.test}": self.verdict(k) for k in self.bad.kits}}
+                "verdicts": {f"{k.kit}.{k.test}": self.verdict(k) for k in self.bad.kits}, "alongside": list(self.alongside)}
 
 
 def rows_from_json(records: Sequence[dict], bugs: Sequence[KnownBug]) -> list[PeerRow]:
     """``peer-kits.json`` read back into rows (the table re-rendered without replaying)."""
     by_id = {b.id: b for b in bugs}
     return [PeerRow(by_id[d["bug"]], tuple(d["checks"]), ReleaseRun.from_json(d["bad"]["release"], d["bad"]),
-                    ReleaseRun.from_json(d["good"]["release"], d["good"]) if d.get("good") else None) for d in records]
+                    ReleaseRun.from_json(d["good"]["release"], d["good"]) if d.get("good") else None,
+                    tuple(d.get("alongside") or ())) for d in records]
+
+
+def alongside(bug: KnownBug, cell: str, bad: str, good: str | None, groups: dict[str, list[KnownBug]]) -> tuple[str, ...]:
+    """The other known bugs with an entry on ``cell`` in range on ``bad`` and not on ``good``."""
+    return tuple(head for head, entries in groups.items() if head != bug.id and any(
+        cell in e.cells and e.in_range(bad) and (good is None or not e.in_range(good)) for e in entries))
 
 
 def _run_json(r: ReleaseRun) -> dict:
@@ -202,7 +212,8 @@ def markdown(rows: Sequence[PeerRow], command: str, when: str) -> str:
         "  finding; the checks listed are the kit checks with an entry for the bug.",
         "- **caught by SGLang's kits**: the kit tests that fail on the bad release *and pass on the good one*.",
         "  A test failing on both releases fails for another reason and is not counted; `none` means every",
-        "  played test passed on the bad release or failed on both.",
+        "  played test passed on the bad release or failed on both. Where another known bug sits on the same",
+        "  cell and is fixed by the same release, the row says a catch cannot be told from it.",
         "- **SGLang's verdict**: what SGLang itself said on the server the kits ran on (still serving, or",
         "  the cause its log names when its own check or assertion stopped it), bad release / good release.",
         "",
@@ -217,6 +228,8 @@ def markdown(rows: Sequence[PeerRow], command: str, when: str) -> str:
         if failing:
             caught += (f" (failing on both releases: {', '.join(failing)})" if r.good else
                        f" (failing, with no fixed release to tell them from failures of every release: {', '.join(failing)})")
+        if r.alongside and r.caught_by_kits():
+            caught += f" (cannot be told from {', '.join(f'`{a}`' for a in r.alongside)}: on this cell too, fixed by the same release)"
         if r.bad.error:
             caught = f"not run: {r.bad.error[:150]}"
         good = r.good.release if r.good else "none fixed"
@@ -248,7 +261,9 @@ def run_peer_kits(args: argparse.Namespace, probe: Callable[[KnownBug, str, bool
         bad_release, good_release = bracket_releases(bug, ready)
         bad = play(bug, bad_release, True)
         good = play(bug, good_release, False) if good_release else None
-        row = PeerRow(bug, tuple(dict.fromkeys(b.check for b in (bug, *variants))), bad, good)
+        cell = replay_cell(bug)[1].id
+        row = PeerRow(bug, tuple(dict.fromkeys(b.check for b in (bug, *variants))), bad, good,
+                      alongside(bug, cell, bad.release, good.release if good else None, groups))
         rows.append(row)
         print(f"{bug.id}: kit {row.kit_catch()}; SGLang's kits caught: {', '.join(row.caught_by_kits()) or 'none'}; "
               f"SGLang: {bad.sglang or bad.error} / {good.sglang or good.error if good else '-'}", flush=True)
