@@ -192,3 +192,21 @@ def test_another_bug_on_the_same_cell_fixed_by_the_same_release_is_named():
     cell = "qwen3-next-80b-extra_buffer_lazy-p1-t256-lazy_alloc_fail"
     assert alongside(by_id["lazy-alloc-fail-in-place-track-keeps-old-seqlen"], cell, "0.5.18", "0.5.22", groups) == ("lazy-session-counts-unused-pingpong",)
     assert alongside(by_id["session-first-turn-abort-leaks-mamba"], "qwen3-next-80b-extra_buffer-p1-t256", "0.5.12", "0.5.13", groups) == ()
+
+
+def test_kits_sglangs_ci_plays_on_extra_buffer_only_are_na_on_no_buffer(branching):
+    no_buffer = PeerServer(branching(256), str(ensure_twin("tiny-qwen3-next")), "qwen3-next", 256, lambda: None, 8192, "no_buffer")
+    [out] = play_kits(no_buffer, (PREFIX,))
+    assert out.status == "n/a" and "extra_buffer/extra_buffer_lazy servers only; this one runs no_buffer" in out.line
+    lazy = PeerServer(no_buffer.base_url, no_buffer.model_path, "qwen3-next", 256, lambda: None, 8192, "extra_buffer_lazy")
+    assert PREFIX.refusal(lazy) is None
+
+
+def test_the_kits_are_scaled_to_the_server_as_sglangs_fixtures_would_set_them():
+    session = next(k for k in PEER_KITS if k.name == "streaming_session")
+    abort_all = next(k for k in PEER_KITS if k.name == "abort_all")
+    base = dict(base_url="u", model_path="m", family="qwen3-next", track_interval=256, alive=lambda: None, pool_tokens=8192)
+    assert session.settings(PeerServer(**base, overlap=False)) == {"kv_inherit_offset": -1}
+    assert session.settings(PeerServer(**base, overlap=True)) == {}
+    assert abort_all.settings(PeerServer(**base)) == {"abort_all_num_requests": 8, "abort_all_max_new_tokens": 512}
+    assert set(session.not_played) >= {"test_nth_mid_abort_recovery", "test_first_mid_abort_recovery"}

@@ -19,7 +19,7 @@ from conformance.checks.prefix_oracle import PrefixOracle
 from conformance.errors import KitError
 from conformance.programs.explore import parse_budget
 from conformance.programs.oracle import (
-    HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, lazy_checkpoint_may_drop, log_cached_tokens,
+    HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, lazy_checkpoint_may_drop, log_cached_tokens, retraction_allowance,
 )
 from conformance.programs.program import After, Burst, Gate, SendOptions, Program, Root, Send, Stop, Turn, load_program, program_from_json
 from conformance.programs.resolve import cut_position
@@ -527,6 +527,13 @@ def test_counters_and_log_lines() -> None:
     assert counter_problems(0, 0.0, 1664, retracted_max=2077) == []
     assert "may count up to 100 more" in counter_problems(0, 0.0, 1664, retracted_max=100)[0]
     assert "grew by 1664" in counter_problems(0, 1664.0, 0, retracted_max=2077)[0]  # the counter counts once
+
+
+def test_each_retraction_of_a_request_allows_one_more_prefill_of_its_length():
+    # SGLang's forced retraction every 3rd decode step retracts a long request again and again
+    assert retraction_allowance([("h6", 4022), ("r1", 300)], ["h6", "h6", "h6"]) == 3 * 4022
+    assert retraction_allowance([("h6", 4022), ("r1", 300)], []) == 0  # nothing retracted: nothing allowed
+    assert retraction_allowance([("r1", 300)], ["h6"]) == 0  # another window's request
     text = "Prefill batch. #new-seq: 1, #new-token: 5, #cached-token: 256, x\nDecode batch\nPrefill batch. #new-seq: 2, #new-token: 9, #cached-token: 64,"
     assert log_cached_tokens(text) == 320
 

@@ -80,6 +80,8 @@ PROBES: dict[str, Probe] = {
     "lazy_slot_not_returned": Probe(LAZY, used(decode_across_boundary_then_idle), lambda n: n >= 2),
     "double_free": Probe(EXTRA, used(batch_then_idle), lambda n: n <= -4),
     "abort_leak": Probe(EXTRA, used(aborted_decode_then_idle), lambda n: n >= 1),
+    # SGLang's own forced retraction (every 3rd decode step): the retracted requests' slots stay used
+    "retract_leaks_mamba_slot": Probe(EXTRA, used(batch_then_idle), lambda n: n >= 1, "forced_retract"),
     "evict_locked_node": Probe(EXTRA, used(hits_then_idle), lambda n: n <= -4),
     # states: a cache hit against the same request served cold
     "cow_skipped": Probe(EXTRA, batched_prefill_hits, lambda rows: len(diverged(rows)) == len(rows)),
@@ -164,6 +166,15 @@ def test_control_extra_buffer_clean(tmp_path: Path) -> None:
     assert [v[MAMBA_USED_TOKENS] for v in idle] == [0] * len(idle) and not any(idle_invariant(v) for v in idle), idle
     assert all(r.cached_tokens > 0 for r in hits) and not diverged(hits), summary(hits)
     assert reported == (0, 200)
+
+
+def test_control_forced_retract_clean(tmp_path: Path) -> None:
+    """SGLang's forced retraction on a clean server: the retracted requests are prefilled
+    again and every slot is back at idle (the fault's probe on the same scenario shows the
+    retraction happens: its hook fires)."""
+    with _clean(EXTRA, tmp_path, "forced_retract") as s:
+        values = batch_then_idle(s.client)
+    assert values[MAMBA_USED_TOKENS] == 0 and not idle_invariant(values), values
 
 
 def test_control_lazy_clean(tmp_path: Path) -> None:

@@ -155,7 +155,8 @@ def _probe_main(bug_id: str, log_dir: Path, with_replay: bool) -> int:
             with serve_cell(cell, options, log_dir=log_dir / "kits") as ep:
                 info = ep.info or {}
                 server = PeerServer(ep.base_url, str(info.get("model_path") or ""), cell.model.family, cell.track_interval,
-                                    ep.process.exit_reason, int(info.get("max_total_num_tokens") or 0))
+                                    ep.process.exit_reason, int(info.get("max_total_num_tokens") or 0),
+                                    str(info.get("mamba_scheduler_strategy") or cell.strategy.name), not info.get("disable_overlap_schedule"))
                 kits = play_kits(server)
                 gone = ep.process.exit_reason()
                 log = Path(ep.process.log_path).read_text(errors="replace") if gone else ""

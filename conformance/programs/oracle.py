@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from collections import Counter
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from conformance.checks.leaks import idle_invariant
 from conformance.checks.findings import Finding
@@ -664,7 +665,8 @@ def counter_problems(reported: int, metric_delta: float | None, log_delta: int |
     A retracted request prefilled again from its own cached prefix is counted by the prefill
     log lines but not by its answer or the counter (SGLang computes ``cached_tokens`` once: "Once
     retracted, the 'retracted_stain' flag will always True", schedule_batch.py), so the log
-    may count up to ``retracted_max`` more (the retracted requests' inputs and decodes)."""
+    may count up to ``retracted_max`` more (:func:`retraction_allowance`: each retraction's
+    prefill again, up to the request's input and decodes)."""
     out = []
     span = f"{reported}" if not aborted_max else f"{reported}..{reported + aborted_max} (aborted requests may count up to {aborted_max})"
 
@@ -677,6 +679,15 @@ def counter_problems(reported: int, metric_delta: float | None, log_delta: int |
         again = f" (retracted requests' second prefills may count up to {retracted_max} more)" if retracted_max else ""
         out.append(f"the server's prefill log lines count {log_delta} cached tokens, the answers reported {span}{again}")
     return out
+
+
+def retraction_allowance(requests: Sequence[tuple[str, int]], retracted: Sequence[str]) -> int:
+    """How many more cached tokens the prefill log may count than the answers: each time
+    SGLang retracted a request (``retracted`` names it once per retraction, from its own
+    ``retract_decode``), its next prefill may hit up to the request's whole length so far
+    (``requests``: server rid, input + max new tokens)."""
+    times = Counter(retracted)
+    return sum(length * times[rid] for rid, length in requests)
 
 
 def log_cached_tokens(text: str) -> int:

@@ -31,7 +31,7 @@ from conformance.checks.findings import Finding
 from conformance.programs.coverage import Coverage, program_coverage, read_coverage
 from conformance.programs.evidence import Evidence
 from conformance.programs.flights import Clock, Flight, FlightDeck
-from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, idle_problems, log_cached_tokens
+from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, retraction_allowance, idle_problems, log_cached_tokens
 from conformance.programs.program import (
     After, Burst, Close, Flush, Idle, Open, Program, Send, Step, Turn, Wait, describe_step,
 )
@@ -520,8 +520,8 @@ class ProgramRun:
             self._log0 = len(text)
         if now is not None:
             self._counter0 = now
-        retracted = set(self.t.requests.retracted) if self.t.requests is not None else set()
-        retracted_max = sum(len(s.input_ids) + s.max_new for s in self._since_idle if self.resolver.server_rid(s.rid) in retracted)
+        retracted_max = retraction_allowance([(self.resolver.server_rid(s.rid), len(s.input_ids) + s.max_new) for s in self._since_idle],
+                                             self.t.requests.retracted if self.t.requests is not None else ())
         problems = counter_problems(reported, metric_delta, log_delta, aborted_max=aborted_max, retracted_max=retracted_max)
         self._since_idle = []
         self._tree_audit(probe.values)

@@ -44,6 +44,7 @@ FAULT_MODULES = (
     "stored_state_not_reused",        # the hit SGLang owed from its tree's per-node records (issue 43)
     "session_abort_continues",
     "child_under_wrong_key",          # the tree audit (issue 44): a child filed under the wrong first page
+    "retract_leaks_mamba_slot",       # retraction (issue 44): SGLang's forced retraction, the idle invariant
     # group "option": one per server-option axis (conformance.matrix.axes), shows only with its option on
     "mixed_chunk_track_dropped",
     "chunk_cut_key_past_checkpoint",
