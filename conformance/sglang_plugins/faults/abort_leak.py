@@ -10,19 +10,19 @@ untouched.
 from __future__ import annotations
 
 from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
-from conformance.sglang_plugins.faults.spec import Hook, call_losing_frees, sglang_fault
+from conformance.sglang_plugins.faults.spec import Hook, losing_release_frees, sglang_fault
 
 NAME = "abort_leak"
 TARGET = "sglang.srt.mem_cache.common.release_kv_cache"
 
 
-def release_forgetting_aborts(original, req, tree_cache, *args, **kwargs):
+def _aborted(req) -> bool:
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-    allocator = getattr(tree_cache.req_to_token_pool, "mamba_allocator", None)
-    if allocator is None or not isinstance(req.finished_reason, FINISH_ABORT):
-        return original(req, tree_cache, *args, **kwargs)
-    return call_losing_frees(NAME, allocator, original, req, tree_cache, *args, **kwargs)
+    return isinstance(req.finished_reason, FINISH_ABORT)
+
+
+release_forgetting_aborts = losing_release_frees(NAME, _aborted)
 
 
 FAULT = sglang_fault(

@@ -13,7 +13,7 @@ only the pools show it.  It fires only on retraction: ``forced_retract`` is its 
 from __future__ import annotations
 
 from conformance.sglang_contract.metric_names import MAMBA_USED_TOKENS
-from conformance.sglang_plugins.faults.spec import Hook, call_losing_frees, plan_arg, sglang_fault
+from conformance.sglang_plugins.faults.spec import Hook, losing_release_frees, plan_arg, sglang_fault
 
 NAME = "retract_leaks_mamba_slot"
 RETRACT_TARGET = "sglang.srt.managers.schedule_batch.release_req"
@@ -30,11 +30,7 @@ def marking_the_retraction(original, *args, **kwargs):
         _RETRACTING.remove(id(req))
 
 
-def release_losing_retracted_frees(original, req, tree_cache, *args, **kwargs):
-    allocator = getattr(tree_cache.req_to_token_pool, "mamba_allocator", None)
-    if allocator is None or id(req) not in _RETRACTING:
-        return original(req, tree_cache, *args, **kwargs)
-    return call_losing_frees(NAME, allocator, original, req, tree_cache, *args, **kwargs)
+release_losing_retracted_frees = losing_release_frees(NAME, lambda req: id(req) in _RETRACTING)
 
 
 FAULT = sglang_fault(

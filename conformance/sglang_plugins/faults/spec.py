@@ -125,6 +125,17 @@ def call_losing_frees(name: str, allocator: Any, original: Callable, *args: Any,
     return result
 
 
+def losing_release_frees(name: str, applies: Callable[[Any], bool]) -> Callable:
+    """An AROUND hook on SGLang's ``release_kv_cache``: while it releases a request ``applies``
+    picks, the mamba allocator's frees are lost (:func:`call_losing_frees`)."""
+    def hook(original, req, tree_cache, *args, **kwargs):
+        allocator = getattr(tree_cache.req_to_token_pool, "mamba_allocator", None)
+        if allocator is None or not applies(req):
+            return original(req, tree_cache, *args, **kwargs)
+        return call_losing_frees(name, allocator, original, req, tree_cache, *args, **kwargs)
+    return hook
+
+
 class suppressed_frees:
     """``with suppressed_frees(allocator) as lost:`` -- the allocator's ``free`` forgets the
     slots it is given (counted in ``lost``) for the duration of the block."""
