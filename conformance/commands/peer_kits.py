@@ -211,7 +211,9 @@ def markdown(rows: Sequence[PeerRow], command: str, when: str) -> str:
         "How to read a row:",
         "- **caught by the kit**: the kit's own replay of the entry, on the bad release, found the entry's",
         "  finding; the checks listed are the kit checks with an entry for the bug.",
-        "- **caught by SGLang's kits**: the kit tests that fail on the bad release *and pass on the good one*.",
+        "- **caught by SGLang's kits**: the kit tests that fail on the bad release *and pass on the good one*,",
+        "  each with its failure line: whether that failure is the bug's effect is read from the line (any other",
+        "  change between the two releases can fail a test too).",
         "  A test failing on both releases fails for another reason and is not counted; `none` means every",
         "  played test passed on the bad release or failed on both. Where another known bug sits on the same",
         "  cell and is fixed by the same release, the row says a catch cannot be told from it.",
@@ -224,7 +226,8 @@ def markdown(rows: Sequence[PeerRow], command: str, when: str) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
-        caught = ", ".join(f"`{c}`" for c in r.caught_by_kits()) or "none"
+        lines = {f"{k.kit}.{k.test}": k.line for k in r.bad.kits}
+        caught = ", ".join(f"`{c}` ({_short(lines[c])})" for c in r.caught_by_kits()) or "none"
         failing = [f"{k.kit}.{k.test}" for k in r.bad.kits if r.verdict(k).startswith("fails")]
         if failing:
             caught += (f" (failing on both releases: {', '.join(failing)})" if r.good else
@@ -237,6 +240,11 @@ def markdown(rows: Sequence[PeerRow], command: str, when: str) -> str:
         sglang = f"{r.bad.sglang or r.bad.error[:80]} / {(r.good.sglang or r.good.error[:80]) if r.good else '-'}"
         out.append(f"| `{r.bug.id}` | `{r.bug.releases}` | {r.bad.release} / {good} | {_cell(r.kit_catch())} | {_cell(caught)} | {_cell(sglang)} |")
     return "\n".join(out) + "\n"
+
+
+def _short(line: str) -> str:
+    """A kit failure's line, short enough for a table cell."""
+    return line if len(line) <= 90 else line[:87] + "..."
 
 
 def _cell(text: str) -> str:
