@@ -149,6 +149,7 @@ def test_the_command_writes_one_row_per_bug_with_its_variants(tmp_path, capsys):
     # the JSON reads back into the same table
     assert markdown(rows_from_json(rows, load()), f"hybrid-conformance history --peer-kits {ids}", datetime.date.today().isoformat()) == text
     assert "`prefix_cache_branching.test_prefix_cache_branching` (assert)" in text  # a catch shows its failure line
+    assert "`streaming_session.nth_mid_abort_recovery` (asks for 100000 new tokens" in text  # what is not played, and why
     assert "0.5.11 / none fixed" in text and "with no fixed release to tell them from failures of every release" in text
 
 

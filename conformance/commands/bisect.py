@@ -162,19 +162,27 @@ def _first(live: list[str], lo: int, hi: int, want: str, status: Callable[[str],
 
 # ------------------------------------------------------------------ a release's replay
 
-def probe_in_venv(bug: KnownBug, release: str, venv_dir: Path, log_dir: Path) -> Probe:
-    """Replay ``bug`` inside ``release``'s venv (made if missing): ``python -m
-    conformance.commands.bisect --probe ID`` there, its one JSON line classified."""
+def probe_json(module: str, bug: KnownBug, release: str, venv_dir: Path, log_dir: Path, *, what: str,
+               extra: Sequence[str] = ()) -> dict:
+    """``python -m <module> --probe ID --log-dir <log_dir>/<release> [extra]`` inside
+    ``release``'s venv (made if missing): its last JSON line, or ``{"error": why}`` when the
+    venv cannot be made or ``what`` (the probe, for the message) printed none."""
     try:
         venv = ensure_venv(release, venv_dir)
     except KitError as e:
-        return Probe(release, "na", f"no venv: {e}")
-    argv = [str(venv / "bin" / "python"), "-m", "conformance.commands.bisect", "--probe", bug.id, "--log-dir", str(log_dir / release)]
+        return {"error": f"no venv: {e}"}
+    argv = [str(venv / "bin" / "python"), "-m", module, "--probe", bug.id, "--log-dir", str(log_dir / release), *extra]
     out = _run(argv, timeout=PROBE_TIMEOUT_S, env=venv_env(venv) | {"HYBRID_CONFORMANCE_KNOWN_BUGS": str(known_bugs_file())})
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if not lines:
-        return Probe(release, "na", f"the replay exited {out.returncode}: {(out.stderr.strip().splitlines() or ['(no output)'])[-1][:300]}")
-    result = json.loads(lines[-1])
+        return {"error": f"{what} exited {out.returncode}: {(out.stderr.strip().splitlines() or ['(no output)'])[-1][:300]}"}
+    return json.loads(lines[-1])
+
+
+def probe_in_venv(bug: KnownBug, release: str, venv_dir: Path, log_dir: Path) -> Probe:
+    """Replay ``bug`` inside ``release``'s venv (made if missing): ``python -m
+    conformance.commands.bisect --probe ID`` there, its one JSON line classified."""
+    result = probe_json("conformance.commands.bisect", bug, release, venv_dir, log_dir, what="the replay")
     if result.get("error"):
         return Probe(release, "na", result["error"])
     found = result.get("findings")

@@ -12,10 +12,11 @@ listed and not played.  Exit 0 when every entry in range reproduced (or none is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from conformance.errors import KitError
 from conformance.checks.findings import Finding
@@ -46,17 +47,24 @@ def replay_cell(bug: KnownBug, matrix_path: str | None = None) -> tuple[Program,
         raise KitError(f"bug {bug.id!r}: replay {bug.replay}: {e}") from None
 
 
+@contextlib.contextmanager
+def recorded_env(program: Program) -> Iterator[None]:
+    """The environment the program file recorded (its seeded-fault switches), for the block."""
+    saved = dict(os.environ)
+    os.environ.update(program.env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def replayer(options: Options, log_dir: Path) -> Callable[[KnownBug], list[Finding] | None]:
     """bug -> its replay's findings, or None when the program passed."""
     def replay(bug: KnownBug) -> list[Finding] | None:
         program, cell = replay_cell(bug, options.matrix_path)
-        saved = dict(os.environ)
-        os.environ.update(program.env)
-        try:
+        with recorded_env(program):
             outcome = next(iter(play(program, cell, options, log_dir / bug.id)))
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
         return outcome.findings if isinstance(outcome, ProgramFailure) else None
 
     return replay

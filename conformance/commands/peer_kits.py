@@ -19,22 +19,21 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from packaging.version import Version
 
 from conformance.checks.leaks import death_cause
-from conformance.commands.bisect import PROBE_TIMEOUT_S, Probe, ready_releases
-from conformance.commands.history import _run, default_venv_dir, ensure_venv, venv_env
-from conformance.commands.known_bugs import replay_cell, replayer
+from conformance.commands.bisect import Probe, probe_json, ready_releases
+from conformance.commands.history import default_venv_dir
+from conformance.commands.known_bugs import recorded_env, replay_cell, replayer
 from conformance.commands.report_bug import find_bug
 from conformance.errors import KitError
 from conformance.matrix.cells import DEFAULT_TARGET
-from conformance.session.known_bugs import KnownBug, known_bugs_file, load
+from conformance.session.known_bugs import KnownBug, load
 from conformance.session.options import options_from_args
 from conformance.sglang_api.peer_kits import PEER_KITS, KitOutcome, PeerServer, play_kits
 from conformance.targets.serving import serve_cell
@@ -54,9 +53,11 @@ class ReleaseRun:
 
     @classmethod
     def from_json(cls, release: str, d: dict) -> ReleaseRun:
+        """A run read back (the probe inside the venv does not know its release: ``release`` fills it)."""
         replay = d.get("replay")
         return cls(release, tuple(KitOutcome.from_json(k) for k in d.get("kits") or []), str(d.get("sglang", "")),
-                   Probe(**replay) if replay else None, str(d.get("error", "")))
+                   Probe(replay.get("release") or release, replay["status"], replay.get("line", "")) if replay else None,
+                   str(d.get("error", "")))
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def alongside(bug: KnownBug, cell: str, bad: str, good: str | None, groups: dict
 
 def _run_json(r: ReleaseRun) -> dict:
     return {"release": r.release, "kits": [k.to_json() for k in r.kits], "sglang": r.sglang, "error": r.error,
-            "replay": {"release": r.replay.release, "status": r.replay.status, "line": r.replay.line} if r.replay else None}
+            "replay": asdict(r.replay) if r.replay else None}
 
 
 def bug_groups(bugs: Sequence[KnownBug]) -> dict[str, list[KnownBug]]:
@@ -149,26 +150,18 @@ def _probe_main(bug_id: str, log_dir: Path, with_replay: bool) -> int:
     options = options_from_args(argparse.Namespace(target=DEFAULT_TARGET))
     try:
         program, cell = replay_cell(bug, options.matrix_path)
-        saved = dict(os.environ)
-        os.environ.update(program.env)
-        try:
-            with serve_cell(cell, options, log_dir=log_dir / "kits") as ep:
-                info = ep.info or {}
-                server = PeerServer(ep.base_url, str(info.get("model_path") or ""), cell.model.family, cell.track_interval,
-                                    ep.process.exit_reason, int(info.get("max_total_num_tokens") or 0),
-                                    str(info.get("mamba_scheduler_strategy") or cell.strategy.name), not info.get("disable_overlap_schedule"))
-                kits = play_kits(server)
-                gone = ep.process.exit_reason()
-                log = Path(ep.process.log_path).read_text(errors="replace") if gone else ""
-                sglang = "serving after the kits" if gone is None else f"died: {death_cause(log)[:300]}"
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+        with recorded_env(program), serve_cell(cell, options, log_dir=log_dir / "kits") as ep:
+            info = ep.info or {}
+            server = PeerServer(ep.base_url, str(info.get("model_path") or ""), cell.model.family, cell.track_interval,
+                                ep.process.exit_reason, int(info.get("max_total_num_tokens") or 0),
+                                str(info.get("mamba_scheduler_strategy") or cell.strategy.name), not info.get("disable_overlap_schedule"))
+            kits = play_kits(server)
+            gone = ep.process.exit_reason()
+            log = Path(ep.process.log_path).read_text(errors="replace") if gone else ""
+            sglang = "serving after the kits" if gone is None else f"died: {death_cause(log)[:300]}"
         result: dict = {"kits": [k.to_json() for k in kits], "sglang": sglang}
         if with_replay:
-            found = replayer(options, log_dir / "replay")(bug)
-            p = Probe.classify(bug, "", found)
-            result["replay"] = {"release": "", "status": p.status, "line": p.line}
+            result["replay"] = asdict(Probe.classify(bug, "", replayer(options, log_dir / "replay")(bug)))
     except KitError as e:
         result = {"error": str(e)}
     print(json.dumps(result))
@@ -177,20 +170,8 @@ def _probe_main(bug_id: str, log_dir: Path, with_replay: bool) -> int:
 
 def probe_in_venv(bug: KnownBug, release: str, venv_dir: Path, log_dir: Path, with_replay: bool) -> ReleaseRun:
     """``python -m conformance.commands.peer_kits --probe ID`` in ``release``'s venv."""
-    try:
-        venv = ensure_venv(release, venv_dir)
-    except KitError as e:
-        return ReleaseRun(release, error=f"no venv: {e}")
-    argv = [str(venv / "bin" / "python"), "-m", "conformance.commands.peer_kits", "--probe", bug.id,
-            "--log-dir", str(log_dir / release)] + (["--replay"] if with_replay else [])
-    out = _run(argv, timeout=PROBE_TIMEOUT_S, env=venv_env(venv) | {"HYBRID_CONFORMANCE_KNOWN_BUGS": str(known_bugs_file())})
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if not lines:
-        return ReleaseRun(release, error=f"the probe exited {out.returncode}: {(out.stderr.strip().splitlines() or ['(no output)'])[-1][:300]}")
-    run = ReleaseRun.from_json(release, json.loads(lines[-1]))
-    if run.replay is not None:
-        run = ReleaseRun(run.release, run.kits, run.sglang, Probe(release, run.replay.status, run.replay.line), run.error)
-    return run
+    return ReleaseRun.from_json(release, probe_json("conformance.commands.peer_kits", bug, release, venv_dir, log_dir,
+                                                    what="the probe", extra=["--replay"] if with_replay else []))
 
 
 # ------------------------------------------------------------------ the table
@@ -198,6 +179,7 @@ def probe_in_venv(bug: KnownBug, release: str, venv_dir: Path, log_dir: Path, wi
 def markdown(rows: Sequence[PeerRow], command: str, when: str) -> str:
     """The docs page: how to read it, then one row per bug."""
     kits = ", ".join(f"`{k.name}` ({', '.join(t.removeprefix('test_') for t in k.tests)})" for k in PEER_KITS)
+    skipped = "; ".join(f"`{k.name}.{t.removeprefix('test_')}` ({why})" for k in PEER_KITS for t, why in k.not_played.items())
     out = [
         "# The peer baseline: would SGLang's own test kits have caught the known bugs?",
         "",
@@ -207,6 +189,7 @@ def markdown(rows: Sequence[PeerRow], command: str, when: str) -> str:
         f"`sglang/test/kits/`, played against that server: {kits}.",
         "Thresholds are SGLang's own CI values for the model family; sample counts and decode lengths",
         "are scaled to two CPU cores (`conformance/sglang_api/peer_kits.py`).",
+        f"Not played here: {skipped}.",
         "",
         "How to read a row:",
         "- **caught by the kit**: the kit's own replay of the entry, on the bad release, found the entry's",
@@ -254,11 +237,12 @@ def _cell(text: str) -> str:
 # ------------------------------------------------------------------ the command
 
 def run_peer_kits(args: argparse.Namespace, probe: Callable[[KnownBug, str, bool], ReleaseRun] | None = None) -> int:
-    groups = bug_groups(load())
-    wanted = list(groups) if args.peer_kits == ALL else [find_bug(i.strip(), load()).id for i in args.peer_kits.split(",")]
+    bugs = load()
+    groups = bug_groups(bugs)
+    wanted = list(groups) if args.peer_kits == ALL else [find_bug(i.strip(), bugs).id for i in args.peer_kits.split(",")]
     unknown = [w for w in wanted if w not in groups]
     if unknown:
-        raise KitError(f"history --peer-kits: {unknown[0]} is a variant; name its bug ({find_bug(unknown[0], load()).variant_of})")
+        raise KitError(f"history --peer-kits: {unknown[0]} is a variant; name its bug ({find_bug(unknown[0], bugs).variant_of})")
     venv_dir = Path(args.venv_dir).expanduser() if args.venv_dir else default_venv_dir()
     log_dir = Path(args.out) / "peer-kits"
     ready = set(ready_releases(venv_dir))

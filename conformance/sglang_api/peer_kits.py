@@ -18,6 +18,7 @@ not ship the kit or the test).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import random
@@ -194,7 +195,9 @@ PEER_KITS: tuple[PeerKit, ...] = (
 )
 
 
+@functools.lru_cache(maxsize=4)
 def _tokenizer(model_path: str) -> Any:
+    """The served model's tokenizer, loaded once per run (every kit's fixture and the KL prompts ask it)."""
     utils = importlib.import_module("sglang.srt.utils.hf_transformers_utils")
     return utils.get_tokenizer(model_path)
 

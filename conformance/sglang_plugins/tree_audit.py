@@ -137,10 +137,14 @@ def _slot_once(v: TreeView) -> list[Violation]:
     held = Counter(v.tree_slots)
     for slots in v.request_slots.values():
         held.update(set(slots))
-    holders = {s: [r for r, slots in v.request_slots.items() if s in slots] for s in held}
-    return [Violation("slot_once", paths.get(s, ()), f"mamba slot {s} is held {n} times (tree nodes and running requests)"
-                      + (f": {v.tree_slots.count(s)} by the tree, by request {', '.join(holders[s])}" if holders[s] else ""))
+    return [Violation("slot_once", paths.get(s, ()), f"mamba slot {s} is held {n} times (tree nodes and running requests)" + _holders(v, s))
             for s, n in sorted(held.items()) if n > 1]
+
+
+def _holders(v: TreeView, slot: int) -> str:
+    """Who holds a slot held twice: the tree's count and the requests naming it."""
+    reqs = [r for r, slots in v.request_slots.items() if slot in slots]
+    return f": {v.tree_slots.count(slot)} by the tree, by request {', '.join(reqs)}" if reqs else ""
 
 
 def _state_depth(v: TreeView) -> list[Violation]:
@@ -219,22 +223,21 @@ def _request_slots(scheduler: Any, batch: Any) -> dict[str, tuple[int, ...]]:
     a finished request's slot to the tree and leaves ``mamba_pool_idx`` naming it, and the
     finished request can still sit in the running batch until the next filter; its slot is
     the tree's (``slot_used`` and the idle invariant judge where it went)."""
-    reqs = {id(r): r for r in (*getattr(getattr(scheduler, "running_batch", None), "reqs", ()),
-                               *(getattr(batch, "reqs", None) or ()))}
+    placed: dict[int, tuple[Any, str]] = {}  # id -> (request, where it sits)
+    for where, group in (("running", getattr(getattr(scheduler, "running_batch", None), "reqs", ())),
+                         ("this batch", getattr(batch, "reqs", None) or ())):
+        for r in group:
+            placed.setdefault(id(r), (r, where))
     chunked = getattr(scheduler, "chunked_req", None)
     if chunked is not None:
-        reqs[id(chunked)] = chunked
-    where = {id(r): "running" for r in getattr(getattr(scheduler, "running_batch", None), "reqs", ())}
-    where.update({id(r): where.get(id(r), "this batch") for r in getattr(batch, "reqs", None) or ()})
-    if chunked is not None:
-        where[id(chunked)] = "chunked"
+        placed[id(chunked)] = (chunked, "chunked")
     out = {}
-    for r in reqs.values():
+    for r, where in placed.values():
         finished = getattr(r, "finished", None)
         if callable(finished) and finished():
             continue
         holder = r.kv if hasattr(getattr(r, "kv", None), "mamba_pool_idx") else r
-        out[f"{r.rid} ({where[id(r)]})"] = _slots(getattr(holder, "mamba_pool_idx", None))
+        out[f"{r.rid} ({where})"] = _slots(getattr(holder, "mamba_pool_idx", None))
     return out
 
 
