@@ -154,6 +154,25 @@ def test_sglang_cpu_rows_of_some_models_run_only_their_cells(monkeypatch, tmp_pa
     assert "--models" not in seen[0] and any(r.cell.startswith("nemotron") for r in rows if r.status == "na")
 
 
+def test_a_relative_out_folder_is_the_callers_not_the_inner_runs(monkeypatch, tmp_path):
+    """The inner run starts in the kit's root; the default ``--out reports/history`` is
+    relative to the caller's folder, so the report folder it is given must be absolute (else
+    the run writes under the kit's root and the row reads "no report.json")."""
+
+    def fake_run(argv, *, timeout, env=None, cwd=history.ROOT):
+        report_dir = Path(cwd) / argv[argv.index("--report-dir") + 1]  # a relative path resolves in the run's cwd
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "report.json").write_text(json.dumps({"cells": [{"id": "qwen3-next-80b-extra_buffer-p1-t256", "checks": {"kl": {"status": "pass"}}}]}))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(history, "_run", fake_run)
+    monkeypatch.chdir(tmp_path)
+    features = {"version": "0.5.12", "strategies": ["no_buffer", "extra_buffer"], "sglang_cpu_gap": None}
+    rows = history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",), out_dir=Path("out"))
+    assert Row("0.5.12", "sglang-cpu:kl", "pass", "", cell="qwen3-next-80b-extra_buffer-p1-t256") in rows, rows
+    assert (tmp_path / "out" / "runs" / "0.5.12-qwen3-next" / "report.json").is_file()
+
+
 def test_a_release_part_whose_every_cell_is_na_has_na_rows_and_no_run_failure(monkeypatch, tmp_path):
     """The inner run of a part whose every cell SGLang cannot serve is red ("nothing was
     judged"), but history's rows already say n/a per cell with SGLang's line: no FAIL row for
@@ -317,6 +336,34 @@ def test_a_history_without_a_known_bug_fail_says_none_and_writes_no_folder(tmp_p
     assert history.write_outputs(out, {"rows": [asdict(r) for r in rows], "probes": {}}, ["0.5.13"]) == []
     assert json.loads((out / "history.json").read_text())["known_bugs"] == [] and not (out / "bugs").exists()
     assert "<h2>known SGLang bugs hit</h2><ul><li>none</li></ul>" in (out / "history.html").read_text()
+
+
+def _fake_venv(tmp_path, name: str, origins) -> Path:
+    """A venv whose python prints ``origins`` for the engine libraries' probe."""
+    venv = tmp_path / name
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text(f"#!/bin/sh\necho '{json.dumps(origins)}'\n")
+    py.chmod(0o755)
+    return venv
+
+
+def test_a_venv_on_the_kits_own_torch_and_transformers_runs_the_reference_engine_in_place(monkeypatch, tmp_path):
+    """A release whose pins left the kit's torch and transformers imports them from the same
+    files: the reference engine needs no interpreter of its own there (it starts from the
+    run's forkserver); another transformers, or a probe that fails, keeps the kit's."""
+    import importlib.util
+
+    from conformance.targets import reference
+
+    monkeypatch.delenv(reference.PYTHON_ENV, raising=False)
+    mine = [importlib.util.find_spec(m).origin for m in history.ENGINE_LIBRARIES]
+    same = _fake_venv(tmp_path, "sglang-0.5.22", mine)
+    other = _fake_venv(tmp_path, "sglang-0.5.21", [mine[0], "/venv/site-packages/transformers/__init__.py"])
+    broken = _fake_venv(tmp_path, "sglang-0.5.20", "not json")
+    assert reference.PYTHON_ENV not in history.venv_env(same)
+    assert history.venv_env(other)[reference.PYTHON_ENV] == sys.executable
+    assert history.venv_env(broken)[reference.PYTHON_ENV] == sys.executable
 
 
 def test_release_venv_keeps_the_kits_python_for_the_reference_engine(monkeypatch, tmp_path):

@@ -115,6 +115,23 @@ def test_sigterm_ignoring_server_is_killed(tmp_path: Path) -> None:
     assert gone(pid)
 
 
+def test_a_background_stop_returns_at_once_and_stop_all_waits_for_it(tmp_path: Path) -> None:
+    """``stop_soon`` (a cell's teardown) leaves the SIGTERM-ignoring server's grace to a
+    thread; ``stop_all`` (the run's end) still leaves no process behind."""
+    from conformance.targets import launcher
+
+    sp = standin(tmp_path, "ignore-term")
+    sp.term_grace_s = 1.5
+    sp.start()
+    pid = sp.proc.pid
+    t0 = time.monotonic()
+    sp.stop_soon()
+    assert time.monotonic() - t0 < 0.5, "the caller waited for the stop"
+    assert not gone(pid, within=0.3), "killed before its grace"
+    launcher.stop_all()
+    assert gone(pid, within=1.0) and sp.returncode == -signal.SIGKILL
+
+
 def test_serve_cell_retries_a_taken_port_then_gives_up_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from conformance.targets import serving
 

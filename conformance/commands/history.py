@@ -20,6 +20,7 @@ the command prints a release x check table (or ``--format json``:
 from __future__ import annotations
 
 import argparse
+import functools
 
 import json
 import os
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -141,9 +143,33 @@ def venv_env(venv: Path) -> dict[str, str]:
     env["VIRTUAL_ENV"] = str(venv)
     env["PATH"] = os.pathsep.join((str(venv / "bin"), env.get("PATH", "")))
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # the reference engine (agreement's other side) keeps the kit's interpreter and transformers
-    env.setdefault(REFERENCE_PYTHON_ENV, sys.executable)
+    if not same_engine_libraries(venv):
+        # the reference engine (agreement's other side) keeps the kit's interpreter and transformers
+        env.setdefault(REFERENCE_PYTHON_ENV, sys.executable)
     return env
+
+
+#: The libraries the reference engine's numerics are defined on.
+ENGINE_LIBRARIES = ("torch", "transformers")
+_ORIGINS = "import importlib.util as u, json, sys; print(json.dumps([getattr(u.find_spec(m), 'origin', None) for m in sys.argv[1:]]))"
+
+
+@functools.lru_cache(maxsize=None)
+def same_engine_libraries(venv: Path) -> bool:
+    """True when the release's venv imports the kit's own torch and transformers (its pins
+    left them as they are): the reference engine then runs in the venv's interpreter and
+    starts from the run's pre-imported forkserver instead of a fresh kit interpreter per
+    server.  Any doubt (the probe fails) keeps the kit's interpreter."""
+    import importlib.util
+
+    mine = [getattr(importlib.util.find_spec(m), "origin", None) for m in ENGINE_LIBRARIES]
+    try:
+        out = subprocess.run([str(venv / "bin" / "python"), "-c", _ORIGINS, *ENGINE_LIBRARIES], capture_output=True, text=True,
+                             timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        theirs = json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return False
+    return None not in mine and theirs == mine
 
 
 _SHADOW_CHECK = """
@@ -343,7 +369,8 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
         return rows or [Row(release, check, "na", "no sglang-cpu cell of the tier")]
     with tempfile.TemporaryDirectory(prefix="history-cpu-") as tmp:
         if out_dir is not None:  # keep the run's report and server logs: the evidence behind each row
-            tmp = str(out_dir / "runs" / "-".join([release, *models, *([part] if part else [])]))
+            # absolute: the run's cwd is the kit's root, not the caller's (a relative --out is the caller's)
+            tmp = str((out_dir / "runs" / "-".join([release, *models, *([part] if part else [])])).resolve())
             shutil.rmtree(tmp, ignore_errors=True)
             Path(tmp).mkdir(parents=True)
         argv = [str(venv / "bin" / "python"), "-m", "conformance.cli", "run", "--target", SGLANG_CPU, "--tier", tier, "--report-dir", tmp,
@@ -452,13 +479,20 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
             continue
         part = shard.part(release) if shard else None
         mine = [c for c in checks if part is None or c in part.checks or c == SGLANG_CPU]
-        if "validate" in mine:
-            rows += validate_rows(release, venv, tier)
-        if "pool" in mine:
-            rows += pool_rows(release, venv, tier, machine="machine" in mine)
-        if SGLANG_CPU in mine and (part is None or part.cells):
-            rows += sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu or part is not None, tier=tier, out_dir=out_dir, models=models,
-                                    workers=workers, budget=budget, cells=part.cells if part else (), part=f"shard-{shard.index}" if shard else "")
+        def checks_beside(release=release, venv=venv, mine=mine) -> list[Row]:
+            """The plan's validation and the pool tier: one process at a time, run beside the
+            release's server run (whose workers wait on servers, idle checks and the reference
+            engine's start-ups), so a release's time is not their sum."""
+            out = validate_rows(release, venv, tier) if "validate" in mine else []
+            return out + (pool_rows(release, venv, tier, machine="machine" in mine) if "pool" in mine else [])
+
+        with ThreadPoolExecutor(max_workers=1) as beside:
+            pending = beside.submit(checks_beside)
+            served = (sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu or part is not None, tier=tier, out_dir=out_dir,
+                                      models=models, workers=workers, budget=budget, cells=part.cells if part else (),
+                                      part=f"shard-{shard.index}" if shard else "")
+                      if SGLANG_CPU in mine and (part is None or part.cells) else [])
+            rows += pending.result() + served
         log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
     return rows, probes
 

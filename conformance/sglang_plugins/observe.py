@@ -85,6 +85,10 @@ TARGET = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMet
 #: a Scheduler mixin method, so its ``self`` is the scheduler itself.
 LEGACY_TARGET = "sglang.srt.managers.scheduler_runtime_checker_mixin.SchedulerRuntimeCheckerMixin._maybe_log_idle_metrics"
 STEP_TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+#: The scheduler's answer to ``/server_info`` (``GetInternalStateReq``): the kit's idle check
+#: wakes an idle scheduler with that question (``conformance/workloads/idle.py``), and the
+#: publish on that turn is then due at once instead of :data:`MIN_INTERVAL_S` after the last.
+WAKE_TARGET = "sglang.srt.managers.scheduler.Scheduler.get_internal_state"
 #: The radix cache's eviction walk (``evict`` and ``evict_for_alloc`` both run it).
 EVICT_TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache._evict"
 #: Before that walk existed (0.5.21 and older) every eviction goes through the public
@@ -505,6 +509,13 @@ def idle_publish(original: Callable, reporter: Any, *args: Any, **kwargs: Any) -
     return result
 
 
+def wake_observed(original: Callable, scheduler: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on :data:`WAKE_TARGET`: a reader asked, so the next idle publish is due now
+    (a publish still runs only on an idle turn, after the question was answered)."""
+    _EXPORTER.last = float("-inf")
+    return original(scheduler, *args, **kwargs)
+
+
 def evict_on_request(scheduler: Any) -> None:
     """The kit's request for SGLang's eviction walk over the whole tree, answered at idle
     (``conformance/sglang_plugins/evict_all.py``); the walk's frees are recorded like any walk's."""
@@ -782,6 +793,9 @@ def install(role: str) -> dict[str, Any]:
     except (ImportError, AttributeError):
         idle_target = LEGACY_TARGET
     HookRegistry.register(idle_target, idle_publish, HookType.AROUND)
+    wake_before = _resolve(pkgutil, WAKE_TARGET)
+    if wake_before is not None:
+        HookRegistry.register(WAKE_TARGET, wake_observed, HookType.AROUND)
     HookRegistry.register(STEP_TARGET, before_run_batch, HookType.BEFORE)
     counters = dict.fromkeys(evict_before, evict_counted)
     state_line = register_state_hooks(HookRegistry, HookType.AROUND, outer=counters)
@@ -804,7 +818,8 @@ def install(role: str) -> dict[str, Any]:
         raise RuntimeError(f"hook on {LAZY_TARGET} was not applied")
     pressure_hooked = {n: t for n, (t, b) in pressure.items() if _resolve(pkgutil, t) is not b}
     state_hooked = state_line(pressure=sorted(pressure_hooked))
-    around = list(dict.fromkeys([idle_target, *evict_hooked, *state_hooked, *pressure_hooked.values()]
+    wake_hooked = [WAKE_TARGET] if wake_before is not None and _resolve(pkgutil, WAKE_TARGET) is not wake_before else []
+    around = list(dict.fromkeys([idle_target, *wake_hooked, *evict_hooked, *state_hooked, *pressure_hooked.values()]
                                 + ([LAZY_TARGET] if lazy_before is not None else [])))
     return {"around": around, "before": [STEP_TARGET], "gauges": gauges, "requests": requests_path()}
 

@@ -57,6 +57,10 @@ _CAUSE_PATTERNS = (
 _POINTERS = re.compile(r"see the error messages above|scheduler (?:process )?(?:\d+ )?(?:is dead|died|exited)|"
                        r"Rank \d+ scheduler is dead", re.I)
 _LIVE_LOCK = threading.Lock()
+#: Background stops under way (:meth:`ServerProcess.stop_soon`), joined by :func:`stop_all`.
+_STOPPING: "set[threading.Thread]" = set()
+#: How long :func:`stop_all` waits for one background stop (its grace plus the SIGKILL wait).
+STOP_JOIN_S = 60.0
 #: The server could not bind its port (uvicorn's line; SGLang then hangs in shutdown).
 _PORT_TAKEN = re.compile(r"\[Errno 98\]|address already in use", re.I)
 
@@ -226,6 +230,21 @@ class ServerProcess:
         _Reaper.tell("group", forget, forget=True)
         return self.returncode
 
+    def stop_soon(self) -> None:
+        """:meth:`stop` in a background thread, so the caller's next server starts while this
+        one winds down (SIGTERM, its grace, SIGKILL); :func:`stop_all` waits for it."""
+        thread = threading.Thread(target=self._stop_then_forget, name=f"stop {self.name}", daemon=True)
+        with _LIVE_LOCK:
+            _STOPPING.add(thread)
+        thread.start()
+
+    def _stop_then_forget(self) -> None:
+        try:
+            self.stop()
+        finally:
+            with _LIVE_LOCK:
+                _STOPPING.discard(threading.current_thread())
+
     def _port_taken(self) -> str:
         """The log line of this start saying the port is in use ('' if none)."""
         return next((ln.strip()[:300] for ln in self.log_text().splitlines() if _PORT_TAKEN.search(ln)), "")
@@ -350,11 +369,15 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def stop_all() -> int:
-    """Tear down every live server; returns how many were stopped."""
+    """Tear down every live server, and wait for the stops under way in the background
+    (:meth:`ServerProcess.stop_soon`); returns how many live servers were stopped."""
     with _LIVE_LOCK:
         live = list(_LIVE)
+        stopping = list(_STOPPING)
     for sp in live:
         sp.stop()
+    for t in stopping:
+        t.join(timeout=STOP_JOIN_S)
     return len(live)
 
 

@@ -18,8 +18,9 @@ SERVER_ENV = "HYBRID_CONFORMANCE_REFERENCE_SERVER"
 #: Set to 1 to start every reference server with a fresh interpreter instead of the forkserver.
 NO_FORKSERVER_ENV = "HYBRID_CONFORMANCE_NO_FORKSERVER"
 #: The Python the reference server runs with (default: this one).  ``history`` sets it to its own
-#: interpreter inside a release's venv: the engine is the kit's, defined on the kit's transformers,
-#: not on the release's pin (transformers 5.6-5.12 give split extends that differ from one extend).
+#: interpreter inside a release's venv whose pins changed torch or transformers: the engine is the
+#: kit's, defined on the kit's transformers, not on the release's pin (transformers 5.6-5.12 give
+#: split extends that differ from one extend); a venv on the kit's own libraries needs no other.
 PYTHON_ENV = "HYBRID_CONFORMANCE_REFERENCE_PYTHON"
 #: Imported once by the forkserver, so each cell's server starts in well under a second.
 PRELOAD = (

@@ -125,7 +125,7 @@ def _yield_endpoint(started: StartedCell) -> Iterator[Endpoint]:
         yield Endpoint(cell=started.cell, target=started.target, base_url=spec.base_url, client=client, process=proc, info=info)
     finally:
         client.close()
-        proc.stop()
+        proc.stop_soon()  # the next cell's server starts while this one winds down
 
 #: How long one liveness question may take on a busy server before it is asked again.
 HEALTH_TIMEOUT_S = 20.0

@@ -26,7 +26,7 @@ from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.sglang_contract.metric_names import KIT_IDLE_PUBLISH_SEQ
 
-POLL_S = 0.1
+POLL_S = 0.02
 #: Publishes after the first scrape that make a sample fresh.  One is enough: the caller
 #: holds every answer, and SGLang's scheduler (one thread) released each request before it
 #: sent its output; a publish that ends after the first scrape cannot have started before
@@ -37,8 +37,10 @@ FRESH_AFTER = 1
 #: An idle scheduler under ``--sleep-on-idle`` waits up to 1 s on its sockets between loop
 #: turns (SGLang's ``IdleSleeper``), so a fresh idle publish costs about a second.  A
 #: read-only question that reaches the scheduler (``/server_info``: its internal state)
-#: wakes it, and the observe plugin publishes on that turn: about 0.3 s instead of 1.1 s
-#: per idle check, measured on a real SGLang server on CPU.
+#: wakes it, and the observe plugin publishes on that turn (its hook on that question makes
+#: the publish due at once): about 0.15 s per probe of two samples instead of 0.6 s with the
+#: publish due 0.2 s after the last, and 1.1 s per sample without a wake, measured on a
+#: real SGLang server on CPU.
 WAKE = True
 #: With fresh samples, a broken invariant that persists this long is a finding, not a
 #: request still winding down (the observe plugin republishes every 0.2 s while idle).
