@@ -27,7 +27,9 @@ class AddReqResult(Enum):  # SGLang's admission results, by name
 
 
 def _req(rid: str, matched: int, tokens: list[int]) -> SimpleNamespace:
-    return SimpleNamespace(rid=rid, prefix_len=matched, fill_ids=tokens)
+    """SGLang's Req as every release has it: a prompt and its decoded tokens (no ``fill_ids``,
+    which only 0.5.12 had; reading it lost every refusal on 0.5.13-0.5.23)."""
+    return SimpleNamespace(rid=rid, prefix_len=matched, origin_input_ids=tokens[:-2], output_ids=tokens[-2:])
 
 
 def _log(tmp_path, monkeypatch) -> RequestLog:
@@ -62,6 +64,23 @@ def test_the_pressure_hooks_never_break_the_server(tmp_path, monkeypatch):
     _log(tmp_path, monkeypatch)
     assert observe.refused_observed(lambda adder, req: AddReqResult.NO_TOKEN, object(), object()) is AddReqResult.NO_TOKEN
     assert observe.retract_observed(lambda batch: None, object()) is None
+
+
+def test_a_hook_whose_observer_fails_reads_as_not_recorded_not_as_zero(tmp_path, monkeypatch):
+    """An observer that cannot read SGLang's objects (a renamed field) leaves SGLang's result
+    alone, says so once in the request log, and its counter is None (so a pressure cell is
+    red as "not recorded"), never a 0 that reads as "SGLang never refused"."""
+    log = _log(tmp_path, monkeypatch)
+    monkeypatch.setattr(observe, "_OBSERVER_FAILED", set())
+    observe.write_requests([{"ev": "start", "state_evictions": True, "pressure": ["refused", "retract"]}])
+    renamed = SimpleNamespace(rid="a", prefix_len=32, fill_ids=list(range(40)))  # no origin_input_ids
+    for _ in range(2):
+        assert observe.refused_observed(lambda adder, req: AddReqResult.NO_TOKEN, object(), renamed) is AddReqResult.NO_TOKEN
+    log.refresh()
+    assert log.events.get("observer_error") == 1 and "AttributeError" in log.observer_errors["refused"]
+    c = read_coverage(log)
+    assert c.refused_after_match is None and c.matched_then_evicted is None and c.retractions == 0
+    assert vacuous_pressure(c, ("refused_after_match",)) == ["refused_after_match not recorded"]
 
 
 def test_a_refusal_whose_state_stayed_is_not_matched_then_evicted_and_unhooked_counters_are_none(tmp_path, monkeypatch):

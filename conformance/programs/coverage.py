@@ -15,7 +15,8 @@ Every count is read from SGLang-side evidence, the observe plugin's per-request 
   ``/metrics``), never the request log; :func:`program_coverage` puts it in.
 
 A counter is None where the server records no such evidence (no per-request file: the
-reference target; a release without the hook point: the start line's ``pressure``).
+reference target; a release without the hook point: the start line's ``pressure``; a hook
+whose observer failed on this server: its ``observer_error`` record).
 :func:`vacuous_pressure` is the rule that turns a pressure cell's run red when the counters
 its small pool must move stayed 0 (``AxisValue.coverage``).
 """
@@ -67,7 +68,7 @@ def read_coverage(log: RequestLog | None) -> Coverage:
     difference of two readings, :meth:`Coverage.minus`)."""
     if log is None or not log.started:
         return Coverage()
-    hooked = set(log.pressure or ())
+    hooked = set(log.pressure or ()) - set(log.observer_errors)  # a hook whose observer failed recorded nothing it can vouch for
     walk_frees = sum(1 for by in log.freed_by.values() if by == "walk")
     counts: dict[str, Any] = {
         "refused_after_match": len({rid for rid, _, _ in log.refused.values()}),

@@ -108,6 +108,8 @@ class RequestLog:
     events: dict[str, int] = field(default_factory=dict)
     #: the pressure hooks the server's plugin has in place (None: a start line without the field)
     pressure: tuple[str, ...] | None = None
+    #: pressure hooks whose observer failed on this server (hook -> its error): their counters are not recorded
+    observer_errors: dict[str, str] = field(default_factory=dict)
     #: the unified tree's core class (None: not recorded; a release without one)
     tree_core: str | None = None
     started: bool = False
@@ -168,6 +170,8 @@ class RequestLog:
             self.tree_violations.append({k: str(rec.get(k, "")) for k in ("rule", "path", "line")})
         elif ev == "tree_audit_rules":
             self.tree_rules[str(rec.get("tree"))] = [str(r) for r in rec.get("rules") or ()]
+        elif ev == "observer_error":
+            self.observer_errors[str(rec.get("hook"))] = str(rec.get("error"))
         elif ev == "tree_audit_error":
             self.tree_audit_errors.append(str(rec.get("error")))
         elif ev == "lazy_drop":

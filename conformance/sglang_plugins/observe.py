@@ -423,6 +423,30 @@ def _matched(req: Any) -> int:
     return int(n) if n is not None else len(getattr(req, "prefix_indices", ()) or ())
 
 
+def _sequence(req: Any) -> list[int]:
+    """The tokens SGLang matches a request on: its prompt and what it has decoded so far
+    (``origin_input_ids`` + ``output_ids`` on every release; ``fill_ids``, the same sequence,
+    exists on 0.5.12 only, ``full_untruncated_fill_ids`` from 0.5.13)."""
+    return [int(t) for t in list(req.origin_input_ids) + list(req.output_ids or ())]
+
+
+#: Pressure hooks whose observer failed once (each is named once in the request log, so the
+#: kit reads its counter as not recorded instead of 0).
+_OBSERVER_FAILED: set[str] = set()
+
+
+def observer_failed(hook: str, error: BaseException) -> None:
+    """Record that ``hook``'s observer could not read what it observes (once per hook): an
+    observer never breaks the server, and never lets its silence read as "nothing happened"."""
+    if hook in _OBSERVER_FAILED:
+        return
+    _OBSERVER_FAILED.add(hook)
+    try:
+        write_requests([{"ev": "observer_error", "hook": hook, "error": f"{type(error).__name__}: {error}"[:300]}])
+    except Exception:  # an observer never breaks the server
+        pass
+
+
 def refused_observed(original: Callable, adder: Any, req: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook on the prefill adder's admission: a request refused for lack of KV or Mamba
     room (``NO_TOKEN``) after matching a cached prefix is recorded (result unchanged)."""
@@ -431,10 +455,9 @@ def refused_observed(original: Callable, adder: Any, req: Any, *args: Any, **kwa
         n = _matched(req)
         if getattr(result, "name", "") == "NO_TOKEN" and n > 0 and (str(req.rid), n) not in _REFUSED:
             _REFUSED.add((str(req.rid), n))
-            tokens = [int(t) for t in list(req.fill_ids)[:n]]
-            write_requests([{"ev": "refused", "rid": str(req.rid), "matched": n, "key": token_digest(tokens)}])
-    except Exception:  # an observer never breaks the server
-        pass
+            write_requests([{"ev": "refused", "rid": str(req.rid), "matched": n, "key": token_digest(_sequence(req)[:n])}])
+    except Exception as e:  # an observer never breaks the server
+        observer_failed("refused", e)
     return result
 
 
@@ -444,8 +467,8 @@ def retract_observed(original: Callable, batch: Any, *args: Any, **kwargs: Any) 
     try:
         if result[0]:
             write_requests([{"ev": "retract", "rids": [str(r.rid) for r in result[0]]}])
-    except Exception:  # an observer never breaks the server
-        pass
+    except Exception as e:  # an observer never breaks the server
+        observer_failed("retract", e)
     return result
 
 
@@ -454,8 +477,8 @@ def split_observed(original: Callable, *args: Any, **kwargs: Any) -> Any:
     result = original(*args, **kwargs)
     try:
         write_requests([{"ev": "split"}])
-    except Exception:  # an observer never breaks the server
-        pass
+    except Exception as e:  # an observer never breaks the server
+        observer_failed("split", e)
     return result
 
 
