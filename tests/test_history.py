@@ -159,18 +159,22 @@ def test_a_relative_out_folder_is_the_callers_not_the_inner_runs(monkeypatch, tm
     relative to the caller's folder, so the report folder it is given must be absolute (else
     the run writes under the kit's root and the row reads "no report.json")."""
 
-    def fake_run(argv, *, timeout, env=None, cwd=history.ROOT):
+    kit_root = tmp_path / "kit-root"  # where the inner run starts (history's ROOT; kept in tmp_path so a failure writes nothing into the kit)
+
+    def fake_run(argv, *, timeout, env=None, cwd=kit_root):
         report_dir = Path(cwd) / argv[argv.index("--report-dir") + 1]  # a relative path resolves in the run's cwd
         report_dir.mkdir(parents=True, exist_ok=True)
         (report_dir / "report.json").write_text(json.dumps({"cells": [{"id": "qwen3-next-80b-extra_buffer-p1-t256", "checks": {"kl": {"status": "pass"}}}]}))
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(history, "_run", fake_run)
-    monkeypatch.chdir(tmp_path)
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    monkeypatch.chdir(caller)
     features = {"version": "0.5.12", "strategies": ["no_buffer", "extra_buffer"], "sglang_cpu_gap": None}
     rows = history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="premerge", models=("qwen3-next",), out_dir=Path("out"))
     assert Row("0.5.12", "sglang-cpu:kl", "pass", "", cell="qwen3-next-80b-extra_buffer-p1-t256") in rows, rows
-    assert (tmp_path / "out" / "runs" / "0.5.12-qwen3-next" / "report.json").is_file()
+    assert (caller / "out" / "runs" / "0.5.12-qwen3-next" / "report.json").is_file() and not (kit_root / "out").exists()
 
 
 def test_a_release_part_whose_every_cell_is_na_has_na_rows_and_no_run_failure(monkeypatch, tmp_path):
