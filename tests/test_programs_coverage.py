@@ -160,6 +160,27 @@ def test_splits_on_a_rust_tree_core_are_not_recorded(tmp_path, monkeypatch):
     assert read_coverage(log).splits is None
 
 
+def test_splits_under_a_tree_core_its_observer_could_not_name_are_not_recorded(tmp_path, monkeypatch):
+    """The core may be Rust, whose splits the split hook never sees: 0 would read as "no split"."""
+    log = _log(tmp_path, monkeypatch)
+    monkeypatch.setattr(observe, "_OBSERVER_FAILED", set())
+    monkeypatch.setattr(observe, "write_requests", _failing_for("tree_core", observe.write_requests))
+    observe.write_requests([{"ev": "start", "state_evictions": True, "pressure": ["refused", "retract", "split", "tree_core"]}])
+    core = SimpleNamespace()
+    assert observe.tree_core_observed(lambda name, params, comps: core, "python", None, {}) is core
+    log.refresh()
+    assert log.tree_core is None and "tree_core" in log.observer_errors and read_coverage(log).splits is None
+
+
+def _failing_for(ev: str, write):
+    """``write_requests`` that fails on records of ``ev`` (an observer that cannot write them)."""
+    def wrapped(records):
+        if any(r.get("ev") == ev for r in records):
+            raise OSError("disk full")
+        return write(records)
+    return wrapped
+
+
 def test_the_forced_retraction_cells_require_retractions():
     from conformance.matrix.cells import load_matrix
 

@@ -479,15 +479,8 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
             continue
         part = shard.part(release) if shard else None
         mine = [c for c in checks if part is None or c in part.checks or c == SGLANG_CPU]
-        def checks_beside(release=release, venv=venv, mine=mine) -> list[Row]:
-            """The plan's validation and the pool tier: one process at a time, run beside the
-            release's server run (whose workers wait on servers, idle checks and the reference
-            engine's start-ups), so a release's time is not their sum."""
-            out = validate_rows(release, venv, tier) if "validate" in mine else []
-            return out + (pool_rows(release, venv, tier, machine="machine" in mine) if "pool" in mine else [])
-
         with ThreadPoolExecutor(max_workers=1) as beside:
-            pending = beside.submit(checks_beside)
+            pending = beside.submit(rows_beside_the_server_run, release, venv, tier, mine)
             served = (sglang_cpu_rows(release, venv, features, requested=with_sglang_cpu or part is not None, tier=tier, out_dir=out_dir,
                                       models=models, workers=workers, budget=budget, cells=part.cells if part else (),
                                       part=f"shard-{shard.index}" if shard else "")
@@ -495,6 +488,14 @@ def history(releases: Sequence[str], *, venv_dir: Path, tier: str, checks: Seque
             rows += pending.result() + served
         log(f"history: sglang {release} done in {time.monotonic() - start:.0f} s")
     return rows, probes
+
+
+def rows_beside_the_server_run(release: str, venv: Path, tier: str, mine: Sequence[str]) -> list[Row]:
+    """The plan's validation and the pool tier, one process at a time, run beside the release's
+    server run (whose workers wait on servers, idle checks and the reference engine's
+    start-ups), so a release's time is not their sum."""
+    out = validate_rows(release, venv, tier) if "validate" in mine else []
+    return out + (pool_rows(release, venv, tier, machine="machine" in mine) if "pool" in mine else [])
 
 
 def parse_workers(text: str | None) -> int:

@@ -81,8 +81,8 @@ def read_coverage(log: RequestLog | None) -> Coverage:
     for name, hook in NEEDS_HOOK.items():
         if hook not in hooked:
             counts[name] = None
-    if log.tree_core and "rust" in log.tree_core.lower():
-        counts["splits"] = None  # a Rust tree core splits inside Rust: not seen
+    if "tree_core" in log.observer_errors or (log.tree_core and "rust" in log.tree_core.lower()):
+        counts["splits"] = None  # a Rust tree core splits inside Rust: not seen (and an unknown core may be Rust)
     return Coverage(**counts)
 
 

@@ -488,8 +488,8 @@ def tree_core_observed(original: Callable, *args: Any, **kwargs: Any) -> Any:
     result = original(*args, **kwargs)
     try:
         write_requests([{"ev": "tree_core", "core": f"{type(result).__module__}.{type(result).__qualname__}"}])
-    except Exception:  # an observer never breaks the server
-        pass
+    except Exception as e:  # an observer never breaks the server
+        observer_failed("tree_core", e)
     return result
 
 
