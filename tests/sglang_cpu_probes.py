@@ -329,6 +329,43 @@ def kv_fill_then_idle(client: SGLangClient) -> dict[str, float]:
     return fresh_idle_metrics(client)
 
 
+def refused_follow_up_hit(client: SGLangClient, *, slack: int = 32, holders: int = 2, new: int = 64) -> tuple[int, int]:
+    """The programs' pool-sized ``refuse`` shape by hand: a prompt of 513 tokens stored (its
+    state at 512), two streamed holders (ignore_eos, ``new`` tokens each) whose prompts and
+    decodes take all the KV pool but that request and ``slack`` tokens, then, once both
+    decode, a follow-up of the stored prompt + 64 tokens: it matches 512, cannot fit, waits
+    refused until a holder finishes.  Nothing evicts the stored state (the slack holds the
+    holders' decodes).  Returns (the follow-up's cached_tokens, the stored prompt's length)."""
+    import threading
+
+    from conformance.sglang_contract.metric_names import KIT_KV_TOTAL
+
+    client.flush_cache()
+    kv_total = int(client.metrics().get(KIT_KV_TOTAL) or client.server_info()["max_total_num_tokens"])
+    stored = prompts([513], seed=41)[0]
+    generate_tokens(client, [stored], 2)
+    each = (kv_total - (len(stored) + 2) - slack) // holders - new
+    started: list[int] = []
+
+    def hold(i: int) -> None:
+        body = {"input_ids": list(prompts([each], seed=42 + i)[0]), "stream": True,
+                "sampling_params": {"max_new_tokens": new, "temperature": 0, "ignore_eos": True}}
+        for j, _ in enumerate(client.generate_stream(body)):
+            if j == 1:
+                started.append(i)
+
+    threads = [threading.Thread(target=hold, args=(i,), daemon=True) for i in range(holders)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while len(started) < holders and time.monotonic() < deadline:
+        time.sleep(0.01)
+    back = client.generate({"input_ids": list(stored + tail(64, "refused")), "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+    for t in threads:
+        t.join(timeout=120)
+    return int(back["meta_info"]["cached_tokens"]), len(stored)
+
+
 def priority_fill_held_hit(client: SGLangClient) -> tuple[int, int]:
     """The eviction-order scenario (``conformance/checks/eviction_order.py``): a 1024-token prompt
     sent three times at request priority 10, then priority-0 prompts stored one at a time past the

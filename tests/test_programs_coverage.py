@@ -60,6 +60,23 @@ def test_the_pressure_hooks_record_refusals_after_a_match_retractions_and_splits
                                           nodes_evicted=1, splits=1, tree_audits=None)
 
 
+def test_a_refusal_is_recorded_on_releases_whose_match_is_a_tensor_of_indices(tmp_path, monkeypatch):
+    """Up to 0.5.21 a Req has no ``prefix_len``: the match is ``prefix_indices``, a tensor whose
+    truth value torch refuses when it is empty (that error lost every refusal on 0.5.21)."""
+    import torch
+
+    log = _log(tmp_path, monkeypatch)
+    monkeypatch.setattr(observe, "_OBSERVER_FAILED", set())
+    tokens = list(range(40))
+    observe.write_requests([{"ev": "start", "state_evictions": True, "pressure": ["refused"]}])
+    refuse = lambda adder, req, *a: AddReqResult.NO_TOKEN  # noqa: E731
+    old = lambda rid, n: SimpleNamespace(rid=rid, prefix_indices=torch.arange(n), origin_input_ids=tokens, output_ids=[])  # noqa: E731
+    observe.refused_observed(refuse, object(), old("cold", 0))  # an empty match: no refusal after a match
+    observe.refused_observed(refuse, object(), old("warm", 32))
+    log.refresh()
+    assert not log.observer_errors and read_coverage(log).refused_after_match == 1
+
+
 def test_the_pressure_hooks_never_break_the_server(tmp_path, monkeypatch):
     _log(tmp_path, monkeypatch)
     assert observe.refused_observed(lambda adder, req: AddReqResult.NO_TOKEN, object(), object()) is AddReqResult.NO_TOKEN
@@ -101,14 +118,14 @@ def test_a_refusal_whose_state_stayed_is_not_matched_then_evicted_and_unhooked_c
 
 def test_a_programs_tree_audits_are_the_audits_own_counter_over_the_program():
     values = {KIT_TREE_AUDITS_TOTAL: 7.0}
-    run = SimpleNamespace(stats=RunStats(), _audits0=None, t=SimpleNamespace(requests=None))
+    run = SimpleNamespace(stats=RunStats(), _audits0=None, _new_violations=list, t=SimpleNamespace(requests=None))
     ProgramRun._tree_audit(run, values)  # the first reading: the audits before the program ran
     ProgramRun._tree_audit(run, {KIT_TREE_AUDITS_TOTAL: 12.0})
     assert run.stats.tree_audits == 12
     before = Coverage(eviction_walks=1)
     c = program_coverage(Coverage(eviction_walks=4), before, run.stats.tree_audits)
     assert c.tree_audits == 12 and c.eviction_walks == 3
-    quiet = SimpleNamespace(stats=RunStats(), _audits0=None, t=SimpleNamespace(requests=None))
+    quiet = SimpleNamespace(stats=RunStats(), _audits0=None, _new_violations=list, t=SimpleNamespace(requests=None))
     ProgramRun._tree_audit(quiet, {})  # a server that does not audit publishes no counter
     assert program_coverage(Coverage(), Coverage(), quiet.stats.tree_audits).tree_audits is None
 
@@ -126,7 +143,7 @@ def _cell(**options: str) -> SimpleNamespace:
 
 def test_a_small_pool_requires_its_pressure_counters():
     assert coverage_required(_cell()) == ()
-    assert coverage_required(_cell(mamba_pool="small")) == ("refused_after_match", "eviction_walks", "nodes_evicted")
+    assert coverage_required(_cell(mamba_pool="small")) == ("refused_after_match", "matched_then_evicted", "eviction_walks", "nodes_evicted")
     assert "retractions" in coverage_required(_cell(kv_pool="small"))
 
 
@@ -187,3 +204,17 @@ def test_the_forced_retraction_cells_require_retractions():
     cells = [c for c in load_matrix().cells if c.fault.name == "forced_retract"]
     assert cells and all(c.tier == "nightly" and "retractions" in coverage_required(c) for c in cells)
     assert dict(cells[0].fault.env) == {"SGLANG_TEST_RETRACT": "1", "SGLANG_TEST_RETRACT_INTERVAL": "3"}
+
+
+def test_a_death_after_the_audit_named_a_leak_is_the_audits_finding_first(tmp_path, monkeypatch):
+    """SGLang died (its own assertion: the pool ran out of leaked slots) after the audit had named
+    the leak: the program's failure is the audit's finding, the death its consequence."""
+    log = _log(tmp_path, monkeypatch)
+    observe.write_requests([{"ev": "start", "state_evictions": True},
+                            {"ev": "tree_violation", "rule": "slot_owned", "path": "", "line": "mamba slot 17 is counted used ..."}])
+    crash = "AssertionError: Not enough space for mamba ping pong idx\n  File \"/x/sglang/srt/mem_cache/memory_pool.py\", line 1761"
+    run = SimpleNamespace(_violations0=0, t=SimpleNamespace(requests=log, log_text=lambda: crash))
+    run._new_violations = lambda: ProgramRun._new_violations(run)
+    kinds = [f.kind for f in ProgramRun._death(run, "exited with code -9")]
+    assert kinds[0] == "tree_structure" and kinds[-1].startswith("server_died") and len(kinds) == 2
+    assert [f.kind for f in ProgramRun._death(run, "exited")] == kinds[1:]  # a violation is judged once

@@ -80,15 +80,34 @@ def _pool_holders(p) -> list[Send]:
     return [h for h in _holders(p) if h.base == Root(0, 0)]
 
 
-def test_a_pool_sized_refusal_leaves_the_follow_up_less_than_its_extend():
-    """Holders charged their whole decode (ignore_eos) take all the pool but the stored request
-    and a slack below the follow-up's extend, so it reaches the prefill adder and is refused for KV."""
-    p = find(programs(POOL), lambda p: any(h.options.ignore_eos for h in _pool_holders(p)), settings=FIND)
+def _refusal(p):
     holders = _pool_holders(p)
     stored = next(s for s in p.steps if isinstance(s, Send) and s.rid.startswith("r") and len(s.suffix) == 2 * POOL.checkpoint_grid + 1)
     back = next(s for s in p.steps if isinstance(s, Send) and isinstance(s.base, After) and s.base.rid == stored.rid)
-    slack = POOL.kv_total - sum(len(h.suffix) + h.max_new for h in holders) - (len(stored.suffix) + stored.max_new)
+    return holders, stored, back, POOL.kv_total - sum(len(h.suffix) + h.max_new for h in holders) - (len(stored.suffix) + stored.max_new)
+
+
+def _slack(p) -> int:
+    return _refusal(p)[3] if any(h.options.ignore_eos for h in _pool_holders(p)) else 0
+
+
+def test_a_pool_sized_refusal_leaves_the_follow_up_less_than_its_extend():
+    """Holders charged their whole decode (ignore_eos) take all the pool but the stored request
+    and a slack below the follow-up's extend, so it reaches the prefill adder and is refused for KV."""
+    p = find(programs(POOL), lambda p: _slack(p) > 0, settings=FIND)
+    holders, stored, back, slack = _refusal(p)
     assert 2 <= len(holders) <= 3 and 0 < slack < len(back.suffix) + back.max_new and back.gate.rid == holders[-1].rid
+
+
+def test_a_pool_sized_refusal_may_overflow_so_the_holders_decodes_evict_the_matched_state():
+    """The other half: the prompts and the stored state fit the pool until the follow-up came
+    (gated on a holder's first tokens), the holders' whole decodes do not, so while the follow-up
+    waits refused SGLang's eviction walk must free what it matched (``matched_then_evicted``)."""
+    p = find(programs(POOL), lambda p: _slack(p) < 0, settings=FIND)
+    holders, stored, back, slack = _refusal(p)
+    prompts = sum(len(h.suffix) for h in holders)
+    assert prompts + len(stored.suffix) + stored.max_new + back.gate.tokens * len(holders) < POOL.kv_total  # matched before any eviction
+    assert slack < 0 and back.gate.rid == holders[-1].rid  # the whole decodes outgrow the pool
 
 
 def test_pool_sized_retraction_holders_fit_sglangs_admission_but_not_the_pool():

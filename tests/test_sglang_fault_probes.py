@@ -36,6 +36,7 @@ from sglang_cpu_probes import (
     mixed_prefill_hits,
     overlap_edge_hits,
     pressure_hits,
+    refused_follow_up_hit,
     priority_fill_held_hit,
     REASONING_LENGTHS,
     reasoning_hits,
@@ -82,6 +83,9 @@ PROBES: dict[str, Probe] = {
     "abort_leak": Probe(EXTRA, used(aborted_decode_then_idle), lambda n: n >= 1),
     # SGLang's own forced retraction (every 3rd decode step): the retracted requests' slots stay used
     "retract_leaks_mamba_slot": Probe(EXTRA, used(batch_then_idle), lambda n: n >= 1, "forced_retract"),
+    # a follow-up refused for KV after matching a stored 512-token state, retried once a holder
+    # finished: the tree still holds the state (clean: a hit of 512), the faulty retry starts from 0
+    "refused_retry_drops_match": Probe(EXTRA, refused_follow_up_hit, lambda seen: seen[0] == 0, options=(("kv_pool", "small"),)),
     "evict_locked_node": Probe(EXTRA, used(hits_then_idle), lambda n: n <= -4),
     # states: a cache hit against the same request served cold
     "cow_skipped": Probe(EXTRA, batched_prefill_hits, lambda rows: len(diverged(rows)) == len(rows)),
@@ -255,6 +259,14 @@ def test_path_cap_fault_is_missed_with_the_cap_off(tmp_path: Path) -> None:
         idle = hits_then_idle(s.client)
         fired = s.fired("path_cap_frees_tail_slot")
     assert fired == 0 and idle[MAMBA_USED_TOKENS] == 0 and not idle_invariant(idle), (fired, idle)
+
+
+def test_control_refused_follow_up_clean(tmp_path: Path) -> None:
+    """The refused follow-up on a clean small-KV-pool server: retried after a holder finished, it
+    reuses the stored state (512 of its 513-token prefix)."""
+    with probe_server(cell_for(*EXTRA, options=(("kv_pool", "small"),)), tmp_path, fault=None, strict=False) as s:
+        hit, _ = refused_follow_up_hit(s.client)
+    assert hit == 512, hit
 
 
 def test_control_pressure_clean(tmp_path: Path) -> None:

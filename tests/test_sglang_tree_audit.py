@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from sglang_cpu_probes import cell_for, fresh_idle_metrics, probe_server, prompts, tail
+from sglang_cpu_probes import aborted_decode_then_idle, cell_for, fresh_idle_metrics, probe_server, prompts, tail
 
 from conformance.programs.evidence import RequestLog
 from conformance.sglang_contract.metric_names import KIT_TREE_AUDIT_SECONDS_TOTAL, KIT_TREE_AUDITS_TOTAL
@@ -61,6 +61,7 @@ def test_a_clean_tree_passes_every_audit_on_each_core(tmp_path, core) -> None:
                           "stored": sum(map(len, log.states_stored.values())), "evicted": sum(map(len, log.states_evicted.values()))}))
         assert audits > 0 and not log.tree_audit_errors and log.tree_violations == []
         assert [tree.endswith("/" + core) for tree in log.tree_rules] == [True]
+        assert "slot_owned" in next(iter(log.tree_rules.values()))  # the padding was taken at the first idle audit
         assert log.per_node and log.states_stored and log.states_evicted  # the per-node records work on this core
 
 
@@ -81,3 +82,17 @@ def test_the_audit_names_a_child_filed_under_the_wrong_key(tmp_path) -> None:
         wrong = [v for v in log.tree_violations if v["rule"] == "child_key"]
         assert len(wrong) == 1 and wrong[0]["path"], log.tree_violations
         assert server.process.exit_reason() is None  # SGLang's own checks did not see it
+
+
+def test_the_audit_names_a_leaked_slot_before_the_server_goes_idle(tmp_path) -> None:
+    """A seeded leak (``abort_leak``: an aborted request's release loses its mamba frees; SGLang's
+    strict idle check off, so the server lives): the slots it leaks are counted used, held by no
+    tree node and no request, and the audit's ``slot_owned`` names each of them."""
+    with probe_server(cell_for("qwen3-next", "extra_buffer"), tmp_path, fault="abort_leak", strict=False) as server:
+        aborted_decode_then_idle(server.client)
+        log = RequestLog(server.report.with_name(server.report.name.removesuffix(".plugins.jsonl") + ".requests.jsonl"))
+        log.refresh()
+        fired = server.fired("abort_leak")
+    owned = [v for v in log.tree_violations if v["rule"] == "slot_owned"]
+    print(json.dumps({"fired": fired, "violations": log.tree_violations}))
+    assert fired >= 1 and owned and all("no tree node and no request holds it" in v["line"] for v in owned), log.tree_violations

@@ -9,7 +9,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from conformance.sglang_plugins.tree_audit import RULE_NAMES, RULES, SGLANG_RULE, Auditor, NodeView, TreeView, _request_slots, judge, sglang_check
+from conformance.sglang_plugins.tree_audit import RULE_NAMES, RULES, SGLANG_RULE, Auditor, NodeView, TreeView, _request_slots, _unowned, judge, sglang_check
 
 
 def good(**changes) -> TreeView:
@@ -20,7 +20,8 @@ def good(**changes) -> TreeView:
         NodeView((32,), True, {"full": 0, "mamba": 0}, (), False),
     )
     view = TreeView("fake/python", 16, idle=True, nodes=nodes, lru_strays=0, tree_slots=(3, 5), free_slots=frozenset({1, 2, 4}),
-                    request_slots={}, state_lens={3: 64, 5: 80}, protected={"full": 0, "mamba": 0})
+                    request_slots={}, state_lens={3: 64, 5: 80}, protected={"full": 0, "mamba": 0},
+                    unowned=frozenset({0}), reserved=frozenset({0}))
     return replace(view, **changes)
 
 
@@ -46,6 +47,7 @@ SEEDED = {
     "lru_exact": (with_node(1, in_mamba_lru=False), "64/16"),
     "slot_used": (good(free_slots=frozenset({1, 5})), "64/16"),
     "slot_once": (good(request_slots={"r1": (3,)}), "64"),
+    "slot_owned": (good(unowned=frozenset({0, 4})), ""),
     "state_depth": (good(state_lens={3: 64, 5: 64}), "64/16"),
 }
 
@@ -70,7 +72,7 @@ def test_an_lru_entry_naming_no_node_is_a_violation_of_the_tree() -> None:
 def test_a_view_without_nodes_runs_only_the_rules_it_can_feed() -> None:
     rust = good(nodes=None, lru_strays=None, state_lens=None)
     found, ran = judge(rust)
-    assert found == [] and ran == ["protected_at_idle", "slot_used", "slot_once"]
+    assert found == [] and ran == ["protected_at_idle", "slot_used", "slot_once", "slot_owned"]
     found, _ = judge(replace(rust, tree_slots=(3, 3)))
     assert [v.rule for v in found] == ["slot_once"]
 
@@ -86,6 +88,9 @@ class _Tree:
 
 def test_sglang_own_check_is_a_violation_when_it_asserts() -> None:
     assert sglang_check(_Tree(None)) == []
+    assert sglang_check(NS()) is None  # no check: the rule does not run
+    session_over_chunk_cache = NS(sanity_check=lambda: NS().sanity_check())  # SGLang's session wrapper forwarding to a ChunkCache
+    assert sglang_check(session_over_chunk_cache) is None
     (v,) = sglang_check(_Tree("Sanity check FAILED (1 violations across 3 nodes):\n  mamba device LRU: +tree={4}, +lru=set()"))
     assert v.rule == SGLANG_RULE and "mamba device LRU" in v.line
     assert SGLANG_RULE in RULE_NAMES
@@ -121,3 +126,35 @@ def test_the_reader_leaves_out_finished_requests_whose_slot_sglang_donated_to_th
     running = [req("r2", 5, True), req("r4", 7, False)]
     scheduler = NS(running_batch=NS(reqs=running), chunked_req=req("c1", 9, False))
     assert _request_slots(scheduler, None) == {"r4 (running)": (7,), "c1 (chunked)": (9,)}
+
+
+def _scheduler(free, **groups) -> NS:
+    """A scheduler whose mamba allocator has slots 1..8 (0: SGLang's padding slot) and ``free``."""
+    pool = NS(mamba_allocator=NS(size=8, free_slots=list(free)))
+    base = dict(running_batch=NS(reqs=[]), last_batch=None, cur_batch=None, chunked_req=None, waiting_queue=[], result_queue=[])
+    return NS(req_to_token_pool=pool, **{**base, **groups})
+
+
+def _req(rid: str, slot: int, pingpong=(-1, -1)) -> NS:
+    return NS(rid=rid, kv=NS(mamba_pool_idx=[slot], mamba_ping_pong_track_buffer=list(pingpong), mamba_cow_src_index=None))
+
+
+def test_a_used_slot_no_tree_node_and_no_request_holds_is_unowned() -> None:
+    """Owners: the tree, and every request the scheduler holds anywhere (running with its ping-pong
+    slots, the last batch awaiting its results, the result queue, the waiting queue)."""
+    scheduler = _scheduler({6, 7}, running_batch=NS(reqs=[_req("r1", 1, (2, 3))]), last_batch=NS(reqs=[_req("r2", 4)]),
+                           result_queue=[(NS(reqs=[_req("r3", 5)]), None)])
+    assert _unowned(scheduler, None, (8,), frozenset({6, 7}), True) == frozenset({0})  # the padding only
+    assert _unowned(scheduler, None, (), frozenset({6, 7}), True) == frozenset({0, 8})  # the tree let go of 8: nobody holds it
+    assert _unowned(scheduler, None, (8,), frozenset({6, 7}), False) is None  # a session holds the tree: owners unseen
+
+
+def test_the_auditor_takes_the_padding_at_the_first_idle_audit_and_names_a_later_leak(monkeypatch) -> None:
+    import conformance.sglang_plugins.tree_audit as audit
+
+    views = iter([good(reserved=None), good(reserved=None, idle=False, unowned=frozenset({0, 4}))])
+    monkeypatch.setattr(audit, "read_tree", lambda *a, **k: next(views))
+    auditor, tree = Auditor(), NS(tree_cache=NS())
+    assert [v for v in auditor.run(tree, None, idle=True, state_lens={}) if hasattr(v, "rule")] == []
+    (leak,) = [v for v in auditor.run(tree, None, idle=False, state_lens={}) if hasattr(v, "rule")]
+    assert auditor.reserved == frozenset({0}) and leak.rule == "slot_owned" and "mamba slot 4" in leak.line

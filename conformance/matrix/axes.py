@@ -182,7 +182,7 @@ def _default(name: str) -> Callable[[Strategy], str]:
 
 
 #: The coverage counters every small pool must move in a nightly fuzz (a KV pool adds retractions).
-POOL_PRESSURE = ("refused_after_match", "eviction_walks", "nodes_evicted")
+POOL_PRESSURE = ("refused_after_match", "matched_then_evicted", "eviction_walks", "nodes_evicted")
 
 
 def _pool_axis(name: str, flag: str, what: str, cpu_default: int, small: int, unit: str, small_enables: tuple[str, ...] = (),

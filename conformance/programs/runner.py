@@ -237,8 +237,14 @@ class ProgramRun:
         raise program_failure(self.step_no, list(findings), self.trace)
 
     def _death(self, why: str, *, where: str = "server died") -> list[Finding]:
-        """A dead server's findings, named by its log (``checks.leaks.death_findings``)."""
-        return death_findings(f"{where}: {why}", self.t.log_text() if self.t.log_text else "")
+        """A dead server's findings: first what the tree audit named before it died (a leak or a
+        broken tree the death followed from is the finding, the death its consequence), then
+        the death, named by its log (``checks.leaks.death_findings``)."""
+        try:
+            audit = self._new_violations()
+        except (OSError, ValueError):  # an unreadable evidence file: the death alone
+            audit = []
+        return [*audit, *death_findings(f"{where}: {why}", self.t.log_text() if self.t.log_text else "")]
 
     def _start(self) -> None:
         c = self.t.client
@@ -536,13 +542,18 @@ class ProgramRun:
         if audits is not None:  # a server that audits publishes the counter from its first audit on
             self.stats.tree_audits = (self.stats.tree_audits or 0) + audits - (self._audits0 or 0)
         self._audits0 = audits
+        found = self._new_violations()
+        if found:
+            self.fail(*found)
+
+    def _new_violations(self) -> list[Finding]:
+        """The tree audit's violations recorded since the last look, as findings (at most 5)."""
         log = self.t.requests
         if log is None:
-            return
+            return []
         log.refresh()
         new, self._violations0 = log.tree_violations[self._violations0:], len(log.tree_violations)
-        if new:
-            self.fail(*tree_findings(new[:5]))
+        return tree_findings(new[:5])
 
     # ------------------------------------------------------------ liveness / cleanup
     def _dead(self) -> str | None:

@@ -18,7 +18,8 @@ from the ordinary steps so any program file replays them: ``hold`` (streamed dec
 to ``hold_new`` tokens that hold KV while gated arrivals come in), ``refuse`` (a request is
 stored and answered, holders take the KV, then a follow-up of it arrives gated on a holder:
 it matches the stored prefix and, short of room, is refused and waits while the holders'
-decodes may evict what it matched; it is admitted once they finish), ``match_burst`` (a
+decodes may evict what it matched (pool-sized holders overflow the pool on purpose in half
+the draws); it is admitted once they finish), ``match_burst`` (a
 prefix is stored, then a burst of more members than Mamba slots matches it at admission),
 ``retract`` (holders that do not ignore EOS: SGLang charges a running request only
 ``new_token_ratio`` x the decode it has left, so it admits the last holder while the others
@@ -130,6 +131,9 @@ PRESSURE_SHAPES = ("hold", "refuse", "match_burst", "retract")
 #: SGLang's initial ``new_token_ratio`` (``SGLANG_INIT_NEW_TOKEN_RATIO``): the share of a
 #: running request's ``max_new`` the prefill adder reserves when it does not ignore EOS.
 RESERVED_RATIO = 0.7
+#: the refuse shape's margins (tokens): < 0 a slack that keeps the matched state, > 0 an overflow the
+#: holders' decodes must evict (both well below ``(1 - RESERVED_RATIO)`` x the holders' decode, so the follow-up is refused)
+REFUSE_MARGINS = (-16, -32, -48, 16, 32, 48)
 
 
 def kinds(spec: GenSpec) -> tuple[str, ...]:
@@ -206,13 +210,19 @@ def _pressure(draw, m: _Model) -> list[Step]:
                     for h in holders[: draw(st.integers(1, len(holders)))]]
         return [*holders, *arrivals]
     if sized:
-        # a stored prefix past two checkpoints, then holders that charge all the pool but it and a
-        # slack below the follow-up's extend: the follow-up matches it and is refused for KV
+        # a stored prefix past two checkpoints, then holders whose prompts charge all the pool but
+        # it and a margin below the follow-up's extend: the follow-up matches it and is refused for
+        # KV.  A slack leaves the matched state in place; an overflow makes the holders' decodes
+        # outgrow the free pool, so SGLang's eviction walk frees the state the refused follow-up
+        # matched before it is admitted again (``matched_then_evicted``).
         stored = Send(m.rid("r"), Root(0, 0), tokens(2 * m.spec.checkpoint_grid + 1, m.spec, f"stored:{draw(st.integers(0, 2**16))}"),
                       m.take_decode(2), SendOptions(return_logprob=True))
         m.sent.append(stored.rid)
-        held = m.spec.kv_total - (len(stored.suffix) + stored.max_new) - draw(st.sampled_from((16, 32, 48)))
-        holders = _pool_holders(m, draw(st.integers(0, 2**16)), held=held, new=max(m.spec.hold_new, 64), ignore_eos=True)
+        margin = draw(st.sampled_from(REFUSE_MARGINS))
+        overflow = margin + _holder_count(m.spec, m.spec.kv_total) * m.spec.page_size if margin > 0 else margin
+        held = m.spec.kv_total - (len(stored.suffix) + stored.max_new) + overflow
+        # each holder decodes at least the overflow: the prompts and the stored state fit until the follow-up came
+        holders = _pool_holders(m, draw(st.integers(0, 2**16)), held=held, new=max(m.spec.hold_new, 64, overflow), ignore_eos=True)
     else:
         stored = draw(_send(m, follow=draw(st.booleans()), stream=False))
         holders = draw(_holders(m))

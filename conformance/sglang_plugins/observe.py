@@ -418,16 +418,21 @@ _REFUSED: set[tuple[str, int]] = set()
 
 
 def _matched(req: Any) -> int:
-    """The prefix SGLang matched for ``req`` (``prefix_len``, else its ``prefix_indices``)."""
+    """The prefix SGLang matched for ``req`` (``prefix_len``, else its ``prefix_indices``: a
+    tensor up to 0.5.21, whose truth value SGLang's torch refuses when it is empty)."""
     n = getattr(req, "prefix_len", None)
-    return int(n) if n is not None else len(getattr(req, "prefix_indices", ()) or ())
+    if n is not None:
+        return int(n)
+    indices = getattr(req, "prefix_indices", None)
+    return 0 if indices is None else len(indices)
 
 
 def _sequence(req: Any) -> list[int]:
     """The tokens SGLang matches a request on: its prompt and what it has decoded so far
     (``origin_input_ids`` + ``output_ids`` on every release; ``fill_ids``, the same sequence,
     exists on 0.5.12 only, ``full_untruncated_fill_ids`` from 0.5.13)."""
-    return [int(t) for t in list(req.origin_input_ids) + list(req.output_ids or ())]
+    out = getattr(req, "output_ids", None)
+    return [int(t) for t in list(req.origin_input_ids) + (list(out) if out is not None else [])]
 
 
 #: Pressure hooks whose observer failed once (each is named once in the request log, so the

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 #: The rule SGLang's own check is recorded under (not in :data:`RULES`: it runs on the cache, not on a view).
@@ -61,6 +61,11 @@ class TreeView:
     request_slots: Mapping[str, tuple[int, ...]] | None = None  # running request -> its own mamba slots
     state_lens: Mapping[int, int] | None = None  # slot -> prefix length the tree took it for (observe's state_stored)
     protected: Mapping[str, int] | None = None  # component -> protected (locked) size the tree counts
+    #: slots the allocator counts used that neither the tree nor any request the scheduler holds
+    #: names (None: not readable, or owners the audit cannot see: a session holding the tree, PD
+    #: queues, a host tier)
+    unowned: frozenset[int] | None = None
+    reserved: frozenset[int] | None = None  # the unowned slots of the server's first idle audit (its padding slots)
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,11 @@ def _holders(v: TreeView, slot: int) -> str:
     return f": {v.tree_slots.count(slot)} by the tree, by request {', '.join(reqs)}" if reqs else ""
 
 
+def _slot_owned(v: TreeView) -> list[Violation]:
+    return [Violation("slot_owned", (), f"mamba slot {s} is counted used by its allocator but no tree node and no request holds it")
+            for s in sorted(v.unowned - v.reserved)]
+
+
 def _state_depth(v: TreeView) -> list[Violation]:
     return [Violation("state_depth", n.path, f"its mamba state (slot {s}) was taken for {v.state_lens[s]} tokens, the node's depth is {n.depth}")
             for n in v.nodes for s in n.mamba if s in v.state_lens and v.state_lens[s] != n.depth]
@@ -166,6 +176,7 @@ RULES: tuple[Rule, ...] = (
     Rule("lru_exact", "the mamba LRU list holds exactly the nodes that hold a mamba value", ("nodes", "lru_strays"), _lru_exact),
     Rule("slot_used", "every mamba slot the tree holds is one its allocator counts as used", ("tree_slots", "free_slots"), _slot_used),
     Rule("slot_once", "no mamba slot is held twice (tree nodes and running requests)", ("tree_slots", "request_slots"), _slot_once),
+    Rule("slot_owned", "every mamba slot the allocator counts used is held by a tree node or a request", ("unowned", "reserved"), _slot_owned),
     Rule("state_depth", "a node's mamba state was taken for a prefix as long as the node's depth", ("nodes", "state_lens"), _state_depth),
 )
 RULE_NAMES = (*(r.name for r in RULES), SGLANG_RULE)
@@ -241,6 +252,36 @@ def _request_slots(scheduler: Any, batch: Any) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def _any_request_slots(scheduler: Any, batch: Any) -> frozenset[int]:
+    """Every mamba slot a request object the scheduler holds names (running, this batch, the
+    last batch and those awaiting their results, the chunked request, the waiting queue;
+    finished or not): a slot so named has an owner."""
+    groups = [getattr(getattr(scheduler, "running_batch", None), "reqs", None), getattr(batch, "reqs", None),
+              getattr(getattr(scheduler, "last_batch", None), "reqs", None), getattr(getattr(scheduler, "cur_batch", None), "reqs", None),
+              [getattr(scheduler, "chunked_req", None)], getattr(scheduler, "waiting_queue", None)]
+    groups += [getattr(item[0], "reqs", None) for item in getattr(scheduler, "result_queue", None) or () if isinstance(item, tuple) and item]
+    out: set[int] = set()
+    for group in groups:
+        for r in group or ():
+            if r is None:
+                continue
+            holder = r.kv if hasattr(getattr(r, "kv", None), "mamba_pool_idx") else r
+            for name in ("mamba_pool_idx", "mamba_ping_pong_track_buffer", "mamba_cow_src_index"):
+                out.update(s for s in _slots(getattr(holder, name, None)) if s >= 0)
+    return frozenset(out)
+
+
+def _unowned(scheduler: Any, batch: Any, tree_slots: tuple[int, ...], free: frozenset[int] | None, owners_seen: bool) -> frozenset[int] | None:
+    """The slots counted used with no owner the audit can see (None: it cannot see them all)."""
+    if free is None or not owners_seen or tree_slots is None:
+        return None
+    pool = scheduler.req_to_token_pool
+    allocator = getattr(pool, "mamba_allocator", None) or getattr(pool, "mamba_pool", None)
+    size = int(getattr(allocator, "size"))
+    universe = frozenset(range(size + 1))  # 0..size: both slot conventions (0 or size reserved) fall in the padding
+    return universe - free - frozenset(tree_slots) - _any_request_slots(scheduler, batch)
+
+
 def read_tree(scheduler: Any, batch: Any, *, idle: bool, state_lens: Mapping[int, int]) -> TreeView:
     """The scheduler's tree as the audit reads it (what its core lets it read)."""
     cache = scheduler.tree_cache
@@ -264,16 +305,28 @@ def read_tree(scheduler: Any, batch: Any, *, idle: bool, state_lens: Mapping[int
             view[name] = read()
         except Exception:  # a release without that field: the rules needing it do not run
             view[name] = None
+    # every owner visible: no session holds the tree, no PD queue, no host tier staging slots
+    mode = getattr(scheduler, "disaggregation_mode", None)
+    owners_seen = (not held and (mode is None or str(getattr(mode, "value", mode)).lower() == "null")
+                   and not getattr(cache, "enable_storage", False) and not type(cache).__name__.startswith("Hi"))
+    try:
+        view["unowned"] = _unowned(scheduler, batch, view.get("tree_slots"), view["free_slots"], owners_seen)
+    except Exception:  # an allocator without a size: the rule does not run
+        view["unowned"] = None
     return TreeView(**view)
 
 
-def sglang_check(cache: Any) -> list[Violation]:
-    """SGLang's own ``sanity_check`` of the tree (where it has one): its assertion is a violation."""
+def sglang_check(cache: Any) -> list[Violation] | None:
+    """SGLang's own ``sanity_check`` of the tree (where it has one): its assertion is a violation.
+    None: the tree has none (a streaming-session wrapper forwards the call to a cache without
+    one, e.g. the ``ChunkCache`` of ``--disable-radix-cache``, and that raises AttributeError)."""
     check = getattr(cache, "sanity_check", None)
     if check is None:
-        return []
+        return None
     try:
         check()
+    except AttributeError:
+        return None
     except AssertionError as e:
         lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
         return [Violation(SGLANG_RULE, (), "; ".join(lines[:4])[:400] or "AssertionError")]
@@ -288,23 +341,30 @@ class Auditor:
     audits: int = 0
     seconds: float = 0.0
     seen: set[tuple[str, tuple[int, ...], str]] = field(default_factory=set)
-    ran: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    ran: dict[str, tuple[str, ...]] = field(default_factory=dict)  # tree -> the rules that have run on it
     failed: str = ""  # why an audit could not run (written once)
+    reserved: frozenset[int] | None = None  # the unowned slots of the first idle audit (padding; see ``slot_owned``)
 
     def run(self, scheduler: Any, batch: Any, *, idle: bool, state_lens: Mapping[int, int]) -> list[Violation]:
         """One audit: the violations not written before (the caller writes them)."""
         t0 = time.perf_counter()
         view = read_tree(scheduler, batch, idle=idle, state_lens=state_lens)
+        if self.reserved is None and view.idle and view.unowned is not None:
+            self.reserved = view.unowned  # the padding slots, before any request could leak one
+        view = replace(view, reserved=self.reserved)
         found, ran = judge(view)
-        if hasattr(scheduler.tree_cache, "sanity_check"):
-            found += sglang_check(scheduler.tree_cache)
+        own = sglang_check(scheduler.tree_cache)
+        if own is not None:
+            found += own
             ran.append(SGLANG_RULE)
         self.audits += 1
         self.seconds += time.perf_counter() - t0
         new = self._new(found)
-        if self.ran.get(view.tree) != tuple(ran):
-            self.ran[view.tree] = tuple(ran)
-            return [*new, rules_line(view.tree, ran)]  # type: ignore[list-item]
+        before = self.ran.get(view.tree, ())
+        if set(ran) - set(before):  # the rules that have run on this tree grew (one that stops for a while, e.g.
+            # ``slot_owned`` while a session holds the tree, is not written again and again)
+            self.ran[view.tree] = tuple(r for r in RULE_NAMES if r in {*before, *ran})
+            return [*new, rules_line(view.tree, list(self.ran[view.tree]))]  # type: ignore[list-item]
         return new
 
     def _new(self, found: list[Violation]) -> list[Violation]:
@@ -320,7 +380,7 @@ class Auditor:
 
 @dataclass(frozen=True)
 class RulesLine:
-    """Which rules an audit ran on a tree (written whenever that set changes)."""
+    """Which rules have run on a tree (written whenever that set grows)."""
 
     tree: str
     rules: tuple[str, ...]

@@ -38,7 +38,9 @@ FAULT = sglang_fault(
     "A retracted request's release loses its mamba frees: its working and ping-pong slots stay "
     "allocated with no owner; the request is prefilled again and answers right.",
     "retraction paths that give back the KV row but not the mamba state (release_req / release_kv_cache)",
-    f"{MAMBA_USED_TOKENS} > 0 at idle after a retraction; SGLang's strict idle check logs 'memory leak detected'",
+    f"the tree audit's slot_owned names each leaked slot at the next batch (used, held by no node and no request); "
+    f"{MAMBA_USED_TOKENS} > 0 at idle after a retraction; SGLang's strict idle check logs 'memory leak detected', "
+    "or its allocator runs out of slots and asserts",
     (Hook(RETRACT_TARGET, "around", marking_the_retraction), Hook(RELEASE_TARGET, "around", release_losing_retracted_frees)),
     suites=("programs",),
     cell_fault="forced_retract",
