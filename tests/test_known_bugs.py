@@ -141,6 +141,8 @@ def test_an_entry_that_stops_reproducing_is_red(tmp_path: Path) -> None:
     (ENTRY + 'measured = ["0.5.21: PASS"]\n', r"measured 0.5.21 PASS lies inside releases .* \(narrow the range\)"),
     (ENTRY + 'seen_as = "request r1 differs from the cold computation"\n', "its match does not match its seen_as"),
     (ENTRY + 'code_path = " "\n', "code_path must be a non-empty string"),
+    (ENTRY + 'attempts = 0\n', "attempts must be a whole number from 1 to 10"),
+    (ENTRY + 'attempts = "3"\n', "attempts must be a whole number from 1 to 10"),
     (ENTRY + 'variant_of = "nope"\n', "variant_of 'nope' must name another entry"),
     (ENTRY + 'variant_of = "lost-prefix"\n', "variant_of 'lost-prefix' must name another entry"),
     (ENTRY + ENTRY.replace("lost-prefix", "second") + 'variant_of = "lost-prefix"\n'
@@ -176,3 +178,33 @@ def test_the_command_plays_nothing_out_of_range_and_refuses_a_missing_file(tmp_p
     assert out.returncode == 0 and "lost-prefix: not played" in out.stdout and "none in range" in out.stdout, out.stdout + out.stderr
     out = subprocess.run(["hybrid-conformance", "known-bugs", "--file", str(tmp_path / "nope.toml")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "does not exist" in out.stderr
+
+
+def test_a_timing_dependent_replay_is_played_until_one_play_fails(tmp_path: Path, monkeypatch) -> None:
+    """``attempts``: the plays share one server; the first failing play answers, and a replay
+    whose every play passed has stopped reproducing."""
+    import conformance.commands.known_bugs as command
+    from conformance.programs.runner import ProgramFailure
+
+    (bug,) = load(_file(tmp_path, ENTRY + "attempts = 3\n"))
+    assert bug.attempts == 3 and load(_file(tmp_path, ENTRY))[0].attempts == 1
+    plays: list[int] = []
+
+    def play(program, cell, options, log_dir, repeat=1):
+        assert repeat == 3
+        for i in range(repeat):
+            plays.append(i)
+            yield ProgramFailure(2, [LOST], []) if i == 1 else object()
+
+    monkeypatch.setattr(command, "play", play)
+    monkeypatch.setattr(command, "replay_cell", lambda bug, matrix=None: (load_program_stub(), None))
+    replay = command.replayer(type("O", (), {"matrix_path": None})(), tmp_path)
+    assert replay(bug) == [LOST] and plays == [0, 1]  # stopped at the failing play
+    monkeypatch.setattr(command, "play", lambda *a, **k: iter([object()] * 3))
+    assert replay(bug) is None
+
+
+def load_program_stub():
+    from types import SimpleNamespace
+
+    return SimpleNamespace(env={})

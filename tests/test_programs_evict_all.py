@@ -56,6 +56,50 @@ def test_the_plugin_answers_a_request_at_idle_with_sglangs_evict_over_the_whole_
     assert evict_all.left_held(record) == {} and evict_all.serve(_scheduler(tree), log) is None  # answered once
 
 
+class OldMambaTree(Tree):
+    """``MambaRadixCache`` up to 0.5.18: ``evictable_size`` / ``protected_size`` declared and raising,
+    the full sizes under ``full_*``."""
+
+    def evictable_size(self) -> int:
+        raise NotImplementedError
+
+    def protected_size(self) -> int:
+        raise NotImplementedError
+
+    def full_evictable_size(self) -> int:
+        return self.tokens
+
+    def full_protected_size(self) -> int:
+        return 0
+
+
+def test_a_tree_whose_size_readers_raise_is_read_by_the_ones_it_answers(tmp_path):
+    """The walk over 0.5.14's MambaRadixCache: answered (it once raised inside the plugin, which
+    never answered, and the kit waited 30 s for nothing)."""
+    pytest.importorskip("sglang.srt.mem_cache.base_prefix_cache")
+    log = str(tmp_path / "cell.requests.jsonl")
+    (tmp_path / ("cell.requests.jsonl" + evict_all.REQUEST_SUFFIX)).write_text("t3")
+    tree = OldMambaTree(200, 3)
+    record = evict_all.serve(_scheduler(tree), log)
+    assert record["before"] == {"evictable_size": 200, "protected_size": 0, "mamba_evictable_size": 3}
+    assert (tree.asked.num_tokens, tree.asked.mamba_num) == (200, 3) and record["held"]["evictable_size"] == 0
+
+
+def test_a_request_taken_is_answered_whatever_raises():
+    import os
+    import tempfile
+
+    class Unreadable(Tree):
+        def evictable_size(self) -> int:
+            raise RuntimeError("a reader that breaks")
+
+    with tempfile.TemporaryDirectory() as d:
+        log = os.path.join(d, "c.requests.jsonl")
+        open(log + evict_all.REQUEST_SUFFIX, "w").write("t4")
+        record = evict_all.serve(_scheduler(Unreadable(5, 1)), log)
+    assert record["id"] == "t4" and "RuntimeError: a reader that breaks" in record["error"]
+
+
 def test_a_tree_the_release_cannot_drive_says_why():
     broken = SimpleNamespace(evict=lambda params: (_ for _ in ()).throw(TypeError("evict() takes 2 positional arguments")))
     record = None

@@ -158,3 +158,33 @@ def test_the_auditor_takes_the_padding_at_the_first_idle_audit_and_names_a_later
     assert [v for v in auditor.run(tree, None, idle=True, state_lens={}) if hasattr(v, "rule")] == []
     (leak,) = [v for v in auditor.run(tree, None, idle=False, state_lens={}) if hasattr(v, "rule")]
     assert auditor.reserved == frozenset({0}) and leak.rule == "slot_owned" and "mamba slot 4" in leak.line
+
+
+def test_sglangs_idle_only_check_refusing_a_busy_tree_is_not_a_violation() -> None:
+    """``MambaRadixCache`` up to 0.5.18 raises a plain Exception on any lock: a finding at idle only."""
+    def check() -> None:
+        raise Exception("Mamba Radix tree sanity check failed: x_lru should not be locked when idle")
+
+    assert sglang_check(NS(sanity_check=check), idle=False) is None
+    (v,) = sglang_check(NS(sanity_check=check), idle=True)
+    assert v.rule == SGLANG_RULE and "locked when idle" in v.line
+
+
+def test_a_session_wrapper_that_is_the_tree_cache_holding_kv_hides_the_owners() -> None:
+    """Up to 0.5.18 the streaming-session wrapper is the scheduler's tree cache itself: while it holds
+    KV the tree is not idle and the slot owners are out of sight (slot_owned does not run)."""
+    from conformance.sglang_plugins.tree_audit import read_tree
+
+    class RustCore:  # a core the reader knows (its module names it)
+        __module__ = "sglang.srt.mem_cache.rust_tree_core.core"
+
+    def scheduler(holding: bool, core=RustCore) -> NS:
+        cache = NS(any_holding_kv=lambda: holding, page_size=1, all_mamba_values_flatten=lambda: [3], tree_core=core())
+        return _scheduler({1, 2, 4, 5, 6, 7, 8}, tree_cache=cache)
+
+    held = read_tree(scheduler(True), None, idle=True, state_lens={})
+    assert not held.idle and held.unowned is None
+    free = read_tree(scheduler(False), None, idle=True, state_lens={})
+    assert free.idle and free.unowned == frozenset({0})
+    unknown = read_tree(scheduler(False, core=type("OtherCore", (), {})), None, idle=True, state_lens={})
+    assert unknown.unowned is None  # a tree of another shape (0.5.14's session wrapper): its owners are not known

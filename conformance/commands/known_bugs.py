@@ -64,8 +64,10 @@ def replayer(options: Options, log_dir: Path) -> Callable[[KnownBug], list[Findi
     def replay(bug: KnownBug) -> list[Finding] | None:
         program, cell = replay_cell(bug, options.matrix_path)
         with recorded_env(program):
-            outcome = next(iter(play(program, cell, options, log_dir / bug.id)))
-        return outcome.findings if isinstance(outcome, ProgramFailure) else None
+            for outcome in play(program, cell, options, log_dir / bug.id, repeat=bug.attempts):
+                if isinstance(outcome, ProgramFailure):  # the first failing play is the replay's answer
+                    return outcome.findings
+        return None
 
     return replay
 

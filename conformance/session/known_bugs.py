@@ -55,7 +55,7 @@ REQUIRED = ("id", "summary", "releases", "check", "kind", "replay")
 #: Facts that place an entry: the bug it is another sighting of, where SGLang holds it, the
 #: failure line, what each release measured, and notes (controls, what the fix changes).
 FACTS = ("variant_of", "code_path", "seen_as", "measured", "notes")
-OPTIONAL = ("match", "where", "issue", "pr", "cells", "targets", *FACTS)
+OPTIONAL = ("match", "where", "issue", "pr", "cells", "targets", "attempts", *FACTS)
 ID = re.compile(r"[a-z0-9][a-z0-9-]*")
 MEASURED = re.compile(r"(?P<release>\d+(?:\.\d+)+): (?P<result>FAIL|PASS)(?:, (?P<what>\S.*))?")
 #: A ``where`` constraint on a number: ``">0"``, ``"<=512"``.
@@ -117,6 +117,9 @@ class KnownBug:
     seen_as: str = ""
     measured: tuple[Measurement, ...] = ()
     notes: tuple[str, ...] = ()
+    #: plays of the replay before it counts as passed (a timing-dependent bug: it reproduces when
+    #: one play fails with its kind; the plays share one server, and a death ends them)
+    attempts: int = 1
 
     @property
     def first_bad(self) -> str | None:
@@ -219,8 +222,11 @@ def _entry(raw: object, where: str) -> KnownBug:
     if "seen_as" in texts and not re.search(raw.get("match", ""), texts["seen_as"]):
         raise KitError(f"{where}: bug {name!r}: its match does not match its seen_as (the failure line the entry documents)")
     lists["measured"] = tuple(_measurement(line, releases, where, name) for line in lists.get("measured", ()))
+    attempts = raw.get("attempts", 1)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 10:
+        raise KitError(f"{where}: bug {name!r}: attempts must be a whole number from 1 to 10 (plays of a timing-dependent replay)")
     return KnownBug(**{k: raw[k] for k in REQUIRED}, match=raw.get("match", ""), where=where_, issue=str(raw.get("issue", "")),
-                    pr=str(raw.get("pr", "")), **lists, **texts)
+                    pr=str(raw.get("pr", "")), attempts=attempts, **lists, **texts)
 
 
 def _where(raw: Any, where: str, name: str) -> tuple[tuple[str, Any], ...]:

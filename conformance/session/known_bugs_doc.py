@@ -43,6 +43,7 @@ seen_as = "request r2: cached_tokens 0: SGLang held a state of 256 tokens for th
 measured = ["0.5.20: FAIL, cached_tokens 0", "0.5.24: PASS, 2 hits"]  # "<release>: FAIL|PASS[, what]"
 notes = ["facts that place the bug: controls, what the fixing release changes"]
 # variant_of = "another-slug"            # optional: the same SGLang bug, seen by another check
+# attempts = 6                           # optional: plays of a timing-dependent replay (default 1)
 ```
 
 Every failing verdict carries its findings (`details.findings` in report.json), one per
@@ -131,7 +132,8 @@ def section(bug: KnownBug, level: str = "###") -> list[str]:
     for label, link in (("Issue", bug.issue), ("Fix", bug.pr)):
         if link:
             out += [f"*{label}:* {link}", ""]
-    out += [f"*Replay:* `{bug.replay}`", ""]
+    out += [f"*Replay:* `{bug.replay}`" + (f" (timing-dependent: played up to {bug.attempts} times on one server; reproduced when one play fails)"
+                                          if bug.attempts > 1 else ""), ""]
     if bug.cells:
         out += ["*Cells:* " + ", ".join(f"`{c}`" for c in bug.cells), ""]
     if bug.targets != ("sglang-cpu",):

@@ -26,8 +26,11 @@ from typing import Any
 REQUEST_SUFFIX = ".evict-all"
 #: ``EvictResult``'s fields: what the walk freed.
 FREED = ("num_tokens_evicted", "swa_num_tokens_evicted", "mamba_num_evicted")
-#: The tree's own size readers (each a method where the release has it): what it still holds.
-HELD = ("evictable_size", "protected_size", "mamba_evictable_size", "mamba_protected_size")
+#: What the tree still holds, each by the first of its own size readers the release has and
+#: answers (``MambaRadixCache`` up to 0.5.18 raises NotImplementedError from ``evictable_size``
+#: and ``protected_size`` and answers ``full_evictable_size`` / ``full_protected_size``).
+HELD = {"evictable_size": ("evictable_size", "full_evictable_size"), "protected_size": ("protected_size", "full_protected_size"),
+        "mamba_evictable_size": ("mamba_evictable_size",), "mamba_protected_size": ("mamba_protected_size",)}
 #: What an emptied tree may still hold that a walk must have freed (protected is the live requests' and sessions').
 EVICTABLE = ("evictable_size", "mamba_evictable_size")
 
@@ -38,8 +41,19 @@ def request_path(requests_path: str | None) -> str | None:
 
 
 def held(tree: Any) -> dict[str, int]:
-    """What the tree holds, by its own size readers (those the release has)."""
-    return {name: int(getattr(tree, name)()) for name in HELD if callable(getattr(tree, name, None))}
+    """What the tree holds, by its own size readers (those the release has and answers)."""
+    out: dict[str, int] = {}
+    for name, readers in HELD.items():
+        for reader in readers:
+            read = getattr(tree, reader, None)
+            if not callable(read):
+                continue
+            try:
+                out[name] = int(read())
+                break
+            except (NotImplementedError, TypeError):  # a reader the release declares but does not answer
+                continue
+    return out
 
 
 def serve(scheduler: Any, requests_path: str | None) -> dict[str, Any] | None:
@@ -54,15 +68,15 @@ def serve(scheduler: Any, requests_path: str | None) -> dict[str, Any] | None:
     except OSError:
         return None
     tree = scheduler.tree_cache
-    before = held(tree)
-    try:
+    try:  # the request was taken: it is answered, with SGLang's own error when the walk cannot run
+        before = held(tree)
         from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
         result = tree.evict(EvictParams(num_tokens=before.get("evictable_size", 0), mamba_num=before.get("mamba_evictable_size", 0)))
+        return {"ev": "evict_all", "id": token, "tree": type(tree).__name__, "before": before,
+                "freed": {f: int(getattr(result, f, 0) or 0) for f in FREED}, "held": held(tree)}
     except Exception as e:  # the release's tree cannot be driven this way: say which and why
         return {"ev": "evict_all", "id": token, "tree": type(tree).__name__, "error": f"{type(e).__name__}: {e}"[:300]}
-    return {"ev": "evict_all", "id": token, "tree": type(tree).__name__, "before": before,
-            "freed": {f: int(getattr(result, f, 0) or 0) for f in FREED}, "held": held(tree)}
 
 
 def left_held(record: dict[str, Any]) -> dict[str, int]:

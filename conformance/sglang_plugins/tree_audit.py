@@ -199,7 +199,10 @@ def _python_nodes(core: Any, page_size: int) -> tuple[tuple[NodeView, ...], int 
     """Every non-root node of a tree whose nodes are Python objects (``UnifiedTreeCore``:
     ``component_data`` per component; ``MambaRadixCache``: ``lock_ref``/``mamba_value``), and
     the mamba LRU entries naming none."""
-    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    try:
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    except ImportError:  # before 0.5.19 the unified tree's components live elsewhere
+        from sglang.srt.mem_cache.unified_cache_components.tree_component import ComponentType
 
     mamba = ComponentType.MAMBA
     lru = getattr(core, "lru_lists", {}).get(mamba) if hasattr(core, "lru_lists") else None
@@ -290,12 +293,14 @@ def read_tree(scheduler: Any, batch: Any, *, idle: bool, state_lens: Mapping[int
         "rust" if "rust" in type(core).__module__ else type(core).__name__)
     page_size = int(getattr(cache, "page_size", 1) or 1)
     session = getattr(cache, "session", None)
+    if session is None and callable(getattr(cache, "any_holding_kv", None)):
+        session = cache  # up to 0.5.18 the streaming-session wrapper is the tree cache itself
     held = bool(session is not None and getattr(session, "any_holding_kv", lambda: False)())
     view: dict[str, Any] = {"tree": f"{type(cache).__name__}/{backend}", "page_size": page_size, "idle": idle and not held}
     try:
         nodes, strays = _python_nodes(core, page_size)
         view.update(nodes=nodes, lru_strays=strays, tree_slots=tuple(s for n in nodes for s in n.mamba), state_lens=dict(state_lens))
-    except (NotImplementedError, AttributeError):  # the Rust core gives no node: its mamba values only
+    except (NotImplementedError, AttributeError, ImportError):  # the Rust core (or a tree of another shape) gives no node: its mamba values only
         flat = getattr(cache, "all_mamba_values_flatten", None)
         if flat is not None:
             view["tree_slots"] = _slots(flat())
@@ -307,7 +312,9 @@ def read_tree(scheduler: Any, batch: Any, *, idle: bool, state_lens: Mapping[int
             view[name] = None
     # every owner visible: no session holds the tree, no PD queue, no host tier staging slots
     mode = getattr(scheduler, "disaggregation_mode", None)
-    owners_seen = (not held and (mode is None or str(getattr(mode, "value", mode)).lower() == "null")
+    # and a tree the reader knows (the unified tree's Python or Rust core, 0.5.18 on: where the
+    # request and session fields it reads are the ones that hold slots)
+    owners_seen = (backend in ("python", "rust") and not held and (mode is None or str(getattr(mode, "value", mode)).lower() == "null")
                    and not getattr(cache, "enable_storage", False) and not type(cache).__name__.startswith("Hi"))
     try:
         view["unowned"] = _unowned(scheduler, batch, view.get("tree_slots"), view["free_slots"], owners_seen)
@@ -316,10 +323,12 @@ def read_tree(scheduler: Any, batch: Any, *, idle: bool, state_lens: Mapping[int
     return TreeView(**view)
 
 
-def sglang_check(cache: Any) -> list[Violation] | None:
+def sglang_check(cache: Any, *, idle: bool = True) -> list[Violation] | None:
     """SGLang's own ``sanity_check`` of the tree (where it has one): its assertion is a violation.
     None: the tree has none (a streaming-session wrapper forwards the call to a cache without
-    one, e.g. the ``ChunkCache`` of ``--disable-radix-cache``, and that raises AttributeError)."""
+    one, e.g. the ``ChunkCache`` of ``--disable-radix-cache``, and that raises AttributeError),
+    or a check that only holds at idle refused a busy tree (``MambaRadixCache`` up to 0.5.18
+    raises a plain Exception on any lock: "x_lru should not be locked when idle")."""
     check = getattr(cache, "sanity_check", None)
     if check is None:
         return None
@@ -328,9 +337,15 @@ def sglang_check(cache: Any) -> list[Violation] | None:
     except AttributeError:
         return None
     except AssertionError as e:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        return [Violation(SGLANG_RULE, (), "; ".join(lines[:4])[:400] or "AssertionError")]
+        return [_sglang_violation(e)]
+    except Exception as e:  # not an assertion: SGLang's check of an idle tree
+        return [_sglang_violation(e)] if idle else None
     return []
+
+
+def _sglang_violation(e: BaseException) -> Violation:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return Violation(SGLANG_RULE, (), "; ".join(lines[:4])[:400] or type(e).__name__)
 
 
 @dataclass
@@ -353,7 +368,7 @@ class Auditor:
             self.reserved = view.unowned  # the padding slots, before any request could leak one
         view = replace(view, reserved=self.reserved)
         found, ran = judge(view)
-        own = sglang_check(scheduler.tree_cache)
+        own = sglang_check(scheduler.tree_cache, idle=view.idle)
         if own is not None:
             found += own
             ran.append(SGLANG_RULE)
