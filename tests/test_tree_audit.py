@@ -186,5 +186,8 @@ def test_a_session_wrapper_that_is_the_tree_cache_holding_kv_hides_the_owners() 
     assert not held.idle and held.unowned is None
     free = read_tree(scheduler(False), None, idle=True, state_lens={})
     assert free.idle and free.unowned == frozenset({0})
+    hicache = scheduler(False)
+    hicache.tree_cache.cache_controller = object()  # a host tier stages slots the audit does not see
+    assert read_tree(hicache, None, idle=True, state_lens={}).unowned is None
     unknown = read_tree(scheduler(False, core=type("OtherCore", (), {})), None, idle=True, state_lens={})
     assert unknown.unowned is None  # a tree of another shape (0.5.14's session wrapper): its owners are not known

@@ -199,10 +199,9 @@ def _python_nodes(core: Any, page_size: int) -> tuple[tuple[NodeView, ...], int 
     """Every non-root node of a tree whose nodes are Python objects (``UnifiedTreeCore``:
     ``component_data`` per component; ``MambaRadixCache``: ``lock_ref``/``mamba_value``), and
     the mamba LRU entries naming none."""
-    try:
-        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-    except ImportError:  # before 0.5.19 the unified tree's components live elsewhere
-        from sglang.srt.mem_cache.unified_cache_components.tree_component import ComponentType
+    # (an older unified tree, its components in ``unified_cache_components``, raises ImportError
+    # here: its nodes are not read, the audit runs the rules its mamba values feed)
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
     mamba = ComponentType.MAMBA
     lru = getattr(core, "lru_lists", {}).get(mamba) if hasattr(core, "lru_lists") else None
@@ -315,7 +314,8 @@ def read_tree(scheduler: Any, batch: Any, *, idle: bool, state_lens: Mapping[int
     # and a tree the reader knows (the unified tree's Python or Rust core, 0.5.18 on: where the
     # request and session fields it reads are the ones that hold slots)
     owners_seen = (backend in ("python", "rust") and not held and (mode is None or str(getattr(mode, "value", mode)).lower() == "null")
-                   and not getattr(cache, "enable_storage", False) and not type(cache).__name__.startswith("Hi"))
+                   and not getattr(cache, "enable_storage", False) and getattr(cache, "cache_controller", None) is None
+                   and not type(cache).__name__.startswith("Hi"))
     try:
         view["unowned"] = _unowned(scheduler, batch, view.get("tree_slots"), view["free_slots"], owners_seen)
     except Exception:  # an allocator without a size: the rule does not run

@@ -9,7 +9,8 @@ every later match made for it (AROUND ``UnifiedRadixCache.match_prefix``, the re
 tree still holds the state it matched.  Everything SGLang then computes is consistent with
 that empty prefix, so the answers stay right; only the hit is lower.  It fires only on a
 retry after a refusal after a match: the programs' pool-sized ``refuse`` shape on a small
-KV pool is what drives SGLang there.
+KV pool drives SGLang there in most programs; without it only an occasional burst on the
+small pool does.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ FAULT = sglang_fault(
     "resetting its prefix match: the '0 hit after waiting under load' class",
     "cached_tokens below the state SGLang's tree held for the prompt at its admission and never "
     "freed (the programs' oracle, per-node records: hit_below_held); every answer equals the cold "
-    "one; with the pressure shapes off nothing is refused after a match and the hook never fires",
+    "one; with the pressure shapes off only an occasional burst on the small pool is refused after a match",
     (Hook(ADDER_TARGET, "around", marking_refusals), Hook(MATCH_TARGET, "around", matching_nothing_on_retry)),
     suites=("programs",),
     options=("kv_pool=small",),
