@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -197,14 +198,8 @@ def test_a_timing_dependent_replay_is_played_until_one_play_fails(tmp_path: Path
             yield ProgramFailure(2, [LOST], []) if i == 1 else object()
 
     monkeypatch.setattr(command, "play", play)
-    monkeypatch.setattr(command, "replay_cell", lambda bug, matrix=None: (load_program_stub(), None))
+    monkeypatch.setattr(command, "replay_cell", lambda bug, matrix=None: (SimpleNamespace(env={}), None))  # a program recording no env
     replay = command.replayer(type("O", (), {"matrix_path": None})(), tmp_path)
     assert replay(bug) == [LOST] and plays == [0, 1]  # stopped at the failing play
     monkeypatch.setattr(command, "play", lambda *a, **k: iter([object()] * 3))
     assert replay(bug) is None
-
-
-def load_program_stub():
-    from types import SimpleNamespace
-
-    return SimpleNamespace(env={})

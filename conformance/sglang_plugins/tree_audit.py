@@ -223,10 +223,19 @@ def _python_nodes(core: Any, page_size: int) -> tuple[tuple[NodeView, ...], int 
     return tuple(nodes), (len(lru_ids - ids) if lru_ids is not None else None)
 
 
-def _free_slots(scheduler: Any) -> frozenset[int] | None:
+def _mamba_allocator(scheduler: Any) -> Any:
+    """The scheduler's mamba slot allocator (the pool itself on releases without a separate one)."""
     pool = scheduler.req_to_token_pool
-    allocator = getattr(pool, "mamba_allocator", None) or getattr(pool, "mamba_pool", None)
-    free = getattr(allocator, "free_slots", None)
+    return getattr(pool, "mamba_allocator", None) or getattr(pool, "mamba_pool", None)
+
+
+def _slot_holder(req: Any) -> Any:
+    """Where a request keeps its mamba slot fields: ``req.kv`` where the release has them there, else the request."""
+    return req.kv if hasattr(getattr(req, "kv", None), "mamba_pool_idx") else req
+
+
+def _free_slots(scheduler: Any) -> frozenset[int] | None:
+    free = getattr(_mamba_allocator(scheduler), "free_slots", None)
     return None if free is None else frozenset(_slots(free))
 
 
@@ -249,8 +258,7 @@ def _request_slots(scheduler: Any, batch: Any) -> dict[str, tuple[int, ...]]:
         finished = getattr(r, "finished", None)
         if callable(finished) and finished():
             continue
-        holder = r.kv if hasattr(getattr(r, "kv", None), "mamba_pool_idx") else r
-        out[f"{r.rid} ({where})"] = _slots(getattr(holder, "mamba_pool_idx", None))
+        out[f"{r.rid} ({where})"] = _slots(getattr(_slot_holder(r), "mamba_pool_idx", None))
     return out
 
 
@@ -267,7 +275,7 @@ def _any_request_slots(scheduler: Any, batch: Any) -> frozenset[int]:
         for r in group or ():
             if r is None:
                 continue
-            holder = r.kv if hasattr(getattr(r, "kv", None), "mamba_pool_idx") else r
+            holder = _slot_holder(r)
             for name in ("mamba_pool_idx", "mamba_ping_pong_track_buffer", "mamba_cow_src_index"):
                 out.update(s for s in _slots(getattr(holder, name, None)) if s >= 0)
     return frozenset(out)
@@ -277,9 +285,7 @@ def _unowned(scheduler: Any, batch: Any, tree_slots: tuple[int, ...], free: froz
     """The slots counted used with no owner the audit can see (None: it cannot see them all)."""
     if free is None or not owners_seen or tree_slots is None:
         return None
-    pool = scheduler.req_to_token_pool
-    allocator = getattr(pool, "mamba_allocator", None) or getattr(pool, "mamba_pool", None)
-    size = int(getattr(allocator, "size"))
+    size = int(getattr(_mamba_allocator(scheduler), "size"))
     universe = frozenset(range(size + 1))  # 0..size: both slot conventions (0 or size reserved) fall in the padding
     return universe - free - frozenset(tree_slots) - _any_request_slots(scheduler, batch)
 
