@@ -19,7 +19,8 @@ The recurrence, per head ``h`` and sequence, with ``dt' = clamp(softplus(dt + dt
     y_t     = state_t . C_t + D_h * x_t          (then * silu(z_t) when z is given)
 
 The scan is exact chunked arithmetic (a Python loop over chunks, everything inside a
-chunk vectorised), computed in float32 (float64 when the inputs are float64).
+chunk vectorised), computed in float64 and cast back, as the gated delta rule's stand-ins
+are (``gdn_ops``: a cumulative decay cancels in float32 under strong gating).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 
-from conformance.sglang_plugins.cpu.spec import Binding
+from conformance.sglang_plugins.cpu.spec import WORK_DTYPE, Binding
 
 TORCH_OPS = ()
 
@@ -43,11 +44,6 @@ _PREFIX = "hybrid-conformance sglang-cpu mamba2"
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _cdt(*tensors: Optional[torch.Tensor]) -> torch.dtype:
-    """Compute dtype: float64 if any input is float64, else float32 (as the kernels do)."""
-    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def _activate(v: torch.Tensor, activation) -> torch.Tensor:  # noqa: ANN001
@@ -96,7 +92,7 @@ def _conv_prefill(
     dim, total = x.shape
     width = weight.shape[1]
     sl = width - 1
-    cdt = _cdt(x, weight)
+    cdt = WORK_DTYPE
     xs = x.to(cdt)
     pieces, out_index, writes = [], [], []
     offset = 0
@@ -204,7 +200,7 @@ def _conv_update(x, conv_state, weight, bias, activation, conv_state_indices, pa
     batch, dim, _ = x3.shape
     width = weight.shape[1]
     sl = width - 1
-    cdt = _cdt(x, weight)
+    cdt = WORK_DTYPE
     if conv_state_indices is None:
         slots = torch.arange(batch, device=x.device)
     else:
@@ -422,7 +418,7 @@ def mamba_chunk_scan_combined(
     G, N = B.shape[2], B.shape[3]
     if H % G:
         raise ValueError(f"{_PREFIX}: nheads {H} not divisible by ngroups {G}")
-    cdt = _cdt(x, B, C, dt, initial_states)
+    cdt = WORK_DTYPE
     dev = x.device
     heads_group = torch.arange(H, device=dev) // (H // G)
     xs = x.to(cdt)
@@ -568,7 +564,7 @@ def selective_state_update(
     G = B4.shape[2]
     if H % G:
         raise ValueError(f"{_PREFIX}: nheads {H} not divisible by ngroups {G}")
-    cdt = _cdt(state, x)
+    cdt = WORK_DTYPE
     dev = x.device
     heads_group = torch.arange(H, device=dev) // (H // G)
     if state_batch_indices is not None:

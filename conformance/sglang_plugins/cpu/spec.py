@@ -28,6 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
+
+# What every stand-in computes its recurrences in, whatever the caller's dtype: results are cast
+# back to it (states to the pool's dtype).  The kernels use float32; the stand-ins are the kit's
+# reference, and float32 is not exact enough for it (``gdn_ops``' docstring has the measurement).
+WORK_DTYPE = torch.float64
+
 HOW = ("standin", "replace", "bind", "constant")
 
 
