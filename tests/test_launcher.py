@@ -89,6 +89,18 @@ BIND_FAILS_THEN_HANGS = (
 )
 
 
+def test_a_server_that_exits_because_its_grpc_port_was_taken_is_a_taken_port(tmp_path: Path) -> None:
+    """SGLang 0.5.16 binds a gRPC server beside its HTTP port and exits (code 3) when another
+    process holds it: the serving layer must retry on a new port, not report a dead cell."""
+    line = "RuntimeError: Failed to bind gRPC server to 127.0.0.1:45897: Address already in use (os error 98)"
+    sp = ServerProcess(name="grpc", argv=[sys.executable, "-c", f"print({line!r}, flush=True); raise SystemExit(3)"],
+                       health_url=f"http://127.0.0.1:{free_port()}/health", log_path=tmp_path / "grpc.log",
+                       start_timeout_s=60.0, stop_timeout_s=2.0)
+    with pytest.raises(PortTakenError, match="Failed to bind gRPC server"):
+        sp.start()
+    assert sp.returncode == 3
+
+
 def test_a_taken_port_fails_at_once_not_at_the_deadline(tmp_path: Path) -> None:
     """SGLang's HTTP server that cannot bind its port logs uvicorn's line and hangs in
     shutdown: the launcher names it at once (the serving layer then retries on a new port)."""

@@ -412,3 +412,15 @@ def test_a_walk_hook_shares_its_target_with_the_eviction_counter_as_one_hook(tmp
     records = [json.loads(l) for l in (tmp_path / "cell.requests.jsonl").read_text().splitlines()]
     assert [r["ev"] for r in records] == ["start", "state_evicted", "evict"]
     assert kv_walk_victims(records) == ([(96, "bb")], 1, 0)
+
+
+def test_a_pressure_record_hooks_every_target_the_release_has(monkeypatch):
+    """0.5.18 carries ``MambaRadixCache`` beside the unified tree it runs: hooking only the first
+    split target found watched a tree the server never built, and splits read 0 there."""
+    registered = []
+    registry = SimpleNamespace(register=lambda target, hook, kind: registered.append(target))
+    targets = ("json.NoSuchClass.method", "json.JSONEncoder.encode", "json.JSONDecoder.decode")
+    monkeypatch.setattr(observe, "PRESSURE_TARGETS", {"split": (observe.split_observed, targets)})
+    chosen = observe.register_pressure_hooks(registry, "around")
+    assert registered == ["json.JSONEncoder.encode", "json.JSONDecoder.decode"]
+    assert [t for t, _ in chosen["split"]] == registered

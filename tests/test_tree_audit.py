@@ -191,3 +191,42 @@ def test_a_session_wrapper_that_is_the_tree_cache_holding_kv_hides_the_owners() 
     assert read_tree(hicache, None, idle=True, state_lens={}).unowned is None
     unknown = read_tree(scheduler(False, core=type("OtherCore", (), {})), None, idle=True, state_lens={})
     assert unknown.unowned is None  # a tree of another shape (0.5.14's session wrapper): its owners are not known
+
+
+class _Key(tuple):
+    """A radix key: its tokens, and the first page its parent files it under."""
+
+    def child_key(self, page_size: int) -> tuple:
+        return tuple(self[:page_size])
+
+
+def _older_unified_tree():
+    """A tree shaped like 0.5.16's ``UnifiedRadixCache``: no core, its components named
+    ``tree_components``; root -> a (2 tokens, mamba slot 7, in the mamba LRU list)."""
+    ct = pytest.importorskip("sglang.srt.mem_cache.unified_cache.component_type").ComponentType
+    root = NS(children={}, parent=None, key=_Key(), id=0)
+    a = NS(children={}, parent=root, key=_Key((5, 6)), id=1,
+           component_data={ct.FULL: NS(value=None, lock_ref=0), ct.MAMBA: NS(value=[7], lock_ref=0)})
+    root.children[(5,)] = a
+    return NS(root_node=root, tree_components=(ct.FULL, ct.MAMBA), lru_lists={ct.MAMBA: NS(cache={1: a})})
+
+
+def test_the_reader_reads_an_older_unified_tree_that_names_its_components_tree_components() -> None:
+    """0.5.16's tree names its components ``tree_components``: read as ``component_types``
+    they were none, every node read as holding no mamba value, and ``lru_exact`` named the
+    first stored state at once ("in the mamba LRU list without a mamba value")."""
+    from conformance.sglang_plugins.tree_audit import _python_nodes
+
+    nodes, strays = _python_nodes(_older_unified_tree(), 1)
+    assert [(n.path, n.mamba, n.in_mamba_lru) for n in nodes] == [((2,), (7,), True)] and strays == 0
+    view = replace(good(), page_size=1, nodes=nodes, lru_strays=strays, tree_slots=(7,), free_slots=frozenset({1, 2}), state_lens={7: 2})
+    assert judge(view)[0] == []
+
+
+def test_a_tree_naming_no_components_is_not_read_as_empty_nodes() -> None:
+    from conformance.sglang_plugins.tree_audit import _python_nodes
+
+    tree = _older_unified_tree()
+    del tree.tree_components
+    with pytest.raises(AttributeError, match="names no components"):
+        _python_nodes(tree, 1)

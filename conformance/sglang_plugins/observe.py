@@ -498,26 +498,32 @@ def tree_core_observed(original: Callable, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
-#: Pressure evidence: name -> (hook, targets, newest first; the first the release has is hooked).
+#: Pressure evidence: name -> (hook, targets, newest first).  Every target the release has is
+#: hooked: a release carries older trees beside the one a cell runs (0.5.18 has both
+#: ``MambaRadixCache`` and the unified tree), so hooking only the first found can watch a tree
+#: the server never builds.
 PRESSURE_TARGETS: dict[str, tuple[Callable, tuple[str, ...]]] = {
     "refused": (refused_observed, ("sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req",)),
     "retract": (retract_observed, ("sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode",)),
-    "split": (split_observed, ("sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.redistribute_on_node_split",
+    "split": (split_observed, ("sglang.srt.mem_cache.unified_cache.components.mamba.MambaComponent.redistribute_on_node_split",  # 0.5.21 on
+                               "sglang.srt.mem_cache.unified_cache.components.mamba_component.MambaComponent.redistribute_on_node_split",  # 0.5.18-0.5.20
+                               "sglang.srt.mem_cache.unified_cache_components.mamba_component.MambaComponent.redistribute_on_node_split",  # up to 0.5.17
                                "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache._split_node")),
     "tree_core": (tree_core_observed, ("sglang.srt.mem_cache.unified_radix_cache.create_tree_core",)),
 }
 
 
-def register_pressure_hooks(registry: Any, around: Any) -> dict[str, tuple[str, Any]]:
-    """Register the pressure hooks this release has a target for: name -> (target, SGLang's
-    function there before the hooks applied)."""
+def register_pressure_hooks(registry: Any, around: Any) -> dict[str, list[tuple[str, Any]]]:
+    """Register the pressure hooks on every target this release has: name -> [(target, SGLang's
+    function there before the hooks applied)], names without a target left out."""
     import pkgutil
 
-    chosen: dict[str, tuple[str, Any]] = {}
+    chosen: dict[str, list[tuple[str, Any]]] = {}
     for name, (hook, targets) in PRESSURE_TARGETS.items():
-        found = next(((t, b) for t in targets if (b := _resolve(pkgutil, t)) is not None), None)
-        if found is not None:
-            registry.register(found[0], hook, around)
+        found = [(t, b) for t in targets if (b := _resolve(pkgutil, t)) is not None]
+        for target, _ in found:
+            registry.register(target, hook, around)
+        if found:
             chosen[name] = found
     return chosen
 
@@ -844,10 +850,10 @@ def install(role: str) -> dict[str, Any]:
     gauges = sorted(KIT_PREFIX + n for n in (*READERS, *TRACK_GAUGES, *POOL_GAUGES, *EVIDENCE_GAUGES, AUDIT_COST_GAUGE)) + [KIT_PREFIX + "idle_publish_seq"]
     if lazy_before is not None and getattr(pkgutil.resolve_name(lazy_owner), lazy_attr) is lazy_before:
         raise RuntimeError(f"hook on {LAZY_TARGET} was not applied")
-    pressure_hooked = {n: t for n, (t, b) in pressure.items() if _resolve(pkgutil, t) is not b}
+    pressure_hooked = {n: hooked for n, found in pressure.items() if (hooked := [t for t, b in found if _resolve(pkgutil, t) is not b])}
     state_hooked = state_line(pressure=sorted(pressure_hooked))
     wake_hooked = [WAKE_TARGET] if wake_before is not None and _resolve(pkgutil, WAKE_TARGET) is not wake_before else []
-    around = list(dict.fromkeys([idle_target, *wake_hooked, *evict_hooked, *state_hooked, *pressure_hooked.values()]
+    around = list(dict.fromkeys([idle_target, *wake_hooked, *evict_hooked, *state_hooked, *(t for ts in pressure_hooked.values() for t in ts)]
                                 + ([LAZY_TARGET] if lazy_before is not None else [])))
     return {"around": around, "before": [STEP_TARGET], "gauges": gauges, "requests": requests_path()}
 

@@ -196,17 +196,22 @@ def _slots(value: Any) -> tuple[int, ...]:
 
 
 def _python_nodes(core: Any, page_size: int) -> tuple[tuple[NodeView, ...], int | None]:
-    """Every non-root node of a tree whose nodes are Python objects (``UnifiedTreeCore``:
-    ``component_data`` per component; ``MambaRadixCache``: ``lock_ref``/``mamba_value``), and
-    the mamba LRU entries naming none."""
-    # (an older unified tree, its components in ``unified_cache_components``, raises ImportError
-    # here: its nodes are not read, the audit runs the rules its mamba values feed)
-    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    """Every non-root node of a unified tree whose nodes are Python objects (``component_data``
+    per component: ``UnifiedTreeCore`` from 0.5.18, the ``UnifiedRadixCache`` itself before),
+    and the mamba LRU entries naming none.  A tree of another shape (``MambaRadixCache``, the
+    Rust core) raises: its nodes are not read, the audit runs the rules its mamba values feed."""
+    try:
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    except ImportError:  # up to 0.5.17 the components live in unified_cache_components
+        from sglang.srt.mem_cache.unified_cache_components.tree_component import ComponentType
 
+    # the core names its components component_types (0.5.18 on); the older tree, tree_components
+    cts = tuple(getattr(core, "component_types", None) or getattr(core, "tree_components", None) or ())
+    if not cts:  # never read every node as holding nothing
+        raise AttributeError(f"{type(core).__name__} names no components")
     mamba = ComponentType.MAMBA
     lru = getattr(core, "lru_lists", {}).get(mamba) if hasattr(core, "lru_lists") else None
     lru_ids = set(lru.cache.keys()) if lru is not None else None
-    cts = tuple(getattr(core, "component_types", ()))
     nodes: list[NodeView] = []
     ids: set[int] = set()
     stack = [(child, ()) for child in core.root_node.children.values()]

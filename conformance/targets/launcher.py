@@ -163,6 +163,9 @@ class ServerProcess:
                 code = self.proc.poll() if self.proc else None
                 if code is not None:
                     self.returncode = code
+                    taken = self._port_taken()  # a bind that failed and exited (SGLang's gRPC server) is a taken port too
+                    if taken:
+                        raise PortTakenError(f"{self.name}: its port was taken by another process before it bound it: {taken} (log {self.log_path})")
                     raise ServerStartError(
                         f"{self.name}: exited during start-up with code {code}: {self.start_failure_cause()} (log {self.log_path})"
                     )
