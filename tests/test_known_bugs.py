@@ -13,7 +13,7 @@ import pytest
 
 from conformance.errors import KitError
 from conformance.checks.findings import Finding, failing
-from conformance.commands.known_bugs import replay_cell
+from conformance.commands.known_bugs import replay_cell, suite_cell, suite_findings
 from conformance.session.known_bugs import STILL_PRESENT, KnownBug, check_entries, expect, installed_release, load
 from conformance.records import Verdict
 from conformance.report.run_report import known_bugs_seen
@@ -120,6 +120,47 @@ def test_an_entry_that_stops_reproducing_is_red(tmp_path: Path) -> None:
     other = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: [Finding("leak_mamba", "step 1: idle invariant: mamba leaked")])
     assert [r.ok for r in other] == [False] and "a different finding" in other[0].line
     assert check_entries(bugs, target="sglang-cpu", release="0.6.0", replay=lambda b: pytest.fail("played out of range")) == []
+
+
+KL_ENTRY = ENTRY.replace('check = "programs"', 'check = "kl"').replace('kind = "hit_below_certain"', 'kind = "answer_differs_on_hit"') \
+    .replace('where = { cached_tokens = "<320" }', 'where = { scenario = "decode_hit" }').replace('match = "cached_tokens \\\\d+, the prefix oracle allows"\n', "")
+DECODE_HIT = Finding("answer_differs_on_hit", "sequence 1 (decode_hit, start 527, cached 448): top-k KL 0.0102", {"scenario": "decode_hit"})
+
+
+def test_an_entry_of_a_scripted_suite_is_replayed_by_that_suite_too_and_strictly(tmp_path: Path) -> None:
+    """A kl entry's program reproduces its mechanism (kind only); the kl suite's own run must
+    fail with the finding the entry excuses, facts included, or the entry is red."""
+    bugs = load(_file(tmp_path, KL_ENTRY))
+    program_finding = Finding("answer_differs_on_hit", "request a2 differs from the cold computation")
+    both = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: [program_finding], suite_replay=lambda b: [DECODE_HIT])
+    assert [r.ok for r in both] == [True, True] and "(the kl suite)" in both[1].line
+    fixed = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: [program_finding], suite_replay=lambda b: None)
+    assert [r.ok for r in fixed] == [True, False] and "the kl suite passed" in fixed[1].line
+    elsewhere = Finding("answer_differs_on_hit", "sequence 0 (prefill_hit): top-k KL 0.2", {"scenario": "prefill_hit"})
+    other = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: [program_finding], suite_replay=lambda b: [elsewhere])
+    assert [r.ok for r in other] == [True, False] and "a different finding" in other[1].line
+    # a programs entry has no suite to replay
+    assert len(check_entries(load(_file(tmp_path, ENTRY)), target="sglang-cpu", release="0.5.23", replay=lambda b: [LOST],
+                             suite_replay=lambda b: pytest.fail("a programs entry has no suite"))) == 1
+
+
+def test_a_suite_replay_reads_its_check_on_its_cell_from_the_run_report() -> None:
+    fail = failing("kl", [DECODE_HIT]).to_json()
+    report = {"cells": [{"id": CELL, "checks": {"kl": fail, "leaks": {"status": "pass"}}}]}
+    assert [f.facts.get("scenario") for f in suite_findings(report, CELL, "kl")] == ["decode_hit"]
+    assert suite_findings(report, CELL, "leaks") is None
+    (missing,) = suite_findings(report, CELL, "gsm8k")
+    assert "the gsm8k suite gave no verdict on" in missing.line and "kl fail" in missing.line
+    (errored,) = suite_findings({"cells": [{"id": CELL, "checks": {"kl": {"status": "error", "reason": "server died"}}}]}, CELL, "kl")
+    assert errored.kind == "unclassified" and "server died" in errored.line
+    assert "no verdict" in suite_findings({"cells": []}, CELL, "kl")[0].line
+
+
+def test_a_suite_replays_on_the_programs_cell_when_the_entry_lists_it_else_on_its_first_cell() -> None:
+    cell = SimpleNamespace(id=CELL)
+    assert suite_cell(SimpleNamespace(cells=()), None, cell) == CELL
+    assert suite_cell(SimpleNamespace(cells=("other", CELL)), None, cell) == CELL
+    assert suite_cell(SimpleNamespace(cells=("other",)), None, cell) == "other"
 
 
 @pytest.mark.parametrize("body,why", [

@@ -332,20 +332,28 @@ class Replayed:
 
 
 def check_entries(bugs: Iterable[KnownBug], *, target: str, release: str | None,
-                  replay: Callable[[KnownBug], list[Finding] | None]) -> list[Replayed]:
+                  replay: Callable[[KnownBug], list[Finding] | None],
+                  suite_replay: Callable[[KnownBug], list[Finding] | None] | None = None) -> list[Replayed]:
     """Replay every entry in range for ``target``/``release``: ``replay(bug)`` returns the
     replay's findings, or None when the program passed.  Strict: a pass, or findings the
-    entry does not excuse (another kind, facts outside its ``where``), is not a reproduction."""
+    entry does not excuse (another kind, facts outside its ``where``), is not a reproduction.
+    ``suite_replay(bug)``, for an entry of a scripted suite's check (kl, leaks, ...): the
+    findings of that suite run on the entry's cell, which must reproduce the very failure the
+    entry excuses (kind, ``where`` facts and ``match``: :meth:`KnownBug.excuses`)."""
     out = []
     for bug in bugs:
         if target not in bug.targets or not bug.in_range(release):
             continue
-        found = replay(bug)
-        if found is None:
-            out.append(Replayed(bug, False, f"{bug.id}: {NO_LONGER} (the replay passed on sglang {release})"))
-        elif not any(bug.reproduced_by(f) for f in found):
-            seen = "; ".join(f"{f.kind}: {f.line}" for f in found)
-            out.append(Replayed(bug, False, f"{bug.id}: the replay failed otherwise than the entry says ({seen[:200]}): a different finding"))
-        else:
-            out.append(Replayed(bug, True, f"{bug.id}: {STILL_PRESENT} on sglang {release}"))
+        out.append(_judged(bug, replay(bug), bug.reproduced_by, "the replay", release))
+        if suite_replay is not None and bug.check != "programs":
+            out.append(_judged(bug, suite_replay(bug), bug.excuses, f"the {bug.check} suite", release))
     return out
+
+
+def _judged(bug: KnownBug, found: list[Finding] | None, reproduces: Callable[[Finding], bool], what: str, release: str | None) -> Replayed:
+    if found is None:
+        return Replayed(bug, False, f"{bug.id}: {NO_LONGER} ({what} passed on sglang {release})")
+    if not any(reproduces(f) for f in found):
+        seen = "; ".join(f"{f.kind}: {f.line}" for f in found)
+        return Replayed(bug, False, f"{bug.id}: {what} failed otherwise than the entry says ({seen[:200]}): a different finding")
+    return Replayed(bug, True, f"{bug.id}: {STILL_PRESENT} on sglang {release}" + ("" if what == "the replay" else f" ({what})"))

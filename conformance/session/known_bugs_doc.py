@@ -90,6 +90,13 @@ narrow the entry):
 hybrid-conformance known-bugs --target sglang-cpu
 ```
 
+Each entry's program is played on its cell. An entry of a scripted suite's check (kl, leaks,
+prefix_branching, gsm8k, agreement, disagg) also has that suite run on its cell with no known
+bug excused (`run --cells CELL --suite CHECK`, its report under `--log-dir`): the suite must
+fail with the very finding the entry excuses (kind, `where` facts, `match`), or the line
+says "no longer reproduces" or "a different finding" and the command is red. `--only ID,...`
+replays some entries; `--programs-only` skips the suite runs.
+
 The nightly workflow runs it (job `known-bugs`, `ci/workflows/nightly.yml`) on the SGLang
 it checks out; the README's test command replays nothing, it only checks that each entry in
 range of the installed release has a replay file that loads and names a cell of the matrix
