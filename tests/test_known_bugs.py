@@ -158,9 +158,9 @@ def test_a_suite_replay_reads_its_check_on_its_cell_from_the_run_report() -> Non
 
 def test_a_suite_replays_on_the_programs_cell_when_the_entry_lists_it_else_on_its_first_cell() -> None:
     cell = SimpleNamespace(id=CELL)
-    assert suite_cell(SimpleNamespace(cells=()), None, cell) == CELL
-    assert suite_cell(SimpleNamespace(cells=("other", CELL)), None, cell) == CELL
-    assert suite_cell(SimpleNamespace(cells=("other",)), None, cell) == "other"
+    assert suite_cell(SimpleNamespace(cells=()), cell) == CELL
+    assert suite_cell(SimpleNamespace(cells=("other", CELL)), cell) == CELL
+    assert suite_cell(SimpleNamespace(cells=("other",)), cell) == "other"
 
 
 @pytest.mark.parametrize("body,why", [

@@ -88,7 +88,7 @@ def replayer(options: Options, log_dir: Path) -> Callable[[KnownBug], list[Findi
     return replay
 
 
-def suite_cell(bug: KnownBug, program: Program, cell: Cell) -> str:
+def suite_cell(bug: KnownBug, cell: Cell) -> str:
     """The cell an entry's suite replays on: its program's, when the entry lists it or lists none."""
     return cell.id if not bug.cells or cell.id in bug.cells else bug.cells[0]
 
@@ -110,9 +110,10 @@ def suite_replayer(args: argparse.Namespace, log_dir: Path) -> Callable[[KnownBu
     """bug -> the findings of its check's suite run on its cell, or None when the suite passed."""
     def replay(bug: KnownBug) -> list[Finding] | None:
         program, cell = replay_cell(bug, args.matrix)
-        cell_id = suite_cell(bug, program, cell)
+        cell_id = suite_cell(bug, cell)
         out = log_dir / bug.id / f"suite-{bug.check}"
         out.mkdir(parents=True, exist_ok=True)
+        (out / "report.json").unlink(missing_ok=True)  # an earlier run's report is not this one's
         no_bugs = out / "no-known-bugs.toml"
         no_bugs.write_text("# the suite replay excuses nothing: its failure is judged against the entry\n")
         argv = [sys.executable, "-m", "conformance.cli", "run", "--target", args.target, "--cells", cell_id, "--suite", bug.check,
@@ -121,7 +122,8 @@ def suite_replayer(args: argparse.Namespace, log_dir: Path) -> Callable[[KnownBu
         env = {**os.environ, **program.env, KNOWN_BUGS_ENV: str(no_bugs)}
         print(f"{bug.id}: running the {bug.check} suite on {cell_id}: hybrid-conformance {' '.join(argv[3:])}", flush=True)
         try:
-            subprocess.run(argv, env=env, stdout=(out / "run.log").open("w"), stderr=subprocess.STDOUT, timeout=args.suite_timeout, check=False)
+            with (out / "run.log").open("w") as log:
+                subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.suite_timeout, check=False)
         except subprocess.TimeoutExpired:
             return [Finding("unclassified", f"the {bug.check} suite on {cell_id} did not finish in {args.suite_timeout} s (log {out / 'run.log'})")]
         try:
