@@ -244,3 +244,26 @@ def test_a_timing_dependent_replay_is_played_until_one_play_fails(tmp_path: Path
     assert replay(bug) == [LOST] and plays == [0, 1]  # stopped at the failing play
     monkeypatch.setattr(command, "play", lambda *a, **k: iter([object()] * 3))
     assert replay(bug) is None
+
+
+def test_a_suite_replay_runs_the_check_on_the_cell_excusing_no_known_bug(tmp_path: Path, monkeypatch) -> None:
+    """The suite run is ``hybrid-conformance run --cells CELL --suite CHECK`` under a known-bugs
+    file that excuses nothing, and its report decides."""
+    import conformance.commands.known_bugs as kb
+
+    bugs = load(_file(tmp_path, KL_ENTRY))
+    seen = {}
+
+    def fake_run(argv, env, stdout, stderr, timeout, check):
+        seen.update(argv=argv, bugs_file=Path(env["HYBRID_CONFORMANCE_KNOWN_BUGS"]).read_text(), timeout=timeout)
+        out = Path(argv[argv.index("--report-dir") + 1])
+        (out / "report.json").write_text(json.dumps({"cells": [{"id": CELL, "checks": {"kl": failing("kl", [DECODE_HIT]).to_json()}}]}))
+
+    monkeypatch.setattr(kb.subprocess, "run", fake_run)
+    monkeypatch.setattr(kb, "find_cell", lambda program, matrix: SimpleNamespace(id=CELL))
+    args = SimpleNamespace(target="sglang-cpu", matrix=None, dtype=None, suite_timeout=77)
+    (found,) = kb.suite_replayer(args, tmp_path / "logs")(bugs[0])
+    assert found.facts["scenario"] == "decode_hit" and bugs[0].excuses(found)
+    argv = seen["argv"]
+    assert argv[3:9] == ["run", "--target", "sglang-cpu", "--cells", CELL, "--suite"] and argv[9] == "kl"
+    assert "[[bug]]" not in seen["bugs_file"] and seen["timeout"] == 77
