@@ -158,10 +158,11 @@ def test_a_long_prefill_under_strong_decay_stays_exact():
     q, k, v, _, beta = gdn_inputs(T, seed=7)
     g = -torch.rand(1, T, HV, generator=torch.Generator().manual_seed(8)) * 100
     pool = torch.zeros(1, HV, DV, DK)
-    o, _, _ = gdn_ops.chunk_gated_delta_rule_cpu(
+    o, final, h = gdn_ops.chunk_gated_delta_rule_cpu(
         q=q, k=k, v=v, g=g, beta=beta, initial_state=pool, cu_seqlens=cu_of([T]),
         head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=torch.tensor([0], dtype=torch.int32),
     )
+    assert o.dtype == final.dtype == h.dtype == torch.float32  # computed in float64, returned as the kernel returns
     out_ref, states = ref_gdn(q[0], k[0], v[0], g[0], beta[0], torch.zeros(HV, DK, DV))
     scale = float(out_ref.abs().max())
     torch.testing.assert_close(o[0].double(), out_ref, rtol=1e-6, atol=1e-6 * scale)

@@ -83,6 +83,7 @@ def gated_delta_rule(
     chunk c, the state after its first ``c * chunk_size`` tokens, requests in order.
     """
     wd = WORK_DTYPE
+    state_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # what the kernels return states in
     T, HK, DK = q.shape
     HV, DV = v.shape[1], v.shape[2]
     if HV % HK:
@@ -162,8 +163,8 @@ def gated_delta_rule(
             h = torch.stack(hs, dim=1)[chunk_mask].transpose(-1, -2).contiguous()
         else:
             h = torch.zeros(0, HV, DV, DK, dtype=wd)
-        h = h.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
-    final = M.transpose(-1, -2).contiguous()  # [N, HV, V, K]
+        h = h.to(state_dtype)
+    final = M.transpose(-1, -2).contiguous().to(state_dtype)  # [N, HV, V, K]
     if state_pool is not None and bool(valid.any()):
         state_pool[slots[valid]] = final[valid].to(state_pool.dtype)
     return o, final, h
