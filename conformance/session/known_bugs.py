@@ -344,16 +344,19 @@ def check_entries(bugs: Iterable[KnownBug], *, target: str, release: str | None,
     for bug in bugs:
         if target not in bug.targets or not bug.in_range(release):
             continue
-        out.append(_judged(bug, replay(bug), bug.reproduced_by, "the replay", release))
+        out.append(_judged(bug, replay(bug), bug.reproduced_by, "the replay", "", release))
         if suite_replay is not None and bug.check != "programs":
-            out.append(_judged(bug, suite_replay(bug), bug.excuses, f"the {bug.check} suite", release))
+            suite = f"the {bug.check} suite"
+            out.append(_judged(bug, suite_replay(bug), bug.excuses, suite, f" ({suite})", release))
     return out
 
 
-def _judged(bug: KnownBug, found: list[Finding] | None, reproduces: Callable[[Finding], bool], what: str, release: str | None) -> Replayed:
+def _judged(bug: KnownBug, found: list[Finding] | None, reproduces: Callable[[Finding], bool], what: str, suffix: str,
+            release: str | None) -> Replayed:
+    """One verdict line: ``what`` names the run judged, ``suffix`` follows a reproduction's line."""
     if found is None:
         return Replayed(bug, False, f"{bug.id}: {NO_LONGER} ({what} passed on sglang {release})")
     if not any(reproduces(f) for f in found):
         seen = "; ".join(f"{f.kind}: {f.line}" for f in found)
         return Replayed(bug, False, f"{bug.id}: {what} failed otherwise than the entry says ({seen[:200]}): a different finding")
-    return Replayed(bug, True, f"{bug.id}: {STILL_PRESENT} on sglang {release}" + ("" if what == "the replay" else f" ({what})"))
+    return Replayed(bug, True, f"{bug.id}: {STILL_PRESENT} on sglang {release}{suffix}")

@@ -163,9 +163,7 @@ class ServerProcess:
                 code = self.proc.poll() if self.proc else None
                 if code is not None:
                     self.returncode = code
-                    taken = self._port_taken()  # a bind that failed and exited (SGLang's gRPC server) is a taken port too
-                    if taken:
-                        raise PortTakenError(f"{self.name}: its port was taken by another process before it bound it: {taken} (log {self.log_path})")
+                    self._raise_if_port_taken()  # a bind that failed and exited (SGLang's gRPC server) is a taken port too
                     raise ServerStartError(
                         f"{self.name}: exited during start-up with code {code}: {self.start_failure_cause()} (log {self.log_path})"
                     )
@@ -174,9 +172,7 @@ class ServerProcess:
                         return
                 except httpx.HTTPError:
                     pass
-                taken = self._port_taken()
-                if taken:
-                    raise PortTakenError(f"{self.name}: its port was taken by another process before it bound it: {taken} (log {self.log_path})")
+                self._raise_if_port_taken()
                 if time.monotonic() >= deadline:
                     raise ServerStartError(
                         f"{self.name}: not healthy at {self.health_url} within {self.start_timeout_s:.0f}s; log {self.log_path}: {self.log_tail(5, joiner=' | ')}"
@@ -247,6 +243,20 @@ class ServerProcess:
         finally:
             with _LIVE_LOCK:
                 _STOPPING.discard(threading.current_thread())
+
+    def _raise_if_port_taken(self) -> None:
+        """Raise :class:`PortTakenError` when this start's log says its port is in use. A
+        server that wrote so is on its way out: it gets its stop grace to exit by itself, so
+        its own exit code (not the kit's SIGTERM) is what the caller reads."""
+        taken = self._port_taken()
+        if not taken:
+            return
+        if self.proc is not None and self.returncode is None:
+            try:
+                self.returncode = self.proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        raise PortTakenError(f"{self.name}: its port was taken by another process before it bound it: {taken} (log {self.log_path})")
 
     def _port_taken(self) -> str:
         """The log line of this start saying the port is in use ('' if none)."""
