@@ -144,6 +144,20 @@ def test_an_entry_of_a_scripted_suite_is_replayed_by_that_suite_too_and_strictly
                              suite_replay=lambda b: pytest.fail("a programs entry has no suite"))) == 1
 
 
+def test_a_variant_replaying_its_programs_base_reproduces_on_the_bases_finding(tmp_path: Path) -> None:
+    """A kl variant whose replay is its programs base's own file: the program stops at the
+    cause (the base's finding, e.g. a tree rule), which reproduces the variant too; a finding
+    neither excuses still does not."""
+    variant = KL_ENTRY.replace('id = "lost-prefix"', 'id = "lost-prefix-kl"') + 'variant_of = "lost-prefix"\n'
+    bugs = load(_file(tmp_path, ENTRY + variant))
+    both = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: [LOST])
+    assert [r.ok for r in both] == [True, True]
+    other = check_entries(bugs, target="sglang-cpu", release="0.5.23", replay=lambda b: [Finding("leak_mamba", "mamba leaked")])
+    assert [r.ok for r in other] == [False, False]
+    alone = check_entries(load(_file(tmp_path, KL_ENTRY)), target="sglang-cpu", release="0.5.23", replay=lambda b: [LOST])
+    assert [r.ok for r in alone] == [False]  # no base: the kl entry's own kind only
+
+
 def test_a_suite_replay_reads_its_check_on_its_cell_from_the_run_report() -> None:
     fail = failing("kl", [DECODE_HIT]).to_json()
     report = {"cells": [{"id": CELL, "checks": {"kl": fail, "leaks": {"status": "pass"}}}]}

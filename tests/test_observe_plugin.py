@@ -424,3 +424,39 @@ def test_a_pressure_record_hooks_every_target_the_release_has(monkeypatch):
     chosen = observe.register_pressure_hooks(registry, "around")
     assert registered == ["json.JSONEncoder.encode", "json.JSONDecoder.decode"]
     assert [t for t, _ in chosen["split"]] == registered
+
+
+def _insert_once(monkeypatch, tmp_path, req, key_len: int, page_size: int) -> list[dict]:
+    """Cache ``req`` through the caching hook, inside which the tree's insert takes a state
+    under a ``key_len``-token key; the per-request records written."""
+    monkeypatch.setattr(observe, "requests_path", lambda: str(tmp_path / "r.jsonl"))
+    monkeypatch.setattr(observe, "_AUDITOR", observe.Auditor())
+    monkeypatch.setattr(observe, "_TREE_STATES", {})
+    cache = type("UnifiedRadixCache", (), {"page_size": page_size})()
+    params = SimpleNamespace(mamba_value=SimpleNamespace(reshape=lambda *_: SimpleNamespace(tolist=lambda: [7])),
+                             key=SimpleNamespace(token_ids=list(range(key_len))))
+
+    def caching(cache, req):
+        return observe.state_stored(lambda c, p: SimpleNamespace(mamba_exist=False), cache, params)
+
+    observe.caching_req(caching, cache, req)
+    return [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+
+
+def test_an_insert_keyed_at_the_page_floor_of_the_tracked_length_is_a_violation(tmp_path, monkeypatch):
+    """0.5.23 on page 64: a streaming turn starting at 71 tokens tracks its state at 199 and the
+    tree keys it at 192 -- the insert names rule ``state_position`` (and announces the rule ran)."""
+    req = SimpleNamespace(rid="t3", kv=SimpleNamespace(mamba_last_track_seqlen=199, mamba_prev_track_seqlen=None))
+    records = _insert_once(monkeypatch, tmp_path, req, 192, 64)
+    assert [r["ev"] for r in records] == ["state_stored", "tree_audit_rules", "tree_violation"]
+    assert records[2]["rule"] == "state_position" and records[2]["path"] == "192" and "page floor of 199" in records[2]["line"]
+    assert "state_position" in records[1]["rules"]
+
+
+def test_an_insert_keyed_where_the_state_was_tracked_only_announces_the_rule(tmp_path, monkeypatch):
+    req = SimpleNamespace(rid="r1", mamba_last_track_seqlen=256)  # up to 0.5.18 the field sits on the request
+    records = _insert_once(monkeypatch, tmp_path, req, 256, 64)
+    assert [r["ev"] for r in records] == ["state_stored", "tree_audit_rules"]
+    (tmp_path / "n").mkdir()
+    untracked = _insert_once(monkeypatch, tmp_path / "n", SimpleNamespace(rid="n"), 71, 1)
+    assert [r["ev"] for r in untracked] == ["state_stored"]  # no tracked length (no_buffer): the rule does not run

@@ -220,6 +220,25 @@ def test_torch_factories_drop_pin_memory_only():
     assert _unpinned(torch.zeros)(3, pin_memory=True).tolist() == [0.0, 0.0, 0.0]
 
 
+def test_a_device_module_sglang_bound_before_the_patch_is_rebound_to_cpu(monkeypatch):
+    """0.5.17's HiCache controller binds ``device_module = get_device_module()`` at import; a
+    server forked from a pre-imported launcher imported it before the CPU plugin: its streams
+    were CUDA streams ("CUDA driver version is insufficient") until rebound."""
+    import sys
+    import types
+
+    import torch
+
+    from conformance.sglang_plugins.cpu.torch_device import rebind_device_modules
+
+    bound, other = types.ModuleType("sglang.fake_cache_controller"), types.ModuleType("fake_elsewhere")
+    bound.device_module = other.device_module = torch.cuda
+    monkeypatch.setitem(sys.modules, bound.__name__, bound)
+    monkeypatch.setitem(sys.modules, other.__name__, other)
+    assert "sglang.fake_cache_controller.device_module" in rebind_device_modules()
+    assert bound.device_module is torch.cpu and other.device_module is torch.cuda  # only SGLang's modules
+
+
 def test_source_checkout_is_named_by_its_commit(tmp_path):
     from conformance.commands import sglang_source
 

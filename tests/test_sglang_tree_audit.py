@@ -8,11 +8,14 @@ deselected by default, ``-m fault_probe`` runs it)."""
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 from sglang_cpu_probes import aborted_decode_then_idle, cell_for, fresh_idle_metrics, probe_server, prompts, tail
 
 from conformance.programs.evidence import RequestLog
+from conformance.session.known_bugs import installed_release, load
 from conformance.sglang_contract.metric_names import KIT_TREE_AUDIT_SECONDS_TOTAL, KIT_TREE_AUDITS_TOTAL
 from conformance.workloads.runners import generate_tokens
 
@@ -96,3 +99,43 @@ def test_the_audit_names_a_leaked_slot_before_the_server_goes_idle(tmp_path) -> 
     owned = [v for v in log.tree_violations if v["rule"] == "slot_owned"]
     print(json.dumps({"fired": fired, "violations": log.tree_violations}))
     assert fired >= 1 and owned and all("no tree node and no request holds it" in v["line"] for v in owned), log.tree_violations
+
+
+#: A real SGLang bug the audit's insert-time rule ``state_position`` names (fixtures/known_bugs.toml).
+PAGE_FLOOR_BUG = "unaligned-prefix-track-state-keyed-at-page-floor"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _replay(program: Path, log_dir: Path) -> tuple[str, RequestLog]:
+    """``hybrid-conformance replay PROGRAM --target sglang-cpu`` as typed; its output and the
+    served cell's per-request log."""
+    proc = subprocess.run(["hybrid-conformance", "replay", str(program), "--target", "sglang-cpu", "--log-dir", str(log_dir)],
+                          capture_output=True, text=True, timeout=840, cwd=ROOT)
+    cell = json.loads(program.read_text())["cell"]["id"]
+    log = RequestLog(log_dir / f"{cell}.requests.jsonl")
+    log.refresh()
+    return proc.stdout + proc.stderr, log
+
+
+@pytest.mark.fault_probe_fast  # CI keeps the insert-time rule's catch on real SGLang (two replays, ~3 min)
+def test_the_audit_names_a_state_keyed_at_the_page_floor_of_where_it_was_tracked(tmp_path) -> None:
+    """Not a seeded fault but SGLang's own bug (known bug ``unaligned-prefix-track-state-keyed-at-page-floor``):
+    a streaming turn starting at 71 tokens tracks its state at 199, and on page 64 the tree keys
+    it at 192; the replay's first finding is rule ``state_position`` at node 192 with the page
+    floor named. The same program on the page-1 cell passes, with the rule judged there (the
+    non-vacuous side: the key is where the state was tracked)."""
+    (bug,) = [b for b in load(ROOT / "fixtures" / "known_bugs.toml") if b.id == PAGE_FLOOR_BUG]
+    release = installed_release()
+    if not bug.in_range(release):
+        pytest.skip(f"the installed sglang {release} is outside {PAGE_FLOOR_BUG}'s releases {bug.releases}")
+    out, log = _replay(bug.replay_path(), tmp_path / "paged")
+    assert "FAIL at step 3: tree audit: rule state_position broken at node 192" in out and "page floor of 199" in out, out[-2000:]
+    assert [v["path"] for v in log.tree_violations if v["rule"] == "state_position"] == ["192"], log.tree_violations
+
+    program = json.loads(bug.replay_path().read_text())
+    program["cell"].update(id=program["cell"]["id"].replace("-p64-", "-p1-"), page_size=1)
+    page1 = tmp_path / "page1.json"
+    page1.write_text(json.dumps(program))
+    out, log = _replay(page1, tmp_path / "page1")
+    assert "run 1: PASS" in out and "0/1 runs failed" in out, out[-2000:]
+    assert log.tree_violations == [] and any("state_position" in rules for rules in log.tree_rules.values()), log.tree_rules

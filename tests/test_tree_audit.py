@@ -9,7 +9,8 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from conformance.sglang_plugins.tree_audit import RULE_NAMES, RULES, SGLANG_RULE, Auditor, NodeView, TreeView, _request_slots, _unowned, judge, sglang_check
+from conformance.sglang_plugins.tree_audit import (RULE_NAMES, RULES, SGLANG_RULE, Auditor, NodeView, TreeView, _request_slots, _unowned, judge,
+                                                 sglang_check, state_position)
 
 
 def good(**changes) -> TreeView:
@@ -230,3 +231,26 @@ def test_a_tree_naming_no_components_is_not_read_as_empty_nodes() -> None:
     del tree.tree_components
     with pytest.raises(AttributeError, match="names no components"):
         _python_nodes(tree, 1)
+
+
+def test_a_state_keyed_at_the_page_floor_of_its_tracked_length_breaks_state_position() -> None:
+    """Rule ``state_position`` (judged at each insert): a state tracked at 199 tokens keyed at 192
+    (page 64) names the rule, the key, the tracked length and the page floor."""
+    v = state_position(192, "t3", (199,), 64)
+    assert v is not None and v.rule == "state_position" and v.where() == "192"
+    assert "tracked its state at 199 tokens" in v.line and "page floor of 199" in v.line
+    other = state_position(100, "x", (128,), 16)  # keyed short of its tracked length, not its page floor
+    assert other is not None and "page floor" not in other.line
+
+
+def test_a_state_keyed_where_it_was_tracked_or_of_a_request_tracking_nothing_holds() -> None:
+    assert state_position(192, "t3", (192,), 64) is None
+    assert state_position(128, "r", (256, 128), 64) is None  # the finished request's previous checkpoint (overshoot)
+    assert state_position(71, "r", (), 64) is None  # nothing tracked (no_buffer): the rule does not judge it
+
+
+def test_a_rule_judged_at_an_insert_is_announced_once_per_tree() -> None:
+    auditor = Auditor()
+    (line,) = auditor.judged("UnifiedRadixCache/rust", "state_position")
+    assert line.to_json()["rules"] == ["state_position"] and "state_position" not in line.to_json()["not_run"]
+    assert auditor.judged("UnifiedRadixCache/rust", "state_position") == []

@@ -234,7 +234,13 @@ class ProgramRun:
         return self.stats
 
     def fail(self, *findings: Finding) -> None:
-        raise program_failure(self.step_no, list(findings), self.trace)
+        """End the program here with ``findings``, after what the tree audit named since its last
+        look: a tree rule broken before an answer went wrong is the likelier cause, so it comes first."""
+        try:
+            tree = self._new_violations()
+        except (OSError, ValueError):  # an unreadable evidence file: the findings alone
+            tree = []
+        raise program_failure(self.step_no, [*tree, *findings], self.trace)
 
     def _death(self, why: str, *, where: str = "server died") -> list[Finding]:
         """A dead server's findings: first what the tree audit named before it died (a leak or a
@@ -409,6 +415,9 @@ class ProgramRun:
         dead = self._dead() if any(not s.answered for s in fresh) else self._exited()
         if dead:
             self.fail(*self._death(dead))
+        found = self._new_violations() if fresh else []  # what SGLang's tree broke while serving these: the cause, judged before its effects
+        if found:
+            self.fail(*found)
         for s in fresh:
             for problem in answer_problems(s, self.t.limits):
                 self.fail(problem)

@@ -339,12 +339,18 @@ def check_entries(bugs: Iterable[KnownBug], *, target: str, release: str | None,
     entry does not excuse (another kind, facts outside its ``where``), is not a reproduction.
     ``suite_replay(bug)``, for an entry of a scripted suite's check (kl, leaks, ...): the
     findings of that suite run on the entry's cell, which must reproduce the very failure the
-    entry excuses (kind, ``where`` facts and ``match``: :meth:`KnownBug.excuses`)."""
+    entry excuses (kind, ``where`` facts and ``match``: :meth:`KnownBug.excuses`).  A variant of
+    another check replaying its programs base's own file reproduces when that program shows the
+    base's finding (the programs stop at the cause: a tree rule broken before the answers)."""
+    bugs = list(bugs)
+    programs = {b.id: b for b in bugs if b.check == "programs"}
     out = []
     for bug in bugs:
         if target not in bug.targets or not bug.in_range(release):
             continue
-        out.append(_judged(bug, replay(bug), bug.reproduced_by, "the replay", "", release))
+        base = programs.get(bug.variant_of) if bug.check != "programs" and bug.replay == getattr(programs.get(bug.variant_of), "replay", None) else None
+        reproduces = bug.reproduced_by if base is None else (lambda f, bug=bug, base=base: bug.reproduced_by(f) or base.excuses(f))
+        out.append(_judged(bug, replay(bug), reproduces, "the replay", "", release))
         if suite_replay is not None and bug.check != "programs":
             suite = f"the {bug.check} suite"
             out.append(_judged(bug, suite_replay(bug), bug.excuses, suite, f" ({suite})", release))

@@ -78,7 +78,7 @@ from conformance.sglang_contract.metric_names import KIT_PREFIX
 from conformance.sglang_plugins import evict_all
 from conformance.sglang_plugins.activation import REPORT_ENV
 from conformance.sglang_plugins.token_digest import token_digest
-from conformance.sglang_plugins.tree_audit import Auditor
+from conformance.sglang_plugins.tree_audit import STATE_POSITION_RULE, Auditor, state_position, tree_label
 
 TARGET = "sglang.srt.managers.scheduler_components.metrics_reporter.SchedulerMetricsReporter._maybe_log_idle_metrics"
 #: Before the scheduler's components were split out (0.5.12 and older) the idle publisher is
@@ -118,6 +118,9 @@ STATE_TREES = (
 #: (0.5.17-0.5.22); ``walk``: the public eviction walk, then the remembered states no longer in
 #: the tree (``all_mamba_values_flatten``; MambaRadixCache, UnifiedRadixCache up to 0.5.16).
 STATE_FREE_PLANS = (("_apply_eviction_result", "step"), ("_drain_device_frees", "drain"), ("evict", "walk"))
+#: Where a tree takes a request's states (``req`` its first argument), per release: each one a
+#: tree class has is hooked (:func:`caching_req`), so an insert knows whose state it takes.
+CACHING_METHODS = ("checkpoint_into_tree", "cache_unfinished_req", "cache_finished_req")
 #: The lazy strategy's boundary pre-allocation (a failed one drops the kept checkpoint).
 LAZY_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.mamba_lazy_prealloc_at_boundary"
 #: ``<log>.plugins.jsonl`` -> ``<log>.requests.jsonl``: the per-request evidence file.
@@ -662,15 +665,58 @@ def _forget(slots: list[int], by: str | None = None) -> None:
     write_requests([{"ev": "state_evicted", "len": n, "key": d, "by": cause} for n, d in gone])
 
 
+#: The requests a tree is caching now, innermost last: (rid, the lengths its states were tracked at).
+_CACHING: list[tuple[str, tuple[int, ...]]] = []
+
+
+def _tracked(req: Any) -> tuple[int, ...]:
+    """The lengths a request's kept mamba states were computed at: its last and previous
+    tracked lengths where the release keeps them (empty: it tracks none, e.g. no_buffer)."""
+    out = []
+    for attr in ("mamba_last_track_seqlen", "mamba_prev_track_seqlen"):
+        v = getattr(_holder(req, attr), attr, None)
+        if isinstance(v, int) and v > 0:
+            out.append(v)
+    return tuple(out)
+
+
+def caching_req(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND hook on a tree's caching of a request (:data:`CACHING_METHODS`): while it runs, an
+    insert knows whose state it takes and where that state was tracked (result unchanged)."""
+    req = args[0] if args else kwargs.get("req")
+    try:
+        entry = (str(req.rid), _tracked(req))
+    except Exception:  # an observer never breaks the server
+        entry = ("", ())
+    _CACHING.append(entry)
+    try:
+        return original(cache, *args, **kwargs)
+    finally:
+        _CACHING.pop()
+
+
+def _judge_position(cache: Any, key_len: int) -> None:
+    """Rule ``state_position`` on a state the tree just took from the request being cached."""
+    if not _CACHING or not _CACHING[-1][1]:
+        return
+    rid, tracked = _CACHING[-1]
+    found = state_position(key_len, rid, tracked, int(getattr(cache, "page_size", 1) or 1))
+    lines = _AUDITOR.judged(tree_label(cache), STATE_POSITION_RULE)
+    write_requests([r.to_json() for r in (*lines, *([found] if found else []))])
+
+
 def state_stored(original: Callable, cache: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook on the tree's insert: a mamba state the tree took (no state there before)
-    is recorded with its prefix, and its slot remembered; a state freed while it runs (the
-    per-path cap) is freed ``by`` the insert (result unchanged)."""
+    is recorded with its prefix, and its slot remembered, and, when a request is being cached,
+    judged by the rule ``state_position``; a state freed while it runs (the per-path cap) is
+    freed ``by`` the insert (result unchanged)."""
     result = _within("insert", original, cache, params, *args, **kwargs)
     try:
         value, key = getattr(params, "mamba_value", None), getattr(params, "key", None)
         if value is not None and key is not None and not getattr(cache, "disable", False) and not result.mamba_exist:
-            _remember(value, _key_tokens(key))
+            tokens = _key_tokens(key)
+            _remember(value, tokens)
+            _judge_position(cache, len(tokens))
     except Exception:  # an observer never breaks the server; a missing record is visible to the kit
         pass
     return result
@@ -761,7 +807,8 @@ def state_hook_plan() -> tuple[dict[str, Callable], dict[str, str], list[str]]:
             missing.append(f"{name} lacks {', '.join(lacks)}")
             continue
         plans[name] = free[1]
-        for method, hook in (("insert", state_stored), ("reset", tree_reset), (free[0], _FREE_HOOKS[free[1]])):
+        caching = [(m, caching_req) for m in CACHING_METHODS if hasattr(cls, m)]
+        for method, hook in (("insert", state_stored), ("reset", tree_reset), (free[0], _FREE_HOOKS[free[1]]), *caching):
             owner = next(k for k in cls.__mro__ if method in vars(k))
             hooks[f"{owner.__module__}.{owner.__qualname__}.{method}"] = hook
     if missing:

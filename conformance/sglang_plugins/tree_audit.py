@@ -29,6 +29,8 @@ from typing import Any, Callable, Mapping
 
 #: The rule SGLang's own check is recorded under (not in :data:`RULES`: it runs on the cache, not on a view).
 SGLANG_RULE = "sglang_sanity_check"
+#: The rule judged at each insert rather than on a view (:func:`state_position`).
+STATE_POSITION_RULE = "state_position"
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,26 @@ RULES: tuple[Rule, ...] = (
     Rule("slot_owned", "every mamba slot the allocator counts used is held by a tree node or a request", ("unowned", "reserved"), _slot_owned),
     Rule("state_depth", "a node's mamba state was taken for a prefix as long as the node's depth", ("nodes", "state_lens"), _state_depth),
 )
-RULE_NAMES = (*(r.name for r in RULES), SGLANG_RULE)
+RULE_NAMES = (*(r.name for r in RULES), SGLANG_RULE, STATE_POSITION_RULE)
+
+
+def state_position(key_len: int, rid: str, tracked: tuple[int, ...], page_size: int = 1) -> Violation | None:
+    """Rule ``state_position``, judged when the tree takes a mamba state from a request: the
+    state was computed at the length it is keyed by, i.e. the key is as long as one of the
+    positions the request tracked its checkpoints at (``tracked``: its last and previous
+    tracked lengths, ``mamba_last_track_seqlen`` and ``mamba_prev_track_seqlen``). A state
+    keyed shorter than it was computed at is a later prefix's state: a hit there resumes past
+    the tokens it then computes again. The line says when the key is a tracked length's page
+    floor (a tracked length off the ``page_size`` grid). None when it holds (or the request
+    tracked nothing)."""
+    if not tracked or key_len in tracked:
+        return None
+    at = " or ".join(map(str, tracked))
+    floor = next((t for t in tracked if t % page_size and t // page_size * page_size == key_len), None)
+    why = f" (the page floor of {floor}: it is off the {page_size}-token page grid)" if floor is not None else ""
+    return Violation(STATE_POSITION_RULE, (key_len,),
+                     f"the tree took request {rid}'s mamba state under a {key_len}-token key, but the request tracked "
+                     f"its state at {at} tokens{why}: the node holds another prefix's state")
 
 
 def judge(view: TreeView) -> tuple[list[Violation], list[str]]:
@@ -295,18 +316,24 @@ def _unowned(scheduler: Any, batch: Any, tree_slots: tuple[int, ...], free: froz
     return universe - free - frozenset(tree_slots) - _any_request_slots(scheduler, batch)
 
 
+def tree_label(cache: Any) -> str:
+    """The tree class and its core, as the audit's records name a tree (``UnifiedRadixCache/python``)."""
+    core = getattr(cache, "tree_core", cache)  # MambaRadixCache keeps its nodes itself
+    backend = "python" if type(core).__module__.startswith("sglang.srt.mem_cache.unified_cache") else (
+        "rust" if "rust" in type(core).__module__ else type(core).__name__)
+    return f"{type(cache).__name__}/{backend}"
+
+
 def read_tree(scheduler: Any, batch: Any, *, idle: bool, state_lens: Mapping[int, int]) -> TreeView:
     """The scheduler's tree as the audit reads it (what its core lets it read)."""
     cache = scheduler.tree_cache
     core = getattr(cache, "tree_core", cache)  # MambaRadixCache keeps its nodes itself
-    backend = "python" if type(core).__module__.startswith("sglang.srt.mem_cache.unified_cache") else (
-        "rust" if "rust" in type(core).__module__ else type(core).__name__)
     page_size = int(getattr(cache, "page_size", 1) or 1)
     session = getattr(cache, "session", None)
     if session is None and callable(getattr(cache, "any_holding_kv", None)):
         session = cache  # up to 0.5.18 the streaming-session wrapper is the tree cache itself
     held = bool(session is not None and getattr(session, "any_holding_kv", lambda: False)())
-    view: dict[str, Any] = {"tree": f"{type(cache).__name__}/{backend}", "page_size": page_size, "idle": idle and not held}
+    view: dict[str, Any] = {"tree": tree_label(cache), "page_size": page_size, "idle": idle and not held}
     try:
         nodes, strays = _python_nodes(core, page_size)
         view.update(nodes=nodes, lru_strays=strays, tree_slots=tuple(s for n in nodes for s in n.mamba), state_lens=dict(state_lens))
@@ -324,7 +351,7 @@ def read_tree(scheduler: Any, batch: Any, *, idle: bool, state_lens: Mapping[int
     mode = getattr(scheduler, "disaggregation_mode", None)
     # and a tree the reader knows (the unified tree's Python or Rust core, 0.5.18 on: where the
     # request and session fields it reads are the ones that hold slots)
-    owners_seen = (backend in ("python", "rust") and not held and (mode is None or str(getattr(mode, "value", mode)).lower() == "null")
+    owners_seen = (view["tree"].rsplit("/", 1)[1] in ("python", "rust") and not held and (mode is None or str(getattr(mode, "value", mode)).lower() == "null")
                    and not getattr(cache, "enable_storage", False) and getattr(cache, "cache_controller", None) is None
                    and not type(cache).__name__.startswith("Hi"))
     try:
@@ -392,6 +419,15 @@ class Auditor:
             self.ran[view.tree] = tuple(r for r in RULE_NAMES if r in {*before, *ran})
             return [*new, rules_line(view.tree, list(self.ran[view.tree]))]  # type: ignore[list-item]
         return new
+
+    def judged(self, tree: str, rule: str) -> list["RulesLine"]:
+        """A rule judged outside :meth:`run` (:data:`STATE_POSITION_RULE`, at an insert) ran on
+        ``tree``: the rules line when that grew the tree's rules, else nothing."""
+        before = self.ran.get(tree, ())
+        if rule in before:
+            return []
+        self.ran[tree] = tuple(r for r in RULE_NAMES if r in {*before, rule})
+        return [rules_line(tree, list(self.ran[tree]))]
 
     def _new(self, found: list[Violation]) -> list[Violation]:
         """The violations not written since the last reset (a broken node stays broken: once is enough)."""

@@ -7,6 +7,10 @@ inside the ``sglang-cpu`` servers only.
 * ``Tensor.pin_memory()`` needs a CUDA driver; SGLang pins host buffers while preparing
   extra_buffer tracking.  Without a usable CUDA device it returns the tensor itself
   (pinning is a transfer optimisation, not semantics).
+* A module SGLang imported before this patch keeps the ``torch.cuda`` it bound then
+  (``device_module = get_device_module()`` at import: 0.5.17's ``managers.cache_controller``
+  when the server is forked from a pre-imported launcher); such a module-level
+  ``device_module`` is rebound to ``torch.cpu``.
 * The factories (``torch.tensor``, ``empty``, ``zeros``, ``ones``, ``full``) with
   ``pin_memory=True`` need the driver too; SGLang 0.5.13 and older pass it unconditionally
   when building the extra_buffer track indices.  Without a usable CUDA device the keyword
@@ -14,6 +18,8 @@ inside the ``sglang-cpu`` servers only.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -32,8 +38,10 @@ def _unpinned(factory):  # noqa: ANN001, ANN202
 
 
 def install() -> list[str]:
-    if _PATCHED or torch.cuda.is_available():
+    if torch.cuda.is_available():
         return list(_PATCHED)
+    if _PATCHED:  # patched before (a pre-imported launcher): modules imported since may hold torch.cuda
+        return [*_PATCHED, *rebind_device_modules()]
     original_get_device_module = torch.get_device_module
 
     def get_device_module(device=None):  # noqa: ANN001
@@ -51,4 +59,16 @@ def install() -> list[str]:
     for name in FACTORIES:
         setattr(torch, name, _unpinned(getattr(torch, name)))
         _PATCHED.append(f"torch.{name}(pin_memory=)")
+    _PATCHED.extend(rebind_device_modules())
     return list(_PATCHED)
+
+
+def rebind_device_modules() -> list[str]:
+    """Every imported SGLang module whose ``device_module`` is ``torch.cuda`` (bound before the
+    patch) gets ``torch.cpu``; the names of those rebound."""
+    out = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("sglang.") and getattr(module, "device_module", None) is torch.cuda:
+            module.device_module = torch.cpu
+            out.append(f"{name}.device_module")
+    return out
