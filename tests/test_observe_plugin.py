@@ -327,6 +327,30 @@ def test_per_node_plans_are_chosen_per_tree_class_by_what_the_release_has(tmp_pa
     assert start == {"ev": "start", "state_evictions": True, "state_plans": plans, "state_missing": []}
 
 
+def test_each_releases_caching_entry_points_are_hooked_for_the_state_position_rule(monkeypatch):
+    """0.5.21 caches a finished request through ``insert_req`` and a chunk through
+    ``cache_unfinished_req``; 0.5.22 on through ``checkpoint_into_tree``: whichever a tree
+    class has is hooked so an insert knows whose state it takes."""
+    class Unified021:
+        def insert(self, params): ...
+        def reset(self): ...
+        def _drain_device_frees(self, frees): ...
+        def insert_req(self, req, *, up_to): ...
+        def cache_unfinished_req(self, req, chunked=False): ...
+
+    class Unified023:
+        def insert(self, params): ...
+        def reset(self): ...
+        def _apply_eviction_result(self, result): ...
+        def checkpoint_into_tree(self, req, *, up_to): ...
+
+    _trees(monkeypatch, Unified021=Unified021, Unified023=Unified023)
+    hooks, _, missing = observe.state_hook_plan()
+    caching = sorted(t for t, h in hooks.items() if h is observe.caching_req)
+    assert missing == [] and caching == ["fake_trees.Unified021.cache_unfinished_req", "fake_trees.Unified021.insert_req",
+                                         "fake_trees.Unified023.checkpoint_into_tree"]
+
+
 def test_a_tree_class_missing_a_hook_leaves_per_node_off_and_says_why(tmp_path, monkeypatch):
     """One tree class of the release without a removal point (here: a walk but no list of the
     tree's states), or one hook SGLang's registry did not apply: per_node stays False (the

@@ -120,7 +120,7 @@ STATE_TREES = (
 STATE_FREE_PLANS = (("_apply_eviction_result", "step"), ("_drain_device_frees", "drain"), ("evict", "walk"))
 #: Where a tree takes a request's states (``req`` its first argument), per release: each one a
 #: tree class has is hooked (:func:`caching_req`), so an insert knows whose state it takes.
-CACHING_METHODS = ("checkpoint_into_tree", "cache_unfinished_req", "cache_finished_req")
+CACHING_METHODS = ("checkpoint_into_tree", "insert_req", "cache_unfinished_req", "cache_finished_req")
 #: The lazy strategy's boundary pre-allocation (a failed one drops the kept checkpoint).
 LAZY_TARGET = "sglang.srt.managers.schedule_batch.ScheduleBatch.mamba_lazy_prealloc_at_boundary"
 #: ``<log>.plugins.jsonl`` -> ``<log>.requests.jsonl``: the per-request evidence file.
