@@ -131,7 +131,7 @@ def _run(tmp_path, monkeypatch, tree):
 
     idle = []
     run = SimpleNamespace(t=SimpleNamespace(requests=log), stats=RunStats(), _idle_checks=lambda: idle.append(1),
-                          fail=lambda *f: ProgramRun.fail(SimpleNamespace(step_no=3, trace=[]), *f))
+                          fail=lambda *f: ProgramRun.fail(SimpleNamespace(step_no=3, trace=[], _new_violations=lambda: []), *f))
     thread = threading.Thread(target=plugin, daemon=True)
     thread.start()
     try:

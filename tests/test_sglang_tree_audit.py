@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from sglang_cpu_probes import aborted_decode_then_idle, cell_for, fresh_idle_metrics, probe_server, prompts, tail
 
+from conformance.matrix.faults import SGLANG_FAULT_ENV
 from conformance.programs.evidence import RequestLog
 from conformance.session.known_bugs import installed_release, load
 from conformance.sglang_contract.metric_names import KIT_TREE_AUDIT_SECONDS_TOTAL, KIT_TREE_AUDITS_TOTAL
@@ -138,4 +139,27 @@ def test_the_audit_names_a_state_keyed_at_the_page_floor_of_where_it_was_tracked
     page1.write_text(json.dumps(program))
     out, log = _replay(page1, tmp_path / "page1")
     assert "run 1: PASS" in out and "0/1 runs failed" in out, out[-2000:]
+    assert log.tree_violations == [] and any("state_position" in rules for rules in log.tree_rules.values()), log.tree_rules
+
+
+@pytest.mark.fault_probe_fast  # the rule's catch of a seeded fault on the installed release (two replays, ~2 min)
+def test_the_audit_names_a_seeded_state_donated_under_a_shorter_key(tmp_path) -> None:
+    """The seeded fault ``strip_thinking_state_past_key`` drops 0.5.22's guard: r1 (249 prompt
+    tokens) reasons past the 256 track boundary, and its finish donates the state tracked at
+    256 under the 249-token prompt key. Rule ``state_position`` names it (no page floor: page 1);
+    the same program clean passes with the rule judged. The program is the replay of the known
+    bug this fault puts back, so it runs where that bug is fixed."""
+    (bug,) = [b for b in load(ROOT / "fixtures" / "known_bugs.toml") if b.id == "strip-thinking-finish-donates-state-past-prompt-key"]
+    release = installed_release()
+    if bug.in_range(release):
+        pytest.skip(f"the installed sglang {release} has {bug.id} itself: the clean run would fail too")
+    program = json.loads(bug.replay_path().read_text())
+    clean, faulted = tmp_path / "clean.json", tmp_path / "faulted.json"
+    clean.write_text(json.dumps({**program, "env": {}}))
+    faulted.write_text(json.dumps({**program, "env": {SGLANG_FAULT_ENV: "strip_thinking_state_past_key"}}))
+    out, log = _replay(faulted, tmp_path / "faulted")
+    assert "rule state_position broken at node 249" in out and "tracked its state at 256 tokens: the node" in out, out[-2000:]
+    assert "page floor" not in out
+    out, log = _replay(clean, tmp_path / "clean")
+    assert "run 1: PASS" in out, out[-2000:]
     assert log.tree_violations == [] and any("state_position" in rules for rules in log.tree_rules.values()), log.tree_rules

@@ -56,6 +56,7 @@ from conformance.report.known_bugs import row_hits
 from conformance.commands.report_bug import write_hit_folders
 from conformance.session.known_bugs import load as load_known_bugs
 from conformance.session.options import options_from_args
+from conformance.reference.twins import make_twins
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL_SUITE = suite("leaks").path / "test_pool_invariants.py"
@@ -564,6 +565,8 @@ def run_history(args) -> int:
     log = (lambda line: print(f"hybrid-conformance: {line}", file=sys.stderr)) if as_json else print
     checks = parse_checks(args.checks)
     out_dir = Path(args.out)
+    if args.with_sglang_cpu or shard:  # the twins from the kit's own transformers: a release venv's older one makes other weights
+        make_twins()
     rows, probes = history(releases, venv_dir=venv_dir, tier=args.tier, checks=checks, with_sglang_cpu=args.with_sglang_cpu,
                            reinstall=args.reinstall, log=log, out_dir=out_dir, sources=sources, models=models,
                            workers=parse_workers(args.workers), budget=parse_budget_arg(args.budget), shard=shard)

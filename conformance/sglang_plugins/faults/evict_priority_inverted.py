@@ -5,10 +5,11 @@ value first (``PriorityStrategy``: (priority, last access)); the priority is the
 priority that inserted the path (``UnifiedRadixCache.insert``: ``InsertParams.priority``, from
 ``req.priority``).  The scheduler, with ``--schedule-low-priority-values-first``, reads low values
 as urgent; this fault is that convention leaking into the cache's insert: around
-``UnifiedRadixCache.checkpoint_into_tree`` (where the insert's ``InsertParams.priority`` is
-taken from ``req.priority``) the request's priority is negated, and restored after, so the tree
-is handed ``-priority`` and under KV pressure the most important paths go first.  (Not the
-tree's ``insert`` itself: the observe plugin's per-node evidence hooks that.)  Every other
+``UnifiedRadixCache.checkpoint`` (whose ``checkpoint_into_tree`` takes the insert's
+``InsertParams.priority`` from ``req.priority``) the request's priority is negated, and restored
+after, so the tree is handed ``-priority`` and under KV pressure the most important paths go
+first.  (Not the tree's ``insert`` nor ``checkpoint_into_tree``: the observe plugin's per-node
+evidence hooks those.)  Every other
 policy ignores the priority, so it shows only with ``eviction = priority`` and a KV shortfall
 (a KV-asked walk: a Mamba-shortfall walk is LRU whatever the policy); the prefix_branching
 suite's eviction-order scenario makes one.
@@ -19,7 +20,7 @@ from __future__ import annotations
 from conformance.sglang_plugins.faults.spec import Hook, fired, sglang_fault
 
 NAME = "evict_priority_inverted"
-TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint_into_tree"
+TARGET = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.checkpoint"
 
 
 def insert_with_priority_inverted(original, cache, req, *args, **kwargs):

@@ -41,7 +41,8 @@ FAULT = sglang_fault(
     "_select_finished_checkpoint's overshoot guard",
     "a follow-up sharing the reasoning request's prompt hits the whole prompt and continues from a state that "
     "read the thinking tokens: outputs differ from cold (KL decode_hit on the strip-thinking cell, whose turn one "
-    "asks for reasoning)",
+    "asks for reasoning); the tree audit's insert-time rule state_position names the finish's donation itself (state "
+    "tracked at 256, keyed at the 249-token prompt)",
     (Hook(TARGET, "around", donate_newest_past_key),),
     options=("reasoning=strip-thinking",),
     suites=("kl",),
