@@ -95,3 +95,19 @@ def test_a_server_without_per_node_hooks_judges_nothing():
     records = [{"ev": "start", "state_evictions": False}, _state("stored-1"), _walk(kv=True)]
     v = eviction_order_verdict("priority", STORED, SEQS, records)
     assert v.status == "fail" and "state_evictions false" in v.reason
+
+
+def test_a_tree_that_walks_its_own_lru_lists_is_not_applicable_to_another_policy():
+    """MambaRadixCache (hybrid models' tree up to 0.5.15) has no eviction strategy: its walk
+    records say so, and lfu there is not applicable with that line; on the LRU cell the same
+    records are judged (LRU is the order it follows)."""
+    walk = {**_walk(kv=True), "order": "lru_lists", "tree": "MambaRadixCache"}
+    records = [{"ev": "start", "state_evictions": True}, _state("held"), walk]
+    v = eviction_order_verdict("lfu", STORED, SEQS, records)
+    assert v.status == "skip" and v.reason.startswith("not applicable: sglang served this cell with MambaRadixCache")
+    assert "--radix-eviction-policy lfu does not reach them" in v.reason
+    assert eviction_order_verdict("lru", STORED, SEQS, records).status == "pass"
+    wrong = eviction_order_verdict("lru", STORED, SEQS, [records[0], _state("stored-1"), walk])
+    assert wrong.status == "fail" and "took stored-1" in wrong.reason
+    vacuous = eviction_order_verdict("lfu", STORED, SEQS, [records[0]])  # no walk ran: nothing says which tree
+    assert vacuous.status == "fail" and "nothing was judged" in vacuous.reason

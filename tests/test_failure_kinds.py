@@ -150,6 +150,10 @@ TYPE_ERROR = ('Scheduler hit an exception: Traceback (most recent call last):\n'
 def test_a_death_is_named_by_what_killed_it() -> None:
     assert [(f.kind, f.facts["pool"]) for f in death_findings("server died", MAMBA_REPORT)] == [("leak_mamba", "mamba")]
     assert [(f.kind, f.facts["pool"]) for f in death_findings("server died", KV_REPORT)] == [("leak_kv", "full")]
+    (mamba,) = death_findings("server died: ValueError: pool memory leak detected! [full] total=8192, available=8192", MAMBA_REPORT)
+    assert mamba.line.endswith("; the broken pool: [mamba] total=48, available=45, evictable=0, protected=0, session_held=0, uncached=0")
+    (full,) = death_findings("server died: " + KV_REPORT.splitlines()[0], KV_REPORT)  # the line already names it
+    assert "the broken pool" not in full.line
     (f,) = death_findings("server died", TYPE_ERROR)
     assert f.kind == "server_died:exception" and f.facts == {"at": "tokenizer_manager.py:2836", "exception": "TypeError"} and not f.catch
     assert death_findings("server died", "")[0].kind == "server_died:unexplained"

@@ -176,6 +176,28 @@ def test_an_eviction_walk_is_recorded_in_the_per_request_file(tmp_path, monkeypa
     assert g["evictions_total"].value == 1
 
 
+def test_a_walk_of_a_tree_that_follows_its_own_lru_lists_says_so(tmp_path, monkeypatch):
+    """A tree with LRU lists and no eviction strategy (MambaRadixCache up to 0.5.15) marks its
+    walk records ``order: lru_lists``; the unified tree (a core, a strategy) does not."""
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    ex, _ = exporter(monkeypatch)
+    monkeypatch.setattr(observe, "_EXPORTER", ex)
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
+    walk = SimpleNamespace(num_tokens_evicted=127, swa_num_tokens_evicted=0, mamba_num_evicted=1)
+
+    class MambaRadixCache:
+        full_lru_list = mamba_lru_list = ()
+
+    class UnifiedRadixCache(MambaRadixCache):
+        tree_core = object()
+
+    observe.evict_counted(lambda cache, params: walk, MambaRadixCache(), "p")
+    observe.evict_counted(lambda cache, params: walk, UnifiedRadixCache(), "p")
+    records = [json.loads(line) for line in (tmp_path / "cell.requests.jsonl").read_text().splitlines()]
+    assert [(r.get("order"), r.get("tree")) for r in records] == [("lru_lists", "MambaRadixCache"), (None, None)]
+
+
 def test_a_state_the_tree_took_and_an_eviction_step_freed_is_recorded_per_node(tmp_path, monkeypatch):
     """Per-node eviction evidence (issue 26, finding 1): the insert hook remembers which pool
     slot holds the state of which prefix; the eviction-step hook records the prefix whose state

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from conformance.records import Verdict
+from conformance.sglang_plugins.observe import LRU_LISTS
 from conformance.sglang_plugins.token_digest import token_digest
 
 CHECK = "eviction_order"
@@ -201,6 +202,10 @@ def eviction_order_verdict(policy: str, stored: Sequence[Stored], sequences: Map
     if any(r.get("ev") == "start" and not r.get("state_evictions") for r in records):
         return Verdict(CHECK, "fail", {}, f"eviction policy {policy}: the observe plugin's per-node eviction hooks were not in "
                        "place on this server (its start line says state_evictions false): nothing was judged")
+    lists = sorted({str(r.get("tree")) for r in records if r.get("ev") == "evict" and r.get("order") == LRU_LISTS})
+    if lists and policy != "lru":
+        return Verdict(CHECK, "skip", {}, f"not applicable: sglang served this cell with {', '.join(lists)}, whose eviction walks "
+                       f"follow its own LRU lists (it has no eviction strategy): --radix-eviction-policy {policy} does not reach them")
     victims, n_kv, other_walks = kv_walk_victims(records)
     owners = [o for o in (owner(v, sequences) for v in victims) if o is not None]
     metrics = {"kv_walks": n_kv, "mamba_walks": other_walks, "kv_victims": len(victims), "scenario_victims": len(owners)}

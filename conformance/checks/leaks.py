@@ -89,8 +89,9 @@ def death_findings(line: str, log_text: str, *, startup: bool = False) -> list[F
     (``server_died:assertion``), another exception (``server_died:exception``: not SGLang's
     invariant), or nothing the log explains (``server_died:unexplained`` / ``:startup``)."""
     pools = leak_report_pools(log_text)
-    if pools:
-        return [Finding(POOL_KINDS.get(pool, "leak_kv"), line, {"pool": pool, "by": "sglang_idle_check", "report": report[:200]})
+    if pools:  # the line names the broken pool's own report (SGLang's first report line is [full])
+        return [Finding(POOL_KINDS.get(pool, "leak_kv"), line if report[:40] in line else f"{line}; the broken pool: {report[:200]}",
+                        {"pool": pool, "by": "sglang_idle_check", "report": report[:200]})
                 for pool, report in pools]
     if "memory leak detected" in log_text:
         return [Finding("server_died:idle_check", line, {"by": "sglang_idle_check"})]

@@ -617,6 +617,17 @@ def _within(cause: str, original: Callable, *args: Any, **kwargs: Any) -> Any:
         _WITHIN.pop()
 
 
+#: An eviction record's ``order`` when the tree walks its own LRU lists (no eviction policy reaches them).
+LRU_LISTS = "lru_lists"
+
+
+def walks_lru_lists(cache: Any) -> bool:
+    """Does this tree evict by its own LRU lists whatever ``--radix-eviction-policy`` says?
+    MambaRadixCache (hybrid models' default tree up to 0.5.15) keeps ``full_lru_list`` and
+    ``mamba_lru_list`` and no eviction strategy; the unified tree (and its cores) carries one."""
+    return hasattr(cache, "full_lru_list") and not hasattr(cache, "eviction_strategy") and not hasattr(cache, "tree_core")
+
+
 def evict_counted(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND hook on the eviction walk: count walks that evicted anything, and record each
     in the per-request file, so its place among the prefill records says which requests'
@@ -628,7 +639,8 @@ def evict_counted(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> 
             _EXPORTER.count("evictions_total")
             params = args[0] if args else kwargs.get("params")
             asked = {f"asked_{f}": int(getattr(params, f, 0) or 0) for f in EVICT_ASKED}  # which pool ran short
-            write_requests([{"ev": "evict", **counts, **asked}])
+            order = {"order": LRU_LISTS, "tree": type(cache).__name__} if walks_lru_lists(cache) else {}
+            write_requests([{"ev": "evict", **counts, **asked, **order}])
     except Exception:  # an observer never breaks the server
         pass
     return result
