@@ -111,3 +111,19 @@ def test_a_tree_that_walks_its_own_lru_lists_is_not_applicable_to_another_policy
     assert wrong.status == "fail" and "took stored-1" in wrong.reason
     vacuous = eviction_order_verdict("lfu", STORED, SEQS, [records[0]])  # no walk ran: nothing says which tree
     assert vacuous.status == "fail" and "nothing was judged" in vacuous.reason
+
+
+def test_states_a_mamba_walk_took_before_any_kv_walk_make_the_kv_order_unobservable():
+    """Small chunks on no_buffer store a state per chunk: the Mamba pool runs short first and
+    its walks (LRU whatever the policy) free the scenario's states before a KV walk could
+    (measured on 0.5.23, chunked prefill 32: every prompt's states went by Mamba walks).  That
+    is not applicable with the numbers; a KV walk freeing nothing with no Mamba walk freeing
+    a scenario state either still fails as nothing judged."""
+    start = {"ev": "start", "state_evictions": True}
+    records = [start, _state("held"), _walk(kv=False), _state("stored-1"), _walk(kv=False), _walk(kv=True)]
+    v = eviction_order_verdict("lfu", STORED, SEQS, records)
+    assert v.status == "skip" and v.reason.startswith("not applicable on this cell") and "freed 2 of them (1 KV walks, 2 Mamba walks)" in v.reason
+    v = eviction_order_verdict("lfu", STORED, SEQS, [start, _walk(kv=False), _walk(kv=True)])
+    assert v.status == "fail" and "nothing was judged" in v.reason
+    v = eviction_order_verdict("lfu", STORED, SEQS, [start, _state("held"), _walk(kv=False), _state("held"), _walk(kv=True)])
+    assert v.status == "fail" and "took held" in v.reason  # a KV walk freed one: judged

@@ -27,14 +27,18 @@ short (TEL-safe whatever the splits): ``held`` goes first only if its own leaf i
 eviction step freed (the observe plugin's ``state_evicted`` records, named by prefix length and
 digest), and which pool each walk was asked to free (``evict`` records, ``asked_num_tokens``):
 the states a KV-asked walk freed are its victims.  Only the first scenario state a KV walk
-freed is judged; a run where no KV walk freed one fails (nothing was judged).
+freed is judged; a run where no KV walk freed one fails (nothing was judged), unless
+Mamba-asked walks freed the scenario's states first (a cell whose Mamba pool runs short
+before its KV pool: small chunks store a state per chunk): that cell's KV order is not
+observable through the states, and the verdict says so with the walks' numbers.  A tree that
+walks its own LRU lists (MambaRadixCache up to 0.5.15) takes no policy: not applicable there.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from conformance.records import Verdict
 from conformance.sglang_plugins.observe import LRU_LISTS
@@ -132,24 +136,32 @@ def path_splits(sequences: Mapping[str, Sequence[int]], records: Iterable[Mappin
     return {name: tuple(sorted(lens)) for name, lens in out.items()}
 
 
-def kv_walks(records: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[int, int, list[tuple[int, str]]]], int]:
-    """Each KV-asked eviction walk as (the index of the record after the walk before it --
-    nothing of this walk precedes it --, the index of its own ``evict`` record, the states
-    (prefix length, digest) it freed in order), and the number of Mamba-only walks.  A walk's ``state_evicted`` records precede
-    its ``evict`` record (the observe plugin writes the walk's record when it returns)."""
-    walks: list[tuple[int, int, list[tuple[int, str]]]] = []
+def _walks(records: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, int, list[tuple[int, str]], bool]]:
+    """Each eviction walk as (the index of the record after the walk before it, the index of
+    its own ``evict`` record, the states (prefix length, digest) it freed in order, whether a
+    KV shortfall asked for it).  A walk's ``state_evicted`` records precede its ``evict``
+    record (the observe plugin writes the walk's record when it returns)."""
     pending: list[tuple[int, str]] = []
-    other_walks = start = 0
+    start = 0
     for i, r in enumerate(records):
         if r.get("ev") == "state_evicted":
             pending.append((int(r["len"]), str(r["key"])))
         elif r.get("ev") == "evict":
-            if int(r.get("asked_num_tokens", 0) or 0) > 0:
-                walks.append((start, i, pending))
-            else:
-                other_walks += 1
+            yield start, i, pending, int(r.get("asked_num_tokens", 0) or 0) > 0
             pending, start = [], i + 1
-    return walks, other_walks
+
+
+def kv_walks(records: Sequence[Mapping[str, Any]]) -> tuple[list[tuple[int, int, list[tuple[int, str]]]], int]:
+    """Each KV-asked eviction walk as (the index of the record after the walk before it --
+    nothing of this walk precedes it --, the index of its own ``evict`` record, the states it
+    freed in order), and the number of Mamba-only walks."""
+    walks = list(_walks(records))
+    return [(start, end, freed) for start, end, freed, kv in walks if kv], sum(not kv for *_, kv in walks)
+
+
+def mamba_walk_victims(records: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    """The states freed by walks no KV shortfall asked for (a Mamba shortfall: LRU whatever the policy)."""
+    return [v for _, _, freed, kv in _walks(records) if not kv for v in freed]
 
 
 def kv_walk_victims(records: Iterable[Mapping[str, Any]]) -> tuple[list[tuple[int, str]], int, int]:
@@ -210,6 +222,11 @@ def eviction_order_verdict(policy: str, stored: Sequence[Stored], sequences: Map
     owners = [o for o in (owner(v, sequences) for v in victims) if o is not None]
     metrics = {"kv_walks": n_kv, "mamba_walks": other_walks, "kv_victims": len(victims), "scenario_victims": len(owners)}
     details = {"victims_in_order": owners, "stored": [s.__dict__ for s in stored]}
+    if not owners and (taken := [o for o in (owner(v, sequences) for v in mamba_walk_victims(records)) if o is not None]):
+        return Verdict(CHECK, "skip", metrics, f"not applicable on this cell: no KV-asked eviction walk freed a state of the {len(stored)} "
+                       f"stored prompts, Mamba-asked walks (LRU whatever the policy) freed {len(taken)} of them ({n_kv} KV walks, "
+                       f"{other_walks} Mamba walks): the Mamba pool runs short first, and the KV order is not observable through "
+                       "the states", details)
     if not owners:
         return Verdict(CHECK, "fail", metrics, f"eviction policy {policy}: no KV-asked eviction walk freed a state of the "
                        f"{len(stored)} stored prompts ({n_kv} KV walks, {other_walks} Mamba walks): the fill never "
