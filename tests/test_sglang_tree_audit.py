@@ -118,13 +118,13 @@ def _replay(program: Path, log_dir: Path) -> tuple[str, RequestLog]:
     return proc.stdout + proc.stderr, log
 
 
-@pytest.mark.fault_probe_fast  # CI keeps the insert-time rule's catch on real SGLang (two replays, ~3 min)
+@pytest.mark.fault_probe_fast  # CI keeps the insert-time rule's catch of SGLang's own bug (one replay, ~90 s)
 def test_the_audit_names_a_state_keyed_at_the_page_floor_of_where_it_was_tracked(tmp_path) -> None:
     """Not a seeded fault but SGLang's own bug (known bug ``unaligned-prefix-track-state-keyed-at-page-floor``):
     a streaming turn starting at 71 tokens tracks its state at 199, and on page 64 the tree keys
     it at 192; the replay's first finding is rule ``state_position`` at node 192 with the page
-    floor named. The same program on the page-1 cell passes, with the rule judged there (the
-    non-vacuous side: the key is where the state was tracked)."""
+    floor named. The non-vacuous side (a clean run passes with the rule judged) is the seeded
+    test's clean replay below; the same program on the page-1 cell is the scheduled one after it."""
     (bug,) = [b for b in load(ROOT / "fixtures" / "known_bugs.toml") if b.id == PAGE_FLOOR_BUG]
     release = installed_release()
     if not bug.in_range(release):
@@ -133,6 +133,11 @@ def test_the_audit_names_a_state_keyed_at_the_page_floor_of_where_it_was_tracked
     assert "FAIL at step 3: tree audit: rule state_position broken at node 192" in out and "page floor of 199" in out, out[-2000:]
     assert [v["path"] for v in log.tree_violations if v["rule"] == "state_position"] == ["192"], log.tree_violations
 
+
+def test_the_page_floor_program_on_page_1_keys_each_state_where_it_was_tracked(tmp_path) -> None:
+    """The page-floor bug's program on the page-1 cell passes with rule ``state_position``
+    judged there: without a page floor the key is where the state was tracked."""
+    (bug,) = [b for b in load(ROOT / "fixtures" / "known_bugs.toml") if b.id == PAGE_FLOOR_BUG]
     program = json.loads(bug.replay_path().read_text())
     program["cell"].update(id=program["cell"]["id"].replace("-p64-", "-p1-"), page_size=1)
     page1 = tmp_path / "page1.json"
