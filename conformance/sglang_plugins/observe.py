@@ -608,13 +608,18 @@ def audit_tree(scheduler: Any, batch: Any, *, idle: bool = False) -> None:
 _WITHIN: list[str] = []
 
 
-def _within(cause: str, original: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Run SGLang's ``original`` with ``cause`` as the tree operation in progress."""
-    _WITHIN.append(cause)
+def _pushed(stack: list, item: Any, original: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Run SGLang's ``original`` with ``item`` on top of ``stack`` (what is in progress while it runs)."""
+    stack.append(item)
     try:
         return original(*args, **kwargs)
     finally:
-        _WITHIN.pop()
+        stack.pop()
+
+
+def _within(cause: str, original: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Run SGLang's ``original`` with ``cause`` as the tree operation in progress."""
+    return _pushed(_WITHIN, cause, original, *args, **kwargs)
 
 
 #: An eviction record's ``order`` when the tree walks its own LRU lists (no eviction policy reaches them).
@@ -700,11 +705,7 @@ def caching_req(original: Callable, cache: Any, *args: Any, **kwargs: Any) -> An
         entry = (str(req.rid), _tracked(req))
     except Exception:  # an observer never breaks the server
         entry = ("", ())
-    _CACHING.append(entry)
-    try:
-        return original(cache, *args, **kwargs)
-    finally:
-        _CACHING.pop()
+    return _pushed(_CACHING, entry, original, cache, *args, **kwargs)
 
 
 def _judge_position(cache: Any, key_len: int) -> None:
