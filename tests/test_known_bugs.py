@@ -144,6 +144,45 @@ def test_an_entry_of_a_scripted_suite_is_replayed_by_that_suite_too_and_strictly
                              suite_replay=lambda b: pytest.fail("a programs entry has no suite"))) == 1
 
 
+AGREEMENT_ENTRY = ENTRY.replace('check = "programs"', 'check = "agreement"').replace('kind = "hit_below_certain"', 'kind = "answer_differs_on_miss"') \
+    .replace('where = { cached_tokens = "<320" }\n', "").replace('match = "cached_tokens \\\\d+, the prefix oracle allows"\n', "")
+COLD_DIFFERS = Finding("answer_differs_on_miss", "cold: greedy tokens differ from position 0 (sglang (1, 2, 3) vs reference (4, 5, 6))")
+
+
+def test_an_entry_judged_against_the_reference_engine_is_reproduced_by_its_suite_alone(tmp_path: Path) -> None:
+    """A program compares SGLang with its own cache-off run, so it cannot show a disagreement
+    with the reference engine: an agreement entry's program is never played, its suite decides
+    (strictly), and a programs-only replay says it cannot reproduce it."""
+    (bug,) = load(_file(tmp_path, AGREEMENT_ENTRY))
+    assert bug.suite_only and not load(_file(tmp_path, ENTRY))[0].suite_only
+    no_program = dict(replay=lambda b: pytest.fail("a program cannot show a disagreement with the reference engine"))
+    still = check_entries([bug], target="sglang-cpu", release="0.5.23", suite_replay=lambda b: [COLD_DIFFERS], **no_program)
+    assert [r.ok for r in still] == [True] and "(the agreement suite)" in still[0].line
+    fixed = check_entries([bug], target="sglang-cpu", release="0.5.23", suite_replay=lambda b: None, **no_program)
+    assert [r.ok for r in fixed] == [False] and "the agreement suite passed" in fixed[0].line
+    hit = Finding("answer_differs_on_hit", "repeat: greedy tokens differ from position 0")
+    other = check_entries([bug], target="sglang-cpu", release="0.5.23", suite_replay=lambda b: [hit], **no_program)
+    assert [r.ok for r in other] == [False] and "a different finding" in other[0].line
+    programs_only = check_entries([bug], target="sglang-cpu", release="0.5.23", **no_program)
+    assert [r.ok for r in programs_only] == [False] and "--programs-only plays no suite" in programs_only[0].line
+    with pytest.raises(KitError, match="judged against the reference engine .* --suite agreement"):
+        bug.refuse_program_replay("report-bug")
+
+
+def test_report_bug_and_bisect_refuse_an_entry_no_program_shows(tmp_path: Path) -> None:
+    """``report-bug`` and ``history --bisect`` replay the entry's program: for an agreement
+    entry that would pass whatever SGLang does, so each says so in one line and stops."""
+    from conformance.commands.bisect import run_bisect
+    from conformance.commands.report_bug import case_for
+
+    (bug,) = [b for b in load(ROOT / "fixtures" / "known_bugs.toml") if b.id == "granite-final-norm-adds-residual-twice"]
+    with pytest.raises(KitError, match="^report-bug: bug 'granite-final-norm-adds-residual-twice' is judged against the reference engine"):
+        case_for(bug, SimpleNamespace())
+    args = SimpleNamespace(bisect=bug.id, venv_dir=str(tmp_path), sglang_source=None, releases="0.5.21", out=str(tmp_path))
+    with pytest.raises(KitError, match="^history --bisect: bug 'granite-final-norm-adds-residual-twice' is judged against the reference engine"):
+        run_bisect(args, probe=lambda b, r: pytest.fail("replayed a program that cannot show it"))
+
+
 def test_a_variant_replaying_its_programs_base_reproduces_on_the_bases_finding(tmp_path: Path) -> None:
     """A kl variant whose replay is its programs base's own file: the program stops at the
     cause (the base's finding, e.g. a tree rule), which reproduces the variant too; a finding

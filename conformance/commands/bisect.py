@@ -252,6 +252,7 @@ def ready_releases(venv_dir: Path) -> list[str]:
 
 def run_bisect(args: argparse.Namespace, probe: Callable[[KnownBug, str], Probe] | None = None) -> int:
     bug = find_bug(args.bisect, load())
+    bug.refuse_program_replay("history --bisect")
     venv_dir = Path(args.venv_dir).expanduser() if args.venv_dir else default_venv_dir()
     if args.sglang_source:
         print(f"history --bisect: {SOURCE_NA}")

@@ -65,6 +65,7 @@ def _without_launcher_flags(args: list[str]) -> tuple[str, ...]:
 
 def case_for(bug: KnownBug, options: Options) -> BugCase:
     """The entry with its program, cell, launch specs and plan resolved."""
+    bug.refuse_program_replay("report-bug")
     program = load_program(bug.replay_path())
     cell = find_cell(program, options.matrix_path)
     spec = spec_for(cell, options, port=PORT)

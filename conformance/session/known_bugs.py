@@ -52,6 +52,10 @@ DEFAULT_FILE = ROOT / "fixtures" / "known_bugs.toml"
 STILL_PRESENT = "known SGLang bug, still present"
 NO_LONGER = "no longer reproduces: remove or narrow the entry"
 REQUIRED = ("id", "summary", "releases", "check", "kind", "replay")
+#: Checks that compare SGLang with the kit's reference engine.  A program compares SGLang with
+#: its own cache-off run, so no program shows their failure: an entry of such a check is
+#: reproduced by its suite alone, and its replay file only carries the cell and the env.
+REFERENCE_CHECKS = ("agreement",)
 #: Facts that place an entry: the bug it is another sighting of, where SGLang holds it, the
 #: failure line, what each release measured, and notes (controls, what the fix changes).
 FACTS = ("variant_of", "code_path", "seen_as", "measured", "notes")
@@ -165,6 +169,18 @@ class KnownBug:
         if self.check == "programs":
             return self.excuses(finding)
         return finding.kind == self.kind and self.matches(finding.line)
+
+    @property
+    def suite_only(self) -> bool:
+        """Reproduced by its check's suite alone (:data:`REFERENCE_CHECKS`): no program shows it."""
+        return self.check in REFERENCE_CHECKS
+
+    def refuse_program_replay(self, what: str) -> None:
+        """``what`` replays this entry's program: one clear line when no program shows it."""
+        if self.suite_only:
+            raise KitError(f"{what}: bug {self.id!r} is judged against the reference engine (check {self.check}): its program "
+                           f"{self.replay} only carries the cell; reproduce it with `hybrid-conformance run --target sglang-cpu "
+                           f"--suite {self.check}` on its cell, or `known-bugs --only {self.id}`")
 
     def replay_path(self) -> Path:
         p = Path(self.replay)
@@ -352,6 +368,12 @@ def check_entries(bugs: Iterable[KnownBug], *, target: str, release: str | None,
         if bug.check == "programs" or base is None or bug.replay != base.replay:
             base = None  # only a variant of another check playing its programs base's own file reproduces on the base
         reproduces = bug.reproduced_by if base is None else (lambda f, bug=bug, base=base: bug.reproduced_by(f) or base.excuses(f))
+        if bug.suite_only:
+            if suite_replay is None:
+                out.append(Replayed(bug, False, f"{bug.id}: not reproduced: only the {bug.check} suite shows it, and --programs-only plays no suite"))
+            else:
+                out.append(_judged(bug, suite_replay(bug), bug.excuses, f"the {bug.check} suite", f" (the {bug.check} suite)", release))
+            continue
         out.append(_judged(bug, replay(bug), reproduces, "the replay", "", release))
         if suite_replay is not None and bug.check != "programs":
             suite = f"the {bug.check} suite"

@@ -139,8 +139,12 @@ def section(bug: KnownBug, level: str = "###") -> list[str]:
     for label, link in (("Issue", bug.issue), ("Fix", bug.pr)):
         if link:
             out += [f"*{label}:* {link}", ""]
-    out += [f"*Replay:* `{bug.replay}`" + (f" (timing-dependent: played up to {bug.attempts} times on one server; reproduced when one play fails)"
-                                          if bug.attempts > 1 else ""), ""]
+    if bug.suite_only:
+        out += [f"*Replay:* the {bug.check} suite on the entry's cell (it compares SGLang with the kit's reference engine, which no "
+                f"program does); `{bug.replay}` carries the cell and its env", ""]
+    else:
+        out += [f"*Replay:* `{bug.replay}`" + (f" (timing-dependent: played up to {bug.attempts} times on one server; reproduced when one play fails)"
+                                              if bug.attempts > 1 else ""), ""]
     if bug.cells:
         out += ["*Cells:* " + ", ".join(f"`{c}`" for c in bug.cells), ""]
     if bug.targets != ("sglang-cpu",):
