@@ -319,4 +319,5 @@ def test_a_suite_replay_runs_the_check_on_the_cell_excusing_no_known_bug(tmp_pat
     assert found.facts["scenario"] == "decode_hit" and bugs[0].excuses(found)
     argv = seen["argv"]
     assert argv[3:9] == ["run", "--target", "sglang-cpu", "--cells", CELL, "--suite"] and argv[9] == "kl"
+    assert argv[10:12] == ["--tier", "nightly"]  # the entry's cell may be an option cell only the nightly tier holds
     assert "[[bug]]" not in seen["bugs_file"] and seen["timeout"] == 77

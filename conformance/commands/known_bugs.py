@@ -106,6 +106,11 @@ def suite_findings(report: dict, cell_id: str, check: str) -> list[Finding] | No
     return findings_of(verdict) or [Finding("unclassified", f"{check} {verdict.get('status')}: {verdict.get('reason', '')}")]
 
 
+#: The tier a suite replay selects its one cell from: the nightly tier holds every matrix cell
+#: (an entry's cell may be an option cell no smaller tier runs).
+SUITE_TIER = "nightly"
+
+
 def suite_replayer(args: argparse.Namespace, log_dir: Path) -> Callable[[KnownBug], list[Finding] | None]:
     """bug -> the findings of its check's suite run on its cell, or None when the suite passed."""
     def replay(bug: KnownBug) -> list[Finding] | None:
@@ -117,7 +122,7 @@ def suite_replayer(args: argparse.Namespace, log_dir: Path) -> Callable[[KnownBu
         no_bugs = out / "no-known-bugs.toml"
         no_bugs.write_text("# the suite replay excuses nothing: its failure is judged against the entry\n")
         argv = [sys.executable, "-m", "conformance.cli", "run", "--target", args.target, "--cells", cell_id, "--suite", bug.check,
-                "--report-dir", str(out), "-n", "0", *(["--matrix", args.matrix] if args.matrix else []),
+                "--tier", SUITE_TIER, "--report-dir", str(out), "-n", "0", *(["--matrix", args.matrix] if args.matrix else []),
                 *(["--dtype", args.dtype] if getattr(args, "dtype", None) else [])]
         env = {**os.environ, **program.env, KNOWN_BUGS_ENV: str(no_bugs)}
         print(f"{bug.id}: running the {bug.check} suite on {cell_id}: hybrid-conformance {' '.join(argv[3:])}", flush=True)
