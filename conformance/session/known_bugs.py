@@ -364,16 +364,16 @@ def check_entries(bugs: Iterable[KnownBug], *, target: str, release: str | None,
     for bug in bugs:
         if target not in bug.targets or not bug.in_range(release):
             continue
-        base = programs.get(bug.variant_of or "")
-        if bug.check == "programs" or base is None or bug.replay != base.replay:
-            base = None  # only a variant of another check playing its programs base's own file reproduces on the base
-        reproduces = bug.reproduced_by if base is None else (lambda f, bug=bug, base=base: bug.reproduced_by(f) or base.excuses(f))
         if bug.suite_only:
             if suite_replay is None:
                 out.append(Replayed(bug, False, f"{bug.id}: not reproduced: only the {bug.check} suite shows it, and --programs-only plays no suite"))
             else:
                 out.append(_judged(bug, suite_replay(bug), bug.excuses, f"the {bug.check} suite", f" (the {bug.check} suite)", release))
             continue
+        base = programs.get(bug.variant_of or "")
+        if bug.check == "programs" or base is None or bug.replay != base.replay:
+            base = None  # only a variant of another check playing its programs base's own file reproduces on the base
+        reproduces = bug.reproduced_by if base is None else (lambda f, bug=bug, base=base: bug.reproduced_by(f) or base.excuses(f))
         out.append(_judged(bug, replay(bug), reproduces, "the replay", "", release))
         if suite_replay is not None and bug.check != "programs":
             suite = f"the {bug.check} suite"
