@@ -418,7 +418,8 @@ def test_history_over_the_nightly_tier_runs_a_shards_cells_by_id_at_the_given_bu
     def fake_run(argv, *, timeout, env=None, cwd=None):
         seen.append(list(argv))
         envs.append(env or {})
-        (Path(argv[argv.index("--report-dir") + 1]) / "report.json").write_text(json.dumps({"cells": []}))
+        ran = argv[argv.index("--cells") + 1].split(",") if "--cells" in argv else []
+        (Path(argv[argv.index("--report-dir") + 1]) / "report.json").write_text(json.dumps({"cells": [{"id": c, "checks": {"kl": {"status": "pass"}}} for c in ran]}))
         return subprocess.CompletedProcess(argv, 0, "", "")
 
     monkeypatch.setattr(history, "_run", fake_run)
@@ -431,7 +432,7 @@ def test_history_over_the_nightly_tier_runs_a_shards_cells_by_id_at_the_given_bu
     assert argv[argv.index("--cells") + 1] == cells[0]
     assert envs[-1][history.BUDGET_ENV] == "nightly"
     assert (tmp_path / "out" / "runs" / "0.5.12-shard-1" / "report.json").is_file()
-    assert [(r.cell, r.status) for r in rows] == [(cells[1], "na")]
+    assert [(r.cell, r.status) for r in rows] == [(cells[1], "na"), (cells[0], "pass")]
     history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="nightly", models=("falcon-h1",))
     assert "--cells" not in seen[-1] and history.BUDGET_ENV not in envs[-1]
 
@@ -445,3 +446,21 @@ def test_cells_option_selects_cells_by_id_and_names_an_unknown_one():
     assert m.select(tier="premerge", cells=ids) == [c for c in m.select(tier="premerge") if c.id == ids[1]]
     with pytest.raises(KitError, match="--cells: unknown cell 'nope'"):
         m.select(cells=["nope"])
+
+
+def test_a_cell_asked_for_that_the_run_does_not_report_is_a_fail_row(monkeypatch, tmp_path):
+    """A shard's cell the inner run leaves out of its report (its suites bind none of the
+    run's) is a FAIL row naming it, never a silent gap; a reported cell gets only its own rows."""
+    asked = ["qwen3-next-80b-extra_buffer-p1-t256", "qwen3-next-80b-no_buffer-p1-t256"]
+
+    def fake_run(argv, *, timeout, env=None, cwd=None):
+        report_dir = Path(argv[argv.index("--report-dir") + 1])
+        (report_dir / "report.json").write_text(json.dumps({"cells": [{"id": asked[0], "checks": {"kl": {"status": "pass"}}}], "complete": True}))
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(history, "_run", fake_run)
+    features = {"version": "0.5.12", "strategies": ["no_buffer", "extra_buffer"], "sglang_cpu_gap": None}
+    rows = history.sglang_cpu_rows("0.5.12", tmp_path, features, requested=True, tier="nightly", cells=asked)
+    assert [r for r in rows if r.cell == asked[0]] == [Row("0.5.12", "sglang-cpu:kl", "pass", "", cell=asked[0])]
+    [gap] = [r for r in rows if r.cell == asked[1]]
+    assert gap.status == "fail" and "reported no test of it" in gap.reason

@@ -128,3 +128,19 @@ def test_merge_through_the_console_script_exits_1_on_a_fail(shards, tmp_path):
     assert "2 shards" in out.stdout and "1 disagreements" in out.stdout and "new since the last night: 1" in out.stdout
     assert f"known SGLang bug {GDN} (releases >=0.5.13,<0.5.19: first bad 0.5.13, first good 0.5.19): 1 FAIL row(s); bug folder: " in out.stdout
     assert (tmp_path / "merged" / "history.html").is_file()
+
+
+def test_the_cells_a_night_left_out_reach_the_merged_document_and_page_once(shards, tmp_path):
+    """Each shard's history.json names the cells its plan left out (no suite of the night
+    binds them); the merge lists each once, in history.json and on the page; shards that
+    name none give none."""
+    out = {"cell": "qwen3-next-80b-no_buffer-p1-t256-disagg_transfer_fail", "why": "no suite of the night binds it (its suites: disagg)"}
+    assert history_merge.merge(list(shards), tmp_path / "before")["left_out"] == []
+    for folder in shards:
+        doc = json.loads((folder / "history.json").read_text())
+        doc["shard"]["left_out"] = [out]
+        (folder / "history.json").write_text(json.dumps(doc))
+    merged = history_merge.merge(list(shards), tmp_path / "out")
+    assert merged["left_out"] == [out]
+    page = (tmp_path / "out" / "history.html").read_text()
+    assert "cells the night left out" in page and page.count(out["cell"]) == 1

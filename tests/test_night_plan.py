@@ -67,7 +67,7 @@ def test_the_coverage_check_is_not_vacuous():
 
 
 def test_seven_nights_run_the_whole_product_once_each_and_nights_differ():
-    product = {(r, c.id) for r in RELEASES for c in nightly_cells()}
+    product = {(r, c.id) for r in RELEASES for c in plan().cells}  # the cells the night's suites bind
     slices = []
     for d in range(7):
         p = plan(night=NIGHT + datetime.timedelta(days=d))
@@ -149,7 +149,7 @@ def test_plan_releases_prints_the_shards_through_the_console_script():
     out = subprocess.run([sys.executable, "-m", "conformance.cli", "plan", "--releases", "0.5.11..0.5.23", "--tier", "nightly",
                           "--night", "2026-11-28", "--shards", "auto"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    nightly = len(load_matrix().select(tier="nightly", target="sglang-cpu"))
+    nightly = len(plan().cells)  # the tier's cells the night's suites bind (the rest are "left out")
     assert f"13 releases x {nightly} cells" in out.stdout and "shard 1/" in out.stdout and "every release sees all" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "conformance.cli", "plan", "--releases", "0.5.16", "--shards", "two"], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
@@ -177,3 +177,21 @@ def test_history_shard_runs_only_its_part_of_each_release(monkeypatch, tmp_path)
         assert (("validate", part.release) in calls) == bool(part.checks)
     with pytest.raises(KitError, match="--shard goes with --releases"):
         history.shard_of(args, [], ())
+
+
+def test_cells_no_suite_of_the_night_binds_are_left_out_and_named():
+    """The PD transfer-failure cells are bound only by the disagg suite, which the night does
+    not run: they are not planned (no shard spends time on a cell that runs nothing, and
+    their fault counts as no covered axis value), and the plan, every shard and the printed
+    plan name each with why; a night that runs disagg plans them."""
+    cells = nightly_cells()
+    pd_only = {c.id for c in cells if not any(c.fault.binds_suite(s) for s in history.CPU_SUITES)}
+    assert pd_only and all("disagg_transfer_fail" in c for c in pd_only)
+    p = plan()
+    assert {c for c, _ in p.left_out} == pd_only and not pd_only & {u.cell.id for u in p.units}
+    assert all("its suites: disagg" in why for _, why in p.left_out)
+    assert all(s.left_out == p.left_out for s in p.shards)
+    assert {x["cell"] for x in p.coverage()["left_out"]} == pd_only
+    assert all(f"left out: {c}" in p.render() for c in pd_only)
+    with_pd = plan_night(RELEASES, cells, Costs.load(), night=NIGHT, tier="nightly", budget=None, suites=(*history.CPU_SUITES, "disagg"))
+    assert not with_pd.left_out and pd_only <= {u.cell.id for u in with_pd.units}

@@ -383,6 +383,9 @@ def sglang_cpu_rows(release: str, venv: Path, features: dict, *, requested: bool
             return rows + [Row(release, check, "fail", f"exit {out.returncode}, no report.json: {_last_line(out.stderr or out.stdout)}")]
         report = json.loads(report_file.read_text())
         rows += report_rows(release, report, replay_dir=(out_dir / "replays" / release) if out_dir else None)
+        reported = {r.cell for r in rows}
+        rows += [Row(release, check, "fail", f"asked for, but the run reported no test of it (suites {', '.join(CPU_SUITES)})", cell=c)
+                 for c in chosen if c not in reported]
         if not report.get("complete", True) and report.get("incomplete_reasons") != [NOTHING_APPLIES]:  # n/a rows say it all
             why = "; ".join(report.get("incomplete_reasons") or []) or "incomplete"
             rows.append(Row(release, f"{check} run", "fail", f"exit {out.returncode}: the run is incomplete: {why}"[:400]))
@@ -575,7 +578,8 @@ def run_history(args) -> int:
     if shard:
         doc["shard"] = {"index": shard.index, "of": args.shard.split("/")[1], "night": night_of(args.night).isoformat(), "tier": args.tier,
                         "planned_minutes": round(shard.seconds / 60, 1), "wall_minutes": round((time.monotonic() - start) / 60, 1),
-                        "parts": {p.release: {"checks": list(p.checks), "cells": list(p.cells)} for p in shard.parts}}
+                        "parts": {p.release: {"checks": list(p.checks), "cells": list(p.cells)} for p in shard.parts},
+                        "left_out": [{"cell": c, "why": why} for c, why in shard.left_out]}
     if sources:
         doc["sources"] = {co.label: {"path": str(co.path), "commit": co.commit, "version": co.version} for co in map(sglang_source.checkout, sources)}
     for line in write_outputs(out_dir, doc, columns):

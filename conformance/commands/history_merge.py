@@ -96,6 +96,7 @@ def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = Non
     rows = sorted(kept.values(), key=lambda r: (version_key(r.release), r.check, r.cell))
     disagreements = [{"release": k[0], "check": k[1], "cell": k[2], "statuses": v} for k, v in seen.items() if len(set(v.values())) > 1]
     doc: dict[str, Any] = {"rows": [asdict(r) for r in rows], "probes": probes, "shards": shards, "disagreements": disagreements,
+                           "left_out": [{"cell": c, "why": why} for c, why in sorted({(x["cell"], x["why"]) for s in shards for x in s.get("left_out") or []})],
                            "new_since_last_night": new_since(rows, previous), "leads": leads(rows, leads_dir),
                            "open_leads": sorted(p.name for p in (leads_dir or LEADS_DIR).glob("*.json")) if (leads_dir or LEADS_DIR).is_dir() else []}
     if any(r.known_bug for r in rows) and KNOWN_BUGS_PAGE.is_file():

@@ -15,6 +15,9 @@ Tonight's units, in this order (:func:`plan_night`):
    holds yet, the cell holding most such pairs on the release with the least work: the
    tier's covering array, extended by the release.
 
+A cell no suite of the night binds (a PD-only fault's, since the night runs no disagg suite)
+is left out; the plan, each shard's history.json and the merged page name it and why.
+
 Each release's units then fill shards first-fit (its once-a-night checks -- validate, pool,
 machine -- on its first shard), and parts of different releases share a shard when both fit.
 The same arguments give the same plan, so ``history --shard K/N`` runs exactly shard K of
@@ -162,6 +165,8 @@ class Part:
 class Shard:
     index: int  # 1-based
     parts: tuple[Part, ...]
+    #: the night's cells no suite of the night binds, each with why (the plan's ``left_out``)
+    left_out: tuple[tuple[str, str], ...] = ()
 
     @property
     def seconds(self) -> float:
@@ -182,6 +187,9 @@ class NightPlan:
     units: tuple[Unit, ...]
     shards: tuple[Shard, ...]
     limit_s: float
+    #: the tier's cells no suite of the night binds (a PD-only fault's cells when the night
+    #: runs no disagg suite), each with why: not planned, and every report of the night says so
+    left_out: tuple[tuple[str, str], ...] = ()
 
     def shard(self, spec: str) -> Shard:
         """``K/N`` -> shard K; KitError when N is not this plan's count or K is out of range."""
@@ -200,7 +208,8 @@ class NightPlan:
         covered = set().union(*(_pairs(axis_values(u.cell)) for u in self.units)) if self.units else set()
         return {"axis_values": len(values), "releases_missing_values": {r: sorted(f"{a}={v}" for a, v in values - s) for r, s in seen.items() if values - s},
                 "pairs": len(pairs), "pairs_covered": len(pairs & covered), "units": len(self.units),
-                "product": len(self.releases) * len(self.cells), "slice": f"{self.slice + 1} of {WEEK}"}
+                "product": len(self.releases) * len(self.cells), "slice": f"{self.slice + 1} of {WEEK}",
+                "left_out": [{"cell": c, "why": why} for c, why in self.left_out]}
 
     def to_json(self) -> dict[str, Any]:
         return {"night": self.night, "slice": self.slice + 1, "week": WEEK, "tier": self.tier, "budget": self.budget,
@@ -222,6 +231,7 @@ class NightPlan:
         missing = cov["releases_missing_values"]
         lines.append(f"coverage: every release sees all {cov['axis_values']} axis values"
                      + (f" except {missing}" if missing else "") + f"; {cov['pairs_covered']} of {cov['pairs']} pairs of axis values on some release")
+        lines += [f"left out: {c}: {why}" for c, why in self.left_out]
         return "\n".join(lines)
 
 
@@ -232,6 +242,9 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
     (the smallest cap under the limit that packs into that many)."""
     budget = budget or default_budget(tier)
     day = night.toordinal() % WEEK
+    left_out = tuple((c.id, f"no suite of the night binds it (its suites: {', '.join(c.fault.suites)}; the night runs {', '.join(suites)})")
+                     for c in cells if not any(c.fault.binds_suite(s) for s in suites))
+    cells = [c for c in cells if all(c.id != out for out, _ in left_out)]
     cost = {(r, c.id): costs.cell_seconds(c, r, suites=suites, budget=budget) for r in releases for c in cells}
     units: dict[tuple[str, str], Unit] = {}
 
@@ -277,7 +290,7 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
             cap = min(limit, cap * 1.05 + 1)
         packed += [[] for _ in range(shards - len(packed))]
     return NightPlan(night.isoformat(), day, tier, budget, tuple(releases), tuple(cells), tuple(ordered),
-                     tuple(Shard(i + 1, tuple(s)) for i, s in enumerate(packed)), limit)
+                     tuple(Shard(i + 1, tuple(s), left_out) for i, s in enumerate(packed)), limit, left_out)
 
 
 def _pack(units: Sequence[Unit], releases: Sequence[str], costs: Costs, checks: Sequence[str], cap: float) -> list[list[Part]]:

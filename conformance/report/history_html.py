@@ -91,6 +91,9 @@ def _night(extra: Mapping, base: Path | None) -> str:
                         f"{s.get('planned_minutes', '?')} min, ran {s.get('wall_minutes', '?')} min ({html.escape(s.get('folder', ''))})</li>"
                         for s in extra["shards"])
         out.append(f"<h2>shards</h2><ul>{items or '<li>none</li>'}</ul>")
+    if extra.get("left_out"):
+        items = "".join(f"<li>{html.escape(x['cell'])}: {html.escape(x['why'])}</li>" for x in extra["left_out"])
+        out.append(f"<h2>cells the night left out</h2><ul>{items}</ul>")
     if "new_since_last_night" in extra:
         new = extra["new_since_last_night"]
         items = "none" if new == [] else "no previous night" if new is None else "".join(
