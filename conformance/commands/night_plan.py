@@ -90,9 +90,11 @@ class Costs:
         return (b.examples or 0) * self.programs["per_example"] + self.programs["overhead"]
 
     def cell_seconds(self, cell: Cell, release: str, *, suites: Sequence[str], budget: str) -> float:
-        """One worker's seconds for ``cell`` on ``release``: its server, idle probes and suites."""
+        """One worker's seconds for ``cell`` on ``release``: its server, idle probes and suites
+        (a measured cell's junit times hold its server's start and idle probes: its first
+        test's setup started the server)."""
         measured = self.cells.get(cell.id, {})
-        total = self.server_start + self.idle
+        total = 0.0 if measured else self.server_start + self.idle
         for s in suites:
             if s in measured:
                 total += measured[s]
