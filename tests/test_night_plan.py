@@ -55,6 +55,26 @@ def test_every_release_sees_every_axis_value_and_every_pair_is_covered():
     assert {u.why for u in p.units} >= {"slice", "axis"}
 
 
+def test_every_standard_cell_runs_on_three_releases_each_night():
+    """Rule 4: each standard-tier cell on at least three releases, the newest that lack it;
+    a plan without those units (seeded: the spread units dropped) is reported short."""
+    p = plan()
+    standard = {c.id for c in p.cells if c.tier in ("premerge", "standard")}
+    assert standard and p.coverage()["spread_cells_short"] == [] and p.coverage()["spread_cells"] == len(standard)
+    for c in standard:
+        assert len({u.release for u in p.units if u.cell.id == c}) >= 3, c
+    spread = [u for u in p.units if u.why == "spread"]
+    assert spread and all(u.cell.id in standard for u in spread)
+    for c in {u.cell.id for u in spread}:  # the newest first: every release above its oldest spread unit runs the cell
+        oldest = min(RELEASES.index(u.release) for u in spread if u.cell.id == c)
+        assert all(any(u.cell.id == c and u.release == r for u in p.units) for r in RELEASES[oldest:]), c
+    seeded = night_plan.NightPlan(**{**p.__dict__, "units": tuple(u for u in p.units if u.why != "spread")})
+    assert seeded.coverage()["spread_cells_short"] == sorted({u.cell.id for u in spread})
+    n = len(standard)
+    assert f"{n} of {n} standard cells on at least 3 releases" in p.render()
+    assert f"{n - len(seeded.coverage()['spread_cells_short'])} of {n} standard cells" in seeded.render()
+
+
 def test_the_coverage_check_is_not_vacuous():
     """A plan whose units miss a value on a release (seeded: that release's units dropped
     but one) is reported missing values there, and uncovered pairs count as uncovered."""

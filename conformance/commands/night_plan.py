@@ -13,7 +13,9 @@ Tonight's units, in this order (:func:`plan_night`):
    fault, cache variant and each server-option axis);
 3. for each pair of axis values the tier's cells hold together that no unit of the night
    holds yet, the cell holding most such pairs on the release with the least work: the
-   tier's covering array, extended by the release.
+   tier's covering array, extended by the release;
+4. each standard-tier cell on at least three releases: the newest that do not run it yet
+   (they take every option of the tier).
 
 A cell no suite of the night binds (a PD-only fault's, since the night runs no disagg suite)
 is left out; the plan, each shard's history.json and the merged page name it and why.
@@ -38,7 +40,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from conformance.commands.rotation import rotation_key
 from conformance.errors import KitError
 from conformance.matrix import axes as option_axes
-from conformance.matrix.cells import Cell
+from conformance.matrix.cells import TIERS, Cell
 from conformance.programs.explore import default_budget, parse_budget
 from conformance.sglang_api.release_pins import release_of
 
@@ -46,6 +48,9 @@ ROOT = Path(__file__).resolve().parents[2]
 COSTS_FILE = ROOT / "fixtures" / "cell_costs.toml"
 WEEK = 7  # slices of the full product: each unit once in WEEK nights
 RELEASE_CHECKS = ("validate", "pool", "machine")
+#: Every cell of this tier runs on at least this many releases each night (the newest that do
+#: not run it yet: they take every option of the tier).
+SPREAD_TIER, SPREAD_RELEASES = "standard", 3
 MIN_MEASURED_S = 30.0  # a cell timed under this in all did not run (its server refused to start)  # history's once-a-night checks per release
 
 
@@ -145,7 +150,7 @@ class Unit:
     release: str
     cell: Cell
     seconds: float  # one worker's
-    why: str  # slice | axis | pair
+    why: str  # slice | axis | pair | spread
 
 
 @dataclass(frozen=True)
@@ -208,7 +213,10 @@ class NightPlan:
         pairs = set().union(*(_pairs(axis_values(c)) for c in self.cells)) if self.cells else set()
         seen = {r: set().union(*(axis_values(u.cell) for u in self.units if u.release == r)) for r in self.releases}
         covered = set().union(*(_pairs(axis_values(u.cell)) for u in self.units)) if self.units else set()
+        spread = [c.id for c in self.cells if TIERS.index(c.tier) <= TIERS.index(SPREAD_TIER)]
+        held = {c: sum(1 for u in self.units if u.cell.id == c) for c in spread}
         return {"axis_values": len(values), "releases_missing_values": {r: sorted(f"{a}={v}" for a, v in values - s) for r, s in seen.items() if values - s},
+                "spread_cells": len(spread), "spread_cells_short": sorted(c for c, n in held.items() if n < min(SPREAD_RELEASES, len(self.releases))),
                 "pairs": len(pairs), "pairs_covered": len(pairs & covered), "units": len(self.units),
                 "product": len(self.releases) * len(self.cells), "slice": f"{self.slice + 1} of {WEEK}",
                 "left_out": [{"cell": c, "why": why} for c, why in self.left_out]}
@@ -232,7 +240,9 @@ class NightPlan:
                 lines.append(f"    {p.release}: {checks}{len(p.units)} cells ({p.seconds / 60:.1f} min): {' '.join(p.cells)}")
         missing = cov["releases_missing_values"]
         lines.append(f"coverage: every release sees all {cov['axis_values']} axis values"
-                     + (f" except {missing}" if missing else "") + f"; {cov['pairs_covered']} of {cov['pairs']} pairs of axis values on some release")
+                     + (f" except {missing}" if missing else "") + f"; {cov['pairs_covered']} of {cov['pairs']} pairs of axis values on some release"
+                     + f"; {cov['spread_cells'] - len(cov['spread_cells_short'])} of {cov['spread_cells']} {SPREAD_TIER} cells on at least "
+                     f"{SPREAD_RELEASES} releases")
         lines += [f"left out: {c}: {why}" for c, why in self.left_out]
         return "\n".join(lines)
 
@@ -273,6 +283,10 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
         load = {r: sum(u.seconds for u in units.values() if u.release == r) for r in releases}
         add(min(releases, key=lambda r: (load[r], releases.index(r))), best, "pair")
         uncovered -= pairs[best.id]
+    for c in (c for c in cells if TIERS.index(c.tier) <= TIERS.index(SPREAD_TIER)):
+        held = sum(1 for r in releases if (r, c.id) in units)
+        for r in [r for r in reversed(releases) if (r, c.id) not in units][:max(0, SPREAD_RELEASES - held)]:
+            add(r, c, "spread")
     ordered = sorted(units.values(), key=lambda u: (releases.index(u.release), cells.index(u.cell)))
     limit = costs.shard_minutes * 60
     packed = _pack(ordered, releases, costs, checks, limit)
