@@ -144,3 +144,30 @@ def test_the_cells_a_night_left_out_reach_the_merged_document_and_page_once(shar
     assert merged["left_out"] == [out]
     page = (tmp_path / "out" / "history.html").read_text()
     assert "cells the night left out" in page and page.count(out["cell"]) == 1
+
+
+def test_a_fail_no_known_bug_marked_when_its_shard_ran_is_judged_again_against_todays_entries(tmp_path):
+    """A shard ran before the entry that explains its FAIL existed: the merge reads the
+    verdict in the shard's run report and marks the row with today's entry when every
+    finding is excused (kind, cell, release and facts as a run of today would judge it);
+    a finding of another kind, or a release outside the entry's range, stays unexplained."""
+    cell = "qwen3-next-80b-extra_buffer-p1-t256-mixed_chunk-on"
+    hit = {"kind": "answer_differs_on_hit", "line": "top-k KL 0.313 > limit 1e-09 on sequence 3 (prefill_hit, start 585, cached 576)",
+           "facts": {"sequence": 3, "scenario": "prefill_hit", "start": 585, "cached_tokens": 576}}
+    miss = {**hit, "kind": "answer_differs_on_miss"}
+
+    def shard(name, release, findings):
+        folder = tmp_path / name
+        run = folder / "runs" / f"{release}-shard-1"
+        run.mkdir(parents=True)
+        verdict = {"status": "fail", "reason": hit["line"], "details": {"findings": findings}}
+        (run / "report.json").write_text(json.dumps({"cells": [{"id": cell, "checks": {"kl": verdict}}]}))
+        row = {"release": release, "check": "sglang-cpu:kl", "status": "fail", "reason": hit["line"], "cell": cell, "replay": "", "known_bug": ""}
+        (folder / "history.json").write_text(json.dumps({"rows": [row], "probes": {}, "shard": {"index": 1, "of": "1"}}))
+        return folder
+
+    judged = rows_of(history_merge.merge([shard("a", "0.5.18", [hit])], tmp_path / "out-a"))
+    assert judged[("0.5.18", "sglang-cpu:kl", cell)].known_bug == "mixed-chunk-prefill-track-dropped-kl"
+    for name, release, findings in (("b", "0.5.18", [hit, miss]), ("c", "0.5.23", [hit])):
+        rows = rows_of(history_merge.merge([shard(name, release, findings)], tmp_path / f"out-{name}"))
+        assert rows[(release, "sglang-cpu:kl", cell)].known_bug == "", name

@@ -2,7 +2,9 @@
 folder) as one ``history.json`` and ``history.html``, as the history workflow's merge job
 writes them and as a user with one machine does after running shards one after another.
 
-A row is keyed by (release, check, cell).  Shards that disagree on a key (one red, one
+A row is keyed by (release, check, cell).  A FAIL no known bug marked when its shard ran is
+judged again against today's known bugs (:class:`RunVerdicts`, from the verdict in the
+shard's run report).  Shards that disagree on a key (one red, one
 green or n/a) keep the FAIL and are listed under ``disagreements``; a key only one shard
 has is kept as it is.  Each FAIL's replay file is copied under ``--out`` (``replays/<release>/``)
 and linked; a FAIL matched to a known SGLang bug links its bug folder (``bugs/ID/``, written
@@ -27,7 +29,9 @@ from typing import Any, Sequence
 from conformance.commands.history import ROOT, Row, SGLANG_CPU, write_outputs
 from conformance.commands.night_plan import version_key
 from conformance.errors import KitError
+from conformance.checks.findings import findings_of
 from conformance.report.known_bugs import history_hits
+from conformance.session.known_bugs import KnownBug, explaining, load as load_known_bugs
 
 PROGRAMS_CHECK = f"{SGLANG_CPU}:programs"
 LEADS_DIR = ROOT / "fixtures" / "leads"
@@ -68,12 +72,47 @@ def known_bug_of(row: Row) -> str:
     return m.group(1) if m else ""
 
 
+class RunVerdicts:
+    """The verdicts behind a shard's server rows (its ``runs/<release>-*/report.json``), to
+    judge a FAIL again against today's ``fixtures/known_bugs.toml``: an entry added after the
+    shard ran explains its FAIL in the merge as it would in a run of today."""
+
+    def __init__(self, bugs: Sequence[KnownBug]) -> None:
+        self.bugs = list(bugs)
+        self._reports: dict[Path, list[dict]] = {}
+
+    def _cells(self, folder: Path, release: str) -> list[dict]:
+        out = []
+        for report in sorted((folder / "runs").glob(f"{release}-*/report.json")):
+            if report not in self._reports:
+                try:
+                    self._reports[report] = list(json.loads(report.read_text()).get("cells") or [])
+                except (OSError, ValueError):
+                    self._reports[report] = []
+            out += self._reports[report]
+        return out
+
+    def known_bug(self, row: Row, folder: Path) -> str:
+        """The entry in range that excuses every finding of the row's verdict, or ""."""
+        name = row.check.partition(":")[2]
+        if row.status != "fail" or not name:
+            return ""
+        for cell in self._cells(folder, row.release):
+            verdict = (cell.get("checks") or {}).get(name) if cell.get("id") == row.cell else None
+            found = findings_of(verdict) if isinstance(verdict, dict) else []
+            why = [explaining(f, check=name, cell=row.cell, target=SGLANG_CPU, release=row.release, bugs=self.bugs) for f in found]
+            if why and all(why):
+                return why[0].id
+        return ""
+
+
 def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = None, leads_dir: Path | None = None) -> dict[str, Any]:
     """The merged document (written with its page under ``out_dir``)."""
     kept: dict[tuple[str, str, str], Row] = {}
     seen: dict[tuple[str, str, str], dict[str, str]] = {}
     probes: dict[str, str] = {}
     shards = []
+    verdicts = RunVerdicts(load_known_bugs())
     for folder in folders:
         doc = load_shard(folder)
         probes.update(doc.get("probes") or {})
@@ -87,7 +126,7 @@ def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = Non
                 if found.resolve() != target.resolve():
                     shutil.copy2(found, target)
                 row = replace(row, replay=str(target))
-            row = replace(row, known_bug=known_bug_of(row))
+            row = replace(row, known_bug=known_bug_of(row) or verdicts.known_bug(row, folder))
             seen.setdefault(key(row), {})[str(folder)] = row.status
             old = kept.get(key(row))
             if old is None or _RANK[row.status] < _RANK[old.status]:
