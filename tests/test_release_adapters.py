@@ -239,6 +239,30 @@ def test_a_device_module_sglang_bound_before_the_patch_is_rebound_to_cpu(monkeyp
     assert bound.device_module is torch.cpu and other.device_module is torch.cuda  # only SGLang's modules
 
 
+def test_a_memoised_get_device_module_that_cached_cuda_is_cleared(monkeypatch):
+    """0.5.17's ``sglang.srt.utils.common.get_device_module`` is an lru_cache: a call before the
+    patch caches ``torch.cuda`` and a module imported after the patch (HiCache's
+    ``hybrid_cache_controller``) would bind it; the rebind clears the memo, and leaves a memo
+    that cached nothing (and a module outside SGLang) alone."""
+    import functools
+    import sys
+    import types
+
+    import torch
+
+    from conformance.sglang_plugins.cpu.torch_device import rebind_device_modules
+
+    answer = [torch.cuda]
+    common, empty, other = (types.ModuleType(n) for n in ("sglang.fake_common", "sglang.fake_empty", "fake_elsewhere"))
+    for m in (common, empty, other):
+        m.get_device_module = functools.lru_cache(maxsize=None)(lambda: answer[0])
+        monkeypatch.setitem(sys.modules, m.__name__, m)
+    assert common.get_device_module() is other.get_device_module() is torch.cuda  # called before the patch
+    answer[0] = torch.cpu  # what the patched torch.get_device_module() answers now
+    assert rebind_device_modules() == ["sglang.fake_common.get_device_module (cache cleared)"]
+    assert common.get_device_module() is torch.cpu and other.get_device_module() is torch.cuda
+
+
 def test_source_checkout_is_named_by_its_commit(tmp_path):
     from conformance.commands import sglang_source
 

@@ -10,7 +10,10 @@ inside the ``sglang-cpu`` servers only.
 * A module SGLang imported before this patch keeps the ``torch.cuda`` it bound then
   (``device_module = get_device_module()`` at import: 0.5.17's ``managers.cache_controller``
   when the server is forked from a pre-imported launcher); such a module-level
-  ``device_module`` is rebound to ``torch.cpu``.
+  ``device_module`` is rebound to ``torch.cpu``, and SGLang's memoised ``get_device_module``
+  (0.5.17: an ``lru_cache`` around ``torch.get_device_module()``) is cleared, else a module
+  imported after the patch (0.5.11-0.5.17's ``hybrid_cache_controller``, HiCache) still binds
+  the ``torch.cuda`` it cached.
 * The factories (``torch.tensor``, ``empty``, ``zeros``, ``ones``, ``full``) with
   ``pin_memory=True`` need the driver too; SGLang 0.5.13 and older pass it unconditionally
   when building the extra_buffer track indices.  Without a usable CUDA device the keyword
@@ -65,10 +68,19 @@ def install() -> list[str]:
 
 def rebind_device_modules() -> list[str]:
     """Every imported SGLang module whose ``device_module`` is ``torch.cuda`` (bound before the
-    patch) gets ``torch.cpu``; the names of those rebound."""
+    patch) gets ``torch.cpu``, and a memoised ``get_device_module`` (0.5.17's
+    ``sglang.srt.utils.common``, an ``lru_cache`` that may hold ``torch.cuda`` from a call before
+    the patch) is cleared, so a module imported later binds ``torch.cpu``; the names of those
+    rebound or cleared."""
     out = []
     for name, module in list(sys.modules.items()):
-        if name.startswith("sglang.") and getattr(module, "device_module", None) is torch.cuda:
+        if not name.startswith("sglang."):
+            continue
+        memo = getattr(module, "get_device_module", None)
+        if getattr(memo, "cache_info", None) is not None and memo.cache_info().currsize:
+            memo.cache_clear()
+            out.append(f"{name}.get_device_module (cache cleared)")
+        if getattr(module, "device_module", None) is torch.cuda:
             module.device_module = torch.cpu
             out.append(f"{name}.device_module")
     return out
