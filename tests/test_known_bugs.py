@@ -321,3 +321,23 @@ def test_a_suite_replay_runs_the_check_on_the_cell_excusing_no_known_bug(tmp_pat
     assert argv[3:9] == ["run", "--target", "sglang-cpu", "--cells", CELL, "--suite"] and argv[9] == "kl"
     assert argv[10:12] == ["--tier", "nightly"]  # the entry's cell may be an option cell only the nightly tier holds
     assert "[[bug]]" not in seen["bugs_file"] and seen["timeout"] == 77
+
+
+def test_a_cells_teardown_is_judged_by_the_leaks_entries_of_its_kind(tmp_path: Path) -> None:
+    """The teardown re-reads the leaks suite's idle probes: its findings carry their kinds
+    (a Mamba count broken: leak_mamba) and a leaks entry of that kind, cell and release
+    excuses them; an entry of another kind, or of the kl suite, does not."""
+    from conformance.checks.leaks import teardown_verdict
+    from conformance.recordings import IdleProbe
+
+    bad = [IdleProbe("after aborting streaming-s0 turn 1", False, {}, 0.1, problems=("mamba: used -1 < session-held 0 + protected 0: counted twice",))]
+    verdict = teardown_verdict(CELL, bad)
+    assert verdict.check == "teardown" and verdict.status == "fail" and "pools not idle" in verdict.reason
+    assert [f["kind"] for f in verdict.details["findings"]] == ["leak_mamba"]
+    entry = ENTRY.replace('check = "programs"', 'check = "CHECK"').replace('kind = "hit_below_certain"', 'kind = "KIND"') \
+        .replace('where = { cached_tokens = "<320" }\n', "").replace('match = "cached_tokens \\\\d+, the prefix oracle allows"\n', "")
+    for check, kind, judged in (("leaks", "leak_mamba", True), ("leaks", "leak_kv", False), ("kl", "leak_mamba", False)):
+        bugs = load(_file(tmp_path, entry.replace("CHECK", check).replace("KIND", kind)))
+        out = expect(verdict, cell=CELL, target="sglang-cpu", release="0.5.21", bugs=bugs)
+        assert (out.details.get("known_bug", {}).get("id") == "lost-prefix") is judged, (check, kind)
+        assert out.reason.startswith(STILL_PRESENT) is judged

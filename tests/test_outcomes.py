@@ -276,3 +276,32 @@ def test_a_server_killed_in_a_failed_test_is_restarted_for_the_cells_later_tests
     assert "teardown" not in cell["checks"]
     assert report["launches"] == 2 and "exit" in cell["server"]["restarted_after"]
     result.assert_outcomes(passed=1, failed=1)
+
+
+NOT_IDLE_SUITE = """
+import pytest
+from conformance.records import Verdict
+from conformance.recordings import IdleProbe
+
+@pytest.mark.leaks
+def test_leaves_a_probe_not_idle(endpoint, record_verdict):
+    record_verdict(Verdict("leaks", "pass", {"mamba_used_at_idle": 0}))
+    endpoint.extra.setdefault("idle_probes", []).append(
+        IdleProbe("after a seeded scenario", False, {}, 0.1, problems=("mamba: 2 used at idle beyond what sessions hold (used 2, session-held 0): leaked",)))
+"""
+
+
+def test_a_teardown_that_finds_pools_not_idle_files_its_findings_kinds(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scenario's idle probe that did not reach idle fails the cell's teardown: its
+    ``teardown`` check carries the findings with their kinds (a known bug may then excuse
+    them by kind), once, and the teardown is still an error in pytest's count."""
+    monkeypatch.setenv("HYBRID_CONFORMANCE_REFERENCE_SERVER", str(STANDIN))
+    pytester.makepyfile(test_suite=NOT_IDLE_SUITE)
+    rep = pytester.path / "rep"
+    result = pytester.runpytest_subprocess(*SELECT, f"--report-dir={rep}", "-p", "no:cacheprovider")
+    (cell,) = json.loads((rep / "report.json").read_text())["cells"]
+    teardown = cell["checks"]["teardown"]
+    assert teardown["status"] == "fail" and "pools not idle (after a seeded scenario: mamba: 2 used at idle" in teardown["reason"]
+    assert [f["kind"] for f in teardown["details"]["findings"]] == ["leak_mamba"]
+    assert cell["checks"]["leaks"]["status"] == "pass"
+    result.assert_outcomes(passed=1, errors=1)

@@ -82,6 +82,20 @@ def pool_finding(problem: str, line: str | None = None) -> Finding:
     return Finding(kind, line or problem, {"pool": pool, "by": "idle_invariant"} if kind.startswith("leak_") else {})
 
 
+#: The check a cell's teardown files when an idle probe of its scenarios (or its last one) did
+#: not reach SGLang's idle invariant.
+TEARDOWN = "teardown"
+
+
+def teardown_verdict(cell_id: str, bad: Sequence[IdleProbe]) -> Verdict:
+    """The cell's teardown over the idle probes that did not reach idle: each problem a
+    finding of its kind (:func:`pool_finding`, as the leaks suite files it), so a known bug
+    may excuse it by its kind as it excuses the leaks suite's."""
+    found = [pool_finding(problem, f"{p.scenario}: {problem}") for p in bad for problem in (p.problems or ("not idle",))]
+    where = "; ".join(f"{p.scenario}: {', '.join(p.problems[:2]) or 'not idle'}" for p in bad[:3])
+    return failing(TEARDOWN, found, {"probes_not_idle": len(bad)}, reason=f"cell {cell_id}: pools not idle ({where})")
+
+
 def death_findings(line: str, log_text: str, *, startup: bool = False) -> list[Finding]:
     """What a server's death (or its log's error lines) names, as findings each carrying
     ``line``: SGLang's own idle check (one finding per pool its report shows broken,

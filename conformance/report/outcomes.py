@@ -76,6 +76,11 @@ def note_server(request: Any, cell: Cell, info: Any, **facts: Any) -> None:
     item_of(request).user_properties.append(("hc_server", json.dumps({"cell": cell.id, **block}, default=str)))
 
 
+def note_teardown_verdict(cell: Cell, options: Any, verdict: dict[str, Any]) -> None:
+    """The cell's ``teardown`` verdict, filed on the test whose teardown closes its server."""
+    TEARDOWN_PROPS.append(("hc_verdict", json.dumps({"cell": cell_json(cell, options), "check": "teardown", "verdict": verdict}, default=float)))
+
+
 def note_server_end(cell: Cell, **facts: Any) -> None:
     """Facts known at the cell's teardown (``alive_at_end``, ...), for the tearing-down test's report."""
     TEARDOWN_PROPS.append(("hc_server", json.dumps({"cell": cell.id, **facts}, default=str)))
@@ -180,7 +185,7 @@ class Outcomes:
             return
         check = check_of(getattr(report, "keywords", {}) or {}, nodeid)
         if when == "teardown":
-            if report.failed:
+            if report.failed and not self.verdicts.get(cid, {}).get("teardown"):  # else filed with its findings
                 reason = one_line(report)
                 status = "fail" if any(t in reason for t in TEARDOWN_FINDINGS) else "error"
                 self._synth(cid, "teardown", status, reason)

@@ -29,7 +29,7 @@ relaxed check or an allowed behaviour of the oracle.
 id = "prefill-cut-drops-checkpoint"      # required: unique slug (a-z, 0-9, '-')
 summary = "one line: what SGLang does wrong"
 releases = ">=0.5.20,<0.5.24"            # required: PEP 440 range over the installed sglang
-check = "programs"                       # required: the check as report.json names it
+check = "programs"                       # required: the check as report.json names it ("leaks" also judges a cell's teardown)
 kind = "hit_below_held"                  # required: the finding's kind (conformance/checks/findings.py)
 where = { cached_tokens = "<256" }       # optional: constraints on the finding's facts
 match = "SGLang held a state of 256"     # optional: a regex that narrows (searched in the finding's line)
