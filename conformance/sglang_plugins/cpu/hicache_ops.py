@@ -6,7 +6,9 @@ them are GPU-only:
 * ``pool_host.common._cuda_host_register``: every host pool (KV and Mamba) registers its
   buffer with ``cudaHostRegister`` through ``torch.cuda.cudart()`` ("Found no NVIDIA driver"
   on this CPU).  Registration pins pages for faster DMA; without a device there is nothing to
-  pin for, so the stand-in leaves the buffer as allocated (the same bytes, unregistered).
+  pin for, so the stand-in leaves the buffer as allocated (the same bytes, unregistered);
+  0.5.11-0.5.13 register inside ``memory_pool_host.alloc_with_host_register``, whose stand-in
+  returns the allocator's buffer unregistered.
 * the copies of the ``direct`` io backend (``sgl_kernel.kvcacheio``): ``transfer_kv_direct``
   (``layer_first``), ``transfer_kv_all_layer_direct_lf_pf`` (device layer-first -> host
   page-first, the write-back) and ``transfer_kv_per_layer_direct_pf_lf`` (host page-first ->
@@ -34,6 +36,12 @@ from conformance.sglang_plugins.cpu.spec import Binding
 def cuda_host_register(buffer: torch.Tensor, registration_granularity_bytes: int | None = None) -> None:
     """``_cuda_host_register`` on CPU: host memory needs no registration without a device."""
     return None
+
+
+def alloc_unregistered(dims, dtype: torch.dtype, device: str, pin_memory: bool, allocator) -> torch.Tensor:  # noqa: ANN001
+    """0.5.11-0.5.13's ``memory_pool_host.alloc_with_host_register`` on CPU: the allocator's
+    buffer, without the ``cudaHostRegister`` a pinned pool asks ``torch.cuda.cudart()`` for."""
+    return allocator.allocate(dims, dtype=dtype, device=device)
 
 
 def transfer_kv_direct(
@@ -114,6 +122,9 @@ def transfer_kv_per_layer_direct_pf_lf(
 
 
 TORCH_OPS: tuple = ()
+#: Where the host pools that call the direct copies live: ``pool_host.mha`` / ``pool_host.mamba``
+#: from 0.5.18, ``memory_pool_host`` before (0.5.17 keeps its Mamba host pool there).
+HOST_POOL_MODULES = ("pool_host.mha", "pool_host.mamba", "memory_pool_host")
 
 _DIRECT_COPIES = (
     ("transfer_kv_direct", transfer_kv_direct, "layer_first copy"),
@@ -129,15 +140,22 @@ BINDINGS = (
         "cudaHostRegister of every HiCache host pool buffer (torch.cuda.cudart())",
         required=False,  # releases without a host-register step allocate the pools in torch
     ),
+    Binding(
+        "sglang.srt.mem_cache.memory_pool_host.alloc_with_host_register",
+        alloc_unregistered,
+        "replace",
+        "the host pools' allocation with cudaHostRegister (torch.cuda.cudart()), 0.5.11-0.5.13",
+        required=False,  # later releases register in pool_host.common._cuda_host_register
+    ),
     *(
         Binding(
-            f"sglang.srt.mem_cache.pool_host.{pool}.{name}",
+            f"sglang.srt.mem_cache.{module}.{name}",
             impl,
             "bind",
-            f"HiCache {what} of the direct io backend ({pool} host pool), imported only on CUDA/HIP/XPU",
-            required=False,  # older releases keep the host pools in other modules
+            f"HiCache {what} of the direct io backend ({module}), imported only on CUDA/HIP/XPU",
+            required=False,  # a release has the host pools in some of these modules
         )
-        for pool in ("mha", "mamba")
+        for module in HOST_POOL_MODULES
         for name, impl, what in _DIRECT_COPIES
     ),
 )
