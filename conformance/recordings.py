@@ -43,6 +43,9 @@ class KLSequence:
     floor: TokenLogprobs | None = None
     cold_tokens: tuple[int, ...] = ()
     floor_prefill: TokenLogprobs | None = None
+    #: the served request's id and input (the server's per-node records say what its tree held for it)
+    rid: str = ""
+    input_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -159,3 +159,26 @@ def test_floor_compares_only_the_positions_the_cold_generate_shares():
     assert shared_history(s.served.token_ids, s.floor.token_ids) == 3
     cold_path, prefill_path = floor_paths(s)
     assert len(cold_path) == 3 and max(cold_path) == 0.0 and len(prefill_path) == 8
+
+
+def test_a_prompt_whose_state_the_tree_freed_is_owed_no_hit_and_a_held_one_is():
+    """Per-node records (``owed``): a prompt whose states SGLang's tree took and its eviction
+    walk freed before the admission is owed no hit (it does not count against the hit
+    fraction; when no prompt is owed one the check does not apply, with what freed them);
+    a prompt whose state the tree still held and that missed is ``hit_below_held``; no
+    records (bounded) or a state never stored keeps the vacuity rule."""
+    from conformance.checks.held import Expected
+
+    freed, held, bounded, never = Expected(True, 0, freed={192: {"walk"}}), Expected(True, 192), Expected(False, why="no records"), Expected(True, 0)
+    three = rec(seq(200, 192), seq(201, 0), seq(202, 0))
+    assert kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=[held, freed, freed]).status == "pass"
+    for owed in ([held, bounded, bounded], [held, never, never], [held, freed, bounded]):
+        v = kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=owed)
+        assert v.status == "fail" and "prompts hit the cache (need 90%)" in v.reason, owed
+    lost = kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=[held, held, freed])
+    assert lost.status == "fail" and [f["kind"] for f in lost.details["findings"]][0] == "hit_below_held"
+    assert "SGLang held a state of 192 tokens" in lost.reason
+    none = kl_verdict(rec(seq(200, 0), seq(201, 0)), chunk=CHUNK, track_interval=TRACK, owed=[freed, freed])
+    assert none.status == "skip" and "held no state for any of the 2 prompts" in none.reason and "2 freed by walk" in none.reason
+    missed = kl_verdict(rec(seq(200, 0), seq(201, 0)), chunk=CHUNK, track_interval=TRACK, owed=[freed, held])
+    assert missed.status == "fail" and "hit_below_held" in {f["kind"] for f in missed.details["findings"]}

@@ -33,6 +33,7 @@ from typing import Sequence
 
 from conformance.errors import KitError
 from conformance.checks.findings import VACUOUS, Finding, failing
+from conformance.checks.held import Expected
 from conformance.recordings import KLRecording, KLSequence, TopK
 from conformance.records import Verdict
 
@@ -169,6 +170,17 @@ def boundaries_in(lo: int, hi: int, grids: Sequence[int]) -> list[int]:
 
 
 # ------------------------------------------------------------------ verdict
+def _freed_by(owed: Sequence[Expected]) -> str:
+    """What freed the states of the prompts no hit was owed, as per-node records say."""
+    by: dict[str, int] = {}
+    for e in owed:
+        if e.exact and e.owed == 0:
+            for why in e.freed.values():
+                for w in why:
+                    by[w] = by.get(w, 0) + 1
+    return ", ".join(f"{n} freed by {w}" for w, n in sorted(by.items()))
+
+
 def kl_verdict(
     rec: KLRecording,
     *,
@@ -181,20 +193,35 @@ def kl_verdict(
     exact: bool = False,
     min_limit: float | None = None,
     noise_factor: float | None = None,
+    owed: Sequence[Expected] | None = None,
 ) -> Verdict:
     """Judge a KL recording.  ``min_limit`` (the stated absolute minimum of the limit)
     defaults to :data:`EXACT_MIN_LIMIT` in exact mode, :data:`MIN_LIMIT` otherwise.
     ``noise_factor`` (outside exact mode) replaces ``floor_factor``: the limit is that many
-    times the measured floor, ``abs_cap`` only bounding it."""
+    times the measured floor, ``abs_cap`` only bounding it.  ``owed``: per sequence, the hit
+    SGLang's tree owed its served request (``checks.held``): a hit below it is
+    ``hit_below_held``, and a sequence whose states the tree took and freed before the
+    admission (exact: nothing held) is owed no hit, so it does not count against
+    ``hit_fraction_min``."""
     if not rec.sequences:
         return Verdict(CHECK, "skip", _empty_metrics(), "no sequence was recorded")
     if not rec.cache_enabled:
         return Verdict(CHECK, "skip", _empty_metrics(), "radix cache disabled on the server: no cache hit to compare")
     for i, seq in enumerate(rec.sequences):
         _validate(seq, f"sequence {i} ({seq.scenario})")
+    owed = list(owed) if owed is not None else [Expected(False, why="not asked")] * len(rec.sequences)
+    held = [f for s, e in zip(rec.sequences, owed) if (f := e.finding(s.cached_tokens, s.start)) is not None]
+    # owed no hit: the tree took a state for the prompt and freed it before the admission (pressure)
+    unowed = [i for i, (s, e) in enumerate(zip(rec.sequences, owed)) if e.exact and e.owed == 0 and e.freed and s.cached_tokens == 0]
     hits = [(i, s) for i, s in enumerate(rec.sequences) if s.cached_tokens > 0]
     hit_fraction = len(hits) / len(rec.sequences)
     if not hits:
+        if held:
+            return failing(CHECK, held, {**_empty_metrics(), "hit_fraction": 0.0})
+        if len(unowed) == len(rec.sequences):
+            return Verdict(CHECK, "skip", {**_empty_metrics(), "hit_fraction": 0.0},
+                           f"not applicable on this cell: SGLang's tree held no state for any of the {len(unowed)} prompts when it "
+                           f"admitted them: it had freed them ({_freed_by(owed)}; per-node records): nothing to compare")
         status = "skip" if hit_fraction_min <= 0 else "fail"
         return Verdict(CHECK, status, {**_empty_metrics(), "hit_fraction": 0.0}, f"no prompt hit the cache (0/{len(rec.sequences)}): nothing was compared")
 
@@ -236,10 +263,13 @@ def kl_verdict(
         "exact": exact,
         "topk_min_limit": lim_floor,
         "floor_factor": floor_factor,
+        "not_owed": len(unowed),
     }
-    fails: list[Finding] = []
-    if hit_fraction < hit_fraction_min:
-        fails.append(Finding(VACUOUS, f"only {len(hits)}/{len(rec.sequences)} prompts hit the cache (need {hit_fraction_min:.0%})"))
+    fails: list[Finding] = list(held)
+    owed_n = len(rec.sequences) - len(unowed)
+    if len(hits) < hit_fraction_min * owed_n:
+        fails.append(Finding(VACUOUS, f"only {len(hits)}/{owed_n} prompts hit the cache (need {hit_fraction_min:.0%})"
+                             + (f"; {len(unowed)} more were owed no hit: SGLang's tree had freed their states ({_freed_by(owed)})" if unowed else "")))
     if noise_floor is None:
         fails.append(Finding(VACUOUS, "no noise floor was measured (record the cold generate and the one-by-one prefill)"))
     elif noise_floor > abs_cap:

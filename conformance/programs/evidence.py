@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from conformance.checks.held import Expected
+from conformance.checks.hit_bounds import key_limit
 from conformance.sglang_contract.metric_names import KIT_EVICTIONS_TOTAL, KIT_MAMBA_TOTAL, KIT_PREFILL_CUTS_TOTAL
 from conformance.sglang_plugins.token_digest import token_digest
 from conformance.errors import KitError
@@ -281,6 +282,16 @@ def owed_hit(log: RequestLog | None, tokens: Sequence[int], limit: int, rid: str
     if held.admissions > 1:
         return Expected(False, why="retracted and admitted again")
     return Expected(True, held.owed, freed=held.freed)
+
+
+def owed_hits(log_path: Path | None, target: str, page_size: int, requests: Sequence[tuple[str, Sequence[int], str]]) -> dict[str, Expected]:
+    """Per (label, input tokens, request id) a scripted suite sent to the server whose log is
+    ``log_path``: the hit SGLang owed it from the server's per-node records (exact), or why
+    they cannot say (bounded)."""
+    log = request_log(log_path, target=target)
+    if log is not None:
+        log.refresh()
+    return {label: owed_hit(log, tokens, key_limit(len(tokens), page_size, None), rid) for label, tokens, rid in requests}
 
 
 class Evidence:

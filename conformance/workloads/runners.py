@@ -153,6 +153,7 @@ def record_kl(
     timeout: float | None = None,
     mixed: bool = False,
     reasoning: bool = False,
+    rid_tag: str | None = None,
 ) -> KLRecording:
     """Serve ``prompts`` on a cache hit, then re-prefill served tokens cold twice.
 
@@ -169,6 +170,8 @@ def record_kl(
     ``reasoning`` (a server with ``--strip-thinking-cache``): turn one of ``decode_hit`` asks
     for reasoning, so its whole output is thinking and SGLang caches only its prompt: turn
     two then hits a state at or below the prompt (never one its decode tracked past it).
+    ``rid_tag``: the served requests' ids are ``<rid_tag>-<i>`` (each sequence keeps its id
+    and input, for the server's per-node records).
     """
     if scenario not in ("prefill_hit", "decode_hit"):
         raise KitError(f"record_kl: unknown scenario {scenario!r} (prefill_hit or decode_hit)")
@@ -183,10 +186,11 @@ def record_kl(
     else:
         first = generate_tokens(client, prompts, turn1_tokens, timeout=timeout, reasoning=reasoning)
         inputs = [tuple(p) + output_ids(r) + extension(ext_len, vocab_size=vocab_size, seed=f"kl:{i}") for i, (p, r) in enumerate(zip(prompts, first))]
-    served = generate_tokens(client, inputs, new_tokens, top_k=top_k, timeout=timeout)
+    rids = [f"{rid_tag}-{i}" for i in range(len(inputs))] if rid_tag else None
+    served = generate_tokens(client, inputs, new_tokens, top_k=top_k, timeout=timeout, rids=rids)
     return judge_against_cold(
         served, inputs, client, scenario=scenario, enabled=enabled, new_tokens=new_tokens,
-        top_k=top_k, timeout=timeout,
+        top_k=top_k, timeout=timeout, rids=rids or (),
     )
 
 
@@ -216,6 +220,7 @@ def judge_against_cold(
     new_tokens: int,
     top_k: int,
     timeout: float | None = None,
+    rids: Sequence[str] = (),
 ) -> KLRecording:
     """The cold half of a KL recording, on ``reference`` with a flushed cache:
 
@@ -236,8 +241,8 @@ def judge_against_cold(
     one_by_one = [prefill_logprobs(reference, [f], [st], top_k=top_k, timeout=timeout)[0] for f, st in zip(full, starts)]
     reference.flush_cache()
     seqs = tuple(
-        KLSequence(scenario, st, h, s, r, cs, cs.token_ids, alone)
-        for st, h, s, r, cs, alone in zip(starts, hits, served_lp, ref, cold_served, one_by_one)
+        KLSequence(scenario, st, h, s, r, cs, cs.token_ids, alone, rid=rids[i] if rids else "", input_ids=tuple(inputs[i]))
+        for i, (st, h, s, r, cs, alone) in enumerate(zip(starts, hits, served_lp, ref, cold_served, one_by_one))
     )
     return KLRecording(seqs, enabled, top_k)
 

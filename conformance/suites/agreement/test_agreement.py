@@ -19,8 +19,7 @@ import pytest
 
 from conformance.checks.agreement import agreement_verdict
 from conformance.checks.held import Expected
-from conformance.checks.hit_bounds import key_limit
-from conformance.programs.evidence import owed_hit, request_log
+from conformance.programs.evidence import owed_hits
 from conformance.recordings import AgreementStep
 from conformance.records import Verdict
 from conformance.session.suite_support import exact_mode, grids, settle, vocab_size
@@ -50,14 +49,10 @@ def test_agreement_with_reference_engine(endpoint, conformance_options, tmp_path
     with timed(serve_cell(cell, ref_options, log_dir=log_dir / "agreement-reference"), "agreement: reference server") as ref:
         served_ref = run_agreement(ref.client, script)
     steps = [AgreementStep(a.label, a.served, b.served) for a, b in zip(served_sglang, served_ref)]
-    settle(record_verdict(agreement_verdict(steps, owed=owed_hits(endpoint, served_sglang))))
+    settle(record_verdict(agreement_verdict(steps, owed=owed_by_step(endpoint, served_sglang))))
 
 
-def owed_hits(endpoint, answered: list[Answered]) -> dict[str, Expected]:
-    """Per request, the hit SGLang owed it from its server's per-node records (exact), or why
-    they cannot say (bounded)."""
-    log = request_log(endpoint.log_path, target=endpoint.target)
-    if log is not None:
-        log.refresh()
-    page = endpoint.cell.page_size
-    return {a.label: owed_hit(log, a.prompt, key_limit(len(a.prompt), page, None), str(a.rid)) for a in answered}
+def owed_by_step(endpoint, answered: list[Answered]) -> dict[str, Expected]:
+    """Per step, the hit SGLang owed its request from the server's per-node records (exact),
+    or why they cannot say (bounded)."""
+    return owed_hits(endpoint.log_path, endpoint.target, endpoint.cell.page_size, [(a.label, a.prompt, str(a.rid)) for a in answered])

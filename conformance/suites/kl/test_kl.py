@@ -7,10 +7,13 @@ maxima, per-position curve), settle.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from conformance.matrix import axes
 from conformance.checks.kl import NOISE_FACTOR, kl_verdict
+from conformance.programs.evidence import owed_hits
 from conformance.session.suite_support import exact_mode, grids, no_prefill_stores, settle, sizes_for, vocab_size
 from conformance.workloads.prompts import decode_cross_lengths, multi_boundary_decode, prefill_hit_lengths, token_prompts
 from conformance.workloads.runners import record_kl
@@ -48,7 +51,11 @@ def test_kl(endpoint, scenario, record_verdict):
         mixed=axes.enabled(cell, axes.MIXED_BATCHES),
         # a strip-thinking cell caches only the prompt of a request that reasons (conformance.matrix.axes)
         reasoning=axes.enabled(cell, axes.REASONING_REQUESTS),
+        rid_tag=f"kl-{scenario}-{uuid.uuid4().hex[:8]}",
     )
+    # what SGLang's tree held for each served request when it admitted it (its per-node records)
+    owed = owed_hits(endpoint.log_path, endpoint.target, cell.page_size,
+                     [(str(i), s.input_ids, s.rid) for i, s in enumerate(recording.sequences)])
     th = cell.model.thresholds
     verdict = kl_verdict(
         recording,
@@ -60,5 +67,6 @@ def test_kl(endpoint, scenario, record_verdict):
         hit_fraction_min=th.hit_fraction_min,
         exact=exact_mode(endpoint),
         noise_factor=NOISE_FACTOR,
+        owed=[owed[str(i)] for i in range(len(recording.sequences))],
     )
     settle(record_verdict(verdict))
