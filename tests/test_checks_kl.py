@@ -182,3 +182,7 @@ def test_a_prompt_whose_state_the_tree_freed_is_owed_no_hit_and_a_held_one_is():
     assert none.status == "skip" and "held no state for any of the 2 prompts" in none.reason and "2 freed by walk" in none.reason
     missed = kl_verdict(rec(seq(200, 0), seq(201, 0)), chunk=CHUNK, track_interval=TRACK, owed=[freed, held])
     assert missed.status == "fail" and "hit_below_held" in {f["kind"] for f in missed.details["findings"]}
+    # a reasoning turn on a strip-thinking server may leave no state at all: owed nothing there only
+    assert kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=[held, never, never], may_store_nothing=True).status == "pass"
+    bare = kl_verdict(rec(seq(200, 0)), chunk=CHUNK, track_interval=TRACK, owed=[never], may_store_nothing=True)
+    assert bare.status == "skip" and "none stored" in bare.reason

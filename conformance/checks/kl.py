@@ -178,7 +178,7 @@ def _freed_by(owed: Sequence[Expected]) -> str:
             for why in e.freed.values():
                 for w in why:
                     by[w] = by.get(w, 0) + 1
-    return ", ".join(f"{n} freed by {w}" for w, n in sorted(by.items()))
+    return ", ".join(f"{n} freed by {w}" for w, n in sorted(by.items())) or "none stored"
 
 
 def kl_verdict(
@@ -194,6 +194,7 @@ def kl_verdict(
     min_limit: float | None = None,
     noise_factor: float | None = None,
     owed: Sequence[Expected] | None = None,
+    may_store_nothing: bool = False,
 ) -> Verdict:
     """Judge a KL recording.  ``min_limit`` (the stated absolute minimum of the limit)
     defaults to :data:`EXACT_MIN_LIMIT` in exact mode, :data:`MIN_LIMIT` otherwise.
@@ -202,7 +203,9 @@ def kl_verdict(
     SGLang's tree owed its served request (``checks.held``): a hit below it is
     ``hit_below_held``, and a sequence whose states the tree took and freed before the
     admission (exact: nothing held) is owed no hit, so it does not count against
-    ``hit_fraction_min``."""
+    ``hit_fraction_min``; with ``may_store_nothing`` (a reasoning turn on a strip-thinking
+    server: SGLang keeps only states at or below its prompt) so is one the tree never took a
+    state for."""
     if not rec.sequences:
         return Verdict(CHECK, "skip", _empty_metrics(), "no sequence was recorded")
     if not rec.cache_enabled:
@@ -211,8 +214,10 @@ def kl_verdict(
         _validate(seq, f"sequence {i} ({seq.scenario})")
     owed = list(owed) if owed is not None else [Expected(False, why="not asked")] * len(rec.sequences)
     held = [f for s, e in zip(rec.sequences, owed) if (f := e.finding(s.cached_tokens, s.start)) is not None]
-    # owed no hit: the tree took a state for the prompt and freed it before the admission (pressure)
-    unowed = [i for i, (s, e) in enumerate(zip(rec.sequences, owed)) if e.exact and e.owed == 0 and e.freed and s.cached_tokens == 0]
+    # owed no hit: the tree took a state for the prompt and freed it before the admission (pressure),
+    # or took none where the cell's contract lets it keep none
+    unowed = [i for i, (s, e) in enumerate(zip(rec.sequences, owed))
+              if e.exact and e.owed == 0 and (e.freed or may_store_nothing) and s.cached_tokens == 0]
     hits = [(i, s) for i, s in enumerate(rec.sequences) if s.cached_tokens > 0]
     hit_fraction = len(hits) / len(rec.sequences)
     if not hits:
@@ -221,7 +226,7 @@ def kl_verdict(
         if len(unowed) == len(rec.sequences):
             return Verdict(CHECK, "skip", {**_empty_metrics(), "hit_fraction": 0.0},
                            f"not applicable on this cell: SGLang's tree held no state for any of the {len(unowed)} prompts when it "
-                           f"admitted them: it had freed them ({_freed_by(owed)}; per-node records): nothing to compare")
+                           f"admitted them ({_freed_by(owed)}; per-node records): nothing to compare")
         status = "skip" if hit_fraction_min <= 0 else "fail"
         return Verdict(CHECK, status, {**_empty_metrics(), "hit_fraction": 0.0}, f"no prompt hit the cache (0/{len(rec.sequences)}): nothing was compared")
 
@@ -269,7 +274,7 @@ def kl_verdict(
     owed_n = len(rec.sequences) - len(unowed)
     if len(hits) < hit_fraction_min * owed_n:
         fails.append(Finding(VACUOUS, f"only {len(hits)}/{owed_n} prompts hit the cache (need {hit_fraction_min:.0%})"
-                             + (f"; {len(unowed)} more were owed no hit: SGLang's tree had freed their states ({_freed_by(owed)})" if unowed else "")))
+                             + (f"; {len(unowed)} more were owed no hit: SGLang's tree held no state for them ({_freed_by(owed)})" if unowed else "")))
     if noise_floor is None:
         fails.append(Finding(VACUOUS, "no noise floor was measured (record the cold generate and the one-by-one prefill)"))
     elif noise_floor > abs_cap:
