@@ -127,3 +127,22 @@ def test_states_a_mamba_walk_took_before_any_kv_walk_make_the_kv_order_unobserva
     assert v.status == "fail" and "nothing was judged" in v.reason
     v = eviction_order_verdict("lfu", STORED, SEQS, [start, _state("held"), _walk(kv=False), _state("held"), _walk(kv=True)])
     assert v.status == "fail" and "took held" in v.reason  # a KV walk freed one: judged
+
+
+def _stored(name: str, n: int = 32) -> dict:
+    return {"ev": "state_stored", "len": n, "key": token_digest(SEQS[name][:n])}
+
+
+def test_a_fill_whose_prompts_left_no_state_is_not_applicable_with_the_records():
+    """tlru's TEL-safe prompts (224 tokens) end below a lazy t256 cell's first checkpoint: the
+    tree takes no state on them, keeps none of their KV, and no walk runs (measured on 0.5.21
+    and 0.5.23, Granite lazy p1 t256 tlru: 3 states stored, all on held).  That is not
+    applicable, read off the per-node records; the same empty walks with a stored prompt's
+    state taken still fail as nothing judged."""
+    start = {"ev": "start", "state_evictions": True}
+    none_kept = eviction_order_verdict("lfu", STORED, SEQS, [start, _stored("held")])
+    assert none_kept.status == "skip" and "took no Mamba state on any of the" in none_kept.reason and "no eviction walk ran" in none_kept.reason
+    kept = eviction_order_verdict("lfu", STORED, SEQS, [start, _stored("held"), _stored("stored-1")])
+    assert kept.status == "fail" and "nothing was judged" in kept.reason
+    walked = eviction_order_verdict("lfu", STORED, SEQS, [start, _stored("held"), _walk(kv=True)])
+    assert walked.status == "fail" and "nothing was judged" in walked.reason
