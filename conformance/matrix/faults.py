@@ -75,8 +75,9 @@ LAYERS: dict[str, Layer] = {layer.name: layer for layer in (
           f"in the scheduler process of the servers the kit launches, when `{SGLANG_FAULT_ENV}=<name>` "
           "is set (one module per fault in `conformance/sglang_plugins/faults/`; each hook proves it took effect and "
           "reports when it fires). Scored with `hybrid-conformance mutants --target sglang-cpu` (one real SGLang server "
-          "per run; the CI subset is `hybrid-conformance mutants --target sglang-cpu --fast`); each is first shown "
-          "harmful by a direct probe in `tests/test_sglang_fault_probes.py`"),
+          "per run; its fast subset `hybrid-conformance mutants --target sglang-cpu --fast` runs in the scheduled "
+          "workflow); each is first shown harmful by a direct probe in `tests/test_sglang_fault_probes.py`, whose fast "
+          "subset CI runs"),
 )}
 
 
