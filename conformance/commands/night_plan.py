@@ -256,7 +256,8 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
     day = night.toordinal() % WEEK
     left_out = tuple((c.id, f"no suite of the night binds it (its suites: {', '.join(c.fault.suites)}; the night runs {', '.join(suites)})")
                      for c in cells if not any(c.fault.binds_suite(s) for s in suites))
-    cells = [c for c in cells if all(c.id != out for out, _ in left_out)]
+    out_ids = {cid for cid, _ in left_out}
+    cells = [c for c in cells if c.id not in out_ids]
     cost = {(r, c.id): costs.cell_seconds(c, r, suites=suites, budget=budget) for r in releases for c in cells}
     units: dict[tuple[str, str], Unit] = {}
 

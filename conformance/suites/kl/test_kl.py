@@ -54,8 +54,8 @@ def test_kl(endpoint, scenario, record_verdict):
         rid_tag=f"kl-{scenario}-{uuid.uuid4().hex[:8]}",
     )
     # what SGLang's tree held for each served request when it admitted it (its per-node records)
-    owed = owed_hits(endpoint.log_path, endpoint.target, cell.page_size,
-                     [(str(i), s.input_ids, s.rid) for i, s in enumerate(recording.sequences)])
+    owed = list(owed_hits(endpoint.log_path, endpoint.target, cell.page_size,
+                          [(str(i), s.input_ids, s.rid) for i, s in enumerate(recording.sequences)]).values())
     th = cell.model.thresholds
     verdict = kl_verdict(
         recording,
@@ -67,7 +67,7 @@ def test_kl(endpoint, scenario, record_verdict):
         hit_fraction_min=th.hit_fraction_min,
         exact=exact_mode(endpoint),
         noise_factor=NOISE_FACTOR,
-        owed=[owed[str(i)] for i in range(len(recording.sequences))],
+        owed=owed,
         # strip-thinking keeps a reasoning turn's states at or below its prompt only, maybe none
         may_store_nothing=scenario == "decode_hit" and axes.enabled(cell, axes.REASONING_REQUESTS),
     )
