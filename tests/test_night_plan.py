@@ -2,13 +2,14 @@
 (``conformance/commands/night_plan.py``): every release sees every axis value each night,
 every pair of axis values is covered on some release, seven nights run the full release x
 cell product, no shard is longer than the limit, and the costs come from the repository's
-file (measured cells replace the defaults)."""
+file (measured cells replace the defaults); a fill plans only what a merged history lacks."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import itertools
+import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conformance.commands import history, night_plan
-from conformance.commands.night_plan import Costs, axis_values, plan_night
+from conformance.commands.night_plan import Costs, Fill, axis_values, plan_night
 from conformance.errors import KitError
 from conformance.matrix.cells import load_matrix
 
@@ -181,7 +182,7 @@ def test_history_shard_runs_only_its_part_of_each_release(monkeypatch, tmp_path)
     only on the shard that owns them; its cells by id."""
     p = plan()
     k = next(s for s in p.shards if any(not part.checks for part in s.parts))
-    args = argparse.Namespace(shard=f"{k.index}/{len(p.shards)}", tier="nightly", night=NIGHT.isoformat(), budget=None)
+    args = argparse.Namespace(shard=f"{k.index}/{len(p.shards)}", tier="nightly", night=NIGHT.isoformat(), budget=None, fill=None)
     shard = history.shard_of(args, RELEASES, ())
     assert shard == k
     calls = []
@@ -215,3 +216,70 @@ def test_cells_no_suite_of_the_night_binds_are_left_out_and_named():
     assert all(f"left out: {c}" in p.render() for c in pd_only)
     with_pd = plan_night(RELEASES, cells, Costs.load(), night=NIGHT, tier="nightly", budget=None, suites=(*history.CPU_SUITES, "disagg"))
     assert not with_pd.left_out and pd_only <= {u.cell.id for u in with_pd.units}
+
+
+def history_of(tmp_path, units, status="pass"):
+    """A history.json whose server rows are these (release, cell) units, each with one row
+    of this status (``units`` may map a unit to its own status)."""
+    rows = [{"release": r, "check": "sglang-cpu:kl", "status": units[(r, c)] if isinstance(units, dict) else status, "reason": "",
+             "cell": c, "replay": "", "known_bug": ""} for r, c in units]
+    rows.append({"release": "0.5.16", "check": "install", "status": "pass", "reason": "venv", "cell": "", "replay": "", "known_bug": ""})
+    path = tmp_path / "history.json"
+    path.write_text(json.dumps({"rows": rows}))
+    return Fill.load(path)
+
+
+def test_a_fill_plans_only_what_the_history_lacks(tmp_path):
+    """``plan --fill HISTORY``: the units the history holds are not planned again; those that
+    ran count as covered, so the fill plus the history meet the night's coverage; a release
+    whose units it refused (n/a only) gets other cells for its values, never a refused one
+    again; no slice."""
+    full = plan()
+    old = RELEASES[:6]
+    ran = {(u.release, u.cell.id): "pass" for u in full.units if u.release in old}
+    ran |= {(u.release, u.cell.id): "na" for u in full.units if u.release == "0.5.17"}
+    fill = plan(fill=history_of(tmp_path, ran))
+    mine = {(u.release, u.cell.id) for u in fill.units}
+    assert mine and not mine & set(ran) and {u.why for u in fill.units} <= {"axis", "pair", "spread"}
+    assert not [part for s in fill.shards for part in s.parts if part.checks]  # the night's once-a-night checks ran
+    assert not [u for u in fill.units if u.release in old and u.why == "axis"]  # their values all ran
+    assert [u for u in fill.units if u.release == "0.5.17" and u.why == "axis"]  # refused: other cells tried
+    cov = fill.coverage()
+    assert cov["releases_missing_values"] == {} and cov["pairs_covered"] == cov["pairs"] and cov["spread_cells_short"] == []
+    assert fill.prior == {k for k, v in ran.items() if v == "pass"}
+    assert fill.to_json()["fill"] == str(tmp_path / "history.json") and f"{len(fill.units)} to run" in fill.render()
+    assert fill.render().startswith(f"fill of {tmp_path / 'history.json'} ({len(fill.prior)} units ran there)")
+
+
+def test_a_fill_of_a_complete_history_plans_nothing_and_its_coverage_counts_the_history(tmp_path):
+    """A history holding all of a night's units leaves nothing to fill; the same plan without
+    the history's units (seeded) reports the values and cells it then lacks, so the coverage
+    line does read the history."""
+    full = plan()
+    fill = plan(fill=history_of(tmp_path, [(u.release, u.cell.id) for u in full.units]))
+    assert fill.units == () and fill.shards == ()
+    cov = fill.coverage()
+    assert cov["releases_missing_values"] == {} and cov["spread_cells_short"] == [] and cov["pairs_covered"] == cov["pairs"]
+    seeded = night_plan.NightPlan(**{**fill.__dict__, "prior": frozenset()}).coverage()
+    assert set(seeded["releases_missing_values"]) == set(RELEASES) and seeded["spread_cells_short"] and seeded["pairs_covered"] == 0
+
+
+def test_a_fill_reads_only_a_history_and_goes_with_a_shard(tmp_path):
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(KitError, match=r"^--fill: .*bad.json is not a history.json with rows"):
+        Fill.load(tmp_path / "bad.json")
+    with pytest.raises(KitError, match="--fill: .*missing.json is not a history.json"):
+        Fill.load(tmp_path / "missing.json")
+    args = argparse.Namespace(shard=None, tier="nightly", night=NIGHT.isoformat(), budget=None, fill=str(tmp_path / "bad.json"))
+    with pytest.raises(KitError, match="--fill goes with --shard K/N"):
+        history.shard_of(args, RELEASES, ())
+
+
+def test_history_fill_shard_is_shard_k_of_the_printed_fill(tmp_path):
+    fill = history_of(tmp_path, [(u.release, u.cell.id) for u in plan().units if u.release == "0.5.23"])
+    p = plan(fill=fill)
+    args = argparse.Namespace(shard=f"1/{len(p.shards)}", tier="nightly", night=NIGHT.isoformat(), budget=None, fill=fill.source)
+    assert history.shard_of(args, RELEASES, ()) == p.shards[0]
+    out = subprocess.run([sys.executable, "-m", "conformance.cli", "plan", "--releases", "0.5.11..0.5.23", "--tier", "nightly",
+                          "--night", "2026-11-28", "--fill", fill.source], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and f"fill of {fill.source}" in out.stdout and f"shard 1/{len(p.shards)}" in out.stdout, out.stderr

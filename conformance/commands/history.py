@@ -50,7 +50,7 @@ from conformance.matrix.strategy import STRATEGIES
 from conformance.report.run_report import NOTHING_APPLIES
 from conformance.commands.selection import workers
 from conformance.programs.explore import parse_budget
-from conformance.commands.night_plan import RELEASE_CHECKS, Costs, Shard, night_of, parse_release_range, plan_night
+from conformance.commands.night_plan import RELEASE_CHECKS, Costs, Fill, Shard, night_of, parse_release_range, plan_night
 from conformance.report.history_html import render_html
 from conformance.report.known_bugs import row_hits
 from conformance.commands.report_bug import write_hit_folders
@@ -517,15 +517,18 @@ def parse_budget_arg(text: str | None) -> str | None:
 
 def shard_of(args, releases: Sequence[str], models: Sequence[str]) -> Shard | None:
     """``--shard K/N``: shard K of tonight's plan over these releases (``plan --releases ...
-    --shards N`` with the same --tier, --models, --budget and --night prints it); None without."""
+    --shards N`` with the same --tier, --models, --budget, --night and --fill prints it); None without."""
     if not args.shard:
+        if args.fill:
+            raise KitError("--fill goes with --shard K/N (plan --releases ... --fill FILE prints the shards)")
         return None
     if not releases:
         raise KitError("--shard goes with --releases (the plan's releases)")
     count = args.shard.partition("/")[2]
     cells = load_matrix().select(target=SGLANG_CPU, tier=args.tier, models=list(models) or None)
     plan = plan_night(releases, cells, Costs.load(), night=night_of(args.night), tier=args.tier, budget=parse_budget_arg(args.budget),
-                      suites=CPU_SUITES, checks=RELEASE_CHECKS, shards=int(count) if count.isdigit() and int(count) > 0 else None)
+                      suites=CPU_SUITES, checks=RELEASE_CHECKS, shards=int(count) if count.isdigit() and int(count) > 0 else None,
+                      fill=Fill.load(args.fill) if args.fill else None)
     return plan.shard(args.shard)
 
 
@@ -579,7 +582,7 @@ def run_history(args) -> int:
         doc["shard"] = {"index": shard.index, "of": args.shard.split("/")[1], "night": night_of(args.night).isoformat(), "tier": args.tier,
                         "planned_minutes": round(shard.seconds / 60, 1), "wall_minutes": round((time.monotonic() - start) / 60, 1),
                         "parts": {p.release: {"checks": list(p.checks), "cells": list(p.cells)} for p in shard.parts},
-                        "left_out": [{"cell": c, "why": why} for c, why in shard.left_out]}
+                        "left_out": [{"cell": c, "why": why} for c, why in shard.left_out], **({"fill": args.fill} if args.fill else {})}
     if sources:
         doc["sources"] = {co.label: {"path": str(co.path), "commit": co.commit, "version": co.version} for co in map(sglang_source.checkout, sources)}
     for line in write_outputs(out_dir, doc, columns):
@@ -612,6 +615,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard", metavar="K/N", help="only shard K of tonight's N (plan --releases ... --shards N prints them): each release's "
                    "part of it, the server rows with --with-sglang-cpu implied (conformance/commands/night_plan.py)")
     p.add_argument("--night", help="with --shard: the night's date, YYYY-MM-DD (default: today, UTC), as plan --night")
+    p.add_argument("--fill", metavar="HISTORY_JSON", help="with --shard: shard K of the plan that fills what this (merged) history.json "
+                   "still lacks (plan --releases ... --fill FILE prints it)")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="instead: merge these shards' --out folders into one history.json and "
                    "history.html under --out (conformance/commands/history_merge.py)")
     p.add_argument("--previous", metavar="FILE", help="with --merge: the last night's history.json, for the FAILs new since then")

@@ -20,6 +20,12 @@ Tonight's units, in this order (:func:`plan_night`):
 A cell no suite of the night binds (a PD-only fault's, since the night runs no disagg suite)
 is left out; the plan, each shard's history.json and the merged page name it and why.
 
+A fill (``plan --fill HISTORY``, ``history --fill HISTORY --shard K/N``) plans only what a
+merged history still lacks of steps 2-4: the units it holds are not run again, those that
+ran (a pass or FAIL row) count as covered, and a unit the release refused (only n/a rows) is
+not tried again, so a value no other cell offers stays missing and the coverage line names
+it.  No slice and no once-a-night checks: a fill tops up a night whose shards did not all run.
+
 Each release's units then fill shards first-fit (its once-a-night checks -- validate, pool,
 machine -- on its first shard), and parts of different releases share a shard when both fit.
 The same arguments give the same plan, so ``history --shard K/N`` runs exactly shard K of
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import json
 import math
 import tomllib
 import xml.etree.ElementTree as ET
@@ -146,6 +153,31 @@ def night_of(text: str | None) -> datetime.date:
 
 
 @dataclass(frozen=True)
+class Fill:
+    """What a merged (or shard's) history.json already holds of the server units:
+    (release, cell) -> True when a row of it passed or failed (it ran), False when all its
+    rows are n/a (the release refused the cell)."""
+
+    source: str
+    units: Mapping[tuple[str, str], bool]
+
+    @classmethod
+    def load(cls, path: str | Path) -> Fill:
+        """KitError (one line) when the file is not a history.json."""
+        try:
+            doc = json.loads(Path(path).read_text())
+            rows = doc["rows"]
+            units: dict[tuple[str, str], bool] = {}
+            for row in rows:
+                if row.get("cell"):
+                    k = (row["release"], row["cell"])
+                    units[k] = units.get(k, False) or row["status"] in ("pass", "fail")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise KitError(f"--fill: {path} is not a history.json with rows ({type(e).__name__}: {e})") from None
+        return cls(str(path), units)
+
+
+@dataclass(frozen=True)
 class Unit:
     release: str
     cell: Cell
@@ -197,6 +229,9 @@ class NightPlan:
     #: the tier's cells no suite of the night binds (a PD-only fault's cells when the night
     #: runs no disagg suite), each with why: not planned, and every report of the night says so
     left_out: tuple[tuple[str, str], ...] = ()
+    #: a fill's history file and the (release, cell) units that ran there (they count as covered)
+    fill: str = ""
+    prior: frozenset[tuple[str, str]] = frozenset()
 
     def shard(self, spec: str) -> Shard:
         """``K/N`` -> shard K; KitError when N is not this plan's count or K is out of range."""
@@ -211,10 +246,12 @@ class NightPlan:
         """What the night covers: axis values per release, pairs, units of the product."""
         values = set().union(*(axis_values(c) for c in self.cells)) if self.cells else set()
         pairs = set().union(*(_pairs(axis_values(c)) for c in self.cells)) if self.cells else set()
-        seen = {r: set().union(*(axis_values(u.cell) for u in self.units if u.release == r)) for r in self.releases}
-        covered = set().union(*(_pairs(axis_values(u.cell)) for u in self.units)) if self.units else set()
+        by_id = {c.id: c for c in self.cells}
+        held_units = {(u.release, u.cell.id) for u in self.units} | {(r, c) for r, c in self.prior if c in by_id}
+        seen = {r: set().union(*(axis_values(by_id[c]) for rr, c in held_units if rr == r)) for r in self.releases}
+        covered = set().union(*(_pairs(axis_values(by_id[c])) for _, c in held_units))
         spread = [c.id for c in self.cells if TIERS.index(c.tier) <= TIERS.index(SPREAD_TIER)]
-        held = {c: sum(1 for u in self.units if u.cell.id == c) for c in spread}
+        held = {c: sum(1 for _, cc in held_units if cc == c) for c in spread}
         return {"axis_values": len(values), "releases_missing_values": {r: sorted(f"{a}={v}" for a, v in values - s) for r, s in seen.items() if values - s},
                 "spread_cells": len(spread), "spread_cells_short": sorted(c for c, n in held.items() if n < min(SPREAD_RELEASES, len(self.releases))),
                 "pairs": len(pairs), "pairs_covered": len(pairs & covered), "units": len(self.units),
@@ -223,6 +260,7 @@ class NightPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"night": self.night, "slice": self.slice + 1, "week": WEEK, "tier": self.tier, "budget": self.budget,
+                **({"fill": self.fill, "prior_units": len(self.prior)} if self.fill else {}),
                 "releases": list(self.releases), "limit_minutes": self.limit_s / 60, "coverage": self.coverage(),
                 "shards": [{"index": s.index, "minutes": round(s.seconds / 60, 1),
                             "parts": [{"release": p.release, "checks": list(p.checks), "cells": list(p.cells), "minutes": round(p.seconds / 60, 1)}
@@ -230,8 +268,10 @@ class NightPlan:
 
     def render(self) -> str:
         cov = self.coverage()
-        lines = [f"night {self.night} (slice {cov['slice']} of the release x cell product), tier {self.tier}, programs budget {self.budget}: "
-                 f"{len(self.releases)} releases x {len(self.cells)} cells = {cov['product']} units, {cov['units']} tonight; "
+        what = (f"fill of {self.fill} ({len(self.prior)} units ran there)" if self.fill
+                else f"night {self.night} (slice {cov['slice']} of the release x cell product)")
+        lines = [f"{what}, tier {self.tier}, programs budget {self.budget}: "
+                 f"{len(self.releases)} releases x {len(self.cells)} cells = {cov['product']} units, {cov['units']} {'to run' if self.fill else 'tonight'}; "
                  f"{len(self.shards)} shards of at most {self.limit_s / 60:.0f} min"]
         for s in self.shards:
             lines.append(f"shard {s.index}/{len(self.shards)}  {s.seconds / 60:5.1f} min")
@@ -248,11 +288,14 @@ class NightPlan:
 
 
 def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, night: datetime.date, tier: str,
-               budget: str | None, suites: Sequence[str], checks: Sequence[str] = RELEASE_CHECKS, shards: int | None = None) -> NightPlan:
+               budget: str | None, suites: Sequence[str], checks: Sequence[str] = RELEASE_CHECKS, shards: int | None = None,
+               fill: Fill | None = None) -> NightPlan:
     """Tonight's units and shards (module docstring); ``shards``: exactly that many (KitError
     when they cannot each stay under the limit), None for the fewest; either way balanced
-    (the smallest cap under the limit that packs into that many)."""
+    (the smallest cap under the limit that packs into that many).  ``fill``: only what that
+    history lacks (no slice; its units are not planned again)."""
     budget = budget or default_budget(tier)
+    checks = () if fill else checks  # a fill tops up server units; the once-a-night checks ran with the night
     day = night.toordinal() % WEEK
     left_out = tuple((c.id, f"no suite of the night binds it (its suites: {', '.join(c.fault.suites)}; the night runs {', '.join(suites)})")
                      for c in cells if not any(c.fault.binds_suite(s) for s in suites))
@@ -260,33 +303,42 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
     cells = [c for c in cells if c.id not in out_ids]
     cost = {(r, c.id): costs.cell_seconds(c, r, suites=suites, budget=budget) for r in releases for c in cells}
     units: dict[tuple[str, str], Unit] = {}
+    ids = {c.id for c in cells}
+    tried = {k for k in (fill.units if fill else {}) if k[1] in ids}  # a fill's history: not planned again
+    ran = {k for k in tried if fill and fill.units[k]}  # ... and these count as covered
 
     def add(r: str, c: Cell, why: str) -> None:
         units.setdefault((r, c.id), Unit(r, c, cost[(r, c.id)], why))
 
+    def free(r: str, c: Cell) -> bool:
+        return (r, c.id) not in units and (r, c.id) not in tried
+
     for (i, r), (j, c) in itertools.product(enumerate(releases), enumerate(cells)):
-        if (i + j) % WEEK == day:
+        if (i + j) % WEEK == day and not fill:
             add(r, c, "slice")
     values = {c.id: axis_values(c) for c in cells}
     wanted = set().union(*values.values()) if cells else set()
     for r in releases:
-        seen = set().union(*(values[u.cell.id] for u in units.values() if u.release == r))
-        while wanted - seen:
-            best = max(cells, key=lambda c: (len(values[c.id] - seen), -cost[(r, c.id)]))
+        seen = set().union(*(values[c] for rr, c in [*units, *ran] if rr == r))
+        while options := [c for c in cells if free(r, c) and values[c.id] - seen]:
+            best = max(options, key=lambda c: (len(values[c.id] - seen), -cost[(r, c.id)]))
             add(r, best, "axis")
             seen |= values[best.id]
     pairs = {c.id: _pairs(values[c.id]) for c in cells}
-    uncovered = set().union(*pairs.values()) - set().union(*(pairs[u.cell.id] for u in units.values())) if cells else set()
+    uncovered = set().union(*pairs.values()) - set().union(*(pairs[c] for _, c in [*units, *ran])) if cells else set()
     while uncovered:
         pair = min(uncovered)
-        holders = [c for c in cells if pair in pairs[c.id]]
-        best = max(holders, key=lambda c: (len(pairs[c.id] & uncovered), -cost[(releases[0], c.id)]))
+        holders = sorted((c for c in cells if pair in pairs[c.id]), key=lambda c: (-len(pairs[c.id] & uncovered), cost[(releases[0], c.id)]))
         load = {r: sum(u.seconds for u in units.values() if u.release == r) for r in releases}
-        add(min(releases, key=lambda r: (load[r], releases.index(r))), best, "pair")
+        best = next((c for c in holders if any(free(r, c) for r in releases)), None)
+        if best is None:  # a fill: every unit holding it already ran or was refused
+            uncovered.discard(pair)
+            continue
+        add(min((r for r in releases if free(r, best)), key=lambda r: (load[r], releases.index(r))), best, "pair")
         uncovered -= pairs[best.id]
     for c in (c for c in cells if TIERS.index(c.tier) <= TIERS.index(SPREAD_TIER)):
-        held = sum(1 for r in releases if (r, c.id) in units)
-        for r in [r for r in reversed(releases) if (r, c.id) not in units][:max(0, SPREAD_RELEASES - held)]:
+        held = sum(1 for r in releases if (r, c.id) in units or (r, c.id) in ran)
+        for r in [r for r in reversed(releases) if free(r, c)][:max(0, SPREAD_RELEASES - held)]:
             add(r, c, "spread")
     ordered = sorted(units.values(), key=lambda u: (releases.index(u.release), cells.index(u.cell)))
     limit = costs.shard_minutes * 60
@@ -307,7 +359,8 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
             cap = min(limit, cap * 1.05 + 1)
         packed += [[] for _ in range(shards - len(packed))]
     return NightPlan(night.isoformat(), day, tier, budget, tuple(releases), tuple(cells), tuple(ordered),
-                     tuple(Shard(i + 1, tuple(s), left_out) for i, s in enumerate(packed)), limit, left_out)
+                     tuple(Shard(i + 1, tuple(s), left_out) for i, s in enumerate(packed)), limit, left_out,
+                     fill=fill.source if fill else "", prior=frozenset(ran))
 
 
 def _pack(units: Sequence[Unit], releases: Sequence[str], costs: Costs, checks: Sequence[str], cap: float) -> list[list[Part]]:
