@@ -62,6 +62,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     plan.add_argument("--night", help="with --releases: the night's date, YYYY-MM-DD (default: today, UTC); it picks the slice of the product")
     plan.add_argument("--fill", metavar="HISTORY_JSON", help="with --releases: plan only what this (merged) history.json still lacks of the "
                       "night's coverage: its units are not run again (history --fill FILE --shard K/N runs the shards)")
+    plan.add_argument("--rerun-unexplained", action="store_true", help="with --fill: also run again each unit with a FAIL no known "
+                      "bug explains that another kit ran (the merge keeps the newer kit's rows)")
     plan.add_argument("--budget", help="with --releases: the request programs' budget per cell (default: the run's own for the tier)")
     plan.add_argument("--costs", help="with --releases: the cell-costs file (default: fixtures/cell_costs.toml)")
     plan.add_argument("--costs-from", nargs="+", metavar="DIR", help="instead: print the [cells] tables of fixtures/cell_costs.toml "

@@ -171,3 +171,32 @@ def test_a_fail_no_known_bug_marked_when_its_shard_ran_is_judged_again_against_t
     for name, release, findings in (("b", "0.5.18", [hit, miss]), ("c", "0.5.23", [hit])):
         rows = rows_of(history_merge.merge([shard(name, release, findings)], tmp_path / f"out-{name}"))
         assert rows[(release, "sglang-cpu:kl", cell)].known_bug == "", name
+
+
+def _with_kit(folder: Path, commit: str, time: int) -> None:
+    doc = json.loads((folder / "history.json").read_text())
+    doc["shard"] = {**(doc.get("shard") or {}), "kit": {"commit": commit, "time": time, "modified": False}}
+    (folder / "history.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("newer", [0, 1])
+def test_a_newer_kits_row_replaces_an_older_kits_and_is_listed_as_superseded(shards, tmp_path, newer):
+    """Shards run by different kits: the newer kit's row of a key stands (red or green), the
+    older one is listed under ``superseded`` with both kits, and they are no disagreement;
+    shards of one kit still disagree (the test above)."""
+    _with_kit(shards[newer], "b" * 40, 2_000)
+    _with_kit(shards[1 - newer], "a" * 40, 1_000)
+    doc = history_merge.merge(list(shards), tmp_path / "out")
+    kl = rows_of(doc)[("0.5.16", "sglang-cpu:kl", KL_CELL)]
+    assert kl.status == ("fail", "pass")[newer] and doc["disagreements"] == []
+    assert [(s["cell"], s["status"], s["folder"], s["kit"], s["by"]) for s in doc["superseded"] if s["check"] == "sglang-cpu:kl"] == [
+        (KL_CELL, ("pass", "fail")[newer], str(shards[1 - newer]), "a" * 12, "b" * 12)]
+    assert "rows a newer kit ran again" in (tmp_path / "out" / "history.html").read_text()
+
+
+def test_kit_identity_names_this_checkout_and_nothing_outside_one(tmp_path):
+    from conformance.commands.kit_identity import kit_identity, kit_of
+    me = kit_identity()
+    assert len(me["commit"]) == 40 and me["time"] > 1_700_000_000
+    assert kit_identity(tmp_path) == {"commit": "", "time": 0, "modified": False}
+    assert kit_of({"kit": me}) == (me["time"], me["commit"]) and kit_of(None) == (0, "")

@@ -182,7 +182,7 @@ def test_history_shard_runs_only_its_part_of_each_release(monkeypatch, tmp_path)
     only on the shard that owns them; its cells by id."""
     p = plan()
     k = next(s for s in p.shards if any(not part.checks for part in s.parts))
-    args = argparse.Namespace(shard=f"{k.index}/{len(p.shards)}", tier="nightly", night=NIGHT.isoformat(), budget=None, fill=None)
+    args = argparse.Namespace(shard=f"{k.index}/{len(p.shards)}", tier="nightly", night=NIGHT.isoformat(), budget=None, fill=None, rerun_unexplained=False)
     shard = history.shard_of(args, RELEASES, ())
     assert shard == k
     calls = []
@@ -270,7 +270,7 @@ def test_a_fill_reads_only_a_history_and_goes_with_a_shard(tmp_path):
         Fill.load(tmp_path / "bad.json")
     with pytest.raises(KitError, match="--fill: .*missing.json is not a history.json"):
         Fill.load(tmp_path / "missing.json")
-    args = argparse.Namespace(shard=None, tier="nightly", night=NIGHT.isoformat(), budget=None, fill=str(tmp_path / "bad.json"))
+    args = argparse.Namespace(shard=None, tier="nightly", night=NIGHT.isoformat(), budget=None, fill=str(tmp_path / "bad.json"), rerun_unexplained=False)
     with pytest.raises(KitError, match="--fill goes with --shard K/N"):
         history.shard_of(args, RELEASES, ())
 
@@ -278,8 +278,35 @@ def test_a_fill_reads_only_a_history_and_goes_with_a_shard(tmp_path):
 def test_history_fill_shard_is_shard_k_of_the_printed_fill(tmp_path):
     fill = history_of(tmp_path, [(u.release, u.cell.id) for u in plan().units if u.release == "0.5.23"])
     p = plan(fill=fill)
-    args = argparse.Namespace(shard=f"1/{len(p.shards)}", tier="nightly", night=NIGHT.isoformat(), budget=None, fill=fill.source)
+    args = argparse.Namespace(shard=f"1/{len(p.shards)}", tier="nightly", night=NIGHT.isoformat(), budget=None, fill=fill.source, rerun_unexplained=False)
     assert history.shard_of(args, RELEASES, ()) == p.shards[0]
     out = subprocess.run([sys.executable, "-m", "conformance.cli", "plan", "--releases", "0.5.11..0.5.23", "--tier", "nightly",
                           "--night", "2026-11-28", "--fill", fill.source], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and f"fill of {fill.source}" in out.stdout and f"shard 1/{len(p.shards)}" in out.stdout, out.stderr
+
+
+def test_a_fill_runs_again_what_another_kit_failed_and_no_known_bug_explains(tmp_path):
+    """``--rerun-unexplained``: a unit whose FAIL no known bug explains, run by another kit
+    (the shards' ``kit`` records), is planned again (why "rerun"); one this kit ran, one a
+    known bug explains and one that passed are not."""
+    units = [(u.release, u.cell.id) for u in plan().units]
+    stale, mine, known, green = units[:4]
+    rows = [{"release": r, "check": "sglang-cpu:kl", "status": st, "reason": "", "cell": c, "replay": "", "known_bug": kb}
+            for (r, c), st, kb in ((stale, "fail", ""), (mine, "fail", ""), (known, "fail", "some-bug"), (green, "pass", ""))]
+    def parts(*units):
+        out = {}
+        for r, c in units:
+            out.setdefault(r, {"cells": []})["cells"].append(c)
+        return out
+
+    shards = [{"kit": {"commit": "old", "time": 1}, "parts": parts(stale, known, green)}, {"kit": {"commit": "new", "time": 2}, "parts": parts(mine)}]
+    path = tmp_path / "history.json"
+    path.write_text(json.dumps({"rows": rows, "shards": shards}))
+    fill = Fill.load(path, rerun_unexplained_for="new")
+    assert fill.rerun == {stale}
+    assert Fill.load(path).rerun == frozenset() and Fill.load(path, rerun_unexplained_for="old").rerun == {mine}
+    p = plan(fill=fill)
+    assert [(u.release, u.cell.id) for u in p.units if u.why == "rerun"] == [stale]
+    args = argparse.Namespace(shard=None, tier="nightly", night=NIGHT.isoformat(), budget=None, fill=None, rerun_unexplained=True)
+    with pytest.raises(KitError, match="--rerun-unexplained goes with --fill FILE"):
+        history.fill_of(args)

@@ -50,6 +50,7 @@ from conformance.matrix.strategy import STRATEGIES
 from conformance.report.run_report import NOTHING_APPLIES
 from conformance.commands.selection import workers
 from conformance.programs.explore import parse_budget
+from conformance.commands.kit_identity import kit_identity
 from conformance.commands.night_plan import RELEASE_CHECKS, Costs, Fill, Shard, night_of, parse_release_range, plan_night
 from conformance.report.history_html import render_html
 from conformance.report.known_bugs import row_hits
@@ -528,8 +529,18 @@ def shard_of(args, releases: Sequence[str], models: Sequence[str]) -> Shard | No
     cells = load_matrix().select(target=SGLANG_CPU, tier=args.tier, models=list(models) or None)
     plan = plan_night(releases, cells, Costs.load(), night=night_of(args.night), tier=args.tier, budget=parse_budget_arg(args.budget),
                       suites=CPU_SUITES, checks=RELEASE_CHECKS, shards=int(count) if count.isdigit() and int(count) > 0 else None,
-                      fill=Fill.load(args.fill) if args.fill else None)
+                      fill=fill_of(args))
     return plan.shard(args.shard)
+
+
+def fill_of(args) -> Fill | None:
+    """``--fill FILE`` (with ``--rerun-unexplained``: against this kit's commit), as ``plan``
+    and ``history --shard`` both read it; None without."""
+    if args.rerun_unexplained and not args.fill:
+        raise KitError("--rerun-unexplained goes with --fill FILE")
+    if not args.fill:
+        return None
+    return Fill.load(args.fill, rerun_unexplained_for=kit_identity()["commit"] if args.rerun_unexplained else None)
 
 
 def render_table(rows: Sequence[Row], releases: Sequence[str]) -> str:
@@ -582,7 +593,8 @@ def run_history(args) -> int:
         doc["shard"] = {"index": shard.index, "of": args.shard.split("/")[1], "night": night_of(args.night).isoformat(), "tier": args.tier,
                         "planned_minutes": round(shard.seconds / 60, 1), "wall_minutes": round((time.monotonic() - start) / 60, 1),
                         "parts": {p.release: {"checks": list(p.checks), "cells": list(p.cells)} for p in shard.parts},
-                        "left_out": [{"cell": c, "why": why} for c, why in shard.left_out], **({"fill": args.fill} if args.fill else {})}
+                        "left_out": [{"cell": c, "why": why} for c, why in shard.left_out], "kit": kit_identity(),
+                        **({"fill": args.fill, "rerun_unexplained": bool(args.rerun_unexplained)} if args.fill else {})}
     if sources:
         doc["sources"] = {co.label: {"path": str(co.path), "commit": co.commit, "version": co.version} for co in map(sglang_source.checkout, sources)}
     for line in write_outputs(out_dir, doc, columns):
@@ -617,6 +629,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--night", help="with --shard: the night's date, YYYY-MM-DD (default: today, UTC), as plan --night")
     p.add_argument("--fill", metavar="HISTORY_JSON", help="with --shard: shard K of the plan that fills what this (merged) history.json "
                    "still lacks (plan --releases ... --fill FILE prints it)")
+    p.add_argument("--rerun-unexplained", action="store_true", help="with --fill: as plan --rerun-unexplained (the same plan)")
     p.add_argument("--merge", nargs="+", metavar="DIR", help="instead: merge these shards' --out folders into one history.json and "
                    "history.html under --out (conformance/commands/history_merge.py)")
     p.add_argument("--previous", metavar="FILE", help="with --merge: the last night's history.json, for the FAILs new since then")

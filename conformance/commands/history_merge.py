@@ -10,7 +10,10 @@ has is kept as it is.  Each FAIL's replay file is copied under ``--out`` (``repl
 and linked; a FAIL matched to a known SGLang bug links its bug folder (``bugs/ID/``, written
 as ``report-bug`` writes it and listed under ``known_bugs`` with its bracket and the rows it
 explained, once however many shards hit it; ``known-bugs.md`` is still copied beside the
-page).  ``--previous FILE`` (the last night's history.json) gives ``new_since_last_night``:
+page).  Shards run by different kits (``shard.kit``: a user who ran some shards, changed the
+kit, then ran others or ran a fill) do not disagree: a key's row from the newest kit that ran
+it is kept, and the older kits' rows are listed under ``superseded``.  ``--previous FILE``
+(the last night's history.json) gives ``new_since_last_night``:
 the FAILs that were not FAILs then.  ``leads`` lists the request programs' FAILs no known
 bug explains (not yet judged) with their replays, copied into ``--leads-dir``
 (``fixtures/leads/`` locally) under ``<cell>-<release>.json``, and ``open_leads`` the
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from conformance.commands.history import ROOT, Row, SGLANG_CPU, write_outputs
+from conformance.commands.kit_identity import kit_of
 from conformance.commands.night_plan import version_key
 from conformance.errors import KitError
 from conformance.checks.findings import findings_of
@@ -110,6 +114,8 @@ def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = Non
     """The merged document (written with its page under ``out_dir``)."""
     kept: dict[tuple[str, str, str], Row] = {}
     seen: dict[tuple[str, str, str], dict[str, str]] = {}
+    kit: dict[tuple[str, str, str], tuple[int, str]] = {}  # the newest kit that ran each key
+    superseded: list[dict[str, str]] = []
     probes: dict[str, str] = {}
     shards = []
     verdicts = RunVerdicts(load_known_bugs())
@@ -117,6 +123,7 @@ def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = Non
         doc = load_shard(folder)
         probes.update(doc.get("probes") or {})
         shards.append({"folder": str(folder), **(doc.get("shard") or {})})
+        mine = kit_of(doc.get("shard"))
         for raw in doc.get("rows") or []:
             row = Row(**raw)
             found = _replay_in(folder, row.replay, row.release)
@@ -127,14 +134,25 @@ def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = Non
                     shutil.copy2(found, target)
                 row = replace(row, replay=str(target))
             row = replace(row, known_bug=known_bug_of(row) or verdicts.known_bug(row, folder))
-            seen.setdefault(key(row), {})[str(folder)] = row.status
-            old = kept.get(key(row))
+            k = key(row)
+            if k in kit and kit[k][0] != mine[0]:  # another kit ran it: the newer one's rows stand
+                older, newer = ((mine, kit[k]) if mine[0] < kit[k][0] else (kit[k], mine))
+                gone = {str(folder): row.status} if older is mine else seen.pop(k)
+                superseded += [{"release": k[0], "check": k[1], "cell": k[2], "status": st, "folder": f, "kit": older[1][:12],
+                                "by": newer[1][:12]} for f, st in gone.items()]
+                if older is mine:
+                    continue
+                del kept[k]
+            kit[k] = mine
+            seen.setdefault(k, {})[str(folder)] = row.status
+            old = kept.get(k)
             if old is None or _RANK[row.status] < _RANK[old.status]:
-                kept[key(row)] = row
+                kept[k] = row
     releases = sorted({k[0] for k in kept}, key=version_key)
     rows = sorted(kept.values(), key=lambda r: (version_key(r.release), r.check, r.cell))
     disagreements = [{"release": k[0], "check": k[1], "cell": k[2], "statuses": v} for k, v in seen.items() if len(set(v.values())) > 1]
     doc: dict[str, Any] = {"rows": [asdict(r) for r in rows], "probes": probes, "shards": shards, "disagreements": disagreements,
+                           "superseded": superseded,
                            "left_out": [{"cell": c, "why": why} for c, why in sorted({(x["cell"], x["why"]) for s in shards for x in s.get("left_out") or []})],
                            "new_since_last_night": new_since(rows, previous), "leads": leads(rows, leads_dir),
                            "open_leads": sorted(p.name for p in (leads_dir or LEADS_DIR).glob("*.json")) if (leads_dir or LEADS_DIR).is_dir() else []}
@@ -182,6 +200,7 @@ def run_merge(args) -> int:
     doc = merge(folders, out_dir, previous=previous, leads_dir=Path(args.leads_dir) if args.leads_dir else None)
     fails = [r for r in doc["rows"] if r["status"] == "fail"]
     print(f"history --merge: {len(folders)} shards, {len(doc['rows'])} rows, {len(fails)} FAIL, {len(doc['disagreements'])} disagreements, "
+          f"{len(doc['superseded'])} rows superseded by a newer kit, "
           f"{len(doc['leads'])} leads; {out_dir / 'history.json'} and {out_dir / 'history.html'}")
     for r in fails:
         bug = f" (known bug {r['known_bug']})" if r["known_bug"] else ""

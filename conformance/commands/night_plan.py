@@ -25,6 +25,8 @@ merged history still lacks of steps 2-4: the units it holds are not run again, t
 ran (a pass or FAIL row) count as covered, and a unit the release refused (only n/a rows) is
 not tried again, so a value no other cell offers stays missing and the coverage line names
 it.  No slice and no once-a-night checks: a fill tops up a night whose shards did not all run.
+With ``--rerun-unexplained`` it also runs again each unit with a FAIL no known bug explains
+that another kit ran (``shard.kit``; the merge then keeps the newer kit's rows).
 
 Each release's units then fill shards first-fit (its once-a-night checks -- validate, pool,
 machine -- on its first shard), and parts of different releases share a shard when both fit.
@@ -160,10 +162,13 @@ class Fill:
 
     source: str
     units: Mapping[tuple[str, str], bool]
+    #: units to run again: a FAIL no known bug explains, run by another kit than ``kit``
+    rerun: frozenset[tuple[str, str]] = frozenset()
 
     @classmethod
-    def load(cls, path: str | Path) -> Fill:
-        """KitError (one line) when the file is not a history.json."""
+    def load(cls, path: str | Path, *, rerun_unexplained_for: str | None = None) -> Fill:
+        """KitError (one line) when the file is not a history.json.  ``rerun_unexplained_for``:
+        this kit's commit; the units whose unexplained FAIL only other kits ran go in ``rerun``."""
         try:
             doc = json.loads(Path(path).read_text())
             rows = doc["rows"]
@@ -172,9 +177,18 @@ class Fill:
                 if row.get("cell"):
                     k = (row["release"], row["cell"])
                     units[k] = units.get(k, False) or row["status"] in ("pass", "fail")
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            kits: dict[tuple[str, str], set[str]] = {}
+            for shard in doc.get("shards") or [doc.get("shard") or {}]:
+                commit = str((shard.get("kit") or {}).get("commit") or "")
+                for release, part in (shard.get("parts") or {}).items():
+                    for cell in part.get("cells") or []:
+                        kits.setdefault((release, cell), set()).add(commit)
+            rerun = frozenset() if rerun_unexplained_for is None else frozenset(
+                (r["release"], r["cell"]) for r in rows if r.get("cell") and r["status"] == "fail" and not r.get("known_bug")
+                and rerun_unexplained_for not in kits.get((r["release"], r["cell"]), set()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise KitError(f"--fill: {path} is not a history.json with rows ({type(e).__name__}: {e})") from None
-        return cls(str(path), units)
+        return cls(str(path), units, rerun)
 
 
 @dataclass(frozen=True)
@@ -182,7 +196,7 @@ class Unit:
     release: str
     cell: Cell
     seconds: float  # one worker's
-    why: str  # slice | axis | pair | spread
+    why: str  # slice | axis | pair | spread | rerun
 
 
 @dataclass(frozen=True)
@@ -340,6 +354,10 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
         held = sum(1 for r in releases if (r, c.id) in units or (r, c.id) in ran)
         for r in [r for r in reversed(releases) if free(r, c)][:max(0, SPREAD_RELEASES - held)]:
             add(r, c, "spread")
+    by_id = {c.id: c for c in cells}
+    for r, cid in sorted(fill.rerun if fill else (), key=lambda k: (version_key(k[0]), k[1])):
+        if r in releases and cid in by_id:
+            add(r, by_id[cid], "rerun")
     ordered = sorted(units.values(), key=lambda u: (releases.index(u.release), cells.index(u.cell)))
     limit = costs.shard_minutes * 60
     packed = _pack(ordered, releases, costs, checks, limit)

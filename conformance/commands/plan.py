@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conformance.commands.history import parse_budget_arg, parse_releases, CPU_SUITES, SGLANG_CPU
+from conformance.commands.history import fill_of, parse_budget_arg, parse_releases, CPU_SUITES, SGLANG_CPU
 from conformance.commands.night_plan import Costs, Fill, costs_toml, measured_costs, night_of, plan_night
 from conformance.commands.selection import selected_cells
 from conformance.errors import KitError
@@ -116,6 +116,6 @@ def print_night(args: argparse.Namespace) -> int:
     costs = Costs.load(Path(args.costs)) if args.costs else Costs.load()
     night = plan_night(releases, selected_cells(options), costs, night=night_of(args.night), tier=options.tier or "standard",
                        budget=parse_budget_arg(args.budget), suites=CPU_SUITES, shards=parse_shards(args.shards),
-                       fill=Fill.load(args.fill) if args.fill else None)
+                       fill=fill_of(args))
     print(json.dumps(night.to_json(), indent=2) if args.format == "json" else night.render())
     return 0

@@ -107,6 +107,11 @@ def _night(extra: Mapping, base: Path | None) -> str:
         items = "".join(f"<li>{html.escape(d['release'])} {html.escape(d['check'])} [{html.escape(d['cell'])}]: {html.escape(json.dumps(d['statuses']))}</li>"
                         for d in extra["disagreements"])
         out.append(f"<h2>shards that disagree (the FAIL is kept)</h2><ul>{items}</ul>")
+    if extra.get("superseded"):
+        items = "".join(f"<li>{html.escape(d['release'])} {html.escape(d['check'])} [{html.escape(d['cell'])}]: {html.escape(d['status'])} "
+                        f"with kit {html.escape(d['kit'] or 'unrecorded')} ({html.escape(d['folder'])}), run again by kit {html.escape(d['by'])}</li>"
+                        for d in extra["superseded"])
+        out.append(f"<h2>rows a newer kit ran again (its row is kept)</h2><ul>{items}</ul>")
     return "".join(out)
 
 
