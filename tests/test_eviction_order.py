@@ -142,6 +142,13 @@ def test_a_fill_whose_prompts_left_no_state_is_not_applicable_with_the_records()
     start = {"ev": "start", "state_evictions": True}
     none_kept = eviction_order_verdict("lfu", STORED, SEQS, [start, _stored("held")])
     assert none_kept.status == "skip" and "took no Mamba state on any of the" in none_kept.reason and "no eviction walk ran" in none_kept.reason
+    # a chunked prefill below the Mamba chunk that tracks nothing (0.5.19, Nemotron-H p64 t128 sub-chunk: SGLang warns
+    # it "can skip Mamba state checkpoints"): no state at all, not even held's
+    prefills = [{"ev": "prefill", "rid": f"x-{n}", "prefix": 0, "extend": 64, "cut": False, "track": None} for n in range(3)]
+    nothing = eviction_order_verdict("priority", STORED, SEQS, [start, *prefills])
+    assert nothing.status == "skip" and "(nor on held)" in nothing.reason and "no eviction walk ran" in nothing.reason
+    unseen = eviction_order_verdict("priority", STORED, SEQS, [start])  # the plugin recorded nothing of the fill
+    assert unseen.status == "fail" and "nothing was judged" in unseen.reason
     kept = eviction_order_verdict("lfu", STORED, SEQS, [start, _stored("held"), _stored("stored-1")])
     assert kept.status == "fail" and "nothing was judged" in kept.reason
     walked = eviction_order_verdict("lfu", STORED, SEQS, [start, _stored("held"), _walk(kv=True)])

@@ -228,10 +228,12 @@ def eviction_order_verdict(policy: str, stored: Sequence[Stored], sequences: Map
                        f"{other_walks} Mamba walks): the Mamba pool runs short first, and the KV order is not observable through "
                        "the states", details)
     taken = {name for name, at in (splits if splits is not None else path_splits(sequences, records)).items() if at}
-    if not owners and not n_kv and not other_walks and taken == {"held"}:  # the tree took states, none on the fill's prompts
+    saw_fill = bool(taken) or any(r.get("ev") == "prefill" for r in records)  # the plugin saw the fill (else: vacuous)
+    if not owners and not n_kv and not other_walks and taken <= {"held"} and saw_fill:  # no state taken on the fill's prompts
         return Verdict(CHECK, "skip", metrics, f"not applicable on this cell: SGLang's tree took no Mamba state on any of the "
-                       f"{len(stored) - 1} prompts the fill stored (per-node records: they end below the strategy's first "
-                       "checkpoint), so it kept none of their KV and no eviction walk ran", details)
+                       f"{len(stored) - 1} prompts the fill stored{'' if taken else ' (nor on held)'} (per-node records: they end "
+                       "below the strategy's first checkpoint, or its chunked prefill skips the checkpoints), so it kept none of "
+                       "their KV and no eviction walk ran", details)
     if not owners:
         return Verdict(CHECK, "fail", metrics, f"eviction policy {policy}: no KV-asked eviction walk freed a state of the "
                        f"{len(stored)} stored prompts ({n_kv} KV walks, {other_walks} Mamba walks): the fill never "
