@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from conformance.checks.differential import Cold, ServedLogprobs, Tolerance, differential_problems
+from conformance.checks.differential import Cold, Difference, ServedLogprobs, Tolerance, differential_problems
 from conformance.checks.hit_bounds import (
     Prefix, StrategyGrid, allowed_hits, branch_candidates, cut_prefill_stores, finish_store, key_limit, may_have_evicted, possible_finish_stores, prefill_stores, trie_size,
 )
@@ -23,6 +23,7 @@ from conformance.programs.oracle import (
 )
 from conformance.programs.program import After, Burst, Gate, SendOptions, Program, Root, Send, Stop, Turn, load_program, program_from_json
 from conformance.programs.resolve import cut_position
+from conformance.programs.runner import difference_finding
 from conformance.programs.strategies import GenSpec, programs
 from conformance.matrix.strategy import strategy_named
 
@@ -701,3 +702,17 @@ def test_a_server_that_dies_mid_program_is_the_program_failure_not_a_kit_error()
     target.alive = lambda: None
     with pytest.raises(KitError, match="open_session"):
         run_program(Program(forest=((5, 6, 7),), steps=(Open("s1", streaming=True),)), target)
+
+
+def test_a_difference_says_how_often_sglang_retracted_the_request():
+    """The retraction count from SGLang's per-request records is a fact of the finding (an
+    entry's ``where`` reads it) and said in its line; without records it is absent."""
+    s = Served(rid="t3", step=4, input_ids=tuple(range(11)), max_new=12, options={}, sent_seq=1,
+               response={"meta_info": {"cached_tokens": 5}})
+    d = [Difference("output", "output logprob 2 (position 13): served -0.0638751, cold -0.0209934", (("position", 13),))]
+    again = difference_finding(s, d, retracted=2)
+    assert again.kind == "answer_differs_on_hit" and again.facts["retracted"] == 2 and "cached_tokens 5, retracted 2x)" in again.line
+    never = difference_finding(s, d, retracted=0)
+    assert never.facts["retracted"] == 0 and "retracted" not in never.line
+    unknown = difference_finding(s, d)
+    assert "retracted" not in unknown.facts and "retracted" not in unknown.line

@@ -480,7 +480,15 @@ class ProgramRun:
                 self.stats.max_flip_margin = max(self.stats.max_flip_margin, seen.flip_margin)
             self.stats.compared_tokens += len(s.output_ids)
             if problems:
-                self.fail(difference_finding(s, problems))
+                self.fail(difference_finding(s, problems, retracted=self._retractions(s.rid)))
+
+    def _retractions(self, rid: str) -> int | None:
+        """How often SGLang retracted request ``rid`` (its per-request records), None without them."""
+        log = self.t.requests
+        if log is None:
+            return None
+        log.refresh()
+        return log.retracted.count(self.resolver.server_rid(rid))
 
     def _evict_all(self) -> None:
         """Evict, don't flush: ask the observe plugin for SGLang's own eviction walk over the
@@ -592,17 +600,20 @@ class ProgramRun:
         self.sessions.clear()
 
 
-def difference_finding(s: Served, differences: list[Any]) -> Finding:
+def difference_finding(s: Served, differences: list[Any], *, retracted: int | None = None) -> Finding:
     """A request that differs from its cold computation (``checks.differential.Difference``,
     the first of them naming the kind): its output on a hit or a miss, output logprobs it
     asked for and did not get, its input logprobs, or a cold side that does not line up with
-    the served tokens."""
+    the served tokens.  ``retracted``: how often SGLang retracted it (a fact an entry's
+    ``where`` can read, and said in the line), None where the server records no retractions."""
     first = differences[0]
     kind = {"output": "answer_differs_on_hit" if s.cached_tokens > 0 else "answer_differs_on_miss",
             "logprobs_missing": "logprobs_missing", "cold_misaligned": "cold_misaligned", "input": "input_logprobs_differ"}[first.part]
-    line = (f"request {s.rid} ({len(s.input_ids)} input tokens, cached_tokens {s.cached_tokens}) differs from the cold computation: "
+    again = f", retracted {retracted}x" if retracted else ""
+    line = (f"request {s.rid} ({len(s.input_ids)} input tokens, cached_tokens {s.cached_tokens}{again}) differs from the cold computation: "
             f"{'; '.join(d.line for d in differences[:2])}")
-    return Finding(kind, line, {"rid": s.rid, "cached_tokens": s.cached_tokens, "input": len(s.input_ids), **dict(first.facts)})
+    facts = {"rid": s.rid, "cached_tokens": s.cached_tokens, "input": len(s.input_ids), **dict(first.facts)}
+    return Finding(kind, line, facts if retracted is None else {**facts, "retracted": retracted})
 
 
 def run_program(program: Program, target: ProgramTarget) -> RunStats:
