@@ -76,14 +76,28 @@ def replay(args: argparse.Namespace) -> int:
 
 def play(program: Program, cell: Cell, options: Options, log_dir: Path, repeat: int = 1) -> Iterator[Any]:
     """Serve ``cell`` and its cache-off twin, play ``program`` ``repeat`` times: each run's
-    ``RunStats`` or its ``ProgramFailure``."""
-    with serve_cell(cell, options, log_dir=log_dir) as ep, serve_cold(cell, options, log_dir) as cold:
-        target = target_for(ep, cold)
-        for _ in range(repeat):
-            try:
-                yield run_program(program, target)
-            except ProgramFailure as f:
-                yield f
+    ``RunStats`` or its ``ProgramFailure``.  A play that leaves either server dead gets the
+    next play fresh servers (their logs under ``log_dir/launch-N``), so one death is one
+    failed play, not every play after it."""
+    played, launch = 0, 0
+    while played < repeat:
+        here = log_dir if launch == 0 else log_dir / f"launch-{launch + 1}"
+        launch += 1
+        with serve_cell(cell, options, log_dir=here) as ep, serve_cold(cell, options, here) as cold:
+            target = target_for(ep, cold)
+            while played < repeat:
+                played += 1
+                try:
+                    yield run_program(program, target)
+                except ProgramFailure as f:
+                    yield f
+                    if _dead(ep) or _dead(cold):
+                        break
+
+
+def _dead(ep: Any) -> bool:
+    """Has the endpoint's server process exited (False for one the kit did not start)?"""
+    return ep.process is not None and ep.process.exit_reason() is not None
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - the CLI verb is the entry point
