@@ -310,3 +310,22 @@ def test_a_fill_runs_again_what_another_kit_failed_and_no_known_bug_explains(tmp
     args = argparse.Namespace(shard=None, tier="nightly", night=NIGHT.isoformat(), budget=None, fill=None, rerun_unexplained=True)
     with pytest.raises(KitError, match="--rerun-unexplained goes with --fill FILE"):
         history.fill_of(args)
+
+
+def test_a_value_every_tried_holder_of_which_a_release_refused_is_refused_not_missing(tmp_path):
+    """A release that refused (n/a only) every cell offering a value does not accept it: the
+    fill plans no other unit for it there (none is left), and the coverage lists it as
+    refused, not missing; with one holder left untried the fill plans that one instead."""
+    cells = nightly_cells()
+    value = ("tree_core", "python")
+    holders = [c.id for c in cells if value in axis_values(c)]
+    assert len(holders) >= 2
+    fill = plan(fill=history_of(tmp_path, {("0.5.11", c): "na" for c in holders}))
+    assert not [u for u in fill.units if u.release == "0.5.11" and value in axis_values(u.cell)]
+    cov = fill.coverage()
+    assert "tree_core=python" in cov["releases_refused_values"]["0.5.11"] and "0.5.11" not in cov["releases_missing_values"]
+    assert "release-values refused: n/a there" in fill.render()
+    (tmp_path / "one").mkdir()
+    one_left = plan(fill=history_of(tmp_path / "one", {("0.5.11", c): "na" for c in holders[1:]}))
+    assert [u.cell.id for u in one_left.units if u.release == "0.5.11" and value in axis_values(u.cell)] == [holders[0]]
+    assert "0.5.11" not in one_left.coverage()["releases_refused_values"]

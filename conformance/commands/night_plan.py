@@ -246,6 +246,8 @@ class NightPlan:
     #: a fill's history file and the (release, cell) units that ran there (they count as covered)
     fill: str = ""
     prior: frozenset[tuple[str, str]] = frozenset()
+    #: a fill's units the history's releases refused (n/a rows only): their values count as refused, not missing
+    refused: frozenset[tuple[str, str]] = frozenset()
 
     def shard(self, spec: str) -> Shard:
         """``K/N`` -> shard K; KitError when N is not this plan's count or K is out of range."""
@@ -266,7 +268,11 @@ class NightPlan:
         covered = set().union(*(_pairs(axis_values(by_id[c])) for _, c in held_units))
         spread = [c.id for c in self.cells if TIERS.index(c.tier) <= TIERS.index(SPREAD_TIER)]
         held = {c: sum(1 for _, cc in held_units if cc == c) for c in spread}
-        return {"axis_values": len(values), "releases_missing_values": {r: sorted(f"{a}={v}" for a, v in values - s) for r, s in seen.items() if values - s},
+        # a value no unit holds on a release whose every tried holder the release refused: it does not accept it
+        refused = {r: set().union(*(axis_values(by_id[c]) for rr, c in self.refused if rr == r and c in by_id)) - seen[r] for r in self.releases}
+        return {"axis_values": len(values),
+                "releases_missing_values": {r: sorted(f"{a}={v}" for a, v in values - s - refused[r]) for r, s in seen.items() if values - s - refused[r]},
+                "releases_refused_values": {r: sorted(f"{a}={v}" for a, v in vs) for r, vs in refused.items() if vs},
                 "spread_cells": len(spread), "spread_cells_short": sorted(c for c, n in held.items() if n < min(SPREAD_RELEASES, len(self.releases))),
                 "pairs": len(pairs), "pairs_covered": len(pairs & covered), "units": len(self.units),
                 "product": len(self.releases) * len(self.cells), "slice": f"{self.slice + 1} of {WEEK}",
@@ -292,8 +298,9 @@ class NightPlan:
             for p in s.parts:
                 checks = f"{','.join(p.checks)} + " if p.checks else ""
                 lines.append(f"    {p.release}: {checks}{len(p.units)} cells ({p.seconds / 60:.1f} min): {' '.join(p.cells)}")
-        missing = cov["releases_missing_values"]
+        missing, refused = cov["releases_missing_values"], cov["releases_refused_values"]
         lines.append(f"coverage: every release sees all {cov['axis_values']} axis values"
+                     + (f" it accepts ({sum(map(len, refused.values()))} release-values refused: n/a there)" if refused else "")
                      + (f" except {missing}" if missing else "") + f"; {cov['pairs_covered']} of {cov['pairs']} pairs of axis values on some release"
                      + f"; {cov['spread_cells'] - len(cov['spread_cells_short'])} of {cov['spread_cells']} {SPREAD_TIER} cells on at least "
                      f"{SPREAD_RELEASES} releases")
@@ -378,7 +385,7 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
         packed += [[] for _ in range(shards - len(packed))]
     return NightPlan(night.isoformat(), day, tier, budget, tuple(releases), tuple(cells), tuple(ordered),
                      tuple(Shard(i + 1, tuple(s), left_out) for i, s in enumerate(packed)), limit, left_out,
-                     fill=fill.source if fill else "", prior=frozenset(ran))
+                     fill=fill.source if fill else "", prior=frozenset(ran), refused=frozenset(tried - ran))
 
 
 def _pack(units: Sequence[Unit], releases: Sequence[str], costs: Costs, checks: Sequence[str], cap: float) -> list[list[Part]]:
