@@ -192,6 +192,9 @@ def test_a_newer_kits_row_replaces_an_older_kits_and_is_listed_as_superseded(sha
     assert [(s["cell"], s["status"], s["folder"], s["kit"], s["by"]) for s in doc["superseded"] if s["check"] == "sglang-cpu:kl"] == [
         (KL_CELL, ("pass", "fail")[newer], str(shards[1 - newer]), "a" * 12, "b" * 12)]
     assert "rows a newer kit ran again" in (tmp_path / "out" / "history.html").read_text()
+    both = {(r["release"], r["check"]) for r in json.loads((shards[0] / "history.json").read_text())["rows"] if not r["cell"]} & \
+           {(r["release"], r["check"]) for r in json.loads((shards[1] / "history.json").read_text())["rows"] if not r["cell"]}
+    assert both and not [x for x in doc["superseded"] if (x["release"], x["check"]) in both]  # rows both kits agree on: not listed
 
 
 def test_kit_identity_names_this_checkout_and_nothing_outside_one(tmp_path):

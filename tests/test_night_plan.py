@@ -329,3 +329,24 @@ def test_a_value_every_tried_holder_of_which_a_release_refused_is_refused_not_mi
     one_left = plan(fill=history_of(tmp_path / "one", {("0.5.11", c): "na" for c in holders[1:]}))
     assert [u.cell.id for u in one_left.units if u.release == "0.5.11" and value in axis_values(u.cell)] == [holders[0]]
     assert "0.5.11" not in one_left.coverage()["releases_refused_values"]
+
+
+def test_a_value_sglangs_own_na_line_quotes_is_declined_by_that_release(tmp_path):
+    """A refused unit whose n/a line quotes one of its values (SGLang's "has no
+    'extra_buffer_lazy'") declines that value on that release: the fill plans no other cell
+    holding it there (each would be refused the same way) and counts it as refused; a line
+    quoting none of its values declines nothing."""
+    cells = nightly_cells()
+    lazy = next(c for c in cells if c.strategy.name == "extra_buffer_lazy")
+    path = tmp_path / "history.json"
+    row = {"release": "0.5.11", "check": "sglang-cpu", "status": "na", "cell": lazy.id, "replay": "", "known_bug": "",
+           "reason": "sglang 0.5.11: --mamba-scheduler-strategy has no 'extra_buffer_lazy' (choices: auto, no_buffer, extra_buffer)"}
+    path.write_text(json.dumps({"rows": [row]}))
+    fill = plan(fill=Fill.load(path))
+    assert ("0.5.11", "strategy", "extra_buffer_lazy") in fill.declined
+    assert not [u for u in fill.units if u.release == "0.5.11" and u.cell.strategy.name == "extra_buffer_lazy"]
+    assert [u for u in fill.units if u.release == "0.5.12" and u.cell.strategy.name == "extra_buffer_lazy"]  # another release still asked
+    assert "strategy=extra_buffer_lazy" in fill.coverage()["releases_refused_values"]["0.5.11"]
+    path.write_text(json.dumps({"rows": [{**row, "reason": "SGLang refuses the cell's server options at start: out of memory"}]}))
+    vague = plan(fill=Fill.load(path))
+    assert not vague.declined and [u for u in vague.units if u.release == "0.5.11" and u.cell.strategy.name == "extra_buffer_lazy"]

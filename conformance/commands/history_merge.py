@@ -12,7 +12,7 @@ as ``report-bug`` writes it and listed under ``known_bugs`` with its bracket and
 explained, once however many shards hit it; ``known-bugs.md`` is still copied beside the
 page).  Shards run by different kits (``shard.kit``: a user who ran some shards, changed the
 kit, then ran others or ran a fill) do not disagree: a key's row from the newest kit that ran
-it is kept, and the older kits' rows are listed under ``superseded``.  ``--previous FILE``
+it is kept, and the older kits' rows whose status it changed are listed under ``superseded``.  ``--previous FILE``
 (the last night's history.json) gives ``new_since_last_night``:
 the FAILs that were not FAILs then.  ``leads`` lists the request programs' FAILs no known
 bug explains (not yet judged) with their replays, copied into ``--leads-dir``
@@ -148,6 +148,8 @@ def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = Non
             old = kept.get(k)
             if old is None or _RANK[row.status] < _RANK[old.status]:
                 kept[k] = row
+    # an older kit's row that the newer kit's agrees with says nothing: only the ones it changed are listed
+    superseded = [x for x in superseded if x["status"] != kept[(x["release"], x["check"], x["cell"])].status]
     releases = sorted({k[0] for k in kept}, key=version_key)
     rows = sorted(kept.values(), key=lambda r: (version_key(r.release), r.check, r.cell))
     disagreements = [{"release": k[0], "check": k[1], "cell": k[2], "statuses": v} for k, v in seen.items() if len(set(v.values())) > 1]

@@ -164,6 +164,18 @@ class Fill:
     units: Mapping[tuple[str, str], bool]
     #: units to run again: a FAIL no known bug explains, run by another kit than ``kit``
     rerun: frozenset[tuple[str, str]] = frozenset()
+    #: a refused unit's n/a line (SGLang's own), by unit
+    reasons: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+    def declined(self, release: str, cells: Iterable[Cell]) -> set[tuple[str, str]]:
+        """The axis values ``release`` turned down in SGLang's own words: a value of a refused
+        cell that its n/a line quotes (``has no 'extra_buffer_lazy'``, ``'python' is not
+        registered``, ``invalid choice: 'tlru'``).  No cell holding one is planned there."""
+        out: set[tuple[str, str]] = set()
+        for c in cells:
+            why = self.reasons.get((release, c.id), "")
+            out |= {(a, v) for a, v in axis_values(c) if why and (f"'{v}'" in why or f'"{v}"' in why)}
+        return out
 
     @classmethod
     def load(cls, path: str | Path, *, rerun_unexplained_for: str | None = None) -> Fill:
@@ -173,10 +185,13 @@ class Fill:
             doc = json.loads(Path(path).read_text())
             rows = doc["rows"]
             units: dict[tuple[str, str], bool] = {}
+            reasons: dict[tuple[str, str], str] = {}
             for row in rows:
                 if row.get("cell"):
                     k = (row["release"], row["cell"])
                     units[k] = units.get(k, False) or row["status"] in ("pass", "fail")
+                    if row["status"] == "na":
+                        reasons.setdefault(k, str(row.get("reason") or ""))
             kits: dict[tuple[str, str], set[str]] = {}
             for shard in doc.get("shards") or [doc.get("shard") or {}]:
                 commit = str((shard.get("kit") or {}).get("commit") or "")
@@ -188,7 +203,7 @@ class Fill:
                 and rerun_unexplained_for not in kits.get((r["release"], r["cell"]), set()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise KitError(f"--fill: {path} is not a history.json with rows ({type(e).__name__}: {e})") from None
-        return cls(str(path), units, rerun)
+        return cls(str(path), units, rerun, {k: why for k, why in reasons.items() if not units[k]})
 
 
 @dataclass(frozen=True)
@@ -248,6 +263,8 @@ class NightPlan:
     prior: frozenset[tuple[str, str]] = frozenset()
     #: a fill's units the history's releases refused (n/a rows only): their values count as refused, not missing
     refused: frozenset[tuple[str, str]] = frozenset()
+    #: (release, axis, value) a fill's history shows the release turning down (Fill.declined)
+    declined: tuple[tuple[str, str, str], ...] = ()
 
     def shard(self, spec: str) -> Shard:
         """``K/N`` -> shard K; KitError when N is not this plan's count or K is out of range."""
@@ -269,7 +286,8 @@ class NightPlan:
         spread = [c.id for c in self.cells if TIERS.index(c.tier) <= TIERS.index(SPREAD_TIER)]
         held = {c: sum(1 for _, cc in held_units if cc == c) for c in spread}
         # a value no unit holds on a release whose every tried holder the release refused: it does not accept it
-        refused = {r: set().union(*(axis_values(by_id[c]) for rr, c in self.refused if rr == r and c in by_id)) - seen[r] for r in self.releases}
+        refused = {r: (set().union(*(axis_values(by_id[c]) for rr, c in self.refused if rr == r and c in by_id))
+                       | {(a, v) for rr, a, v in self.declined if rr == r}) - seen[r] for r in self.releases}
         return {"axis_values": len(values),
                 "releases_missing_values": {r: sorted(f"{a}={v}" for a, v in values - s - refused[r]) for r, s in seen.items() if values - s - refused[r]},
                 "releases_refused_values": {r: sorted(f"{a}={v}" for a, v in vs) for r, vs in refused.items() if vs},
@@ -331,8 +349,10 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
     def add(r: str, c: Cell, why: str) -> None:
         units.setdefault((r, c.id), Unit(r, c, cost[(r, c.id)], why))
 
+    declined = {r: fill.declined(r, cells) if fill else set() for r in releases}
+
     def free(r: str, c: Cell) -> bool:
-        return (r, c.id) not in units and (r, c.id) not in tried
+        return (r, c.id) not in units and (r, c.id) not in tried and not axis_values(c) & declined[r]
 
     for (i, r), (j, c) in itertools.product(enumerate(releases), enumerate(cells)):
         if (i + j) % WEEK == day and not fill:
@@ -385,7 +405,8 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
         packed += [[] for _ in range(shards - len(packed))]
     return NightPlan(night.isoformat(), day, tier, budget, tuple(releases), tuple(cells), tuple(ordered),
                      tuple(Shard(i + 1, tuple(s), left_out) for i, s in enumerate(packed)), limit, left_out,
-                     fill=fill.source if fill else "", prior=frozenset(ran), refused=frozenset(tried - ran))
+                     fill=fill.source if fill else "", prior=frozenset(ran), refused=frozenset(tried - ran),
+                     declined=tuple((r, a, v) for r in releases for a, v in sorted(declined[r])))
 
 
 def _pack(units: Sequence[Unit], releases: Sequence[str], costs: Costs, checks: Sequence[str], cap: float) -> list[list[Part]]:
