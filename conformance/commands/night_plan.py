@@ -23,8 +23,10 @@ is left out; the plan, each shard's history.json and the merged page name it and
 A fill (``plan --fill HISTORY``, ``history --fill HISTORY --shard K/N``) plans only what a
 merged history still lacks of steps 2-4: the units it holds are not run again, those that
 ran (a pass or FAIL row) count as covered, and a unit the release refused (only n/a rows) is
-not tried again, so a value no other cell offers stays missing and the coverage line names
-it.  No slice and no once-a-night checks: a fill tops up a night whose shards did not all run.
+not tried again; a value its n/a line quotes (SGLang's own words) is declined there, so no
+other cell holding it is planned on that release, and a value whose every tried holder was
+refused counts as refused there, not missing.  No slice and no once-a-night checks: a fill
+tops up a night whose shards did not all run.
 With ``--rerun-unexplained`` it also runs again each unit with a FAIL no known bug explains
 that another kit ran (``shard.kit``; the merge then keeps the newer kit's rows).
 
@@ -350,14 +352,14 @@ def plan_night(releases: Sequence[str], cells: Sequence[Cell], costs: Costs, *, 
         units.setdefault((r, c.id), Unit(r, c, cost[(r, c.id)], why))
 
     declined = {r: fill.declined(r, cells) if fill else set() for r in releases}
+    values = {c.id: axis_values(c) for c in cells}
 
     def free(r: str, c: Cell) -> bool:
-        return (r, c.id) not in units and (r, c.id) not in tried and not axis_values(c) & declined[r]
+        return (r, c.id) not in units and (r, c.id) not in tried and not values[c.id] & declined[r]
 
     for (i, r), (j, c) in itertools.product(enumerate(releases), enumerate(cells)):
         if (i + j) % WEEK == day and not fill:
             add(r, c, "slice")
-    values = {c.id: axis_values(c) for c in cells}
     wanted = set().union(*values.values()) if cells else set()
     for r in releases:
         seen = set().union(*(values[c] for rr, c in [*units, *ran] if rr == r))
