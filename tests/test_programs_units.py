@@ -716,3 +716,49 @@ def test_a_difference_says_how_often_sglang_retracted_the_request():
     assert never.facts["retracted"] == 0 and "retracted" not in never.line
     unknown = difference_finding(s, d)
     assert "retracted" not in unknown.facts and "retracted" not in unknown.line
+
+
+def test_an_abort_sent_after_its_request_finished_is_said_not_passed_silently():
+    """A loaded machine can let a streamed request finish before the client's abort after
+    ``abort_at`` tokens goes out; the run then did not play the program as written. The run
+    names the request (``late_aborts``, the trace, replay's PASS line) and sends no abort;
+    an abort that lands in time is no late one."""
+    from types import SimpleNamespace
+
+    from conformance.checks.hit_bounds import StrategyGrid
+    from conformance.programs.flights import Flight
+    from conformance.programs.oracle import Limits
+    from conformance.programs.replay import _late
+    from conformance.programs.runner import ProgramRun, ProgramTarget
+
+    class Deck:
+        def __init__(self, finished: bool) -> None:
+            self.finished, self.aborted = finished, []
+
+        def launch(self, rids, payload, *, stream):
+            f = Flight(rids, payload, stream, sent_seq=1)
+            if self.finished:
+                f.tokens_seen = 16
+                f.done.set()
+            else:
+                f.tokens_seen = 2
+            return f
+
+        def abort(self, flight):
+            self.aborted.append(flight.rids)
+
+    client = SimpleNamespace(base_url="http://127.0.0.1:9")
+    target = ProgramTarget(client=client, cold=client, grid=StrategyGrid(64, 1, 256, strategy=strategy_named("extra_buffer")),
+                           limits=Limits(context_len=4096), tol=Tolerance.for_mode(True, kl_cap=1.0), exact=True)
+    seen = {}
+    for finished in (True, False):
+        run = ProgramRun(Program(forest=((5, 6, 7),), steps=()), target)
+        run.deck.close()
+        run.deck = Deck(finished)
+        run._launch("t3", (5, 6, 7), 16, {}, {}, stream=True, kind="send", abort_at=2)
+        seen[finished] = (run.stats.late_aborts, run.deck.aborted, run.served["t3"].abort_requested, run.trace)
+    late, aborted, requested, trace = seen[True]
+    assert late == ["t3"] and aborted == [] and not requested and "t3: finished before its abort after 2 tokens" in trace[-1]
+    assert "not played as written: t3 finished before its abort was sent" in _late(late)
+    late, aborted, requested, _ = seen[False]
+    assert late == [] and len(aborted) == 1 and requested and _late(late) == ""

@@ -69,7 +69,7 @@ def replay(args: argparse.Namespace) -> int:
             print("\n".join(outcome.trace[-40:]))
             continue
         print(f"run {i + 1}: PASS ({outcome.requests} requests, {outcome.hits} hits, {outcome.compared_tokens} tokens compared, "
-              f"{outcome.idle_checks} idle checks, {outcome.seconds:.1f}s)")
+              f"{outcome.idle_checks} idle checks, {outcome.seconds:.1f}s)" + _late(outcome.late_aborts))
     print(f"{failures}/{args.repeat} runs failed")
     return 1 if failures else 0
 
@@ -93,6 +93,13 @@ def play(program: Program, cell: Cell, options: Options, log_dir: Path, repeat: 
                     yield f
                     if _dead(ep) or _dead(cold):
                         break
+
+
+def _late(rids: list[str]) -> str:
+    """The PASS line's warning that a play did not abort what the program aborts."""
+    if not rids:
+        return ""
+    return f"; not played as written: {', '.join(rids)} finished before its abort was sent"
 
 
 def _dead(ep: Any) -> bool:

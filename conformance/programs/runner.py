@@ -132,6 +132,9 @@ class RunStats:
     #: and why the release's tree could not be driven so (None: it could, or it was not asked)
     evict_alls: int = 0
     evict_all_error: str | None = None
+    #: requests whose asked abort came after they had finished (a loaded machine outran the client):
+    #: the run did not play those steps as written
+    late_aborts: list[str] = field(default_factory=list)
 
     def note_hit(self, s: Served) -> None:
         """Count one judged request: what admitted its hit, before and after the records, and
@@ -165,6 +168,7 @@ class RunStats:
             ReuseTally.total(r.reuse for r in runs),
             None if all(r.tree_audits is None for r in runs) else sum(r.tree_audits or 0 for r in runs), Coverage.total(r.coverage for r in runs),
             sum(r.evict_alls for r in runs), next((r.evict_all_error for r in runs if r.evict_all_error), None),
+            [rid for r in runs for rid in r.late_aborts],
         )
 
 
@@ -366,6 +370,9 @@ class ProgramRun:
             if not flight.done.is_set():
                 s.abort_requested = True
                 self.deck.abort(flight)
+            else:
+                self.stats.late_aborts.append(rid)
+                self.trace.append(f"      {rid}: finished before its abort after {abort_at} tokens was sent (not played as written)")
 
     def _close(self, sid: str) -> None:
         in_flight = self.resolver.session_in_flight(sid)
