@@ -186,3 +186,42 @@ def test_a_prompt_whose_state_the_tree_freed_is_owed_no_hit_and_a_held_one_is():
     assert kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=[held, never, never], may_store_nothing=True).status == "pass"
     bare = kl_verdict(rec(seq(200, 0)), chunk=CHUNK, track_interval=TRACK, owed=[never], may_store_nothing=True)
     assert bare.status == "skip" and "none stored" in bare.reason
+
+
+def test_a_miss_of_a_state_the_storage_rule_owes_and_the_tree_never_took_is_state_not_stored():
+    """``modelled`` (the hit the prefix model's storage rule owes each sequence): a sequence
+    that missed it while SGLang's tree never took a state for its prompt (per-node records)
+    is ``state_not_stored`` naming the owed length, not a shortfall of the hit fraction; a
+    miss the model owes nothing, a state the tree took and freed, a hit that reached the
+    model, and a strip-thinking turn keep their old verdicts."""
+    from conformance.checks.held import Expected
+
+    freed, held, never = Expected(True, 0, freed={192: {"walk"}}), Expected(True, 192), Expected(True, 0)
+    three = rec(seq(200, 192), seq(201, 192), seq(202, 0))
+    lost = kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=[held, held, never], modelled=[192, 192, 192])
+    kinds = [f["kind"] for f in lost.details["findings"]]
+    assert lost.status == "fail" and kinds == ["state_not_stored"], lost.details["findings"]
+    assert "sequence 2 (prefill_hit): cached_tokens 0, the prefix model owes 192" in lost.reason and lost.metrics["states_not_stored"] == 1
+    unmodelled = kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=[held, held, never], modelled=[192, 192, 0])
+    assert unmodelled.status == "fail" and "prompts hit the cache (need 90%)" in unmodelled.reason and "state_not_stored" not in unmodelled.reason
+    assert kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=[held, held, freed], modelled=[192] * 3).status == "pass"
+    assert kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=[held, held, never], modelled=[192] * 3,
+                      may_store_nothing=True).status == "pass"
+    nothing = kl_verdict(rec(seq(200, 0)), chunk=CHUNK, track_interval=TRACK, owed=[never], modelled=[192])
+    assert nothing.status == "fail" and [f["kind"] for f in nothing.details["findings"]] == ["state_not_stored"]
+
+
+def test_a_partial_hit_below_a_state_the_tree_never_took_is_state_not_stored():
+    """The first decode boundary lost (known bug overlap-first-decode-boundary-track-lost):
+    the tree held the prefill checkpoint (448) and the request hit it, while the storage rule
+    owes the decode boundary (512) that the tree never took: ``state_not_stored``. Had the
+    tree taken 512 and its eviction walk freed it, the partial hit is owed no more."""
+    from conformance.checks.held import Expected
+
+    three = rec(seq(200, 192), seq(201, 192), seq(202, 128))
+    at_checkpoint = Expected(True, 128)
+    lost = kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=[Expected(True, 192)] * 2 + [at_checkpoint], modelled=[192, 192, 192])
+    assert lost.status == "fail" and [f["kind"] for f in lost.details["findings"]] == ["state_not_stored"], lost.details["findings"]
+    assert "cached_tokens 128, the prefix model owes 192" in lost.reason and lost.details["modelled"][2] == {"index": 2, "modelled": 192, "cached_tokens": 128}
+    evicted = Expected(True, 128, freed={192: {"walk"}})
+    assert kl_verdict(three, chunk=CHUNK, track_interval=TRACK, owed=[Expected(True, 192)] * 2 + [evicted], modelled=[192] * 3).status == "pass"

@@ -170,6 +170,21 @@ def boundaries_in(lo: int, hi: int, grids: Sequence[int]) -> list[int]:
 
 
 # ------------------------------------------------------------------ verdict
+def _lost_states(seqs: Sequence[KLSequence], owed: Sequence[Expected], modelled: Sequence[int] | None) -> list[tuple[int, Finding]]:
+    """The sequences that missed the hit the storage rule owes them (``modelled``) while
+    SGLang's tree, by its per-node records, never took that state (it held nothing that
+    long and freed nothing that long before the admission): each with its
+    ``state_not_stored`` finding."""
+    out = []
+    for i, (seq, e, want) in enumerate(zip(seqs, owed, modelled or ())):
+        if e.exact and want > max(seq.cached_tokens, e.owed) and not any(n >= want for n in e.freed):
+            out.append((i, Finding("state_not_stored", f"sequence {i} ({seq.scenario}): cached_tokens {seq.cached_tokens}, the "
+                                   f"prefix model owes {want} (input {len(seq.input_ids)} tokens; SGLang's tree never took the state "
+                                   f"for the prefix of {want} tokens before it admitted the request (per-node records))",
+                                   {**_sequence_facts(i, seq), "modelled": want})))
+    return out
+
+
 def _freed_by(owed: Sequence[Expected]) -> str:
     """What freed the states of the prompts no hit was owed, as per-node records say."""
     by: dict[str, int] = {}
@@ -195,6 +210,7 @@ def kl_verdict(
     noise_factor: float | None = None,
     owed: Sequence[Expected] | None = None,
     may_store_nothing: bool = False,
+    modelled: Sequence[int] | None = None,
 ) -> Verdict:
     """Judge a KL recording.  ``min_limit`` (the stated absolute minimum of the limit)
     defaults to :data:`EXACT_MIN_LIMIT` in exact mode, :data:`MIN_LIMIT` otherwise.
@@ -205,7 +221,10 @@ def kl_verdict(
     admission (exact: nothing held) is owed no hit, so it does not count against
     ``hit_fraction_min``; with ``may_store_nothing`` (a reasoning turn on a strip-thinking
     server: SGLang keeps only states at or below its prompt) so is one the tree never took a
-    state for."""
+    state for.  ``modelled``: per sequence, the hit the prefix model's storage rule owes it
+    (``checks.prefix_oracle``); a sequence that missed it while SGLang's tree never took that
+    state (per-node records) is ``state_not_stored``, named as such rather than counted
+    against ``hit_fraction_min``."""
     if not rec.sequences:
         return Verdict(CHECK, "skip", _empty_metrics(), "no sequence was recorded")
     if not rec.cache_enabled:
@@ -218,6 +237,8 @@ def kl_verdict(
     # or took none where the cell's contract lets it keep none
     unowed = [i for i, (s, e) in enumerate(zip(rec.sequences, owed))
               if e.exact and e.owed == 0 and (e.freed or may_store_nothing) and s.cached_tokens == 0]
+    lost = [] if may_store_nothing else [(i, f) for i, f in _lost_states(rec.sequences, owed, modelled) if i not in unowed]
+    held += [f for _, f in lost]  # a typed miss: not also a shortfall of the hit fraction
     hits = [(i, s) for i, s in enumerate(rec.sequences) if s.cached_tokens > 0]
     hit_fraction = len(hits) / len(rec.sequences)
     if not hits:
@@ -269,9 +290,10 @@ def kl_verdict(
         "topk_min_limit": lim_floor,
         "floor_factor": floor_factor,
         "not_owed": len(unowed),
+        "states_not_stored": len(lost),
     }
     fails: list[Finding] = list(held)
-    owed_n = len(rec.sequences) - len(unowed)
+    owed_n = len(rec.sequences) - len(unowed) - len(lost)
     if len(hits) < hit_fraction_min * owed_n:
         fails.append(Finding(VACUOUS, f"only {len(hits)}/{owed_n} prompts hit the cache (need {hit_fraction_min:.0%})"
                              + (f"; {len(unowed)} more were owed no hit: SGLang's tree held no state for them ({_freed_by(owed)})" if unowed else "")))
@@ -287,6 +309,8 @@ def kl_verdict(
                              {**_sequence_facts(worst, rec.sequences[worst]), "k3_mean": k3_mean}))
 
     details = _details(rec, stats, limit, chunk, track_interval)
+    if modelled is not None:  # per sequence: the hit the storage rule owes, and the hit served
+        details["modelled"] = [{"index": i, "modelled": m, "cached_tokens": s.cached_tokens} for i, (m, s) in enumerate(zip(modelled, rec.sequences))]
     if fails:
         return failing(CHECK, fails, metrics, details)
     return Verdict(CHECK, "pass", metrics, "", details)

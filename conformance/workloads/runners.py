@@ -140,6 +140,10 @@ def cache_enabled(client: SGLangClient) -> bool:
 
 
 # ------------------------------------------------------------------ KL
+#: The new tokens a served KL request adds past what turn one left (its own, uncached).
+KL_EXT_LEN = 8
+
+
 def record_kl(
     client: SGLangClient,
     prompts: Sequence[Sequence[int]],
@@ -149,7 +153,7 @@ def record_kl(
     new_tokens: int = 16,
     top_k: int = 5,
     turn1_tokens: int | Sequence[int] = 16,
-    ext_len: int = 8,
+    ext_len: int = KL_EXT_LEN,
     timeout: float | None = None,
     mixed: bool = False,
     reasoning: bool = False,

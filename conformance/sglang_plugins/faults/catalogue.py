@@ -46,6 +46,7 @@ FAULT_MODULES = (
     "child_under_wrong_key",          # the tree audit (issue 44): a child filed under the wrong first page
     "retract_leaks_mamba_slot",       # retraction (issue 44): SGLang's forced retraction, the idle invariant
     "refused_retry_drops_match",      # refused admission and retry (issue 44): the pool-sized refuse shape
+    "first_decode_boundary_unseen",   # a lost decode-track state (overlap-first-decode-boundary-track-lost), typed by kl
     # group "option": one per server-option axis (conformance.matrix.axes), shows only with its option on
     "mixed_chunk_track_dropped",
     "chunk_cut_key_past_checkpoint",

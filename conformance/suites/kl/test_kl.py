@@ -14,9 +14,10 @@ import pytest
 from conformance.matrix import axes
 from conformance.checks.kl import NOISE_FACTOR, kl_verdict
 from conformance.programs.evidence import owed_hits
-from conformance.session.suite_support import exact_mode, grids, no_prefill_stores, settle, sizes_for, vocab_size
+from conformance.recordings import KLRecording
+from conformance.session.suite_support import exact_mode, grids, lookahead, no_prefill_stores, oracle_for, settle, sizes_for, vocab_size
 from conformance.workloads.prompts import decode_cross_lengths, multi_boundary_decode, prefill_hit_lengths, token_prompts
-from conformance.workloads.runners import record_kl
+from conformance.workloads.runners import KL_EXT_LEN, record_kl
 
 pytestmark = pytest.mark.kl
 SEEDS = {"prefill_hit": 11, "decode_hit": 12}
@@ -70,5 +71,25 @@ def test_kl(endpoint, scenario, record_verdict):
         owed=owed,
         # strip-thinking keeps a reasoning turn's states at or below its prompt only, maybe none
         may_store_nothing=scenario == "decode_hit" and axes.enabled(cell, axes.REASONING_REQUESTS),
+        modelled=_modelled(endpoint, scenario, prompts, recording),
     )
     settle(record_verdict(verdict))
+
+
+
+def _modelled(endpoint, scenario: str, prompts, recording: KLRecording) -> list[int]:
+    """Per served sequence, the hit the storage rule owes it for sure: for ``decode_hit``, the
+    state turn one's finish caches (its last decode track boundary; no_buffer: its whole
+    sequence), the same whatever the prefill's chunks; 0 for ``prefill_hit`` (where SGLang
+    checkpoints a prefill depends on how the batch's budget cut it, not modelled here) and
+    where the served input does not extend its prompt."""
+    out = []
+    for prompt, seq in zip(prompts, recording.sequences):
+        prompt = tuple(prompt)
+        if scenario != "decode_hit" or seq.input_ids[: len(prompt)] != prompt or len(seq.input_ids) < len(prompt) + KL_EXT_LEN:
+            out.append(0)
+            continue
+        oracle = oracle_for(endpoint)
+        oracle.record_finished(prompt, seq.input_ids[len(prompt): len(seq.input_ids) - KL_EXT_LEN], lookahead=lookahead(endpoint))
+        out.append(oracle.expected_hit(seq.input_ids))
+    return out
