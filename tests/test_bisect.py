@@ -11,6 +11,7 @@ loadable, and refuses a clash.  The documented command runs as typed in the sche
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import shutil
@@ -132,8 +133,9 @@ def test_write_refuses_a_clash_and_a_line_outside_the_range(known_bugs_copy):
     with pytest.raises(KitError, match="0.5.18 is measured PASS already"):
         write_measured(known_bugs_copy, b, [Measurement("0.5.18", True, "x")])
     before = known_bugs_copy.read_text()
+    unmeasured = dataclasses.replace(b, measured=tuple(m for m in b.measured if m.release != "0.5.22"))  # 0.5.22 as if never replayed
     with pytest.raises(KitError, match="widen the range"):
-        write_measured(known_bugs_copy, b, [Measurement("0.5.22", True, "x")])
+        write_measured(known_bugs_copy, unmeasured, [Measurement("0.5.22", True, "x")])
     assert known_bugs_copy.read_text() == before
 
 
