@@ -414,6 +414,13 @@ def decode_hits(client: SGLangClient) -> list[HitVsCold]:
     return hit_vs_cold(client, [warm], [tail(5, f"d{i}") for i in range(len(warm))], warm_new=16, follow_output=True)
 
 
+def first_decode_boundary_hits(client: SGLangClient) -> list[HitVsCold]:
+    """Turn one's prompt is one token short of the 256 boundary, so its first decode step
+    reaches it; turn two (prompt + output + 5) hits the state tracked there (clean: 256)."""
+    warm = prompts((255,), seed=4)
+    return hit_vs_cold(client, [warm], [tail(5, "first-boundary")], warm_new=4, follow_output=True)
+
+
 def branch_cached_tokens(client: SGLangClient) -> tuple[int, int]:
     """(cached_tokens reported for B = P+Y after A = P+X, the KV prefix length P)."""
     (shared,) = prompts((200,), seed=6)

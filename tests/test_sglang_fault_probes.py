@@ -29,6 +29,7 @@ from sglang_cpu_probes import (
     cut_prefill_hits,
     decode_across_boundary_then_idle,
     decode_hits,
+    first_decode_boundary_hits,
     grid_prefill_hits,
     hits_then_idle,
     kv_fill_hits,
@@ -95,6 +96,8 @@ PROBES: dict[str, Probe] = {
     "track_seqlen_minus_one": Probe(EXTRA, grid_prefill_hits, lambda rows: bool(diverged(rows))),
     "force_track_h_dropped": Probe(EXTRA, branch_point_hit, lambda rows: rows[0].cached_tokens == 192 and rows[0].diverged),
     "decode_track_mask_empty": Probe(EXTRA, decode_hits, lambda rows: any(r.cached_tokens == 256 and r.diverged for r in rows)),
+    # the boundary a first decode step reaches never recorded: the follow-up stops at the prefill checkpoint (192), answers right
+    "first_decode_boundary_unseen": Probe(EXTRA, first_decode_boundary_hits, lambda rows: [r.cached_tokens for r in rows] == [192] and not diverged(rows)),
     "lazy_alloc_fail_still_inserts": Probe(LAZY, decode_hits, lambda rows: any(r.cached_tokens == 256 and r.diverged for r in rows), "lazy_alloc_fail"),
     # reporting: cached_tokens for B = P+Y after A = P+X (KV match 200, mamba state reused: none)
     "cached_tokens_overreport": Probe(EXTRA, branch_cached_tokens, lambda got: got == (200, 200)),
@@ -167,9 +170,11 @@ def test_control_extra_buffer_clean(tmp_path: Path) -> None:
         idle = [batch_then_idle(c), streaming_session_then_idle(c), aborted_decode_then_idle(c), hits_then_idle(c)]
         hits = batched_prefill_hits(c) + grid_prefill_hits(c) + branch_point_hit(c) + decode_hits(c)
         reported = branch_cached_tokens(c)
+        first = first_decode_boundary_hits(c)
     assert [v[MAMBA_USED_TOKENS] for v in idle] == [0] * len(idle) and not any(idle_invariant(v) for v in idle), idle
     assert all(r.cached_tokens > 0 for r in hits) and not diverged(hits), summary(hits)
     assert reported == (0, 200)
+    assert [r.cached_tokens for r in first] == [256] and not diverged(first), summary(first)  # the first decode step's boundary kept
 
 
 def test_control_forced_retract_clean(tmp_path: Path) -> None:
