@@ -83,13 +83,13 @@ def _modelled(endpoint, scenario: str, prompts, recording: KLRecording) -> list[
     sequence), the same whatever the prefill's chunks; 0 for ``prefill_hit`` (where SGLang
     checkpoints a prefill depends on how the batch's budget cut it, not modelled here) and
     where the served input does not extend its prompt."""
-    out = []
+    out, ahead = [], lookahead(endpoint)
     for prompt, seq in zip(prompts, recording.sequences):
         prompt = tuple(prompt)
         if scenario != "decode_hit" or seq.input_ids[: len(prompt)] != prompt or len(seq.input_ids) < len(prompt) + KL_EXT_LEN:
             out.append(0)
             continue
         oracle = oracle_for(endpoint)
-        oracle.record_finished(prompt, seq.input_ids[len(prompt): len(seq.input_ids) - KL_EXT_LEN], lookahead=lookahead(endpoint))
+        oracle.record_finished(prompt, seq.input_ids[len(prompt): len(seq.input_ids) - KL_EXT_LEN], lookahead=ahead)
         out.append(oracle.expected_hit(seq.input_ids))
     return out
