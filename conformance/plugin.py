@@ -27,11 +27,12 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from conformance.errors import KitError
+from conformance.errors import KitError, ServerDiedError
 from conformance.matrix.cells import DEFAULT_TARGET, DEFAULT_TIER, STRATEGIES, Cell, Matrix
 from conformance.session.options import PLUGIN_OPTIONS, Options, add_pytest_options, resolve
-from conformance.report.outcomes import cell_json, cell_of_item, note_launch, note_server, note_server_end, note_teardown_verdict
-from conformance.checks.leaks import teardown_verdict
+from conformance.report.outcomes import cell_json, cell_of_item, check_of, note_launch, note_server, note_server_end, note_teardown_verdict
+from conformance.checks.findings import failing
+from conformance.checks.leaks import death_findings, teardown_verdict
 from conformance.records import Verdict
 from conformance.report.phases import timed
 from conformance.session.cell_servers import CellServers
@@ -234,7 +235,34 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     cell = cell_of_item(item)
     if report.failed and cell is not None:
         _FAILED_CELLS.add(cell.id)
+        if call.excinfo is not None and call.excinfo.errisinstance(ServerDiedError):
+            _file_death(item, report, cell, str(call.excinfo.value))
     return report
+
+
+def _file_death(item: pytest.Item, report: pytest.TestReport, cell: Cell, error: str) -> None:
+    """A suite's test that the server's death stopped files a failing verdict of its check
+    whose findings name the death by its log (``checks.leaks.death_findings``: SGLang's own
+    assertion, an exception in SGLang, its idle check, or nothing the log explains), so the
+    row has a kind a known bug can excuse (only its own), instead of an untyped error.  A
+    test that already filed a failing verdict, or has no served endpoint, is left as it is."""
+    endpoint = getattr(item, "funcargs", {}).get("endpoint")
+    if endpoint is None or not hasattr(endpoint, "log_text"):
+        return
+    check = check_of(getattr(item, "keywords", {}) or {}, item.nodeid)
+    if any(k == "hc_verdict" and json.loads(v)["verdict"].get("status") == "fail" and json.loads(v)["check"] == check
+           for k, v in report.user_properties):
+        return
+    line = f"test {item.name}: {(error.splitlines() or ['server died'])[0]}"
+    try:
+        log_text = endpoint.log_text()
+    except OSError:
+        log_text = ""
+    verdict = failing(check, death_findings(line, log_text), {"server_died": 1}, reason=line)
+    options = run_state(item.config).options
+    verdict = expect(verdict, cell=cell.id, target=options.target, release=installed_release())
+    payload = {"cell": cell_json(cell, options), "check": check, "verdict": verdict.to_json()}
+    report.user_properties.append(("hc_verdict", json.dumps(payload, default=float)))
 
 
 def _start_endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, stack: contextlib.ExitStack) -> Any:

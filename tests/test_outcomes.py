@@ -305,3 +305,45 @@ def test_a_teardown_that_finds_pools_not_idle_files_its_findings_kinds(pytester:
     assert [f["kind"] for f in teardown["details"]["findings"]] == ["leak_mamba"]
     assert cell["checks"]["leaks"]["status"] == "pass"
     result.assert_outcomes(passed=1, errors=1)
+
+
+DIES_ON_AN_ASSERTION_SUITE = '''
+import pytest
+from conformance.records import Verdict
+
+TRACE = """Traceback (most recent call last):
+  File "/venv/site-packages/sglang/srt/mem_cache/mamba_radix_cache.py", line 556, in cache_unfinished_req
+    assert cache_len == page_aligned_len
+AssertionError
+"""
+
+@pytest.mark.kl
+def test_kl_stopped_by_the_death(endpoint, record_verdict):
+    endpoint.process.stop()  # the scheduler died on one of SGLang's assertions mid-test
+    with open(endpoint.log_path, "a") as log:
+        log.write(TRACE)
+    endpoint.client.request("GET", "/server_info")  # raises ServerDiedError: no verdict filed
+
+@pytest.mark.leaks
+def test_later_suite(endpoint, record_verdict):
+    record_verdict(Verdict("leaks", "pass", {"n": 1}))
+'''
+
+
+def test_a_suite_stopped_by_the_servers_death_files_the_death_by_its_kind(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A suite test that raised because the server died (no verdict of its own) files a
+    failing verdict of its check whose finding names the death from the log: here SGLang's
+    own assertion and where it fired, so a known bug can excuse that kind and no other; it
+    is a FAIL, not an untyped error.  The cell's next suite runs on a new server."""
+    monkeypatch.setenv("HYBRID_CONFORMANCE_REFERENCE_SERVER", str(STANDIN))
+    pytester.makepyfile(test_suite=DIES_ON_AN_ASSERTION_SUITE)
+    rep = pytester.path / "rep"
+    result = pytester.runpytest_subprocess(*SELECT, f"--report-dir={rep}", "-p", "no:cacheprovider")
+    (cell,) = json.loads((rep / "report.json").read_text())["cells"]
+    kl = cell["checks"]["kl"]
+    assert kl["status"] == "fail" and kl["reason"].startswith("test test_kl_stopped_by_the_death[")
+    (finding,) = kl["details"]["findings"]
+    assert finding["kind"] == "server_died:assertion"
+    assert finding["facts"] == {"at": "mamba_radix_cache.py:556", "exception": "AssertionError"}
+    assert cell["checks"]["leaks"]["status"] == "pass"
+    result.assert_outcomes(passed=1, failed=1)
