@@ -29,7 +29,7 @@ from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.checks.findings import Finding
 from conformance.programs.coverage import Coverage, program_coverage, read_coverage
-from conformance.programs.evidence import Evidence
+from conformance.programs.evidence import Admission, Evidence
 from conformance.programs.flights import Clock, Flight, FlightDeck
 from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, retraction_allowance, idle_problems, log_cached_tokens
 from conformance.programs.program import (
@@ -487,7 +487,7 @@ class ProgramRun:
                 self.stats.max_flip_margin = max(self.stats.max_flip_margin, seen.flip_margin)
             self.stats.compared_tokens += len(s.output_ids)
             if problems:
-                self.fail(difference_finding(s, problems, retracted=self._retractions(s.rid)))
+                self.fail(difference_finding(s, problems, retracted=self._retractions(s.rid), admission=self._admission(s.rid, problems[0])))
 
     def _retractions(self, rid: str) -> int | None:
         """How often SGLang retracted request ``rid`` (its per-request records), None without them."""
@@ -496,6 +496,15 @@ class ProgramRun:
             return None
         log.refresh()
         return log.retracted.count(self.resolver.server_rid(rid))
+
+    def _admission(self, rid: str, difference: Any) -> Admission | None:
+        """The admission (per SGLang's records) that computed a request's first differing output
+        (None: no position, or no records)."""
+        log, position = self.t.requests, dict(difference.facts).get("position")
+        if log is None or position is None:
+            return None
+        log.refresh()
+        return log.computed_by(self.resolver.server_rid(rid), int(position))
 
     def _evict_all(self) -> None:
         """Evict, don't flush: ask the observe plugin for SGLang's own eviction walk over the
@@ -607,20 +616,30 @@ class ProgramRun:
         self.sessions.clear()
 
 
-def difference_finding(s: Served, differences: list[Any], *, retracted: int | None = None) -> Finding:
+def difference_finding(s: Served, differences: list[Any], *, retracted: int | None = None, admission: Admission | None = None) -> Finding:
     """A request that differs from its cold computation (``checks.differential.Difference``,
     the first of them naming the kind): its output on a hit or a miss, output logprobs it
     asked for and did not get, its input logprobs, or a cold side that does not line up with
     the served tokens.  ``retracted``: how often SGLang retracted it (a fact an entry's
-    ``where`` can read, and said in the line), None where the server records no retractions."""
+    ``where`` can read, and said in the line), None where the server records no retractions.
+    ``admission``: the admission that computed the first difference
+    (facts ``admission_prefix`` and ``refused_match``: the prefix its prefill started from
+    and the match a refusal gave it just before, per SGLang's records), said in the line."""
     first = differences[0]
     kind = {"output": "answer_differs_on_hit" if s.cached_tokens > 0 else "answer_differs_on_miss",
             "logprobs_missing": "logprobs_missing", "cold_misaligned": "cold_misaligned", "input": "input_logprobs_differ"}[first.part]
     again = f", retracted {retracted}x" if retracted else ""
+    if admission is not None and (retracted or admission.refused_match or admission.prefix != s.cached_tokens):
+        refused = f" after a refusal that had matched {admission.refused_match}" if admission.refused_match else ""
+        again += f"; computed by its admission with prefix {admission.prefix}{refused}"
     line = (f"request {s.rid} ({len(s.input_ids)} input tokens, cached_tokens {s.cached_tokens}{again}) differs from the cold computation: "
             f"{'; '.join(d.line for d in differences[:2])}")
     facts = {"rid": s.rid, "cached_tokens": s.cached_tokens, "input": len(s.input_ids), **dict(first.facts)}
-    return Finding(kind, line, facts if retracted is None else {**facts, "retracted": retracted})
+    if retracted is not None:
+        facts["retracted"] = retracted
+    if admission is not None:
+        facts |= {"admission_prefix": admission.prefix, "refused_match": admission.refused_match}
+    return Finding(kind, line, facts)
 
 
 def run_program(program: Program, target: ProgramTarget) -> RunStats:
