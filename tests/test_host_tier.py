@@ -59,6 +59,15 @@ def test_the_bindings_name_sglang_homes_of_both_host_pools() -> None:
     assert "sglang.srt.mem_cache.pool_host.common._cuda_host_register" in targets
 
 
+def test_the_host_memory_reserve_is_overridden_where_every_release_binds_it() -> None:
+    """SGLang's 10 GiB reserve lives in ``pool_host.base`` (0.5.15+) or ``memory_pool_host``
+    (0.5.11-0.5.14), and 0.5.17's ``pool_host.mha`` imports it by name: each is a home."""
+    (reserve,) = [b for b in hicache_ops.BINDINGS if b.how == "override"]
+    assert reserve.impl == hicache_ops.HOST_MEMORY_RESERVE_BYTES < 10 * 1024**3
+    assert {h for h, _ in reserve.homes} == {f"sglang.srt.mem_cache.{m}.HICACHE_HOST_MEMORY_RESERVE_BYTES"
+                                             for m in ("pool_host.base", "memory_pool_host", "pool_host.mha")}
+
+
 def _rec(device, host, stored=(100, 130)) -> HostReloadRecording:
     return HostReloadRecording(tuple(stored), tuple(device), tuple(host), KLRecording(()), (60, 160))
 

@@ -371,3 +371,28 @@ def test_all_layer_track_copy_stand_in_copies_every_layer_and_skips_freed_slots(
                                   check_freed_slots=True)
     assert conv[:, 3].tolist() == [[0.0, 1.0, 2.0], [12.0, 13.0, 14.0]] and ssm[:, 3].tolist() == [[0.0], [4.0]]
     assert conv[:, 2].tolist() == [[6.0, 7.0, 8.0], [18.0, 19.0, 20.0]]  # the freed (-1) track slot: nothing copied
+
+
+def test_an_override_sets_a_constant_in_every_home_that_binds_it_and_a_constant_keeps_the_releases(monkeypatch):
+    """``how="override"``: SGLang's own value is replaced in each module that binds it (one
+    that imported it by name holds a copy), a module without it is left alone; ``how="constant"``
+    never replaces a value the release binds."""
+    base, importer, other = (types.ModuleType(n) for n in ("fake_i45_base", "fake_i45_importer", "fake_i45_other"))
+    base.RESERVE = importer.RESERVE = 10 * 1024**3
+    base.KEEP = 7
+    for m in (base, importer, other):
+        monkeypatch.setitem(sys.modules, m.__name__, m)
+    reserve = Binding("fake_i45_base.RESERVE", 512, "override", alternates=("fake_i45_importer.RESERVE", "fake_i45_other.RESERVE"), required=False)
+    monkeypatch.setattr(install, "bindings", lambda: (reserve, Binding("fake_i45_base.KEEP", 64, "constant")))
+    monkeypatch.setattr(install.torch_device, "install", lambda: [])
+    monkeypatch.setattr(install.device_gate, "install", lambda: "n/a")
+    fake_kernel = types.ModuleType("sgl_kernel")
+    fake_kernel._hybrid_conformance_installed = True
+    monkeypatch.setitem(sys.modules, "sgl_kernel", fake_kernel)
+    import sglang.srt.plugins.hook_registry as registry
+
+    monkeypatch.setattr(registry.HookRegistry, "apply_hooks", classmethod(lambda cls: None))
+    done = install.install("scheduler")
+    assert base.RESERVE == importer.RESERVE == 512 and not hasattr(other, "RESERVE")
+    assert base.KEEP == 7
+    assert done["bound"] == ["fake_i45_base.RESERVE", "fake_i45_importer.RESERVE"]

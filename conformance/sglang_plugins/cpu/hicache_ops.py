@@ -18,6 +18,14 @@ them are GPU-only:
   sgl-kernel's argument conventions: a host page-first buffer is ``[pages, layers,
   page_size, ...]``, one host buffer means one component (Mamba, MLA), two mean K and V.
 
+One number is sized for a GPU server's host: before it allocates a host pool, SGLang keeps
+``HICACHE_HOST_MEMORY_RESERVE_BYTES`` (10 GiB) of the host's available memory free and
+refuses to start otherwise ("Not enough host memory available").  The twins' host pools take
+megabytes, and a 2-core runner with 7-24 GiB beside other servers often has less than 10 GiB
+available, so a HiCache cell died at start-up for the machine's sake, not SGLang's.  The CPU
+plugin sets the reserve to :data:`HOST_MEMORY_RESERVE_BYTES` (512 MiB) in every module that
+binds it (``how="override"``); the check itself, and what SGLang sizes the pool to, stay SGLang's.
+
 The ``sglang-cpu`` HiCache cells run with ``--hicache-io-backend direct`` (SGLang's own
 option; SGLang itself then takes the ``page_first_direct`` layout) so no other transfer
 kernel is reached; what is written back, when, and what is loaded on a host hit stays
@@ -132,7 +140,21 @@ _DIRECT_COPIES = (
     ("transfer_kv_per_layer_direct_pf_lf", transfer_kv_per_layer_direct_pf_lf, "load, host page-first -> device"),
 )
 
+#: The host memory a HiCache server on CPU keeps free beyond its host pools (SGLang: 10 GiB).
+HOST_MEMORY_RESERVE_BYTES = 512 * 1024**2
+
+#: Where SGLang binds its host-memory reserve: its home (0.5.15+) and the modules that import it by name.
+RESERVE_HOMES = tuple(f"sglang.srt.mem_cache.{m}.HICACHE_HOST_MEMORY_RESERVE_BYTES" for m in ("pool_host.base", "memory_pool_host", "pool_host.mha"))
+
 BINDINGS = (
+    Binding(
+        RESERVE_HOMES[0],
+        HOST_MEMORY_RESERVE_BYTES,
+        "override",
+        "the host memory SGLang keeps free beyond its HiCache host pools (10 GiB, sized for a GPU server)",
+        alternates=RESERVE_HOMES[1:],
+        required=False,  # a release without the reserve allocates its host pools without that check
+    ),
     Binding(
         "sglang.srt.mem_cache.pool_host.common._cuda_host_register",
         cuda_host_register,

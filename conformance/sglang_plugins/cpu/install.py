@@ -75,7 +75,7 @@ def install(role: str) -> dict[str, Any]:
         for home, impl in homes:
             module_path, _, attr = home.rpartition(".")
             owner = pkgutil.resolve_name(module_path)
-            if b.how in ("bind", "constant") and not hasattr(owner, attr):
+            if b.how in ("bind", "constant") and not hasattr(owner, attr) or b.how == "override":
                 setattr(owner, attr, impl)
                 bound.append(home)
             elif b.how == "constant":

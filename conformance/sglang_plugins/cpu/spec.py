@@ -11,7 +11,9 @@ An ops module (``gdn_ops``, ``mamba2_ops``, ...) exports two tuples:
   ``how="bind"`` defines a module global that SGLang leaves unbound on CPU (its
   ``if is_cuda(): from ... import ...`` blocks), so the hook registry cannot resolve it;
   ``how="constant"`` likewise defines a module-level constant SGLang imports only off CPU
-  (``impl`` is the value; a release that binds it keeps its own).
+  (``impl`` is the value; a release that binds it keeps its own); ``how="override"`` sets a
+  module-level constant SGLang binds itself, in every home where it is bound (a module that
+  imported it by name holds its own copy), for a number sized for a GPU server's host.
 
 A symbol that moved between SGLang releases names its older homes in ``alternates``: a
 dotted path (same call signature, same impl) or a ``(path, impl)`` pair (an older helper
@@ -35,7 +37,7 @@ import torch
 # reference, and float32 is not exact enough for it (``gdn_ops``' docstring has the measurement).
 WORK_DTYPE = torch.float64
 
-HOW = ("standin", "replace", "bind", "constant")
+HOW = ("standin", "replace", "bind", "constant", "override")
 
 
 @dataclass(frozen=True)
