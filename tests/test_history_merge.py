@@ -203,3 +203,26 @@ def test_kit_identity_names_this_checkout_and_nothing_outside_one(tmp_path):
     assert len(me["commit"]) == 40 and me["time"] > 1_700_000_000
     assert kit_identity(tmp_path) == {"commit": "", "time": 0, "modified": False}
     assert kit_of({"kit": me}) == (me["time"], me["commit"]) and kit_of(None) == (0, "")
+
+
+def test_a_newer_kits_run_of_a_unit_supersedes_the_older_kits_rows_of_other_checks(tmp_path):
+    """A release x cell unit the newer kit ran again replaces every row the older kit filed for
+    it, also one under a check the newer run has no row for (an older start-up error filed
+    under ``test`` that the newer run passed under ``programs``); another cell's row of the
+    older kit stays, and release-level rows are still compared key by key."""
+    def shard(name: str, commit: str, time: int, rows: list[tuple[str, str, str]]) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        doc = {"rows": [{"release": "0.5.17", "check": c, "status": st, "reason": "r" if st == "fail" else "", "cell": cell,
+                         "replay": "", "known_bug": ""} for c, cell, st in rows],
+               "probes": {}, "shard": {"index": 1, "of": "1", "kit": {"commit": commit, "time": time, "modified": False}}}
+        (folder / "history.json").write_text(json.dumps(doc))
+        return folder
+
+    old = shard("old", "a" * 40, 1_000, [("sglang-cpu:test", KL_CELL, "fail"), ("sglang-cpu:kl", PROGRAMS_CELL, "fail"), ("pool", "", "fail")])
+    new = shard("new", "b" * 40, 2_000, [("sglang-cpu:programs", KL_CELL, "pass"), ("sglang-cpu:kl", KL_CELL, "pass")])
+    doc = history_merge.merge([old, new], tmp_path / "out")
+    rows = rows_of(doc)
+    assert ("0.5.17", "sglang-cpu:test", KL_CELL) not in rows and rows[("0.5.17", "sglang-cpu:programs", KL_CELL)].status == "pass"
+    assert rows[("0.5.17", "sglang-cpu:kl", PROGRAMS_CELL)].status == "fail" and rows[("0.5.17", "pool", "")].status == "fail"
+    assert [(s["check"], s["cell"], s["status"], s["by"]) for s in doc["superseded"]] == [("sglang-cpu:test", KL_CELL, "fail", "b" * 12)]

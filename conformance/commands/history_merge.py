@@ -110,6 +110,21 @@ class RunVerdicts:
         return ""
 
 
+def newest_kit_per_unit(docs: Sequence[tuple[Path, dict[str, Any]]]) -> dict[tuple[str, str], tuple[int, str]]:
+    """The newest kit that ran each release x cell unit (a shard runs a unit whole): an older
+    kit's rows of that unit are superseded even where the newer kit has no row of the same
+    check (a start-up error filed under ``test`` that the newer kit's run of the unit passed
+    under ``programs``).  Release-level rows (no cell) are compared key by key."""
+    newest: dict[tuple[str, str], tuple[int, str]] = {}
+    for _, doc in docs:
+        mine = kit_of(doc.get("shard"))
+        for raw in doc.get("rows") or []:
+            unit = (raw.get("release", ""), raw.get("cell", ""))
+            if unit[1] and (unit not in newest or mine[0] > newest[unit][0]):
+                newest[unit] = mine
+    return newest
+
+
 def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = None, leads_dir: Path | None = None) -> dict[str, Any]:
     """The merged document (written with its page under ``out_dir``)."""
     kept: dict[tuple[str, str, str], Row] = {}
@@ -119,13 +134,19 @@ def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = Non
     probes: dict[str, str] = {}
     shards = []
     verdicts = RunVerdicts(load_known_bugs())
-    for folder in folders:
-        doc = load_shard(folder)
+    docs = [(folder, load_shard(folder)) for folder in folders]
+    newest = newest_kit_per_unit(docs)
+    for folder, doc in docs:
         probes.update(doc.get("probes") or {})
         shards.append({"folder": str(folder), **(doc.get("shard") or {})})
         mine = kit_of(doc.get("shard"))
         for raw in doc.get("rows") or []:
             row = Row(**raw)
+            unit = newest.get((row.release, row.cell))
+            if unit is not None and unit[0] > mine[0]:  # a newer kit ran this release x cell unit: its rows stand
+                superseded.append({"release": row.release, "check": row.check, "cell": row.cell, "status": row.status,
+                                   "folder": str(folder), "kit": mine[1][:12], "by": unit[1][:12]})
+                continue
             found = _replay_in(folder, row.replay, row.release)
             if found is not None:
                 target = out_dir / "replays" / row.release / found.name
@@ -149,7 +170,7 @@ def merge(folders: Sequence[Path], out_dir: Path, *, previous: dict | None = Non
             if old is None or _RANK[row.status] < _RANK[old.status]:
                 kept[k] = row
     # an older kit's row that the newer kit's agrees with says nothing: only the ones it changed are listed
-    superseded = [x for x in superseded if x["status"] != kept[(x["release"], x["check"], x["cell"])].status]
+    superseded = [x for x in superseded if (k := (x["release"], x["check"], x["cell"])) not in kept or x["status"] != kept[k].status]
     releases = sorted({k[0] for k in kept}, key=version_key)
     rows = sorted(kept.values(), key=lambda r: (version_key(r.release), r.check, r.cell))
     disagreements = [{"release": k[0], "check": k[1], "cell": k[2], "statuses": v} for k, v in seen.items() if len(set(v.values())) > 1]
