@@ -329,3 +329,50 @@ def test_installed_sglang_declares_the_retract_switches():
     if not features.importable:
         pytest.skip(f"sglang not importable here: {features.import_error}")
     assert {"SGLANG_TEST_RETRACT", "SGLANG_TEST_RETRACT_INTERVAL"} <= set(features.test_switches or ())
+
+
+_FINALIZE = '''
+class MambaComponent:
+    def finalize_match_result(self, result, params):
+        # HiCache can still use prefix matches. We skip
+        # branching-state fill in that mode.
+        if self.cache.cache_controller is None and result:
+            pass
+'''
+
+
+@pytest.mark.parametrize("has_registry, guarded, said", [
+    (True, True, "MambaComponent.finalize_match_result: HiCache can still use prefix matches. We skip branching-state fill in that mode."),
+    (True, False, None),   # 0.5.17+: branching states filled with HiCache on too
+    (False, True, None),   # 0.5.12: HiCache on a hybrid model is HiMambaRadixCache, not the unified tree
+])
+def test_the_hicache_branch_point_rule_is_probed_with_sglangs_own_words(tmp_path, monkeypatch, has_registry, guarded, said):
+    """The release's own source says whether a hybrid model's HiCache tree stores a Mamba
+    state at a branch point; the probe answers with SGLang's comment where it does not."""
+    name = f"fakesg_{int(has_registry)}{int(guarded)}"  # a package per case: imported modules are cached
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "component.py").write_text(_FINALIZE if guarded else _FINALIZE.replace("self.cache.cache_controller is None and ", ""))
+    (pkg / "registry.py").write_text("def default_radix_cache_factory(ctx):\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    names = {"sglang.srt.mem_cache.registry": f"{name}.registry" if has_registry else f"{name}.absent",
+             "sglang.srt.mem_cache.unified_cache_components.mamba_component": f"{name}.component"}
+    real = probes._module
+    monkeypatch.setattr(probes, "_module", lambda name: real(names.get(name, name)))
+    assert probes._hicache_branching_skipped() == said
+
+
+def test_the_prefix_oracle_owes_no_branch_point_state_where_the_release_stores_none():
+    """With branching off (a HiCache cell on a release that skips branching states), a
+    request admitted on a longer KV prefix than its Mamba hit gets no branch point, so its
+    prefill stores only its own checkpoints; with branching on it branches at 192."""
+    from conformance.checks.prefix_oracle import PrefixOracle
+
+    first, second = tuple(range(300)), tuple(range(200)) + tuple(range(1000, 1100))
+    points = {}
+    for branching in (True, False):
+        oracle = PrefixOracle("extra_buffer", 64, 1, 256, branching=branching)
+        oracle.record_prefill(first)
+        points[branching] = oracle.admit(second).branching_seqlen
+    assert points == {True: 192, False: None}

@@ -124,7 +124,8 @@ def chunk_ends(prefix_len: int, prompt_len: int, chunked_prefill_size: int | Non
 class PrefixOracle:
     """The set of mamba states the radix tree holds, keyed by token prefix (no eviction)."""
 
-    def __init__(self, strategy: Strategy | str, chunk: int, page_size: int, track_interval: int, lazy_alloc_fail: bool = False):
+    def __init__(self, strategy: Strategy | str, chunk: int, page_size: int, track_interval: int, lazy_alloc_fail: bool = False,
+                 branching: bool = True):
         try:
             s = strategy_named(strategy)
         except KitError as e:
@@ -137,6 +138,7 @@ class PrefixOracle:
         self.strategy = s
         self.grid = Grid(chunk, page_size, track_interval)
         self.lazy_alloc_fail = lazy_alloc_fail
+        self.branching = branching  # False: the release stores no state at a branch point (HiCache on 0.5.13-0.5.16)
         self._states: set[tuple[int, ...]] = set()
         self._ever: set[tuple[int, ...]] = set()
 
@@ -184,7 +186,7 @@ class PrefixOracle:
         hit = self.expected_hit(tokens)
         full = self.full_kv_hit(tokens)
         aligned = floor_to(full, self.grid.checkpoint_grid)
-        return Admission(hit, aligned if aligned > hit else None, full)
+        return Admission(hit, aligned if aligned > hit and self.branching else None, full)
 
     def prefill_plan(
         self, prompt: Sequence[int], *, chunked_prefill_size: int | None = None, admission: Admission | None = None

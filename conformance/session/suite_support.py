@@ -119,7 +119,19 @@ def oracle_for(endpoint: ServedCell) -> PrefixOracle:
         cell.page_size,
         cell.track_interval,
         lazy_alloc_fail=cell.fault.name == "lazy_alloc_fail",
+        branching=branch_points_skipped(endpoint) is None,
     )
+
+
+def branch_points_skipped(endpoint: ServedCell) -> str | None:
+    """SGLang's own words when the installed release stores no Mamba state at a branch point
+    on this cell (a HiCache cell on 0.5.13-0.5.16: ``probes.Features.hicache_branching_skipped``),
+    so the prefix oracle owes no branch-point hit there; None on every other cell."""
+    if endpoint.cell.cache_variant.name != "hicache":
+        return None
+    from conformance.sglang_api import probes  # imports SGLang: only for a HiCache cell, which only real SGLang serves
+
+    return probes.probe().hicache_branching_skipped
 
 
 def idle_deadline(endpoint: ServedCell) -> float:

@@ -71,6 +71,10 @@ class Features:
     mamba2_track_floor: bool = False
     #: SGLang's reasoner grammar backend requires the think-end token to encode to one token (up to 0.5.16)
     think_end_single_token: bool = False
+    #: SGLang's own words where a hybrid model's HiCache tree stores no Mamba state at a branch
+    #: point (the unified tree's MambaComponent fills branching states only without a cache
+    #: controller, 0.5.13-0.5.16); None where it does
+    hicache_branching_skipped: str | None = None
     #: SGLang's own test switches (``SGLANG_TEST_*``) its ``sglang.srt.environ.Envs`` declares (None: not probed yet)
     test_switches: tuple[str, ...] | None = None
 
@@ -430,7 +434,30 @@ def _probe() -> Features:
         mamba2_track_floor=MAMBA2_TRACK_FLOOR in _class_source("sglang.srt.layers.attention.hybrid_linear_attn_backend", "Mamba2AttnBackend"),
         think_end_single_token=THINK_END_SINGLE in _class_source("sglang.srt.constrained.reasoner_grammar_backend", "ReasonerGrammarBackend"),
         test_switches=_test_switches(),
+        hicache_branching_skipped=_hicache_branching_skipped(),
     )
+
+
+def _hicache_branching_skipped() -> str | None:
+    """SGLang's comment where the unified tree's Mamba component fills branching states only
+    without a cache controller, when that tree serves a hybrid model's HiCache (the release
+    has the radix-cache registry; 0.5.12 builds HiMambaRadixCache instead); None otherwise."""
+    registry = _module("sglang.srt.mem_cache.registry")
+    factory = getattr(registry, "default_radix_cache_factory", None)
+    component = getattr(_module("sglang.srt.mem_cache.unified_cache_components.mamba_component"), "MambaComponent", None)
+    finalize = getattr(component, "finalize_match_result", None)
+    if factory is None or finalize is None:
+        return None
+    lines = inspect.getsource(finalize).splitlines()
+    at = next((i for i, ln in enumerate(lines) if "cache_controller is None" in ln), None)
+    if at is None:
+        return None
+    above = []
+    for ln in reversed(lines[:at]):
+        if not ln.strip().startswith("#"):
+            break
+        above.insert(0, ln.strip().lstrip("#").strip())
+    return f"MambaComponent.finalize_match_result: {' '.join(above) or lines[at].strip()}"
 
 
 #: SGLang's own words for the two start-up refusals read from its source (not imported: the

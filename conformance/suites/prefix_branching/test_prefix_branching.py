@@ -9,15 +9,16 @@ eviction gave up, against the policy's order (``conformance/checks/eviction_orde
 
 from __future__ import annotations
 
-import pytest
-
 import json
+from dataclasses import replace
+
+import pytest
 
 from conformance.matrix import axes
 from conformance.checks.eviction_order import Tlru, eviction_order_verdict, scenario, tlru_stored_len
 from conformance.checks.prefix_branching import prefix_branching_verdict
 from conformance.programs.evidence import REQUESTS_SUFFIX
-from conformance.session.suite_support import exact_mode, grids, lookahead, oracle_for, settle, sizes_for, vocab_size
+from conformance.session.suite_support import branch_points_skipped, exact_mode, grids, lookahead, oracle_for, settle, sizes_for, vocab_size
 from conformance.targets.registry import target_for
 from conformance.workloads.prompts import token_prompts
 from conformance.workloads.runners import generate_tokens, output_ids, record_tree
@@ -72,7 +73,7 @@ def _tree_verdict(endpoint, tree: BranchTree):
     """Play ``tree`` on the cell's server and judge its hits and outputs."""
     size = sizes_for(endpoint)
     recording = record_tree(endpoint.client, tree, top_k=0 if exact_mode(endpoint) else size.top_k)
-    return prefix_branching_verdict(
+    verdict = prefix_branching_verdict(
         recording,
         oracle_for(endpoint),
         lookahead=lookahead(endpoint),
@@ -80,6 +81,8 @@ def _tree_verdict(endpoint, tree: BranchTree):
         exact=exact_mode(endpoint),
         kl_cap=endpoint.cell.model.thresholds.kl_abs_cap,
     )
+    skipped = branch_points_skipped(endpoint)  # the release's own rule, said in the report
+    return replace(verdict, details={**verdict.details, "no_branch_point_states": skipped}) if skipped else verdict
 
 
 #: The eviction-order scenario's prompt length (a multiple of every track grid; far below the context).
