@@ -57,3 +57,44 @@ def test_the_finding_names_the_admission_and_its_refusal_as_facts(tmp_path: Path
     assert "computed by its admission with prefix 0 after a refusal that had matched 128" in f.line
     plain = difference_finding(s, [diff])
     assert "admission_prefix" not in plain.facts and "computed by" not in plain.line
+
+
+LEAK_REPORT = ("ValueError: pool memory leak detected! [full] total=4096, available=3328, evictable=784, protected=0, "
+               "session_held=0, uncached=0\n")
+
+
+def _failed_run(log: str, exited: str | None = None):
+    from types import SimpleNamespace
+
+    from conformance.programs.runner import ProgramRun
+
+    run = SimpleNamespace(_log_start=5, _exited=lambda: exited, t=SimpleNamespace(log_text=lambda: "x" * 5 + log))
+    return lambda failure: ProgramRun._late_death(run, failure)
+
+
+def test_sglangs_idle_check_after_a_programs_failure_joins_its_findings(monkeypatch):
+    """A program that failed (a tree rule) leaves the server idle once its requests are
+    aborted; SGLang's idle check then reports a broken pool and the process dies seconds
+    later: that report is a finding of the failure too (its pool's kind, SGLang's check)."""
+    from conformance.checks.findings import Finding
+    from conformance.programs import runner
+
+    monkeypatch.setattr(runner, "LATE_DEATH_S", 0.0)
+    failure = runner.program_failure(3, [Finding("tree_structure", "state keyed at its page floor")], [])
+    later = _failed_run(LEAK_REPORT)(failure)
+    assert later and later[0].kind.startswith(("leak_", "server_died")) and later[0].facts.get("by") == "sglang_idle_check"
+    assert "SGLang stopped: its idle check fired" in later[0].line
+
+
+def test_a_quiet_log_or_a_failure_that_is_already_a_death_adds_nothing(monkeypatch):
+    from conformance.checks.findings import Finding
+    from conformance.programs import runner
+
+    monkeypatch.setattr(runner, "LATE_DEATH_S", 0.0)
+    failure = runner.program_failure(3, [Finding("answer_differs_on_hit", "r5 differs")], [])
+    assert _failed_run("INFO prefill batch\n")(failure) == []
+    crash = 'Traceback (most recent call last):\n  File "/v/sglang/srt/managers/scheduler.py", line 9, in f\n    x\nRuntimeError: boom\n'
+    assert _failed_run(crash)(failure) == []  # a traceback while the process lives is not a death
+    assert _failed_run(crash, exited="exited with code -9")(failure)[0].kind == "server_died:exception"
+    death = runner.program_failure(3, [Finding("server_died:assertion", "died")], [])
+    assert _failed_run(LEAK_REPORT)(death) == []

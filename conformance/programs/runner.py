@@ -23,6 +23,7 @@ from typing import Any
 from conformance.checks.differential import Tolerance, cold_from_meta, compare_served, served_logprobs
 from conformance.checks.hit_bounds import StrategyGrid
 from conformance.checks.leaks import death_findings, pool_finding
+from conformance.server_log import last_crash
 from conformance.checks.reuse import ReuseTally
 from conformance.checks.tree_structure import tree_findings
 from conformance.client import SGLangClient
@@ -44,6 +45,9 @@ from conformance.targets.serving import not_serving
 WAIT_S = 300.0
 #: How long the observe plugin may take to answer an evict-all request (it answers at an idle publish, about 1 s).
 EVICT_ALL_DEADLINE_S = 30.0
+#: After a failure the program's requests are aborted and the scheduler goes idle, where
+#: SGLang's own idle check runs: how long the runner reads the log for what it reports.
+LATE_DEATH_S = 3.0
 #: What burst members and session turns ask for (``Resolver``): output logprobs and a top-5.
 LOGPROB_OPTIONS = {"return_logprob": True, "top_logprobs_num": 5}
 
@@ -229,6 +233,12 @@ class ProgramRun:
             if dead:
                 raise program_failure(self.step_no, self._death(dead), self.trace) from None
             raise
+        except ProgramFailure as failure:
+            self._cleanup()
+            later = self._late_death(failure)
+            if later:
+                raise program_failure(failure.step, [*failure.findings, *later], failure.trace) from None
+            raise
         except BaseException:
             self._cleanup()
             raise
@@ -266,6 +276,7 @@ class ProgramRun:
         self.evidence.reset(self.clock.tick(), metrics)
         self._counter0 = metrics.get(CACHED_TOKENS_TOTAL, 0.0)
         self._log0 = len(self.t.log_text()) if self.t.log_text else 0
+        self._log_start = self._log0
         self._audits0 = metrics.get(KIT_TREE_AUDITS_TOTAL)
         self._violations0 = len(self.t.requests.tree_violations) if self.t.requests is not None else 0
         self._coverage0 = self._coverage()
@@ -589,6 +600,26 @@ class ProgramRun:
         return tree_findings(new[:5])
 
     # ------------------------------------------------------------ liveness / cleanup
+    def _late_death(self, failure: ProgramFailure) -> list[Finding]:
+        """What SGLang's own checks reported once the failed program's requests were aborted
+        and the scheduler went idle (its idle leak check fires there, seconds before the
+        process exits), or the exception that ended the process: the death's findings from
+        the log since the program started, added after the failure's own; none when the
+        failure already names a death, or within :data:`LATE_DEATH_S` SGLang's idle check
+        reported nothing and the process did not exit on an exception of SGLang's."""
+        if self.t.log_text is None or any(f.kind.startswith("server_died") or f.facts.get("by") == "sglang_idle_check" for f in failure.findings):
+            return []
+        deadline = time.monotonic() + LATE_DEATH_S
+        while True:
+            text = self.t.log_text()[getattr(self, "_log_start", 0):]
+            exited = self._exited()
+            crash = last_crash(text) if exited else None
+            if "memory leak detected" in text or (crash is not None and crash.in_sglang):
+                return death_findings(f"after the failure, with the program's requests aborted, SGLang stopped: {exited or 'its idle check fired'}", text)
+            if time.monotonic() >= deadline:
+                return []
+            time.sleep(0.25)
+
     def _dead(self) -> str | None:
         return not_serving(self.t.client, self.t.alive, self.t.log_text)
 
