@@ -278,6 +278,16 @@ def test_a_server_killed_in_a_failed_test_is_restarted_for_the_cells_later_tests
     result.assert_outcomes(passed=1, failed=1)
 
 
+def _run_one_cell(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, suite: str):
+    """Run ``suite`` on the stand-in server's one selected cell: pytest's result and the cell's report."""
+    monkeypatch.setenv("HYBRID_CONFORMANCE_REFERENCE_SERVER", str(STANDIN))
+    pytester.makepyfile(test_suite=suite)
+    rep = pytester.path / "rep"
+    result = pytester.runpytest_subprocess(*SELECT, f"--report-dir={rep}", "-p", "no:cacheprovider")
+    (cell,) = json.loads((rep / "report.json").read_text())["cells"]
+    return result, cell
+
+
 NOT_IDLE_SUITE = """
 import pytest
 from conformance.records import Verdict
@@ -295,11 +305,7 @@ def test_a_teardown_that_finds_pools_not_idle_files_its_findings_kinds(pytester:
     """A scenario's idle probe that did not reach idle fails the cell's teardown: its
     ``teardown`` check carries the findings with their kinds (a known bug may then excuse
     them by kind), once, and the teardown is still an error in pytest's count."""
-    monkeypatch.setenv("HYBRID_CONFORMANCE_REFERENCE_SERVER", str(STANDIN))
-    pytester.makepyfile(test_suite=NOT_IDLE_SUITE)
-    rep = pytester.path / "rep"
-    result = pytester.runpytest_subprocess(*SELECT, f"--report-dir={rep}", "-p", "no:cacheprovider")
-    (cell,) = json.loads((rep / "report.json").read_text())["cells"]
+    result, cell = _run_one_cell(pytester, monkeypatch, NOT_IDLE_SUITE)
     teardown = cell["checks"]["teardown"]
     assert teardown["status"] == "fail" and "pools not idle (after a seeded scenario: mamba: 2 used at idle" in teardown["reason"]
     assert [f["kind"] for f in teardown["details"]["findings"]] == ["leak_mamba"]
@@ -335,11 +341,7 @@ def test_a_suite_stopped_by_the_servers_death_files_the_death_by_its_kind(pytest
     failing verdict of its check whose finding names the death from the log: here SGLang's
     own assertion and where it fired, so a known bug can excuse that kind and no other; it
     is a FAIL, not an untyped error.  The cell's next suite runs on a new server."""
-    monkeypatch.setenv("HYBRID_CONFORMANCE_REFERENCE_SERVER", str(STANDIN))
-    pytester.makepyfile(test_suite=DIES_ON_AN_ASSERTION_SUITE)
-    rep = pytester.path / "rep"
-    result = pytester.runpytest_subprocess(*SELECT, f"--report-dir={rep}", "-p", "no:cacheprovider")
-    (cell,) = json.loads((rep / "report.json").read_text())["cells"]
+    result, cell = _run_one_cell(pytester, monkeypatch, DIES_ON_AN_ASSERTION_SUITE)
     kl = cell["checks"]["kl"]
     assert kl["status"] == "fail" and kl["reason"].startswith("test test_kl_stopped_by_the_death[")
     (finding,) = kl["details"]["findings"]
