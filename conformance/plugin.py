@@ -250,8 +250,8 @@ def _file_death(item: pytest.Item, report: pytest.TestReport, cell: Cell, error:
     if endpoint is None or not hasattr(endpoint, "log_text"):
         return
     check = check_of(getattr(item, "keywords", {}) or {}, item.nodeid)
-    if any(k == "hc_verdict" and json.loads(v)["verdict"].get("status") == "fail" and json.loads(v)["check"] == check
-           for k, v in report.user_properties):
+    filed = [json.loads(v) for k, v in report.user_properties if k == "hc_verdict"]
+    if any(f["check"] == check and f["verdict"].get("status") == "fail" for f in filed):
         return
     line = f"test {item.name}: {(error.splitlines() or ['server died'])[0]}"
     try:

@@ -206,6 +206,7 @@ class ProgramRun:
         self._audits0: float | None = None  # the tree audits counter at the last idle check (program start)
         self._violations0 = 0  # tree violations of the per-request log already judged
         self._log0 = 0
+        self._log_start = 0  # the log's length when the program started (its flush done)
         self._coverage0 = Coverage()
 
     # ------------------------------------------------------------ top level
@@ -611,7 +612,7 @@ class ProgramRun:
             return []
         deadline = time.monotonic() + LATE_DEATH_S
         while True:
-            text = self.t.log_text()[getattr(self, "_log_start", 0):]
+            text = self.t.log_text()[self._log_start:]
             exited = self._exited()
             crash = last_crash(text) if exited else None
             if "memory leak detected" in text or (crash is not None and crash.in_sglang):
