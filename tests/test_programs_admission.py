@@ -98,3 +98,27 @@ def test_a_quiet_log_or_a_failure_that_is_already_a_death_adds_nothing(monkeypat
     assert _failed_run(crash, exited="exited with code -9")(failure)[0].kind == "server_died:exception"
     death = runner.program_failure(3, [Finding("server_died:assertion", "died")], [])
     assert _failed_run(LEAK_REPORT)(death) == []
+
+
+def test_a_turn_names_how_often_its_sessions_earlier_turns_were_retracted(tmp_path: Path) -> None:
+    """A session's turn resumes from the state its earlier turns left in the session's slot:
+    the finding carries how often SGLang retracted those turns (``session_retracted``), and
+    says it when any was; zero is a fact too, and a request outside a session has none."""
+    from types import SimpleNamespace
+
+    from conformance.programs.runner import ProgramRun
+
+    served = {rid: Served(rid, 0, (1, 2), 1, {}, seq, kind="turn", session=sid)
+              for rid, seq, sid in (("t1", 1, "s1"), ("t2", 2, "s1"), ("t3", 3, "s2"), ("t4", 4, "s1"))}
+    retractions = {"t1": 0, "t2": 3, "t3": 5, "t4": 1}
+    run = SimpleNamespace(served=served, t=SimpleNamespace(requests=object()), _retractions=lambda rid: retractions[rid])
+    assert ProgramRun._session_retractions(run, served["t4"]) == 3  # t1 and t2, not t3 (another session) nor t4 itself
+    assert ProgramRun._session_retractions(run, served["t1"]) == 0
+    assert ProgramRun._session_retractions(run, Served("r9", 0, (1,), 1, {}, 9)) is None
+    diff = Difference("output", "output logprob 0 (position 348): served -0.29653, cold -0.301253", (("position", 348),))
+    t4 = Served("t4", 0, tuple(range(348)), 16, {}, 4, 5, kind="turn", session="s1",
+                response={"output_ids": [1], "meta_info": {"cached_tokens": 271}})
+    f = difference_finding(t4, [diff], retracted=0, session_retracted=3)
+    assert f.kind == "answer_differs_on_hit" and f.facts["session_retracted"] == 3 and f.facts["retracted"] == 0
+    assert "its session's earlier turns retracted 3x" in f.line
+    assert "session_retracted" not in difference_finding(t4, [diff], retracted=0).facts

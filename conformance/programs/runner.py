@@ -499,7 +499,8 @@ class ProgramRun:
                 self.stats.max_flip_margin = max(self.stats.max_flip_margin, seen.flip_margin)
             self.stats.compared_tokens += len(s.output_ids)
             if problems:
-                self.fail(difference_finding(s, problems, retracted=self._retractions(s.rid), admission=self._admission(s.rid, problems[0])))
+                self.fail(difference_finding(s, problems, retracted=self._retractions(s.rid), admission=self._admission(s.rid, problems[0]),
+                                            session_retracted=self._session_retractions(s)))
 
     def _retractions(self, rid: str) -> int | None:
         """How often SGLang retracted request ``rid`` (its per-request records), None without them."""
@@ -508,6 +509,14 @@ class ProgramRun:
             return None
         log.refresh()
         return log.retracted.count(self.resolver.server_rid(rid))
+
+    def _session_retractions(self, s: Served) -> int | None:
+        """How often SGLang retracted the turns sent before ``s`` in its session (its records):
+        a turn resumes from the state they left in the session's slot.  None: not a turn, or
+        no records."""
+        if s.session is None or self.t.requests is None:
+            return None
+        return sum(self._retractions(q.rid) or 0 for q in self.served.values() if q.session == s.session and q.sent_seq < s.sent_seq)
 
     def _admission(self, rid: str, difference: Any) -> Admission | None:
         """The admission (per SGLang's records) that computed a request's first differing output
@@ -648,7 +657,8 @@ class ProgramRun:
         self.sessions.clear()
 
 
-def difference_finding(s: Served, differences: list[Any], *, retracted: int | None = None, admission: Admission | None = None) -> Finding:
+def difference_finding(s: Served, differences: list[Any], *, retracted: int | None = None, admission: Admission | None = None,
+                       session_retracted: int | None = None) -> Finding:
     """A request that differs from its cold computation (``checks.differential.Difference``,
     the first of them naming the kind): its output on a hit or a miss, output logprobs it
     asked for and did not get, its input logprobs, or a cold side that does not line up with
@@ -656,7 +666,9 @@ def difference_finding(s: Served, differences: list[Any], *, retracted: int | No
     ``where`` can read, and said in the line), None where the server records no retractions.
     ``admission``: the admission that computed the first difference
     (facts ``admission_prefix`` and ``refused_match``: the prefix its prefill started from
-    and the match a refusal gave it just before, per SGLang's records), said in the line."""
+    and the match a refusal gave it just before, per SGLang's records), said in the line.
+    ``session_retracted``: for a session's turn, how often SGLang retracted the session's
+    earlier turns (fact ``session_retracted``; said in the line when any was)."""
     first = differences[0]
     kind = {"output": "answer_differs_on_hit" if s.cached_tokens > 0 else "answer_differs_on_miss",
             "logprobs_missing": "logprobs_missing", "cold_misaligned": "cold_misaligned", "input": "input_logprobs_differ"}[first.part]
@@ -664,6 +676,8 @@ def difference_finding(s: Served, differences: list[Any], *, retracted: int | No
     if admission is not None and (retracted or admission.refused_match or admission.prefix != s.cached_tokens):
         refused = f" after a refusal that had matched {admission.refused_match}" if admission.refused_match else ""
         again += f"; computed by its admission with prefix {admission.prefix}{refused}"
+    if session_retracted:
+        again += f"; its session's earlier turns retracted {session_retracted}x"
     line = (f"request {s.rid} ({len(s.input_ids)} input tokens, cached_tokens {s.cached_tokens}{again}) differs from the cold computation: "
             f"{'; '.join(d.line for d in differences[:2])}")
     facts = {"rid": s.rid, "cached_tokens": s.cached_tokens, "input": len(s.input_ids), **dict(first.facts)}
@@ -671,6 +685,8 @@ def difference_finding(s: Served, differences: list[Any], *, retracted: int | No
         facts["retracted"] = retracted
     if admission is not None:
         facts |= {"admission_prefix": admission.prefix, "refused_match": admission.refused_match}
+    if session_retracted is not None:
+        facts["session_retracted"] = session_retracted
     return Finding(kind, line, facts)
 
 
