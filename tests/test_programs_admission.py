@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from conformance.checks.differential import Difference
-from conformance.programs.evidence import Admission, RequestLog
+from conformance.programs.evidence import RecordedAdmission, RequestLog
 from conformance.programs.oracle import Served
 from conformance.programs.runner import difference_finding
 
@@ -35,16 +35,16 @@ def _log(tmp_path: Path, shape=T7) -> RequestLog:
 
 def test_the_admission_that_computed_a_position_is_the_last_whose_prefill_ended_at_or_before_it(tmp_path: Path) -> None:
     log = _log(tmp_path)
-    assert log.computed_by("x-t7", 140) == Admission(0, 139, 0)  # decoded after the first admission
-    assert log.computed_by("x-t7", 152) == Admission(0, 152, 128)  # prefilled from 0 right after the refusal
-    assert log.computed_by("x-t7", 153) == Admission(128, 153, 0)
+    assert log.computed_by("x-t7", 140) == RecordedAdmission(0, 139, 0)  # decoded after the first admission
+    assert log.computed_by("x-t7", 152) == RecordedAdmission(0, 152, 128)  # prefilled from 0 right after the refusal
+    assert log.computed_by("x-t7", 153) == RecordedAdmission(128, 153, 0)
     assert log.computed_by("x-t7", 100) is None  # before any prefill ended: nothing computed it
     assert log.computed_by("x-other", 152) is None
 
 
 def test_chunks_of_one_admission_are_one_admission(tmp_path: Path) -> None:
     log = _log(tmp_path, [(0, 64), (64, 64), (128, 11)])  # chunks continue each other: one admission from 0
-    assert log.computed_by("x-t7", 139) == Admission(0, 139, 0)
+    assert log.computed_by("x-t7", 139) == RecordedAdmission(0, 139, 0)
 
 
 def test_the_finding_names_the_admission_and_its_refusal_as_facts(tmp_path: Path) -> None:

@@ -57,11 +57,11 @@ class Prefill:
     extend: int
     cut: bool  # SGLang cut the prefill at prefix + extend (more chunks follow)
     track: int | None  # the length its mamba checkpoint is tracked at (None: none)
-    at: int = 0  # its record number in the evidence file
+    at: int = field(default=0, compare=False)  # its record number in the evidence file (not part of what it was)
 
 
 @dataclass(frozen=True)
-class Admission:
+class RecordedAdmission:
     """One admission of a request as SGLang's records show it: the prefix its prefill started
     from, where its prefill ended, and the match of a refusal just before it (0: none)."""
 
@@ -189,21 +189,21 @@ class RequestLog:
         elif ev == "lazy_drop":
             self.drops.setdefault(str(rec["rid"]), []).append(int(rec["was"]))
 
-    def computed_by(self, rid: str, position: int) -> Admission | None:
+    def computed_by(self, rid: str, position: int) -> RecordedAdmission | None:
         """The admission of request ``rid`` whose prefill or decode computed the output at
         ``position`` (the last admission whose prefill ended at or before it: a retracted
         request prefilled again computes its later tokens anew), with the match a refusal
         gave it just before (SGLang's ``refused`` records); None without a prefill record."""
         chunks = self.prefills.get(rid, [])
         starts = [i for i, c in enumerate(chunks) if i == 0 or c.prefix != chunks[i - 1].prefix + chunks[i - 1].extend]
-        best: Admission | None = None
+        best: RecordedAdmission | None = None
         for n, i in enumerate(starts):
             last = chunks[(starts[n + 1] if n + 1 < len(starts) else len(chunks)) - 1]
             if last.prefix + last.extend > position:
                 continue
             before = chunks[starts[n - 1]].at if n else 0
             refused = [m for at, (r, m, _) in self.refused.items() if r == rid and before < at < chunks[i].at]
-            best = Admission(chunks[i].prefix, last.prefix + last.extend, refused[-1] if refused else 0)
+            best = RecordedAdmission(chunks[i].prefix, last.prefix + last.extend, refused[-1] if refused else 0)
         return best
 
     def cut(self, rid: str) -> bool:

@@ -30,7 +30,7 @@ from conformance.client import SGLangClient
 from conformance.errors import KitError
 from conformance.checks.findings import Finding
 from conformance.programs.coverage import Coverage, program_coverage, read_coverage
-from conformance.programs.evidence import Admission, Evidence
+from conformance.programs.evidence import Evidence, RecordedAdmission
 from conformance.programs.flights import Clock, Flight, FlightDeck
 from conformance.programs.oracle import HitBook, Limits, Served, answer_problems, counter_problems, retraction_allowance, idle_problems, log_cached_tokens
 from conformance.programs.program import (
@@ -518,7 +518,7 @@ class ProgramRun:
             return None
         return sum(self._retractions(q.rid) or 0 for q in self.served.values() if q.session == s.session and q.sent_seq < s.sent_seq)
 
-    def _admission(self, rid: str, difference: Any) -> Admission | None:
+    def _admission(self, rid: str, difference: Any) -> RecordedAdmission | None:
         """The admission (per SGLang's records) that computed a request's first differing output
         (None: no position, or no records)."""
         log, position = self.t.requests, dict(difference.facts).get("position")
@@ -657,7 +657,7 @@ class ProgramRun:
         self.sessions.clear()
 
 
-def difference_finding(s: Served, differences: list[Any], *, retracted: int | None = None, admission: Admission | None = None,
+def difference_finding(s: Served, differences: list[Any], *, retracted: int | None = None, admission: RecordedAdmission | None = None,
                        session_retracted: int | None = None) -> Finding:
     """A request that differs from its cold computation (``checks.differential.Difference``,
     the first of them naming the kind): its output on a hit or a miss, output logprobs it

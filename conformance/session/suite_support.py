@@ -129,7 +129,7 @@ def branch_points_skipped(endpoint: ServedCell) -> str | None:
     so the prefix oracle owes no branch-point hit there; None on every other cell."""
     if endpoint.cell.cache_variant.name != "hicache":
         return None
-    from conformance.sglang_api import probes  # imports SGLang: only for a HiCache cell, which only real SGLang serves
+    from conformance.sglang_api import probes  # deferred: the probe imports SGLang; only a HiCache cell, which only real SGLang serves, needs it
 
     return probes.probe().hicache_branching_skipped
 
