@@ -259,10 +259,16 @@ def _file_death(item: pytest.Item, report: pytest.TestReport, cell: Cell, error:
     except OSError:
         log_text = ""
     verdict = failing(check, death_findings(line, log_text), {"server_died": 1}, reason=line)
-    options = run_state(item.config).options
-    verdict = expect(verdict, cell=cell.id, target=options.target, release=installed_release())
-    payload = {"cell": cell_json(cell, options), "check": check, "verdict": verdict.to_json()}
-    report.user_properties.append(("hc_verdict", json.dumps(payload, default=float)))
+    report.user_properties.append(filed_verdict(verdict, cell, run_state(item.config).options)[1])
+
+
+def filed_verdict(verdict: Verdict, cell: Cell | None, options: Options) -> tuple[Verdict, tuple[str, str]]:
+    """``verdict`` as the report files it (a failure a known SGLang bug explains marked so,
+    ``fixtures/known_bugs.toml``) and the ``hc_verdict`` user property that carries it."""
+    if verdict.status == "fail":
+        verdict = expect(verdict, cell=cell.id if cell else None, target=options.target, release=installed_release())
+    payload = {"cell": cell_json(cell, options) if cell else None, "check": verdict.check, "verdict": verdict.to_json()}
+    return verdict, ("hc_verdict", json.dumps(payload, default=float))
 
 
 def _start_endpoint(cell: Cell, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, stack: contextlib.ExitStack) -> Any:
@@ -394,11 +400,8 @@ def record_verdict(request: pytest.FixtureRequest) -> Callable[[Verdict], Verdic
     cell_obj: Cell | None = request.getfixturevalue("cell") if "cell" in request.fixturenames else None
 
     def record(verdict: Verdict) -> Verdict:
-        options = run_state(request.config).options
-        if verdict.status == "fail":  # a known SGLang bug is filed as such (fixtures/known_bugs.toml)
-            verdict = expect(verdict, cell=cell_obj.id if cell_obj else None, target=options.target, release=installed_release())
-        payload = {"cell": cell_json(cell_obj, options) if cell_obj else None, "check": verdict.check, "verdict": verdict.to_json()}
-        request.node.user_properties.append(("hc_verdict", json.dumps(payload, default=float)))
+        verdict, prop = filed_verdict(verdict, cell_obj, run_state(request.config).options)
+        request.node.user_properties.append(prop)
         return verdict
 
     return record

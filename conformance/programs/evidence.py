@@ -58,6 +58,7 @@ class Prefill:
     cut: bool  # SGLang cut the prefill at prefix + extend (more chunks follow)
     track: int | None  # the length its mamba checkpoint is tracked at (None: none)
     at: int = field(default=0, compare=False)  # its record number in the evidence file (not part of what it was)
+    admitted: bool = field(default=True, compare=False)  # it starts an admission (it does not continue an earlier chunk)
 
 
 @dataclass(frozen=True)
@@ -160,9 +161,11 @@ class RequestLog:
             self.retracted.extend(str(r) for r in rec.get("rids", ()))
         elif ev == "prefill":
             rid = str(rec["rid"])
-            chunk = Prefill(int(rec["prefix"]), int(rec["extend"]), bool(rec["cut"]), rec.get("track"), self._records)
             before = self.prefills.setdefault(rid, [])
-            if not before or chunk.prefix != before[-1].prefix + before[-1].extend:
+            prefix = int(rec["prefix"])
+            admitted = not before or prefix != before[-1].prefix + before[-1].extend
+            chunk = Prefill(prefix, int(rec["extend"]), bool(rec["cut"]), rec.get("track"), self._records, admitted)
+            if admitted:
                 self.admitted_at[rid] = self._records
                 self.admissions[rid] = self.admissions.get(rid, 0) + 1
             before.append(chunk)
@@ -195,7 +198,7 @@ class RequestLog:
         request prefilled again computes its later tokens anew), with the match a refusal
         gave it just before (SGLang's ``refused`` records); None without a prefill record."""
         chunks = self.prefills.get(rid, [])
-        starts = [i for i, c in enumerate(chunks) if i == 0 or c.prefix != chunks[i - 1].prefix + chunks[i - 1].extend]
+        starts = [i for i, c in enumerate(chunks) if c.admitted]
         best: RecordedAdmission | None = None
         for n, i in enumerate(starts):
             last = chunks[(starts[n + 1] if n + 1 < len(starts) else len(chunks)) - 1]
