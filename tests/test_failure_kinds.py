@@ -80,6 +80,31 @@ def test_a_new_kind_is_not_shrunk_into_a_known_one() -> None:
     assert plain.finding is not None and plain.finding.failure.kind == plain.finding.first.kind
 
 
+def test_each_other_kind_met_while_shrinking_keeps_a_program_that_fails_as_it() -> None:
+    """A kind met only while shrinking another (the 0.5.16 Granite page-64 state_not_stored
+    was ``also_seen`` with no program) keeps its smallest program: played again, it fails
+    with that kind, and the verdict names the replay of each kind."""
+    def by_length(p: Program) -> RunStats:
+        """NEW on a program of a burst and two more steps; KNOWN on a shorter one with a burst:
+        shrinking the first meets the second."""
+        if any(isinstance(s, Burst) for s in p.steps):
+            kind = NEW if len(p.steps) >= 3 else KNOWN
+            raise program_failure(len(p.steps), [Finding(kind, f"request r1: {kind}", {"cold_token": 0} if kind == KNOWN else {})], [])
+        return RunStats(requests=1, compared_tokens=1)
+
+    ex = explore(by_length, SPEC, Budget("t", examples=300, shrink_s=60), seed=3)
+    assert ex.finding is not None and ex.finding.failure.kind == NEW
+    assert [o.failure.kind for o in ex.finding.others] == [KNOWN]
+    for other in ex.finding.others:
+        with pytest.raises(ProgramFailure) as raised:
+            by_length(other.program)
+        assert raised.value.kind == other.failure.kind
+    v = programs_verdict(ex, budget="premerge", seed=3, failure=ex.finding.failure.what, replay="r-new", file="f",
+                         also={KNOWN: "r-known"})
+    assert v.details["also_seen"] == [{"kind": KNOWN, "what": ex.finding.others[0].failure.what, "replay": "r-known"}]
+    assert [f.kind for f in findings_of(v)] == [NEW, KNOWN]
+
+
 def test_a_known_bug_does_not_end_the_exploration() -> None:
     runs: list[Program] = []
 

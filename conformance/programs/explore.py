@@ -119,7 +119,8 @@ class Found:
     shrunk_steps: int = 0
     first: ProgramFailure | None = None
     first_program: Program | None = None
-    others: list[ProgramFailure] = field(default_factory=list)
+    #: one smallest failing program of each other kind, each with its own replay file
+    others: list["Found"] = field(default_factory=list)
 
 
 
@@ -258,7 +259,8 @@ def explore(
         if out.finding is not None:
             kind = out.finding.failure.kind
             out.finding.program, out.finding.failure = state["by_kind"][kind]
-            out.finding.others = [f for k, (_, f) in state["by_kind"].items() if k != kind]
+            found = out.finding
+            found.others = [Found(f, p, found.examples_to_failure, found.seconds_to_failure) for k, (p, f) in state["by_kind"].items() if k != kind]
             out.finding.shrink_runs = state["shrink_runs"]
             out.finding.shrunk_steps = len(out.finding.program.steps)
     return out
