@@ -100,8 +100,8 @@ def test_each_other_kind_met_while_shrinking_keeps_a_program_that_fails_as_it() 
             by_length(other.program)
         assert raised.value.kind == other.failure.kind
     v = programs_verdict(ex, budget="premerge", seed=3, failure=ex.finding.failure.what, replay="r-new", file="f",
-                         also={KNOWN: "r-known"})
-    assert v.details["also_seen"] == [{"kind": KNOWN, "what": ex.finding.others[0].failure.what, "replay": "r-known"}]
+                         also={KNOWN: {"failure_file": "f-known", "replay": "r-known"}})
+    assert v.details["also_seen"] == [{"kind": KNOWN, "what": ex.finding.others[0].failure.what, "failure_file": "f-known", "replay": "r-known"}]
     assert [f.kind for f in findings_of(v)] == [NEW, KNOWN]
 
 
@@ -208,3 +208,29 @@ def test_a_merged_verdict_keeps_each_parts_findings() -> None:
     assert [f.kind for f in findings_of(merge("leaks", [a, b]))] == ["leak_mamba", "leak_kv"]
     legacy = Verdict("leaks", "fail", {}, "a part without kinds")  # then the merged verdict is judged by its reason alone
     assert [f.kind for f in findings_of(merge("leaks", [a, legacy]))] == ["unclassified"]
+
+
+def test_a_history_row_links_the_program_of_the_kind_no_known_bug_explains(tmp_path: Path) -> None:
+    """The 0.5.16 Granite page-64 row: its shrunk program's kind was a known bug, the kind met
+    while shrinking was not, and the row linked the known one's program.  Now the row links
+    the program a judge has to play; with no known finding, or the main kind open, the shrunk one."""
+    from conformance.commands.history import report_rows
+
+    bugs = _bugs(tmp_path, where="where = { cold_token = 0 }")
+    main = Found(program_failure(2, [Finding(KNOWN, "cold side misaligned", {"cold_token": 0})], []), Program((), ()), 1, 1.0)
+    main.others = [Found(program_failure(3, [Finding(NEW, "request r3: cached_tokens 0: SGLang held a state of 256 tokens")], []),
+                         Program((), ()), 1, 1.0)]
+    also = {NEW: {"failure_file": "new.json", "replay": "replay new.json"}}
+
+    def row_replay(found: Found, bugs: list) -> str:
+        v = programs_verdict(Exploration(examples=3, finding=found), budget="premerge", seed=0, failure=found.failure.what,
+                             replay="replay main.json", file="main.json", also=also)
+        filed = expect(v, cell=CELL, target="sglang-cpu", release="0.5.23", bugs=bugs)
+        (row,) = report_rows("0.5.23", {"cells": [{"id": CELL, "checks": {"programs": filed.to_json()}}]})
+        assert row.status == "fail"
+        return row.replay
+
+    assert row_replay(main, bugs) == "new.json"
+    assert row_replay(main, []) == "main.json"  # nothing known: the shrunk program
+    flipped = Found(main.others[0].failure, Program((), ()), 1, 1.0, others=[Found(main.failure, Program((), ()), 1, 1.0)])
+    assert row_replay(flipped, bugs) == "main.json"  # the shrunk program's own kind is open

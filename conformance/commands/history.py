@@ -421,7 +421,7 @@ def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -
         killer = _known_bug_of(cell)
         for name, verdict in (cell.get("checks") or {}).items():
             status = _CPU_STATUS.get(verdict.get("status"), "fail")
-            replay = str((verdict.get("details") or {}).get("failure_file") or "") if isinstance(verdict.get("details"), dict) else ""
+            replay = unexplained_replay(verdict.get("details")) if isinstance(verdict.get("details"), dict) else ""
             if replay and replay_dir is not None and Path(replay).is_file():
                 replay_dir.mkdir(parents=True, exist_ok=True)
                 replay = str(shutil.copy2(replay, replay_dir / Path(replay).name))
@@ -434,6 +434,20 @@ def report_rows(release: str, report: dict, *, replay_dir: Path | None = None) -
     for cid in report.get("cells_not_run") or []:
         rows.append(Row(release, SGLANG_CPU, "fail", "cell not run", cell=str(cid)))
     return rows
+
+
+def unexplained_replay(details: dict) -> str:
+    """The replay file a FAIL row links: the shrunk program's, unless a known bug explains
+    every finding of its kind while a kind met while shrinking (``also_seen``) has a
+    finding none explains -- then that kind's program, the one a judge has to play."""
+    main = str(details.get("failure_file") or "")
+    known = {(k.get("kind"), k.get("line")) for k in details.get("known_findings") or ()}
+    if not known:
+        return main
+    open_kinds = {f.get("kind") for f in details.get("findings") or () if (f.get("kind"), str(f.get("line", ""))[:200]) not in known}
+    if (details.get("first_failure") or {}).get("kind") in open_kinds:
+        return main
+    return next((str(o["failure_file"]) for o in details.get("also_seen") or () if o.get("kind") in open_kinds and o.get("failure_file")), main)
 
 
 #: How a suite that found the cell's server already dead says so (the serving layer's line).

@@ -52,10 +52,10 @@ def cold_start(cell: Any, cold_twins: Any) -> Future:
 
 
 def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = "", replay: str = "", file: str = "", cold_twin: str = "",
-                     noise: dict[str, Any] | None = None, pressure: tuple[str, ...] = (), also: dict[str, str] | None = None) -> Verdict:
+                     noise: dict[str, Any] | None = None, pressure: tuple[str, ...] = (), also: dict[str, dict[str, str]] | None = None) -> Verdict:
     """The cell's verdict; ``pressure``: the coverage counters this run must have moved (a
     pressure cell at the nightly budget, ``axes.coverage_required``), else it is vacuous;
-    ``also``: the replay command of each other kind met while shrinking, by kind."""
+    ``also``: by kind, the ``failure_file`` and ``replay`` command of each other kind met while shrinking."""
     total = ex.total
     metrics: dict[str, Any] = {
         "examples": ex.examples, "seconds": round(ex.seconds, 1), "requests": total.requests, "hits": total.hits,
@@ -84,8 +84,7 @@ def programs_verdict(ex: Exploration, *, budget: str, seed: int, failure: str = 
         first = f.first or f.failure
         details.update({"failure_file": file, "replay": replay, "program": f.program.summary().splitlines(),
                         "first_failure": {"kind": first.kind, "what": first.what, "step": first.step},
-                        **({"also_seen": [{"kind": o.failure.kind, "what": o.failure.what,
-                                           **({"replay": (also or {})[o.failure.kind]} if o.failure.kind in (also or {}) else {})}
+                        **({"also_seen": [{"kind": o.failure.kind, "what": o.failure.what, **(also or {}).get(o.failure.kind, {})}
                                           for o in f.others]} if f.others else {})})
         found = [*f.failure.findings, *(g for o in f.others for g in o.failure.findings), *known]
         return failing(CHECK, found, metrics, details, reason=f"{failure}; replay: {replay}")
@@ -134,7 +133,7 @@ def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: 
     ex = explore(lambda p: run_program(p, target), gen_spec(endpoint, target), budget, seed=cell_seed(opts.seed, cell.id), db_dir=db,
                  ensure_alive=lambda: restart_if_dead(endpoint), known=known_failure(cell, endpoint.target))
     failure = replay = path = ""
-    also: dict[str, str] = {}
+    also: dict[str, dict[str, str]] = {}
     found = ex.finding or (ex.known[0] if ex.known else None)
     if found is not None:
         env = {**cell.env, **{k: v for k, v in os.environ.items() if k in FAULT_SWITCHES and v}}
@@ -143,7 +142,8 @@ def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: 
         dtype = getattr(conformance_options, "dtype", None)
         path, failure = str(files[id(found)]), found.failure.what
         replay = replay_command(files[id(found)], endpoint.target, dtype)
-        also = {o.failure.kind: replay_command(files[id(o)], endpoint.target, dtype) for o in found.others}
+        also = {o.failure.kind: {"failure_file": str(files[id(o)]), "replay": replay_command(files[id(o)], endpoint.target, dtype)}
+                for o in found.others}
         restart_if_dead(endpoint)  # leave a serving server to the cell's other tests and its teardown check
     pressure = coverage_required(cell) if budget.size == "large" and target.requests is not None else ()  # nightly-size runs on real SGLang
     settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path, cold_twin=twin,
