@@ -223,6 +223,23 @@ def test_nightly_holds_every_feasible_pair_of_axis_values() -> None:
     assert not [c.id for c in nightly if c.strategy.lazy and dict(c.options).get("overlap") == "off"]
 
 
+def test_no_generated_cell_is_one_every_release_refuses() -> None:
+    """The generated Granite page-128 interval-128 cell was n/a on all 13 releases (SGLang
+    asserts mamba_track_interval >= the Mamba2 chunk with a buffer), so the pairs only it held
+    ran nowhere.  Generated cells now pass that rule; SGLang's own probe (the installed
+    release) agrees, and the hand-written interval-128 cells still show the refusal as n/a."""
+    from conformance.sglang_api.probes import probe
+
+    features = probe()
+    nightly = SHIPPED.select(tier="nightly", target="sglang-cpu")
+    generated = [c for c in nightly if c.block == PAIRWISE_BLOCK]
+    refused = [c.id for c in generated if c.strategy.has_buffer and features.track_interval_not_applicable(c.track_interval, c.model.mamba_chunk_size)]
+    assert generated and not refused, refused
+    shown = [c for c in nightly if c.block != PAIRWISE_BLOCK and c.strategy.has_buffer
+             and features.track_interval_not_applicable(c.track_interval, c.model.mamba_chunk_size)]
+    assert shown and all(c.model.id == "granite-4.0-h-tiny" for c in shown)  # the rule bites where it should: n/a, with SGLang's line
+
+
 def test_covering_array_is_deterministic_and_honours_constraints() -> None:
     params = [("a", [1, 2, 3]), ("b", ["x", "y"]), ("c", [True, False])]
 
