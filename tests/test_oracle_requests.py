@@ -545,3 +545,68 @@ def test_a_capped_tree_drops_states_without_pressure_but_only_on_sglangs_record(
     (tmp_path / "other").mkdir()
     other = {"ev": "state_evicted", "len": 128, "key": token_digest(tuple(range(3000, 3128)))}
     assert "SGLang held a state of 128 tokens" in (_capped_follow_up(tmp_path / "other", other) or "")
+
+
+# ------------------------------------------------------------------ a decode boundary in a mixed step
+class MixedMode:
+    def is_decode(self) -> bool:
+        return False
+
+    def is_mixed(self) -> bool:
+        return True
+
+
+def test_a_mixed_batch_records_its_decoding_rows_with_the_length_they_reach(tmp_path, monkeypatch) -> None:
+    """0.5.23's mix_with_running leaves a decoding row's own prefix at its last prefill (0, so
+    it read as a second prefill of 128 from 0) and, under overlap, its first decode step has no
+    output yet.  The observer now tells it by its completed prefill and records the length the
+    row reaches from the batch's prefix list; a retracted request prefills again."""
+    from types import SimpleNamespace
+
+    from conformance.sglang_plugins.activation import REPORT_ENV
+
+    monkeypatch.setenv(REPORT_ENV, str(tmp_path / "cell.plugins.jsonl"))
+    first = SimpleNamespace(rid="m1", prefix_len=0, extend_len=127, output_ids=[], kv=SimpleNamespace(mamba_last_track_seqlen=None))
+    observe.write_requests(observe.prefill_records(SimpleNamespace(chunked_req=None), SimpleNamespace(forward_mode=Mode(False), reqs=[first])))
+    newcomer = SimpleNamespace(rid="m2", prefix_len=0, extend_len=112, output_ids=[], kv=SimpleNamespace(mamba_last_track_seqlen=None))
+    first.extend_len = 128  # SGLang's extend_end = prefix + 1 against the stale prefix_len of 0
+    mixed = SimpleNamespace(forward_mode=MixedMode(), reqs=[newcomer, first], prefix_lens=[0, 127])
+    records = observe.prefill_records(SimpleNamespace(chunked_req=newcomer), mixed)
+    assert records == [{"ev": "prefill", "rid": "m2", "prefix": 0, "extend": 112, "cut": True, "track": None},
+                       {"ev": "mixed_decode", "rid": "m1", "seq_len": 128}]
+    observe.write_requests(records)
+    log = RequestLog(tmp_path / "cell.requests.jsonl")
+    log.refresh()
+    assert log.untracked_decodes("m1") == {128} and log.chunks("m1") == [Prefill(0, 127, False, None)] and log.admissions["m1"] == 1
+    observe.retract_observed(lambda batch: ([first], None), SimpleNamespace())
+    again = observe.prefill_records(SimpleNamespace(chunked_req=None), SimpleNamespace(forward_mode=MixedMode(), reqs=[first], prefix_lens=[0]))
+    assert again[0]["ev"] == "prefill"  # retracted: its next row is a prefill, not a decode
+
+
+def _mixed_follow_up(tmp_path, *records: dict) -> str | None:
+    """The 0.5.23 FalconH1 page-16 burst, one member: a 127-token prompt decoding 2 (its first
+    decode step reaches the 128 boundary), then its sequence + 5 hits 0."""
+    book = HitBook(StrategyGrid(128, 16, 128, strategy_named("extra_buffer")),
+                   Limits(context_len=100000, kv_total=1e6, mamba_total=1000, prefill_budget=4096),
+                   _evidence(_log(tmp_path, {"ev": "prefill", "rid": "b.0", "prefix": 0, "extend": 127, "cut": False, "track": None}, *records)))
+    member = _served("b.0", tuple(range(10, 137)), (5, 6), 0, 1, 2)
+    follow = _served("r2", member.input_ids + member.output_ids + (7,) * 5, (3,), 0, 3, 4)
+    for s in (member, follow):
+        book.add(s)
+    book.ready([])
+    assert book.judge(member) is None
+    return book.judge(follow)
+
+
+def test_a_decode_boundary_reached_in_a_mixed_step_is_not_owed(tmp_path) -> None:
+    """SGLang 0.5.23 tracks no decode row of a mixed step ("Decode tails are not tracked in a
+    mixed step", ScheduleBatch.mix_with_running), so the member's finish inserts no 128 state.
+    Its records saying so are evidence from the same run; without them the lost hit stays a finding."""
+    owed = _mixed_follow_up(tmp_path)
+    assert owed and "cached_tokens 0" in owed and "[128]" in owed
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    assert _mixed_follow_up(seen, {"ev": "mixed_decode", "rid": "b.0", "seq_len": 128}) is None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()  # a mixed step short of the boundary does not excuse it
+    assert _mixed_follow_up(elsewhere, {"ev": "mixed_decode", "rid": "b.0", "seq_len": 127}) is not None

@@ -240,8 +240,10 @@ def _boundary_step_may_follow(committed: int, grid: StrategyGrid) -> bool:
     return grid.lazy_alloc_fail and grid.lookahead == 1 and (committed + 1) % grid.track_grid == 0
 
 
-def finish_store(prompt: Key, output: Key, grid: StrategyGrid) -> Key | None:
-    """The state a normally finished request inserts (``PrefixOracle.finish_insert_len``)."""
+def finish_store(prompt: Key, output: Key, grid: StrategyGrid, untracked: frozenset[int] = frozenset()) -> Key | None:
+    """The state a normally finished request inserts (``PrefixOracle.finish_insert_len``);
+    ``untracked``: lengths its decode steps reached in a mixed forward, whose boundary SGLang
+    does not track (the last boundary tracked outside one is inserted)."""
     seq = prompt + output
     committed = len(seq) - 1 if output else len(prompt)
     if committed <= 0:
@@ -251,7 +253,7 @@ def finish_store(prompt: Key, output: Key, grid: StrategyGrid) -> Key | None:
     elif _boundary_step_may_follow(committed, grid):
         n = None
     else:
-        tracks = decode_track_positions(len(prompt), committed, grid.track_grid)
+        tracks = [t for t in decode_track_positions(len(prompt), committed, grid.track_grid) if t not in untracked]
         n = tracks[-1] if tracks else None
     if n is None or floor_to(n, grid.page_size) <= 0:
         return None

@@ -42,9 +42,10 @@ def reasoning_finish_store(prompt: Key, grid: StrategyGrid) -> Key | None:
     return Prefix(prompt[:n])
 
 
-def finish_store_of(prompt: Key, output: Key, grid: StrategyGrid, options: Mapping[str, Any]) -> Key | None:
+def finish_store_of(prompt: Key, output: Key, grid: StrategyGrid, options: Mapping[str, Any],
+                    untracked: frozenset[int] = frozenset()) -> Key | None:
     """:func:`conformance.checks.hit_bounds.finish_store`, or for a reasoning request :func:`reasoning_finish_store`."""
-    return reasoning_finish_store(prompt, grid) if reasoned(options) else finish_store(prompt, output, grid)
+    return reasoning_finish_store(prompt, grid) if reasoned(options) else finish_store(prompt, output, grid, untracked)
 
 
 def possible_finish_stores_of(prompt: Key, output: Key, grid: StrategyGrid, options: Mapping[str, Any]) -> set[Key]:

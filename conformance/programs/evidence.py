@@ -118,6 +118,9 @@ class RequestLog:
     #: the eviction walks over the whole tree the kit asked for, by request id (``conformance/sglang_plugins/evict_all.py``)
     evict_alls: dict[str, dict[str, Any]] = field(default_factory=dict)
     retracted: list[str] = field(default_factory=list)
+    #: per request, the lengths its decode steps reached riding a mixed prefill's forward
+    #: (the observer's ``mixed_decode`` records), where SGLang tracks no decode boundary
+    mixed_decodes: dict[str, set[int]] = field(default_factory=dict)
     events: dict[str, int] = field(default_factory=dict)
     #: the pressure hooks the server's plugin has in place (None: a start line without the field)
     pressure: tuple[str, ...] | None = None
@@ -159,6 +162,9 @@ class RequestLog:
             self.tree_core = str(rec.get("core", ""))
         elif ev == "retract":
             self.retracted.extend(str(r) for r in rec.get("rids", ()))
+        elif ev == "mixed_decode":
+            if rec.get("seq_len") is not None:
+                self.mixed_decodes.setdefault(str(rec["rid"]), set()).add(int(rec["seq_len"]))
         elif ev == "prefill":
             rid = str(rec["rid"])
             before = self.prefills.setdefault(rid, [])
@@ -294,6 +300,11 @@ class RequestLog:
         """Per node: did SGLang's tree ever take a mamba state for exactly the prefix ``key``
         (None: no per-node evidence recorded)?"""
         return (len(key), token_digest(key)) in self.states_stored if self.per_node else None
+
+    def untracked_decodes(self, rid: str) -> frozenset[int]:
+        """The lengths ``rid``'s decode steps reached in a mixed forward: a track boundary
+        among them was not tracked (SGLang 0.5.23: "Decode tails are not tracked in a mixed step")."""
+        return frozenset(self.mixed_decodes.get(rid, ()))
 
     def dropped(self, rid: str) -> bool:
         """Did a failed lazy allocation drop this request's kept checkpoint?"""

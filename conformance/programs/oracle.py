@@ -256,6 +256,8 @@ class HitBook:
             key = finish_store_of(q.input_ids, q.output_ids, self.grid, q.options)
             if key:
                 alts.add(key)
+            if (mixed := self._untracked(q)) and (without := finish_store_of(q.input_ids, q.output_ids, self.grid, q.options, mixed)):
+                alts.add(without)  # a release that keeps no boundary of a mixed step inserts the one before
             elif log is not None and (kept := unprepared_boundary_finish_store(q.input_ids, q.output_ids, self.grid)) is not None:
                 if log.state_stored(kept):  # seen: SGLang did not prepare the boundary step after the finish
                     alts.add(kept)
@@ -295,6 +297,12 @@ class HitBook:
         knows the cuts: nothing else was in flight, and it met no branch point."""
         return (prefill_must_be_cut(len(q.input_ids), q.cached_tokens, self.limits.prefill_budget) and not self._overlap_tokens(q)
                 and self._branches(q, q.cached_tokens, keys) == {None})
+
+    def _untracked(self, q: Served) -> frozenset[int]:
+        """Lengths ``q``'s decode steps reached riding a mixed prefill's forward (SGLang's
+        records), where no decode boundary is tracked: a boundary among them is not owed."""
+        log = self._requests()
+        return log.untracked_decodes(self.server_rid(q.rid)) if log is not None else frozenset()
 
     def _requests(self) -> RequestLog | None:
         """The per-request evidence, when the server writes it (real SGLang)."""
@@ -361,7 +369,7 @@ class HitBook:
                 chunks = log.chunks(self.server_rid(q.rid))
                 for key in seen_cut_stores(q.input_ids, chunks, self.grid, self._branches(q, q.cached_tokens, keys)):
                     out.add(key, sure=True)
-            out.add(finish_store_of(q.input_ids, q.output_ids, self.grid, q.options), sure=True)
+            out.add(finish_store_of(q.input_ids, q.output_ids, self.grid, q.options, self._untracked(q)), sure=True)
         self._certain[q.rid] = out
         return out
 

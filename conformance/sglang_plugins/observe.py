@@ -294,23 +294,52 @@ def _prefill_lengths(req: Any) -> tuple[int, int]:
     return int(prefix), int(extend)
 
 
+#: Requests whose prefill the records saw complete, oldest first (a later row of theirs in a
+#: mixed batch is a decode step riding the prefill's forward); bounded, retractions removed.
+_PREFILLED: dict[str, None] = {}
+_PREFILLED_MAX = 65536
+
+
+def _decode_seq_len(batch: Any, i: int) -> int | None:
+    """The length a mixed batch's decode row ``i`` reaches this step: its prefix (on the batch:
+    ``mix_with_running`` appends ``seq_len - 1`` and leaves the request's own prefix at its
+    last prefill) + 1, else the batch's ``seq_lens_cpu``."""
+    prefix_lens = getattr(batch, "prefix_lens", None)
+    if isinstance(prefix_lens, list) and len(prefix_lens) == len(batch.reqs):
+        return int(prefix_lens[i]) + 1
+    seq_lens = getattr(batch, "seq_lens_cpu", None)
+    return int(seq_lens[i]) if seq_lens is not None else None
+
+
 def prefill_records(scheduler: Any, batch: Any) -> list[dict[str, Any]]:
     """One record per request of an extend batch about to run: prefix and extend lengths of
     this prefill, whether SGLang cut it here (the scheduler's ``chunked_req``), and the
-    length its mamba checkpoint is tracked at (None: none this chunk)."""
+    length its mamba checkpoint is tracked at (None: none this chunk).  A mixed batch's
+    decoding rows are no prefill: each is a ``mixed_decode`` record with the length it reaches
+    (SGLang 0.5.23: "Decode tails are not tracked in a mixed step").  A row decodes when it has
+    output or its prefill was seen complete: under overlap the first decode step is prepared
+    before the prefill's token is appended, so its output is still empty."""
     mode = getattr(batch, "forward_mode", None)
     if mode is None or mode.is_decode() or not getattr(mode, "is_extend", lambda: True)():
         return []
     chunked = getattr(scheduler, "chunked_req", None)
     mixed = getattr(mode, "is_mixed", lambda: False)()
     out = []
-    for r in batch.reqs:
-        if mixed and getattr(r, "output_ids", None):
-            continue  # a mixed batch's decoding requests: no prefill of theirs
+    for i, r in enumerate(batch.reqs):
+        rid = str(r.rid)
+        if mixed and (getattr(r, "output_ids", None) or rid in _PREFILLED):
+            out.append({"ev": "mixed_decode", "rid": rid, "seq_len": _decode_seq_len(batch, i)})
+            continue
         prefix, extend = _prefill_lengths(r)
         track = _track_seqlen(r)
-        out.append({"ev": "prefill", "rid": str(r.rid), "prefix": prefix, "extend": extend,
+        out.append({"ev": "prefill", "rid": rid, "prefix": prefix, "extend": extend,
                     "cut": r is chunked, "track": None if track is None else int(track)})
+        if r is chunked:
+            _PREFILLED.pop(rid, None)
+        else:
+            _PREFILLED[rid] = None
+            while len(_PREFILLED) > _PREFILLED_MAX:
+                del _PREFILLED[next(iter(_PREFILLED))]
     return out
 
 
@@ -474,6 +503,8 @@ def retract_observed(original: Callable, batch: Any, *args: Any, **kwargs: Any) 
     result = original(batch, *args, **kwargs)
     try:
         if result[0]:
+            for r in result[0]:
+                _PREFILLED.pop(str(r.rid), None)  # its prefill runs again
             write_requests([{"ev": "retract", "rids": [str(r.rid) for r in result[0]]}])
     except Exception as e:  # an observer never breaks the server
         observer_failed("retract", e)
