@@ -199,12 +199,16 @@ def _lazy_followup(evidence: Evidence | None) -> str | None:
     grid = StrategyGrid(64, 1, 256, LAZY, lazy_alloc_fail=True)
     book = HitBook(grid, Limits(context_len=100000, kv_total=1e6, mamba_total=1000), evidence, server_rid=lambda rid: f"tag-{rid}")
     prompt = tuple(range(10, 210))
-    first, again = _served("a", prompt, tuple(range(70)), 0, 1, 2), _served("c", prompt + (7,), (3,), 0, 3, 4)
-    for s in (first, again):
+    return _judge_follow_up(book, _served("a", prompt, tuple(range(70)), 0, 1, 2), _served("c", prompt + (7,), (3,), 0, 3, 4))
+
+
+def _judge_follow_up(book: HitBook, first: Served, follow: Served) -> str | None:
+    """``first`` answers and passes, then ``follow``: its problem (None: none)."""
+    for s in (first, follow):
         book.add(s)
     book.ready([])
     assert book.judge(first) is None
-    return book.judge(again)
+    return book.judge(follow)
 
 
 def test_a_lazy_drop_is_granted_only_to_the_request_sglang_dropped(tmp_path) -> None:
@@ -590,12 +594,7 @@ def _mixed_follow_up(tmp_path, *records: dict) -> str | None:
                    Limits(context_len=100000, kv_total=1e6, mamba_total=1000, prefill_budget=4096),
                    _evidence(_log(tmp_path, {"ev": "prefill", "rid": "b.0", "prefix": 0, "extend": 127, "cut": False, "track": None}, *records)))
     member = _served("b.0", tuple(range(10, 137)), (5, 6), 0, 1, 2)
-    follow = _served("r2", member.input_ids + member.output_ids + (7,) * 5, (3,), 0, 3, 4)
-    for s in (member, follow):
-        book.add(s)
-    book.ready([])
-    assert book.judge(member) is None
-    return book.judge(follow)
+    return _judge_follow_up(book, member, _served("r2", member.input_ids + member.output_ids + (7,) * 5, (3,), 0, 3, 4))
 
 
 def test_a_decode_boundary_reached_in_a_mixed_step_is_not_owed(tmp_path) -> None:
