@@ -253,11 +253,11 @@ class HitBook:
                 alts |= cut_prefill_stores(q.input_ids, h, self.grid, budget=self.limits.prefill_budget)
         kept = ahead = None
         if q.regular:
+            if (mixed := self._untracked(q)) and (without := finish_store_of(q.input_ids, q.output_ids, self.grid, q.options, mixed)):
+                alts.add(without)  # a release that keeps no boundary of a mixed step inserts the one before
             key = finish_store_of(q.input_ids, q.output_ids, self.grid, q.options)
             if key:
                 alts.add(key)
-            if (mixed := self._untracked(q)) and (without := finish_store_of(q.input_ids, q.output_ids, self.grid, q.options, mixed)):
-                alts.add(without)  # a release that keeps no boundary of a mixed step inserts the one before
             elif log is not None and (kept := unprepared_boundary_finish_store(q.input_ids, q.output_ids, self.grid)) is not None:
                 if log.state_stored(kept):  # seen: SGLang did not prepare the boundary step after the finish
                     alts.add(kept)
