@@ -19,7 +19,7 @@ from conformance.errors import KitError
 from conformance.programs.bind import FAULT_SWITCHES, gen_spec, restart_if_dead, target_for
 from conformance.programs.cold_twins import twins_for
 from conformance.programs.coverage import vacuous_pressure
-from conformance.programs.explore import cell_seed, Exploration, explore, failure_file, parse_budget, replay_command
+from conformance.programs.explore import cell_seed, Exploration, Found, explore, failure_file, parse_budget, replay_command
 from conformance.programs.options import program_options
 from conformance.programs.runner import run_program
 from conformance.checks.findings import VACUOUS, Finding, failing
@@ -137,13 +137,15 @@ def test_programs(cold_start: Future, endpoint: Any, cell: Any, record_verdict: 
     found = ex.finding or (ex.known[0] if ex.known else None)
     if found is not None:
         env = {**cell.env, **{k: v for k, v in os.environ.items() if k in FAULT_SWITCHES and v}}
-        files = {id(f): failure_file(f, out_dir=opts.failures_dir, cell=cell.describe(), env=env, target=endpoint.target,
-                                     seed=opts.seed, budget=budget) for f in (found, *found.others)}
         dtype = getattr(conformance_options, "dtype", None)
-        path, failure = str(files[id(found)]), found.failure.what
-        replay = replay_command(files[id(found)], endpoint.target, dtype)
-        also = {o.failure.kind: {"failure_file": str(files[id(o)]), "replay": replay_command(files[id(o)], endpoint.target, dtype)}
-                for o in found.others}
+
+        def written(f: Found) -> dict[str, str]:
+            file = failure_file(f, out_dir=opts.failures_dir, cell=cell.describe(), env=env, target=endpoint.target, seed=opts.seed, budget=budget)
+            return {"failure_file": str(file), "replay": replay_command(file, endpoint.target, dtype)}
+
+        main = written(found)
+        path, replay, failure = main["failure_file"], main["replay"], found.failure.what
+        also = {o.failure.kind: written(o) for o in found.others}
         restart_if_dead(endpoint)  # leave a serving server to the cell's other tests and its teardown check
     pressure = coverage_required(cell) if budget.size == "large" and target.requests is not None else ()  # nightly-size runs on real SGLang
     settle(record_verdict(programs_verdict(ex, budget=budget.label, seed=opts.seed, failure=failure, replay=replay, file=path, cold_twin=twin,
